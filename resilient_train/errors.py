@@ -1,0 +1,51 @@
+"""The few exception types and the exit codes of resilient-train.
+
+Exceptions subclass built-ins so callers can catch them generically; each carries a
+message that names the bad value and what would have been accepted.
+
+Exit codes are a contract with schedulers and with the supervisor (see README,
+"Exit codes"):
+
+* ``EXIT_OK`` (0): training completed (or was already complete).
+* ``EXIT_FAILURE`` (1): training failed; a re-run resumes from the last commit.
+* ``EXIT_USAGE`` (2): bad command line, config, recipe or storage URL. Nothing ran.
+* ``EXIT_FATAL`` (3): a worker found a problem that a restart cannot fix (broken recipe,
+  incompatible checkpoint). The supervisor does not restart on it.
+* ``EXIT_PREEMPTED`` (143 = 128 + SIGTERM): the process was asked to stop, saved a
+  checkpoint at an agreed step and exited cleanly. Schedulers treat 128-255 as retryable.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_FATAL = 3
+EXIT_PREEMPTED = 143
+
+
+class ConfigError(ValueError):
+    """A flag, config key, recipe parameter or TF_CONFIG value is invalid."""
+
+
+class RecipeError(ValueError):
+    """A recipe cannot be loaded or does not satisfy the recipe contract."""
+
+
+class StorageError(OSError):
+    """Checkpoint storage cannot be used (bad URL, no bucket, no permission).
+
+    Permanent: retrying does not help. The message names the URL and the cause.
+    """
+
+
+class StorageUnavailableError(StorageError):
+    """A transient storage failure that outlived the retry budget."""
+
+
+class CheckpointCorruptError(ValueError):
+    """A checkpoint's files do not match its manifest (torn upload, flipped bytes)."""
+
+
+class CheckpointIncompatibleError(ValueError):
+    """A committed checkpoint does not fit the recipe's model (names the variable)."""

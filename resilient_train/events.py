@@ -1,0 +1,147 @@
+"""Structured events: the structlog setup and the event vocabulary.
+
+Every process of a run (the supervisor and each worker) logs through structlog. Events
+carry the context bound once per process (``run_id``, ``attempt``, ``rank``, ``role``)
+and are rendered twice:
+
+* as one JSON object per line appended to ``<run_dir>/events.jsonl`` (the contract other
+  tools read), when the process is allowed to write group events there, and
+* as a short human line on the process's console (the supervisor's terminal, or a
+  worker's log file).
+
+Several processes append to the same ``events.jsonl``. Each line is written with a single
+``write(2)`` on a file opened with ``O_APPEND`` while holding an exclusive ``flock``, so
+lines never interleave.
+
+Vocabulary (``event`` field, stable snake_case names; see README "Events"):
+run_started, worker_started, worker_exited, fresh_start, restored, checkpoint_committed,
+checkpoint_rejected, garbage_collected, storage_retry, train_progress, epoch_finished,
+run_finished, run_already_complete, run_failed, and the supervisor's gang_restart,
+worker_failed, preemption_requested, preempted, restart_budget_exhausted,
+crash_loop_detected.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+import structlog
+
+__all__ = ["configure", "emit", "bind", "EventFile", "render_line"]
+
+EmitFn = Callable[..., None]
+
+
+class EventFile:
+    """Appends JSON lines to one file; safe across processes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, sort_keys=False, default=_json_default) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, line)
+        finally:
+            os.close(fd)  # closing releases the lock
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return str(value)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def render_line(record: dict[str, Any]) -> str:
+    """One readable line for an event record (used for consoles and worker logs)."""
+    skip = {"event", "ts", "run_id", "level", "group", "role"}
+    fields = " ".join(
+        f"{k}={_short(v)}" for k, v in record.items() if k not in skip and v is not None
+    )
+    ts = str(record.get("ts", ""))[11:19]
+    return f"{ts} {record.get('event', '?'):<22} {fields}".rstrip()
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_short(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Sink:
+    """The final structlog processor: writes the event where it belongs."""
+
+    def __init__(
+        self, event_file: EventFile | None, console: TextIO | None, writes_group_events: bool
+    ) -> None:
+        self.event_file = event_file
+        self.console = console
+        self.writes_group_events = writes_group_events
+
+    def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> str:
+        group = event_dict.pop("group", False)
+        record = {"event": event_dict.pop("event"), "ts": _now(), **event_dict}
+        if self.event_file is not None and (self.writes_group_events or not group):
+            self.event_file.append(record)
+        if self.console is not None:
+            self.console.write(render_line(record) + "\n")
+            self.console.flush()
+        raise structlog.DropEvent
+
+
+_sink = _Sink(None, sys.stderr, writes_group_events=True)
+
+
+def configure(
+    events_path: Path | None,
+    *,
+    console: TextIO | None = sys.stderr,
+    writes_group_events: bool = True,
+    **context: Any,
+) -> None:
+    """Route this process's events; bind ``context`` (run_id, attempt, rank, role).
+
+    ``writes_group_events`` is true for the supervisor and the chief: events emitted with
+    ``group=True`` reach events.jsonl only from such a process, so each group event appears
+    once. Every other event reaches the file from any process, carrying its rank.
+    """
+    global _sink
+    _sink = _Sink(EventFile(events_path) if events_path else None, console, writes_group_events)
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, _sink],
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(**{k: v for k, v in context.items() if v is not None})
+
+
+def bind(**context: Any) -> None:
+    structlog.contextvars.bind_contextvars(**context)
+
+
+def emit(event: str, *, group: bool = False, **fields: Any) -> None:
+    """Log one event.
+
+    ``group=True`` marks an event that describes the whole worker group
+    (restored, checkpoint_committed, ...): every worker may call it, only the chief's
+    reaches events.jsonl. All events also go to the process's console/log.
+    """
+    structlog.get_logger().info(event, group=group, **fields)
