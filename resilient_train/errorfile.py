@@ -1,0 +1,393 @@
+"""Per-worker error files and the root cause of a failed attempt.
+
+When one MultiWorkerMirroredStrategy worker dies, every survivor fails seconds later with
+``UnavailableError`` / "Collective ops is aborted by: ..." from the collectives. Reporting
+all N tracebacks (or the last one) buries the cause. Following torch elastic's
+``record``/``ErrorHandler``, each worker writes its uncaught exception as JSON to
+``<attempt_dir>/error-<rank>.json``, and the supervisor picks one *root cause*:
+
+1. a failure that is not a known consequence of a peer's death (a *primary* failure)
+   beats one that is (*secondary*), whatever their times;
+2. among equals, the earliest wins (error time, or exit time when there is no file);
+3. a worker that died without writing a file (SIGKILL, OOM killer, segfault) is a primary
+   failure at its exit time: it had no chance to explain itself.
+
+Secondary failures are recognised by exception type name and message text (see
+``_SECONDARY_TYPES`` and ``_SECONDARY_PATTERNS``), never by importing TensorFlow: this
+module is pure stdlib so the supervisor stays light and tests stay fast.
+
+Files are written atomically (temporary file + ``os.replace``); the reader still tolerates
+a torn or foreign file by skipping it with a note, because a report about a crash must not
+crash. Times are epoch seconds (``time.time()``): error times and the supervisor's exit
+times are compared directly, which holds on one host.
+
+``describe_exit`` lives here rather than in ``supervisor.policy`` so that the worker side
+can import this module without the supervisor package; the policy re-exports it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from resilient_train.errors import EXIT_FATAL, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
+
+__all__ = [
+    "describe_exit",
+    "is_secondary",
+    "error_file_path",
+    "record_exception",
+    "errors_recorded",
+    "WorkerError",
+    "read_errors",
+    "RootCause",
+    "choose_root_cause",
+    "tail_lines",
+]
+
+_log = logging.getLogger(__name__)
+
+# Exception types that TensorFlow raises in a survivor when a peer disappears.
+_SECONDARY_TYPES = frozenset({"UnavailableError", "CancelledError", "DeadlineExceededError"})
+# Message fragments with the same meaning, whatever the type (often InternalError/Unknown).
+_SECONDARY_PATTERNS = re.compile(
+    r"collective ops? (is |are |were |was )?aborted"
+    r"|connection reset by peer"
+    r"|failed to connect to all addresses"
+    r"|socket closed"
+    r"|heartbeat (timeout|timed out)"
+    r"|coordination service (has stopped|is shutting down|shut down|agent .*error)"
+    r"|coordinationservice.*(heartbeat|unavailable|stopped)",
+    re.IGNORECASE,
+)
+
+_TRACEBACK_TAIL = 8
+
+
+def describe_exit(returncode: int) -> str:
+    """A short human description of a ``Popen.returncode``: "killed by SIGKILL", ..."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    if returncode == EXIT_OK:
+        return f"completed (exit {EXIT_OK})"
+    if returncode == EXIT_PREEMPTED:
+        return f"preempted (exit {EXIT_PREEMPTED})"
+    if returncode == EXIT_FATAL:
+        return f"fatal error (exit {EXIT_FATAL})"
+    if returncode == EXIT_USAGE:
+        return f"usage error (exit {EXIT_USAGE})"
+    return f"exit code {returncode}"
+
+
+def is_secondary(type_name: str, message: str) -> bool:
+    """Whether an exception is a consequence of a peer's death rather than a cause."""
+    if type_name.rsplit(".", 1)[-1] in _SECONDARY_TYPES:
+        return True
+    return _SECONDARY_PATTERNS.search(message) is not None
+
+
+def _qualified_name(cls: type) -> str:
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def error_file_path(attempt_dir: Path, rank: int) -> Path:
+    return Path(attempt_dir) / f"error-{rank}.json"
+
+
+def record_exception(
+    attempt_dir: Path,
+    rank: int,
+    exc: BaseException,
+    *,
+    global_step: int | None,
+    clock: Callable[[], float] = time.time,
+) -> Path:
+    """Write ``<attempt_dir>/error-<rank>.json`` for ``exc``, atomically; return its path.
+
+    A later exception of the same worker replaces the file: the last one recorded is the
+    one that ended the process.
+    """
+    now = clock()
+    type_name = _qualified_name(type(exc))
+    message = str(exc)
+    record = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "type": type_name,
+        "message": message,
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "global_step": global_step,
+        "time": now,
+        "time_iso": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(
+            timespec="milliseconds"
+        ),
+        "secondary": is_secondary(type_name, message),
+    }
+    path = error_file_path(attempt_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+@contextmanager
+def errors_recorded(
+    attempt_dir: Path,
+    rank: int,
+    global_step_fn: Callable[[], int | None] | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> Iterator[None]:
+    """Record any uncaught ``Exception`` of the block as this worker's error file; re-raise.
+
+    ``SystemExit`` and ``KeyboardInterrupt`` pass through unrecorded: they are requested
+    exits (the preemption path exits ``EXIT_PREEMPTED`` via ``SystemExit``). Failing to
+    read the step or to write the file never hides the original exception.
+    """
+    try:
+        yield
+    except Exception as exc:
+        step: int | None = None
+        if global_step_fn is not None:
+            try:
+                step = global_step_fn()
+            except Exception:  # the step variable may be unreadable after a peer died
+                step = None
+        try:
+            record_exception(attempt_dir, rank, exc, global_step=step, clock=clock)
+        except OSError as write_error:
+            print(f"could not write error file for rank {rank}: {write_error}", file=sys.stderr)
+        raise
+
+
+@dataclass(frozen=True)
+class WorkerError:
+    """One worker's recorded exception, as read back from its error file."""
+
+    rank: int
+    pid: int
+    type: str
+    message: str
+    traceback: str
+    global_step: int | None
+    time: float
+    time_iso: str
+    secondary: bool
+
+    @classmethod
+    def from_json(cls, data: str | Mapping[str, Any]) -> WorkerError:
+        """Parse an error file's content; ``ValueError`` naming the bad field otherwise."""
+        obj = json.loads(data) if isinstance(data, str) else data
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"Received a {type(obj).__name__}; expected a JSON object")
+        checks: dict[str, tuple[type, ...]] = {
+            "rank": (int,),
+            "pid": (int,),
+            "type": (str,),
+            "message": (str,),
+            "traceback": (str,),
+            "global_step": (int, type(None)),
+            "time": (int, float),
+            "time_iso": (str,),
+            "secondary": (bool,),
+        }
+        for name, types in checks.items():
+            if name not in obj:
+                raise ValueError(f"Missing field {name!r}; expected {sorted(checks)}")
+            value = obj[name]
+            bad_bool = isinstance(value, bool) and bool not in types
+            if bad_bool or not isinstance(value, types):
+                raise ValueError(
+                    f"Received {name}={value!r}; expected {' or '.join(t.__name__ for t in types)}"
+                )
+        return cls(**{name: obj[name] for name in checks} | {"time": float(obj["time"])})
+
+    @property
+    def short_type(self) -> str:
+        return self.type.rsplit(".", 1)[-1]
+
+    @property
+    def signature(self) -> str:
+        """Type and first message line: equal for the same failure on another attempt."""
+        first_line = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        return f"{self.type}: {first_line}"
+
+
+def read_errors(
+    attempt_dir: Path, *, note: Callable[[str], None] | None = None
+) -> list[WorkerError]:
+    """All readable error files of an attempt, by rank; unreadable ones skipped with a note."""
+    note = note if note is not None else _log.warning
+    errors: list[WorkerError] = []
+    directory = Path(attempt_dir)
+    if not directory.is_dir():
+        return errors
+    for path in sorted(directory.glob("error-*.json")):
+        try:
+            errors.append(WorkerError.from_json(path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, ValueError, TypeError) as exc:
+            note(f"skipped unreadable error file {path}: {exc}")
+    return sorted(errors, key=lambda e: e.rank)
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The failure that ended an attempt, and what else failed after it.
+
+    ``secondary_ranks`` are the other failed workers; ``secondary_details`` describes each
+    in one line. ``global_step`` is the root cause's own step, or, when it left no error
+    file, the lowest step its peers recorded (synchronous training: all were at one step).
+    """
+
+    rank: int
+    pid: int
+    exit_description: str
+    error: WorkerError | None
+    secondary_ranks: list[int]
+    last_log_lines: list[str]
+    returncode: int | None = None
+    global_step: int | None = None
+    secondary_details: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def signature(self) -> str:
+        """What identifies this failure across attempts (crash-loop detection)."""
+        return self.error.signature if self.error is not None else self.exit_description
+
+    def render(self) -> str:
+        """A short block for humans: cause, traceback tail, log tail, secondary failures."""
+        at_step = f" at global_step {self.global_step}" if self.global_step is not None else ""
+        lines = [
+            f"root cause: worker {self.rank} (pid {self.pid}) {self.exit_description}{at_step}"
+        ]
+        if self.error is not None:
+            lines.append(f"  {self.error.short_type}: {_first_line(self.error.message)}")
+            tb = self.error.traceback.rstrip().splitlines()[-_TRACEBACK_TAIL:]
+            if tb:
+                lines.append(f"  traceback (last {len(tb)} lines):")
+                lines.extend(f"    {line}" for line in tb)
+        if self.last_log_lines:
+            lines.append(f"  log of worker {self.rank} (last {len(self.last_log_lines)} lines):")
+            lines.extend(f"    {line}" for line in self.last_log_lines)
+        for rank in self.secondary_ranks:
+            detail = self.secondary_details.get(rank, "failed")
+            lines.append(f"worker {rank}: {detail}")
+        return "\n".join(lines)
+
+
+def _first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else ""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    rank: int
+    pid: int
+    returncode: int | None
+    time: float
+    error: WorkerError | None
+
+    @property
+    def secondary(self) -> bool:
+        return self.error is not None and self.error.secondary
+
+    def describe_exit(self) -> str:
+        return describe_exit(self.returncode) if self.returncode is not None else "still running"
+
+    def one_line(self) -> str:
+        what = self.describe_exit()
+        if self.error is not None:
+            what = f"{what}: {self.error.short_type}: {_first_line(self.error.message)}"
+        label = "(secondary: peer failure)" if self.secondary else "(failed after the root cause)"
+        return f"(pid {self.pid}) {what} {label}"
+
+
+def choose_root_cause(
+    exits: Mapping[int, tuple[int, int, float]],
+    errors: list[WorkerError],
+    log_tail: Callable[[int], list[str]],
+) -> RootCause | None:
+    """Pick the root cause of an attempt; ``None`` when no worker failed.
+
+    ``exits`` maps rank to ``(pid, returncode, exit_time)`` for the workers that exited
+    (``exit_time`` in epoch seconds). A worker failed if it exited with a code other than
+    ``EXIT_OK`` / ``EXIT_PREEMPTED``, or recorded an error and did not exit cleanly.
+    ``log_tail(rank)`` is called for the root cause only.
+    """
+    by_rank = {e.rank: e for e in errors}
+    failures: list[_Failure] = []
+    for rank, (pid, returncode, exit_time) in exits.items():
+        error = by_rank.get(rank)
+        if returncode == EXIT_OK or (returncode == EXIT_PREEMPTED and error is None):
+            continue
+        when = error.time if error is not None else exit_time
+        failures.append(_Failure(rank, pid, returncode, when, error))
+    for rank, error in by_rank.items():
+        if rank not in exits:  # recorded its error, not reaped yet
+            failures.append(_Failure(rank, error.pid, None, error.time, error))
+    if not failures:
+        return None
+
+    failures.sort(key=lambda f: (f.secondary, f.time, f.rank))
+    root, others = failures[0], failures[1:]
+    step = root.error.global_step if root.error is not None else None
+    if step is None:
+        peer_steps = [f.error.global_step for f in others if f.error is not None]
+        known = [s for s in peer_steps if s is not None]
+        step = min(known) if known else None
+    return RootCause(
+        rank=root.rank,
+        pid=root.pid,
+        exit_description=root.describe_exit(),
+        error=root.error,
+        secondary_ranks=[f.rank for f in others],
+        last_log_lines=list(log_tail(root.rank)),
+        returncode=root.returncode,
+        global_step=step,
+        secondary_details={f.rank: f.one_line() for f in others},
+    )
+
+
+def tail_lines(path: Path, n: int = 20, *, block_size: int = 8192) -> list[str]:
+    """The last ``n`` lines of a text file, reading backwards from its end.
+
+    Missing file -> ``[]``. Undecodable bytes are replaced, never raised.
+    """
+    if n <= 0:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            data = b""
+            position = end
+            while position > 0 and data.count(b"\n") <= n:
+                step = min(block_size, position)
+                position -= step
+                f.seek(position)
+                data = f.read(step) + data
+    except FileNotFoundError:
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return lines[-n:]
