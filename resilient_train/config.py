@@ -1,0 +1,128 @@
+"""JobConfig: everything a run needs, from flags and an optional TOML file, validated once.
+
+The supervisor resolves the config, writes it to ``<run_dir>/attempt-<n>/job.json`` and
+hands that file to every worker, so all workers of an attempt train with one config.
+A worker launched by another engine (Kubernetes, Slurm) builds the same JobConfig from the
+same flags.
+
+Values a recipe can default (epochs, steps_per_epoch, global_batch_size, save_every_steps)
+are ``None`` here until :meth:`JobConfig.with_recipe_defaults` fills them in on the worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from resilient_train.errors import ConfigError
+from resilient_train.recipe import recipe_name
+
+__all__ = ["JobConfig", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS"]
+
+FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    recipe: str
+    workers: int = 2
+    run_dir: str = ""
+    storage: str = ""
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
+    global_batch_size: int | None = None
+    save_every_steps: int | None = None
+    seed: int = 0
+    params: Mapping[str, str] = field(default_factory=dict)
+    keep: int = 3
+    max_restarts: int = 3
+    max_preemptions: int | None = None
+    grace_period: float = 30.0
+    gpus_per_worker: int = 0
+    progress_every_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.recipe:
+            raise ConfigError("No recipe given; expected a recipe file or module, e.g. recipes/digits_cnn.py")
+        _check_int("workers", self.workers, minimum=1)
+        for name in ("epochs", "steps_per_epoch", "global_batch_size"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=1)
+        if self.save_every_steps is not None:
+            _check_int("save_every_steps", self.save_every_steps, minimum=0)
+        _check_int("seed", self.seed, minimum=0)
+        _check_int("keep", self.keep, minimum=1)
+        _check_int("max_restarts", self.max_restarts, minimum=0)
+        if self.max_preemptions is not None:
+            _check_int("max_preemptions", self.max_preemptions, minimum=0)
+        _check_int("gpus_per_worker", self.gpus_per_worker, minimum=0)
+        if not isinstance(self.grace_period, (int, float)) or self.grace_period <= 0:
+            raise ConfigError(f"Received grace_period={self.grace_period!r}; expected a number of seconds > 0")
+        if self.global_batch_size is not None and self.global_batch_size % self.workers:
+            raise ConfigError(
+                f"Received global_batch_size={self.global_batch_size} with workers={self.workers}; "
+                "expected a global batch size divisible by the number of workers"
+            )
+        if not self.run_dir:
+            object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
+        if not self.storage:
+            object.__setattr__(self, "storage", str(Path(self.run_dir) / "checkpoints"))
+
+    def with_recipe_defaults(self, defaults: Mapping[str, int]) -> "JobConfig":
+        """Fill the values left unset from the recipe's DEFAULTS, then the fallbacks."""
+        updates = {
+            key: defaults.get(key, FALLBACK_DEFAULTS[key])
+            for key in FALLBACK_DEFAULTS
+            if getattr(self, key) is None
+        }
+        return dataclasses.replace(self, **updates)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, default=dict)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobConfig":
+        return cls.from_mapping(json.loads(text), source="job file")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, source: str) -> "JobConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        normalised = {key.replace("-", "_"): value for key, value in values.items()}
+        unknown = sorted(set(normalised) - names)
+        if unknown:
+            raise ConfigError(f"Unknown key(s) {unknown} in {source}; accepted: {sorted(names)}")
+        return cls(**normalised)
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"Received {name}={value!r}; expected an integer >= {minimum}")
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"Config file {path!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"Config file {path!r} is not valid TOML: {exc}") from None
+
+
+def parse_set_pairs(pairs: list[str], *, flag: str = "--set") -> dict[str, str]:
+    """``["lr=0.1", "path=/x"]`` -> ``{"lr": "0.1", "path": "/x"}``."""
+    result: dict[str, str] = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"Received {flag} {item!r}; expected key=value")
+        result[key.strip()] = value
+    return result

@@ -1,0 +1,65 @@
+"""Deterministic fault injection inside a worker, for tests and the chaos suite.
+
+A fault killed from outside lands wherever the process happens to be; "kill the chief
+right after it committed global step 7" needs the worker itself to pull the trigger.
+``RT_FAULTS`` (JSON list) arms faults; nothing happens when it is unset::
+
+    [{"point": "after_commit", "global_step": 7, "rank": 0, "attempt": 1, "signal": "SIGKILL"}]
+
+points: ``after_step`` (a step finished), ``after_commit`` (MANIFEST.json written),
+``before_commit`` (checkpoint written locally, nothing uploaded), ``raise`` (an exception from
+the step, like a recipe bug). ``attempt`` defaults to 1, so a restarted group runs clean.
+The signal is real (``os.kill`` on the own pid), so the supervisor sees a real death.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+from typing import Mapping
+
+__all__ = ["FaultPlan", "InjectedFault"]
+
+POINTS = ("after_step", "before_commit", "after_commit", "raise")
+
+
+class InjectedFault(RuntimeError):
+    """The exception a ``raise`` fault throws."""
+
+
+@dataclass(frozen=True)
+class _Fault:
+    point: str
+    global_step: int
+    rank: int = 0
+    attempt: int = 1
+    signal: str = "SIGKILL"
+
+
+class FaultPlan:
+    def __init__(self, faults: list[_Fault], *, rank: int, attempt: int) -> None:
+        self._armed = {
+            (f.point, f.global_step): f for f in faults if f.rank == rank and f.attempt == attempt
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], *, rank: int, attempt: int) -> "FaultPlan":
+        text = environ.get("RT_FAULTS", "")
+        if not text:
+            return cls([], rank=rank, attempt=attempt)
+        items = json.loads(text)
+        faults = [_Fault(**item) for item in items]
+        for fault in faults:
+            if fault.point not in POINTS:
+                raise ValueError(f"RT_FAULTS point {fault.point!r}; expected one of {POINTS}")
+        return cls(faults, rank=rank, attempt=attempt)
+
+    def hit(self, point: str, global_step: int) -> None:
+        fault = self._armed.get((point, global_step))
+        if fault is None:
+            return
+        if point == "raise":
+            raise InjectedFault(f"injected fault at global_step {global_step}")
+        os.kill(os.getpid(), getattr(signal, fault.signal))

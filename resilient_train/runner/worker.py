@@ -1,0 +1,133 @@
+"""Worker process wiring: config, TF_CONFIG, events, error file, exit code.
+
+Kept separate from ``loop.py`` so that everything up to the TensorFlow import (argument
+and TF_CONFIG validation, recipe shape) fails fast with a readable message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Mapping
+
+from resilient_train import events
+from resilient_train.cluster import parse_tf_config
+from resilient_train.config import JobConfig
+from resilient_train.errors import (
+    EXIT_FAILURE,
+    EXIT_FATAL,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    CheckpointIncompatibleError,
+    ConfigError,
+    RecipeError,
+    StorageError,
+    StorageUnavailableError,
+)
+
+__all__ = ["main"]
+
+
+def _parse(argv: list[str]) -> JobConfig:
+    from resilient_train.cli import add_job_arguments, job_from_args  # avoid a cycle at import
+
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner")
+    parser.add_argument("--job", help="job file written by the supervisor (job.json)")
+    parser.add_argument("recipe_arg", nargs="?", metavar="RECIPE")
+    add_job_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.job:
+        with open(args.job) as handle:
+            return JobConfig.from_json(handle.read())
+    args.recipe = args.recipe_arg
+    return job_from_args(args)
+
+
+def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
+    try:
+        job = _parse(argv)
+        cluster = parse_tf_config(environ.get("TF_CONFIG"))
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"resilient-train worker: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    run_dir = Path(job.run_dir)
+    attempt = int(environ.get("RT_ATTEMPT", "1"))
+    attempt_dir = run_dir / f"attempt-{attempt}"
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    events.configure(
+        run_dir / "events.jsonl",
+        console=sys.stderr,
+        writes_group_events=cluster.is_chief,
+        run_id=environ.get("RT_RUN_ID", "standalone"),
+        attempt=attempt,
+        rank=cluster.rank,
+        role=cluster.role,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+
+    trainer = None
+    try:
+        from resilient_train.checkpoint import CheckpointStore
+        from resilient_train.recipe import load_recipe, resolve_params
+
+        recipe = load_recipe(job.recipe)
+        job = job.with_recipe_defaults(recipe.defaults)
+        params = resolve_params(recipe.params, job.params)
+        store = CheckpointStore(job.storage, job.storage_options)
+
+        from resilient_train.runner.faults import FaultPlan
+        from resilient_train.runner.loop import Trainer  # imports TensorFlow
+
+        trainer = Trainer(
+            job,
+            recipe,
+            params,
+            cluster,
+            store=store,
+            run_id=environ.get("RT_RUN_ID", "standalone"),
+            work_dir=run_dir / "local" / f"rank-{cluster.rank}",
+            attempt_dir=attempt_dir,
+            stop_requested=stop.is_set,
+            faults=FaultPlan.from_env(environ, rank=cluster.rank, attempt=attempt),
+        )
+        result = trainer.run()
+        return EXIT_PREEMPTED if result is None else EXIT_OK
+    except (RecipeError, ConfigError, CheckpointIncompatibleError) as exc:
+        _record(attempt_dir, cluster.rank, exc, trainer)
+        print(f"resilient-train worker {cluster.rank}: fatal: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    except StorageUnavailableError as exc:
+        _record(attempt_dir, cluster.rank, exc, trainer)
+        print(f"resilient-train worker {cluster.rank}: storage unavailable: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except StorageError as exc:
+        _record(attempt_dir, cluster.rank, exc, trainer)
+        print(f"resilient-train worker {cluster.rank}: fatal storage error: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    except Exception as exc:  # the recipe's or TensorFlow's: record it for the root-cause report
+        _record(attempt_dir, cluster.rank, exc, trainer)
+        import traceback
+
+        traceback.print_exc()
+        return EXIT_FAILURE
+
+
+def _record(attempt_dir: Path, rank: int, exc: BaseException, trainer) -> None:
+    try:
+        from resilient_train.errorfile import record_exception
+    except ImportError:  # pragma: no cover - until the error-file module lands
+        return
+    global_step = None
+    if trainer is not None:
+        try:
+            global_step = int(trainer.global_step.numpy())
+        except Exception:  # the variable may not exist yet
+            global_step = None
+    record_exception(attempt_dir, rank, exc, global_step=global_step)

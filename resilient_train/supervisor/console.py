@@ -1,0 +1,102 @@
+"""The human view of a run: one line per interesting event, read from events.jsonl.
+
+The supervisor does not print its own prose: it tails the same event stream other tools
+read, so what a person sees and what ``events.jsonl`` records cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+from resilient_train.events import render_line
+
+__all__ = ["EventTail", "render_event"]
+
+
+def _metrics(record: dict[str, Any], skip: set[str]) -> str:
+    parts = []
+    for key, value in record.items():
+        if key in skip or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        parts.append(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}")
+    return "  ".join(parts)
+
+
+_PROGRESS_KEYS = {
+    "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s", "attempt", "rank",
+}
+
+
+def render_event(record: dict[str, Any]) -> str | None:
+    """A readable line for ``record``, or None for events not worth a line."""
+    event = record.get("event")
+    ts = str(record.get("ts", ""))[11:19]
+    r = record
+    if event == "train_progress":
+        return (
+            f"{ts}  epoch {r['epoch'] + 1}  step {r['step_in_epoch']:>4}/{r['steps_per_epoch']}"
+            f"  (global {r['global_step']})  {_metrics(r, _PROGRESS_KEYS | {'ts'})}"
+            f"  {r.get('steps_per_s', 0):.1f} steps/s"
+        )
+    if event == "epoch_finished":
+        metrics = "  ".join(f"{k} {v:.4f}" for k, v in (r.get("metrics") or {}).items())
+        loss = r.get("loss")
+        loss_text = f"loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
+        return f"{ts}  epoch {r['epoch'] + 1} finished  {loss_text}  {metrics}".rstrip()
+    if event == "checkpoint_committed":
+        return (
+            f"{ts}  checkpoint committed at global step {r['global_step']} "
+            f"(epoch {r['epoch']}, step_in_epoch {r['step_in_epoch']}) -> {r['path']}"
+        )
+    if event == "restored":
+        return (
+            f"{ts}  restored global step {r['global_step']} (epoch {r['epoch']}, "
+            f"step_in_epoch {r['step_in_epoch']}) from {r['checkpoint']}"
+        )
+    if event == "fresh_start":
+        return f"{ts}  no checkpoint found: starting from step 0"
+    if event == "worker_started":
+        return None
+    return render_line(record)
+
+
+class EventTail:
+    """Follows events.jsonl from a byte offset and prints complete new lines."""
+
+    def __init__(self, path: Path, out: TextIO, *, start_at_end: bool = True) -> None:
+        self.path = path
+        self.out = out
+        self.offset = path.stat().st_size if start_at_end and path.exists() else 0
+        self._partial = b""
+        self.records: list[dict[str, Any]] = []
+
+    def pump(self) -> list[dict[str, Any]]:
+        """Print and return the records appended since the last call."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        new = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            new.append(record)
+            text = render_event(record)
+            if text:
+                self.out.write(text + "\n")
+        if new:
+            self.out.flush()
+        self.records.extend(new)
+        return new

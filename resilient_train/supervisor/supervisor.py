@@ -1,0 +1,496 @@
+"""The supervisor: start the worker group, watch it, gang-restart it, report.
+
+MultiWorkerMirroredStrategy cannot re-admit a restarted worker: when one dies, the others
+hang in (or fail out of) their collectives. So the unit of recovery is the whole group:
+stop every worker, wait a backoff, start a new *attempt* with fresh ports, and let the
+workers restore the last committed checkpoint.
+
+# Implementation:
+# One loop, one state variable (RunState). Each attempt:
+#   STARTING   pick free loopback ports, write attempt-<n>/job.json, spawn N workers with
+#              TF_CONFIG / RT_ATTEMPT / RT_RUN_ID; each worker gets the Linux parent-death
+#              signal so it can never outlive a SIGKILLed supervisor.
+#   RUNNING    poll children every POLL_S (the OS tells us of a death at once: no waiting
+#              for TensorFlow's ~10 s collective timeout), print new events.jsonl lines.
+#   STOPPING   a worker exited abnormally -> SIGTERM the rest, SIGKILL after
+#              teardown_grace_s; or the supervisor itself got SIGTERM/SIGINT -> forward
+#              SIGTERM (the workers agree on a step, save it and exit 143) and SIGKILL
+#              whoever is left after grace_period.
+#   then       SUCCEEDED (all exited 0), or the RestartTracker decides: RESTARTING (sleep
+#              the backoff, next attempt) or FAILED / PREEMPTED (stop, write summary.json).
+#
+# Everything that touches the outside world (spawning, clock, sleep, signals) is a
+# constructor argument, so the loop can be driven by fakes in unit tests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Protocol, TextIO
+
+from resilient_train import events
+from resilient_train.checkpoint import CheckpointStore, Manifest
+from resilient_train.cluster import build_tf_config, free_ports
+from resilient_train.config import JobConfig
+from resilient_train.errorfile import choose_root_cause, read_errors, tail_lines
+from resilient_train.errors import (
+    EXIT_FAILURE,
+    EXIT_FATAL,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+)
+from resilient_train.events import emit
+from resilient_train.supervisor.console import EventTail
+from resilient_train.supervisor.policy import (
+    AttemptOutcome,
+    ExitClass,
+    RestartPolicy,
+    RestartTracker,
+    classify,
+    describe_exit,
+)
+
+__all__ = ["Supervisor", "RunState", "WorkerState", "PopenSpawner"]
+
+POLL_S = 0.05
+
+
+class RunState(str, Enum):
+    """The run's state. Transitions (the only ones the loop makes):
+
+    STARTING -> RUNNING                   workers spawned
+    RUNNING -> SUCCEEDED                  every worker exited 0
+    RUNNING -> STOPPING                   a worker failed, or the supervisor was signalled
+    STOPPING -> RESTARTING                the policy grants a restart
+    STOPPING -> FAILED                    fatal error, budget exhausted, crash loop
+    STOPPING -> PREEMPTED                 the supervisor itself was asked to stop
+    RESTARTING -> STARTING                after the backoff
+    """
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+
+
+class WorkerState(str, Enum):
+    """A worker's state within one attempt: RUNNING -> EXITED (by itself) or KILLED (by us)."""
+
+    RUNNING = "running"
+    EXITED = "exited"
+    KILLED = "killed"
+
+
+class Process(Protocol):
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def send_signal(self, sig: int) -> None: ...
+
+
+class Spawner(Protocol):
+    def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> Process: ...
+
+
+def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class PopenSpawner:
+    """Real processes; stdout and stderr go to the worker's log file."""
+
+    def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+            )
+
+
+@dataclass
+class Worker:
+    rank: int
+    process: Process
+    log_path: Path
+    state: WorkerState = WorkerState.RUNNING
+    returncode: int | None = None
+    exit_time: float | None = None
+
+
+@dataclass
+class _Totals:
+    restarts: int = 0
+    preemptions: int = 0
+    lost_steps: int = 0
+    root_cause: dict[str, Any] | None = None
+
+
+class Supervisor:
+    """Runs one job to completion on this host."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        *,
+        out: TextIO = sys.stdout,
+        spawner: Spawner | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        python: str = sys.executable,
+        teardown_grace_s: float = 3.0,
+        backoff_initial_s: float = 1.0,
+    ) -> None:
+        self.job = job
+        self.out = out
+        self.spawner = spawner or PopenSpawner()
+        self.clock = clock
+        self.sleep = sleep
+        self.python = python
+        self.teardown_grace_s = teardown_grace_s
+        self.run_dir = Path(job.run_dir)
+        self.events_path = self.run_dir / "events.jsonl"
+        self.store = CheckpointStore(job.storage, job.storage_options)
+        self.tracker = RestartTracker(
+            RestartPolicy(
+                max_restarts=job.max_restarts,
+                max_preemptions=job.max_preemptions,
+                backoff_initial_s=backoff_initial_s,
+                backoff_max_s=max(30.0, backoff_initial_s),
+                backoff_jitter_s=min(1.0, backoff_initial_s),
+            )
+        )
+        self.state = RunState.STARTING
+        self.stop_signal: str | None = None
+        self.totals = _Totals()
+
+    # ------------------------------------------------------------ public
+    def run(self) -> int:
+        started = self.clock()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = self._run_id()
+        events.configure(self.events_path, console=None, run_id=self.run_id, role="supervisor")
+        tail = EventTail(self.events_path, self.out)
+        self.store.check()
+
+        done = self._completed_manifest()
+        if done is not None:
+            emit("run_already_complete", global_step=done.global_step, weights_sha256=done.weights_sha256)
+            tail.pump()
+            self.out.write(
+                f"Run {self.run_dir} already completed at global step {done.global_step} "
+                f"(weights_sha256 {done.weights_sha256[:16]}...); nothing to do.\n"
+            )
+            self._write_summary("completed", done, started)
+            return EXIT_OK
+
+        emit(
+            "run_started",
+            recipe=self.job.recipe,
+            workers=self.job.workers,
+            run_dir=str(self.run_dir),
+            storage=self.store.url,
+        )
+        self._install_signal_handlers()
+        attempt = self._first_attempt()
+        try:
+            while True:
+                self.state = RunState.STARTING
+                workers = self._start(attempt)
+                self.state = RunState.RUNNING
+                self._watch(workers, tail)
+                outcome = self._outcome(attempt, workers)
+                tail.pump()
+                if outcome is None:
+                    self.state = RunState.SUCCEEDED
+                    return self._finish("completed", started, tail)
+                if self.stop_signal is not None:
+                    self.state = RunState.PREEMPTED
+                    self.totals.preemptions += 1
+                    emit("preempted", global_step=self._reached(attempt), source=self.stop_signal)
+                    return self._finish("preempted", started, tail)
+                decision = self.tracker.record(outcome)
+                self.totals.restarts = self.tracker.restarts
+                self.totals.preemptions = self.tracker.preemptions
+                if decision.action == "stop":
+                    self.state = RunState.FAILED
+                    if decision.event:
+                        emit(decision.event, reason=decision.reason, attempt=attempt)
+                    tail.pump()
+                    self.out.write(f"Stopping: {decision.reason}\n")
+                    return self._finish("failed", started, tail, fatal=outcome.exit_class is ExitClass.FATAL)
+                self.state = RunState.RESTARTING
+                emit(
+                    "gang_restart",
+                    attempt=attempt + 1,
+                    reason=decision.reason,
+                    root_cause_rank=(self.totals.root_cause or {}).get("rank"),
+                    backoff_s=round(decision.backoff_s, 3),
+                )
+                tail.pump()
+                self.sleep(decision.backoff_s)
+                attempt += 1
+        finally:
+            self._restore_signal_handlers()
+
+    # ------------------------------------------------------------ attempt
+    def _start(self, attempt: int) -> list[Worker]:
+        attempt_dir = self.run_dir / f"attempt-{attempt}"
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        job_path = attempt_dir / "job.json"
+        job_path.write_text(self.job.to_json())
+        addresses = [f"127.0.0.1:{port}" for port in free_ports(self.job.workers)]
+        workers = []
+        for rank in range(self.job.workers):
+            env = dict(os.environ)
+            env.update(
+                TF_CONFIG=json.dumps(build_tf_config(addresses, rank)),
+                RT_ATTEMPT=str(attempt),
+                RT_RUN_ID=self.run_id,
+                PYTHONUNBUFFERED="1",
+            )
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            if self.job.gpus_per_worker:
+                first = rank * self.job.gpus_per_worker
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                    str(i) for i in range(first, first + self.job.gpus_per_worker)
+                )
+            log_path = attempt_dir / f"worker-{rank}.log"
+            process = self.spawner(
+                [self.python, "-m", "resilient_train.runner", "--job", str(job_path)], env, log_path
+            )
+            workers.append(Worker(rank, process, log_path))
+            emit("worker_started", rank=rank, pid=process.pid, attempt=attempt, log=str(log_path))
+        return workers
+
+    def _watch(self, workers: list[Worker], tail: EventTail) -> None:
+        kill_at: float | None = None
+        forwarded = False
+        while True:
+            tail.pump()
+            for worker in workers:
+                if worker.returncode is None:
+                    code = worker.process.poll()
+                    if code is not None:
+                        self._exited(worker, code)
+            alive = [w for w in workers if w.returncode is None]
+            if not alive:
+                return
+            failed = any(w.returncode not in (None, EXIT_OK) for w in workers)
+            now = self.clock()
+            if self.stop_signal is not None and not forwarded:
+                forwarded = True
+                for worker in alive:
+                    _signal(worker, signal.SIGTERM)
+                kill_at = now + self.job.grace_period
+            elif failed and kill_at is None:
+                self.state = RunState.STOPPING
+                for worker in alive:
+                    _signal(worker, signal.SIGTERM)
+                kill_at = now + (
+                    self.job.grace_period if self._preempting(workers) else self.teardown_grace_s
+                )
+            if kill_at is not None and now >= kill_at:
+                for worker in alive:
+                    worker.state = WorkerState.KILLED
+                    _signal(worker, signal.SIGKILL)
+            self.sleep(POLL_S)
+
+    def _preempting(self, workers: list[Worker]) -> bool:
+        """A worker exited 'preempted': its peers are saving at the agreed step; let them."""
+        return any(w.returncode == EXIT_PREEMPTED for w in workers)
+
+    def _exited(self, worker: Worker, code: int) -> None:
+        worker.returncode = code
+        worker.exit_time = self.clock()
+        if worker.state is WorkerState.RUNNING:
+            worker.state = WorkerState.EXITED
+        fields: dict[str, Any] = {"rank": worker.rank, "pid": worker.process.pid}
+        if code < 0:
+            fields["signal"] = signal.Signals(-code).name
+        else:
+            fields["exit_code"] = code
+        emit("worker_exited", **fields, state=worker.state.value)
+        if code not in (EXIT_OK,):
+            emit(
+                "worker_failed" if code != EXIT_PREEMPTED else "worker_preempted",
+                **fields,
+                classification=classify(code).value,
+            )
+
+    def _outcome(self, attempt: int, workers: list[Worker]) -> AttemptOutcome | None:
+        """None when every worker exited 0; otherwise what ended the attempt."""
+        if all(w.returncode == EXIT_OK for w in workers):
+            return None
+        attempt_dir = self.run_dir / f"attempt-{attempt}"
+        exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
+        root = choose_root_cause(
+            exits, read_errors(attempt_dir), lambda rank: tail_lines(attempt_dir / f"worker-{rank}.log", 15)
+        )
+        reached = self._reached(attempt)
+        if reached is not None:
+            emit("attempt_reached", attempt=attempt, global_step=reached)
+        preempted = self.stop_signal is not None or any(w.returncode == EXIT_PREEMPTED for w in workers)
+        if root is None:  # everyone exited 0 or 143: a clean preemption
+            return AttemptOutcome(attempt, ExitClass.PREEMPTED, "preempted", reached, preempted=True)
+        self.totals.root_cause = {
+            "rank": root.rank,
+            "pid": root.pid,
+            "exit": root.exit_description,
+            "type": root.error.type if root.error else None,
+            "message": root.error.message if root.error else None,
+            "global_step": root.global_step,
+            "attempt": attempt,
+        }
+        if not preempted:
+            self.out.write(root.render() + "\n")
+        exit_class = classify(root.returncode) if root.returncode is not None else ExitClass.FAILED
+        if preempted and exit_class is not ExitClass.FATAL:
+            exit_class = ExitClass.PREEMPTED
+        return AttemptOutcome(attempt, exit_class, root.signature, root.global_step, preempted=preempted)
+
+    def _reached(self, attempt: int) -> int | None:
+        """The highest global step any worker of ``attempt`` finished (from its step marker)."""
+        steps = []
+        for path in (self.run_dir / f"attempt-{attempt}").glob("step-*.txt"):
+            try:
+                steps.append(int(path.read_text().strip() or "0"))
+            except (OSError, ValueError):
+                continue
+        return max(steps) if steps else None
+
+    # ------------------------------------------------------------ results
+    def _finish(self, status: str, started: float, tail: EventTail, *, fatal: bool = False) -> int:
+        manifest = self.store.latest_manifest()
+        self._count_lost_steps(tail)
+        summary = self._write_summary(status, manifest, started)
+        emit(
+            "run_finished",
+            status=status,
+            global_step=summary["global_step"],
+            weights_sha256=summary["weights_sha256"],
+            restarts=self.totals.restarts,
+            preemptions=self.totals.preemptions,
+            lost_steps=self.totals.lost_steps,
+        )
+        tail.pump()
+        self.out.write(
+            f"Run {status}: global step {summary['global_step']}, weights_sha256 "
+            f"{summary['weights_sha256']}\nSummary: {self.run_dir / 'summary.json'}  "
+            f"Events: {self.events_path}  Logs: {self.run_dir}/attempt-*/worker-*.log\n"
+        )
+        if status == "completed":
+            return EXIT_OK
+        if status == "preempted":
+            return EXIT_PREEMPTED
+        return EXIT_FATAL if fatal else EXIT_FAILURE
+
+    def _count_lost_steps(self, tail: EventTail) -> None:
+        """Steps executed that a later restore discarded, from this invocation's events."""
+        lost = 0
+        reached_by_attempt: dict[int, int] = {}
+        for record in tail.records:
+            if record.get("event") == "attempt_reached":
+                reached_by_attempt[record["attempt"]] = record["global_step"]
+        for record in tail.records:
+            if record.get("event") == "restored":
+                previous = reached_by_attempt.get(record.get("attempt", 0) - 1)
+                if previous is not None:
+                    lost += max(0, previous - record["global_step"])
+        self.totals.lost_steps = lost
+
+    def _write_summary(self, status: str, manifest: Manifest | None, started: float) -> dict[str, Any]:
+        attempts = len(list(self.run_dir.glob("attempt-*")))
+        summary = {
+            "status": status,
+            "run_id": self.run_id,
+            "recipe": self.job.recipe,
+            "epochs": manifest.epoch if manifest else 0,
+            "global_step": manifest.global_step if manifest else 0,
+            "weights_sha256": manifest.weights_sha256 if manifest else None,
+            "checkpoint": f"{self.store.url}/{CheckpointStore.dir_name(manifest.global_step)}" if manifest else None,
+            "attempts": attempts,
+            "restarts": self.totals.restarts,
+            "preemptions": self.totals.preemptions,
+            "lost_steps": self.totals.lost_steps,
+            "root_cause": self.totals.root_cause,
+            "workers": self.job.workers,
+            "run_dir": str(self.run_dir),
+            "storage": self.store.url,
+            "events": str(self.events_path),
+            "wall_time_s": round(self.clock() - started, 3),
+            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        tmp = self.run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, self.run_dir / "summary.json")
+        return summary
+
+    # ------------------------------------------------------------ helpers
+    def _run_id(self) -> str:
+        path = self.run_dir / "run.json"
+        if path.exists():
+            try:
+                return json.loads(path.read_text())["run_id"]
+            except (ValueError, KeyError):
+                pass
+        run_id = uuid.uuid4().hex[:12]
+        path.write_text(json.dumps({"run_id": run_id, "recipe": self.job.recipe}) + "\n")
+        return run_id
+
+    def _first_attempt(self) -> int:
+        numbers = [int(p.name.split("-", 1)[1]) for p in self.run_dir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit()]
+        return max(numbers, default=0) + 1
+
+    def _completed_manifest(self) -> Manifest | None:
+        manifest = self.store.latest_manifest()
+        if manifest is None or not manifest.extra.get("completed"):
+            return None
+        if self.job.epochs is not None and manifest.epoch < self.job.epochs:
+            return None
+        return manifest
+
+    def _install_signal_handlers(self) -> None:
+        self._previous = {}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.stop_signal is None:
+                self.stop_signal = signal.Signals(signum).name
+                emit("preemption_requested", source=f"supervisor:{self.stop_signal}")
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread (tests driving the loop)
+                pass
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, previous in getattr(self, "_previous", {}).items():
+            signal.signal(sig, previous)
+
+
+def _signal(worker: Worker, sig: int) -> None:
+    try:
+        worker.process.send_signal(sig)
+    except ProcessLookupError:
+        pass
