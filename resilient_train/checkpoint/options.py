@@ -1,0 +1,54 @@
+"""``--storage-option KEY=VALUE`` pairs -> the ``storage_options`` dict fsspec takes.
+
+Values are coerced the way a shell user means them: ``true``/``false`` (any case) become
+bools, integers become ints, everything else stays a string (so secrets and URLs are
+never mangled: no float or null guessing). Dotted keys nest
+(``client_kwargs.endpoint_url=http://...`` -> ``{"client_kwargs": {"endpoint_url": ...}}``).
+A malformed item, or one that contradicts an earlier item, is a ConfigError naming it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+from resilient_train.errors import ConfigError
+
+__all__ = ["parse_storage_options"]
+
+_INT = re.compile(r"^[+-]?\d+$")
+_KEY_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_EXPECTED = "expected KEY=VALUE, e.g. client_kwargs.endpoint_url=http://127.0.0.1:8333"
+
+
+def _coerce(value: str) -> Any:
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if _INT.match(value):
+        return int(value)
+    return value
+
+
+def parse_storage_options(pairs: Iterable[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in pairs:
+        key, sep, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(_KEY_PART.match(p) for p in parts):
+            raise ConfigError(f"Received --storage-option {item!r}; {_EXPECTED}")
+        node = options
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                prefix = ".".join(parts[: depth + 1])
+                raise ConfigError(
+                    f"Received --storage-option {item!r}; {prefix!r} was already set to a value"
+                )
+            node = child
+        leaf = parts[-1]
+        if isinstance(node.get(leaf), dict):
+            raise ConfigError(
+                f"Received --storage-option {item!r}; {key.strip()!r} already holds nested options"
+            )
+        node[leaf] = _coerce(raw)
+    return options

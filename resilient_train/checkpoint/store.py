@@ -1,0 +1,574 @@
+"""CheckpointStore: commit, list, verify, fetch, retain and clean checkpoints over fsspec.
+
+# Implementation: the commit protocol (works where rename is not atomic)
+
+    <root>/ckpt-<global_step:012d>/<files...>        uploaded first, in any order
+    <root>/ckpt-<global_step:012d>/MANIFEST.json     written LAST, one object PUT = the commit
+
+Object stores (S3, GCS) have no atomic directory rename, so a commit cannot be "write
+to a temp dir, rename". Instead the manifest, which lists every file with its size and
+sha256, is written last; a directory without a readable manifest does not exist for
+readers. On a local filesystem the manifest is written to a temporary name and renamed,
+so a reader never sees half a manifest there either.
+
+Invariants this module keeps:
+
+* Readers (``latest_manifest``, ``restore_latest``, ``fetch``) only ever return a
+  checkpoint whose manifest parses and whose files match it (sizes from the listing;
+  sha256 while downloading). A torn or corrupt checkpoint is reported
+  (``checkpoint_rejected``) and skipped, never deleted here.
+* Re-committing an already committed step never leaves a torn state. If the files are
+  byte-identical to the committed ones (a deterministic job saving the same step
+  twice, e.g. a final save with ``extra={"completed": True}``), only the manifest is
+  replaced, in one PUT. Otherwise the old manifest is deleted FIRST (the directory
+  becomes uncommitted and readers fall back to the previous checkpoint), then the
+  files are uploaded, then the new manifest. Overwriting files under a live manifest
+  would expose old-manifest/new-files to readers, which is exactly a torn checkpoint.
+* ``retain`` deletes only checkpoints older than the newest good one, manifest first,
+  so a half-finished deletion reads as uncommitted. ``collect_garbage`` deletes only
+  uncommitted leftovers older than the newest good commit (never an in-flight newer one).
+* Every remote operation goes through the RetryPolicy: transient failures are retried
+  (``storage_retry`` events), permanent ones surface as StorageError naming the URL.
+
+The store never imports TensorFlow: it moves opaque files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import os
+import posixpath
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import fsspec
+
+from resilient_train import events
+from resilient_train.checkpoint._files import abandon_write
+from resilient_train.checkpoint.manifest import (
+    CHUNK_SIZE,
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    FileEntry,
+    Manifest,
+    now_utc,
+    sha256_file,
+    sha256_stream,
+)
+from resilient_train.checkpoint.retry import RetryPolicy, describe
+from resilient_train.errors import CheckpointCorruptError, StorageError
+
+__all__ = ["CheckpointStore", "CheckpointInfo", "Status"]
+
+_DIR_RE = re.compile(r"^ckpt-(\d{12,})$")
+_PLACEHOLDER = FileEntry(size=0, sha256="0" * 64)
+
+
+class Status(str, enum.Enum):
+    """What a reader may do with a checkpoint directory.
+
+    OK: committed and its files match the manifest (by size when listed, by sha256 when
+    verified) -> restorable. TORN: committed but a listed file is missing. CORRUPT:
+    committed but a file's size or sha256 differs. UNCOMMITTED: no readable manifest
+    (an upload in progress, a crashed one, or a half-finished deletion) -> invisible.
+    """
+
+    OK = "ok"
+    TORN = "torn"
+    CORRUPT = "corrupt"
+    UNCOMMITTED = "uncommitted"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint directory as a reader sees it."""
+
+    global_step: int
+    path: str
+    manifest: Manifest | None
+    status: Status
+    detail: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.global_step < 0:
+            raise ValueError(f"Received global_step={self.global_step!r}; expected >= 0")
+        if not isinstance(self.status, Status):
+            raise ValueError(f"Received status={self.status!r}; expected a Status")
+        if (self.manifest is None) != (self.status is Status.UNCOMMITTED):
+            raise ValueError(
+                f"Received status={self.status.value} with manifest={'set' if self.manifest else None}; "
+                "only uncommitted checkpoints lack a manifest"
+            )
+
+
+def _normalise_url(url: str) -> str:
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"Received url={url!r}; expected an fsspec URL or a local path")
+    url = url.strip()
+    if "://" in url or "::" in url:
+        protocol, _, rest = url.partition("://")
+        return f"{protocol}://{rest.rstrip('/')}" if rest.strip("/") else url
+    return os.path.abspath(os.path.expanduser(url))
+
+
+class CheckpointStore:
+    """Checkpoints under one root URL; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        emit: Callable[..., None] | None = None,
+        retry: RetryPolicy | None = None,
+        fs: fsspec.AbstractFileSystem | None = None,
+        clock: Callable[[], str] = now_utc,
+    ) -> None:
+        self.url = _normalise_url(url)
+        self._emit = emit or events.emit
+        self._retry = retry or RetryPolicy()
+        self._clock = clock
+        if fs is None:
+            try:
+                fs, root = fsspec.core.url_to_fs(self.url, **dict(storage_options or {}))
+            except (ValueError, ImportError, TypeError, OSError) as exc:
+                raise StorageError(f"cannot use checkpoint storage {self.url}: {describe(exc)}") from None
+        else:
+            root = fs._strip_protocol(self.url)
+        self.fs = fs
+        self._root = root.rstrip("/") or root
+        self._local = bool(getattr(fs, "local_file", False))
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.url!r})"
+
+    # -- naming ----------------------------------------------------------------------
+
+    @staticmethod
+    def dir_name(global_step: int) -> str:
+        if isinstance(global_step, bool) or not isinstance(global_step, int) or global_step < 0:
+            raise ValueError(f"Received global_step={global_step!r}; expected an int >= 0")
+        return "ckpt-%012d" % global_step
+
+    def _remote(self, *parts: str) -> str:
+        return posixpath.join(self._root, *parts)
+
+    def _url(self, *parts: str) -> str:
+        return posixpath.join(self.url, *parts)
+
+    def _do(self, op: str, rel: str, fn: Callable[[], Any]) -> Any:
+        return self._retry.call(fn, op=op, path=self._url(rel) if rel else self.url, emit=self._emit)
+
+    def _fail(self, action: str, exc: BaseException) -> StorageError:
+        if isinstance(exc, StorageError):
+            return exc
+        return StorageError(f"cannot {action} {self.url}: {describe(exc)}")
+
+    # -- fail fast -------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Prove the root is usable before any training: create (local), write, read, delete.
+
+        Raises StorageError naming the URL and the cause (missing bucket, no permission,
+        not a directory, ...); transient failures are retried first.
+        """
+        probe = f".rt-probe-{uuid.uuid4().hex[:12]}"
+        try:
+            if self._local:
+                self._do("makedirs", "", lambda: self.fs.makedirs(self._root, exist_ok=True))
+            self._do("write", probe, lambda: self.fs.pipe_file(self._remote(probe), b"probe"))
+            data = self._do("read", probe, lambda: self.fs.cat_file(self._remote(probe)))
+            self._do("delete", probe, lambda: self.fs.rm_file(self._remote(probe)))
+        except (TypeError, AttributeError, NameError):
+            raise  # a bug (ours or a caller's), not a storage problem
+        except Exception as exc:  # the fail-fast boundary: e.g. botocore's NoCredentialsError is no OSError
+            raise self._fail("write checkpoints to", exc) from None
+        if data != b"probe":
+            raise StorageError(f"cannot use checkpoint storage {self.url}: probe object read back as {data[:20]!r}")
+
+    # -- listing ---------------------------------------------------------------------
+
+    def _scan(self) -> dict[int, dict[str, int]]:
+        """One recursive listing: global_step -> {relative file path: size}."""
+        self.fs.invalidate_cache(self._root)  # other processes commit; never trust a cached listing
+        try:
+            listing = self._do("list", "", lambda: self.fs.find(self._root, detail=True))
+        except FileNotFoundError as exc:
+            if self._local:
+                return {}
+            raise self._fail("list", exc) from None
+        except OSError as exc:
+            raise self._fail("list", exc) from None
+        steps: dict[int, dict[str, int]] = {}
+        prefix = self._root.rstrip("/") + "/"
+        for path, info in listing.items():
+            if info.get("type") != "file" or not path.startswith(prefix) or path.endswith("/"):
+                continue
+            top, _, rel = path[len(prefix):].partition("/")
+            match = _DIR_RE.match(top)
+            if match and rel:
+                steps.setdefault(int(match.group(1)), {})[rel] = int(info.get("size") or 0)
+        return steps
+
+    def _read_manifest(self, step: int) -> Manifest:
+        """The committed manifest of ``step``; CheckpointCorruptError when absent or bad."""
+        rel = posixpath.join(self.dir_name(step), MANIFEST_NAME)
+        url = self._url(rel)
+        try:
+            data = self._do("read", rel, lambda: self.fs.cat_file(self._remote(rel)))
+        except FileNotFoundError:
+            raise CheckpointCorruptError(f"{url}: no manifest (not committed)") from None
+        except OSError as exc:
+            raise self._fail("read", exc) from None
+        manifest = Manifest.from_json(data, path=url)
+        if manifest.global_step != step:
+            raise CheckpointCorruptError(
+                f"{url}: manifest says global_step={manifest.global_step}, directory is {step}"
+            )
+        return manifest
+
+    def _inspect(self, step: int, files: dict[str, int]) -> CheckpointInfo:
+        """Status of one directory from its listing and manifest, without hashing."""
+        path = self._url(self.dir_name(step))
+        listed_size = sum(size for rel, size in files.items() if rel != MANIFEST_NAME)
+        if MANIFEST_NAME not in files:
+            return CheckpointInfo(step, path, None, Status.UNCOMMITTED, "no manifest", listed_size)
+        try:
+            manifest = self._read_manifest(step)
+        except CheckpointCorruptError as exc:
+            reason = _strip_prefix(str(exc), self._url(self.dir_name(step), MANIFEST_NAME))
+            return CheckpointInfo(step, path, None, Status.UNCOMMITTED, f"manifest unreadable: {reason}", listed_size)
+        problems = []
+        for rel, entry in sorted(manifest.files.items()):
+            if rel not in files:
+                problems.append((Status.TORN, f"missing file {rel}"))
+            elif files[rel] != entry.size:
+                problems.append(
+                    (Status.CORRUPT, f"size mismatch in {rel} (manifest {entry.size} bytes, found {files[rel]})")
+                )
+        if not problems:
+            return CheckpointInfo(step, path, manifest, Status.OK, "", manifest.total_size)
+        status, detail = problems[0]
+        if len(problems) > 1:
+            detail += f" (+{len(problems) - 1} more)"
+        return CheckpointInfo(step, path, manifest, status, detail, manifest.total_size)
+
+    def _newest_first(self) -> Iterator[CheckpointInfo]:
+        steps = self._scan()
+        for step in sorted(steps, reverse=True):
+            yield self._inspect(step, steps[step])
+
+    def list(self) -> list[CheckpointInfo]:
+        """Every ckpt-* directory, ascending global_step; sizes checked, nothing hashed."""
+        steps = self._scan()
+        return [self._inspect(step, steps[step]) for step in sorted(steps)]
+
+    def latest_manifest(self) -> Manifest | None:
+        """The newest committed manifest whose files are all present with the right sizes."""
+        for info in self._newest_first():
+            if info.status is Status.OK:
+                return info.manifest
+        return None
+
+    # -- verification ----------------------------------------------------------------
+
+    def verify(self, global_step: int | None = None) -> list[CheckpointInfo]:
+        """Like list(), but every file of every committed checkpoint is hashed.
+
+        With ``global_step``, only that checkpoint (an empty list when it does not exist).
+        """
+        infos = self.list()
+        if global_step is not None:
+            infos = [info for info in infos if info.global_step == global_step]
+        return [self._hash_check(info) if info.status is Status.OK else info for info in infos]
+
+    def _hash_check(self, info: CheckpointInfo) -> CheckpointInfo:
+        manifest = info.manifest
+        if manifest is None:  # cannot happen for Status.OK (CheckpointInfo checks); keeps types honest
+            return info
+        name = self.dir_name(info.global_step)
+        for rel, entry in sorted(manifest.files.items()):
+            try:
+                got = self._do("read", f"{name}/{rel}", lambda rel=rel: self._hash_remote(f"{name}/{rel}"))
+            except FileNotFoundError:
+                return dataclasses.replace(info, status=Status.TORN, detail=f"missing file {rel}")
+            except OSError as exc:
+                raise self._fail("read", exc) from None
+            if got.size != entry.size:
+                detail = f"size mismatch in {rel} (manifest {entry.size} bytes, found {got.size})"
+                return dataclasses.replace(info, status=Status.CORRUPT, detail=detail)
+            if got.sha256 != entry.sha256:
+                return dataclasses.replace(info, status=Status.CORRUPT, detail=f"sha256 mismatch in {rel}")
+        return info
+
+    def _hash_remote(self, rel: str) -> FileEntry:
+        with self.fs.open(self._remote(rel), "rb", block_size=CHUNK_SIZE) as src:
+            return sha256_stream(src)
+
+    # -- commit ----------------------------------------------------------------------
+
+    def commit(
+        self,
+        local_dir: Path,
+        *,
+        run_id: str,
+        epoch: int,
+        step_in_epoch: int,
+        global_step: int,
+        world_size: int,
+        weights_sha256: str,
+        tf_version: str,
+        extra: dict[str, Any] | None = None,
+    ) -> Manifest:
+        """Upload every file under ``local_dir`` into ckpt-<global_step>/, then the manifest.
+
+        Returns the committed manifest. Raises StorageError (permanent or retries
+        exhausted); the directory then stays uncommitted and invisible to readers.
+        """
+        local_dir = Path(local_dir)
+        if not local_dir.is_dir():
+            raise ValueError(f"Received local_dir={str(local_dir)!r}; expected an existing directory")
+        local_files = {p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*")) if p.is_file()}
+        if not local_files:
+            raise ValueError(f"Received local_dir={str(local_dir)!r}; expected at least one file in it")
+        # Validates every field before the first byte is uploaded.
+        draft = Manifest(
+            schema_version=SCHEMA_VERSION, run_id=run_id, epoch=epoch, step_in_epoch=step_in_epoch,
+            global_step=global_step, world_size=world_size, tf_version=tf_version,
+            created_at=self._clock(), files={rel: _PLACEHOLDER for rel in local_files},
+            weights_sha256=weights_sha256, extra=dict(extra or {}),
+        )
+        name = self.dir_name(global_step)
+        try:
+            entries = self._reuse_committed(global_step, local_files)
+            if entries is None:
+                entries = {rel: self._upload(src, f"{name}/{rel}") for rel, src in local_files.items()}
+            manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
+            self._put_small(f"{name}/{MANIFEST_NAME}", manifest.to_json().encode())
+        except OSError as exc:
+            raise self._fail(f"commit checkpoint {name} to", exc) from None
+        return manifest
+
+    def _reuse_committed(self, step: int, local_files: dict[str, Path]) -> dict[str, FileEntry] | None:
+        """Entries to commit without uploading, when ``step`` is already committed with these bytes.
+
+        When a different checkpoint is committed at ``step``, its manifest is deleted
+        first (see the module docstring) and None is returned: upload everything.
+        """
+        name = self.dir_name(step)
+        self.fs.invalidate_cache(self._remote(name))
+        try:
+            listed = self._do("list", name, lambda: self.fs.find(self._remote(name), detail=True))
+        except FileNotFoundError:
+            return None
+        prefix = self._remote(name) + "/"
+        files = {p[len(prefix):]: int(i.get("size") or 0) for p, i in listed.items()
+                 if i.get("type") == "file" and p.startswith(prefix)}
+        if MANIFEST_NAME not in files:
+            return None
+        info = self._inspect(step, files)
+        if info.status is Status.OK and info.manifest is not None:
+            local = {rel: sha256_file(path) for rel, path in local_files.items()}
+            if local == info.manifest.files:
+                return local
+        self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))
+        return None
+
+    def _upload(self, src: Path, rel: str) -> FileEntry:
+        """Stream one local file to ``rel``, hashing the bytes as they are read."""
+        remote = self._remote(rel)
+
+        def attempt() -> FileEntry:
+            if self._local:
+                self.fs.makedirs(posixpath.dirname(remote), exist_ok=True)
+            digest, size = hashlib.sha256(), 0
+            with open(src, "rb") as reader:
+                dst = self.fs.open(remote, "wb")
+                try:
+                    while chunk := reader.read(CHUNK_SIZE):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        dst.write(chunk)
+                except BaseException:
+                    abandon_write(dst)
+                    raise
+                dst.close()
+            return FileEntry(size=size, sha256=digest.hexdigest())
+
+        return self._do("upload", rel, attempt)
+
+    def _put_small(self, rel: str, data: bytes) -> None:
+        """One small object in one PUT; on a local disk via a temp name and a rename."""
+        remote = self._remote(rel)
+        if not self._local:
+            self._do("write", rel, lambda: self.fs.pipe_file(remote, data))
+            return
+        tmp = posixpath.join(posixpath.dirname(remote), f".{posixpath.basename(remote)}.tmp-{uuid.uuid4().hex[:8]}")
+
+        def attempt() -> None:
+            self.fs.makedirs(posixpath.dirname(remote), exist_ok=True)
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, remote)
+
+        self._do("write", rel, attempt)
+
+    # -- restore ---------------------------------------------------------------------
+
+    def fetch(self, global_step: int, cache_dir: Path) -> tuple[Manifest, Path]:
+        """Download ckpt-<global_step> into ``cache_dir``, verifying while downloading.
+
+        Raises CheckpointCorruptError when it is not committed, a file is missing, or a
+        size/sha256 differs; StorageError when storage fails.
+        """
+        return self._fetch(self._read_manifest(global_step), Path(cache_dir))
+
+    def _fetch(self, manifest: Manifest, cache_dir: Path) -> tuple[Manifest, Path]:
+        name = self.dir_name(manifest.global_step)
+        target = cache_dir / name
+        if _local_copy_matches(target, manifest):
+            _write_text_atomic(target / MANIFEST_NAME, manifest.to_json())
+            return manifest, target
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        staging = cache_dir / f".{name}.partial-{uuid.uuid4().hex[:8]}"
+        try:
+            for rel, entry in sorted(manifest.files.items()):
+                got = self._download(name, rel, staging / rel)
+                if got.size != entry.size:
+                    raise CheckpointCorruptError(
+                        f"{self._url(name)}: size mismatch in {rel} (manifest {entry.size} bytes, read {got.size})"
+                    )
+                if got.sha256 != entry.sha256:
+                    raise CheckpointCorruptError(f"{self._url(name)}: sha256 mismatch in {rel}")
+            (staging / MANIFEST_NAME).write_text(manifest.to_json())
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return manifest, target
+
+    def _download(self, name: str, rel: str, dst: Path) -> FileEntry:
+        """Stream ``name/rel`` to ``dst`` (each remote byte read once), hashing it on the way."""
+        remote = self._remote(name, rel)
+
+        def attempt() -> FileEntry:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            digest, size = hashlib.sha256(), 0
+            with self.fs.open(remote, "rb", block_size=CHUNK_SIZE) as src, open(dst, "wb") as out:
+                while chunk := src.read(CHUNK_SIZE):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            return FileEntry(size=size, sha256=digest.hexdigest())
+
+        try:
+            return self._do("download", f"{name}/{rel}", attempt)
+        except FileNotFoundError:
+            raise CheckpointCorruptError(f"{self._url(name)}: missing file {rel}") from None
+        except OSError as exc:
+            raise self._fail("download from", exc) from None
+
+    def restore_latest(self, cache_dir: Path) -> tuple[Manifest, Path] | None:
+        """Fetch the newest committed checkpoint that verifies; None when there is none.
+
+        Each committed-but-bad one on the way down is reported as ``checkpoint_rejected``
+        and left in place. Uncommitted directories are not checkpoints and are skipped
+        silently. Storage failures propagate: falling back because of a network error
+        would silently throw progress away.
+        """
+        for info in self._newest_first():
+            if info.status is Status.UNCOMMITTED:
+                continue
+            if info.status is not Status.OK or info.manifest is None:
+                self._reject(info, info.detail)
+                continue
+            try:
+                return self._fetch(info.manifest, Path(cache_dir))
+            except CheckpointCorruptError as exc:
+                self._reject(info, _strip_prefix(str(exc), info.path))
+        return None
+
+    def _reject(self, info: CheckpointInfo, reason: str) -> None:
+        self._emit("checkpoint_rejected", group=True, path=info.path, reason=reason, global_step=info.global_step)
+
+    # -- deletion --------------------------------------------------------------------
+
+    def retain(self, keep: int) -> list[str]:
+        """Delete all but the newest ``keep`` good checkpoints; returns the deleted paths.
+
+        Only OK (by listing) checkpoints older than the newest OK one are candidates;
+        torn/corrupt ones are left for ``verify`` to report, uncommitted ones for
+        ``collect_garbage``.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"Received keep={keep!r}; expected an int >= 1")
+        good = [info for info in self.list() if info.status is Status.OK]
+        doomed = good[:-keep]
+        for info in doomed:
+            self._delete(info.global_step)
+        return [info.path for info in doomed]
+
+    def collect_garbage(self) -> list[str]:
+        """Delete uncommitted directories older than the newest good commit.
+
+        Torn or corrupt committed checkpoints are not touched (``verify`` reports them).
+        Newer uncommitted directories may be uploads in progress and are left alone.
+        """
+        infos = self.list()
+        good = [info.global_step for info in infos if info.status is Status.OK]
+        if not good:
+            return []
+        doomed = [i for i in infos if i.status is Status.UNCOMMITTED and i.global_step < max(good)]
+        for info in doomed:
+            self._delete(info.global_step)
+        paths = [info.path for info in doomed]
+        if paths:
+            self._emit("garbage_collected", group=True, paths=paths, count=len(paths))
+        return paths
+
+    def _delete(self, step: int) -> None:
+        """Manifest first (the checkpoint stops existing for readers), then the rest."""
+        name = self.dir_name(step)
+        try:
+            try:
+                self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))
+            except FileNotFoundError:
+                pass
+            try:
+                self._do("delete", name, lambda: self.fs.rm(self._remote(name), recursive=True))
+            except FileNotFoundError:
+                pass
+        except OSError as exc:
+            raise self._fail(f"delete {name} from", exc) from None
+
+
+def _strip_prefix(message: str, path: str) -> str:
+    return message[len(path) + 2:] if message.startswith(path + ": ") else message
+
+
+def _local_copy_matches(target: Path, manifest: Manifest) -> bool:
+    """True when ``target`` holds exactly the manifest's files with matching sha256."""
+    if not target.is_dir():
+        return False
+    present = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()}
+    if present - {MANIFEST_NAME} != set(manifest.files):
+        return False
+    for rel, entry in manifest.files.items():
+        if (target / rel).stat().st_size != entry.size:
+            return False
+    return all(sha256_file(target / rel) == entry for rel, entry in manifest.files.items())
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
