@@ -224,7 +224,7 @@ class CheckpointStore:
         try:
             data = self._do("read", rel, lambda: self.fs.cat_file(self._remote(rel)))
         except FileNotFoundError:
-            raise CheckpointCorruptError(f"{url}: no manifest (not committed)") from None
+            raise CheckpointCorruptError(f"{self._url(self.dir_name(step))}: not committed (no {MANIFEST_NAME})") from None
         except OSError as exc:
             raise self._fail("read", exc) from None
         manifest = Manifest.from_json(data, path=url)
