@@ -349,6 +349,9 @@ class CheckpointStore:
         try:
             entries = self._reuse_committed(global_step, local_files)
             if entries is None:
+                if self._local:  # object stores have no directories; a local disk needs them first
+                    for parent in sorted({posixpath.dirname(f"{name}/{rel}") for rel in local_files}):
+                        self._do("makedirs", parent, lambda p=parent: self.fs.makedirs(self._remote(p), exist_ok=True))
                 entries = {rel: self._upload(src, f"{name}/{rel}") for rel, src in local_files.items()}
             manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
             self._put_small(f"{name}/{MANIFEST_NAME}", manifest.to_json().encode())
@@ -386,8 +389,6 @@ class CheckpointStore:
         remote = self._remote(rel)
 
         def attempt() -> FileEntry:
-            if self._local:
-                self.fs.makedirs(posixpath.dirname(remote), exist_ok=True)
             digest, size = hashlib.sha256(), 0
             with open(src, "rb") as reader:
                 dst = self.fs.open(remote, "wb")
@@ -413,7 +414,6 @@ class CheckpointStore:
         tmp = posixpath.join(posixpath.dirname(remote), f".{posixpath.basename(remote)}.tmp-{uuid.uuid4().hex[:8]}")
 
         def attempt() -> None:
-            self.fs.makedirs(posixpath.dirname(remote), exist_ok=True)
             self.fs.pipe_file(tmp, data)
             self.fs.mv(tmp, remote)
 
