@@ -1,7 +1,7 @@
 """``--storage-option KEY=VALUE`` pairs -> the ``storage_options`` dict fsspec takes.
 
 Values are coerced the way a shell user means them: ``true``/``false`` (any case) become
-bools, integers become ints, everything else stays a string (so secrets and URLs are
+bools, integers (without leading zeros) become ints, everything else stays a string (so secrets and URLs are
 never mangled: no float or null guessing). Dotted keys nest
 (``client_kwargs.endpoint_url=http://...`` -> ``{"client_kwargs": {"endpoint_url": ...}}``).
 A malformed item, or one that contradicts an earlier item, is a ConfigError naming it.
@@ -16,7 +16,7 @@ from resilient_train.errors import ConfigError
 
 __all__ = ["parse_storage_options"]
 
-_INT = re.compile(r"^[+-]?\d+$")
+_INT = re.compile(r"^[+-]?(0|[1-9]\d*)$")  # "0012" stays a string: it may be a key
 _KEY_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _EXPECTED = "expected KEY=VALUE, e.g. client_kwargs.endpoint_url=http://127.0.0.1:8333"
 

@@ -1,0 +1,97 @@
+"""The ``verify`` / ``ls`` commands: table, JSON and exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from resilient_train.checkpoint import Status
+from resilient_train.checkpoint.manifest import MANIFEST_NAME
+from resilient_train.checkpoint.verify import format_rows, ls_command, verify_command
+from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+
+from .conftest import DATA_FILE, FILES, Backend
+
+
+def run(url: str, options: dict, *, as_json: bool, hash: bool) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = verify_command(url, options, as_json=as_json, hash=hash, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_all_good_exits_0_and_json_lists_every_directory(memory_backend: Backend) -> None:
+    backend = memory_backend
+    store = backend.store()
+    backend.commit(store, 11)
+    backend.commit(store, 25)
+    fs, root = backend.raw_fs(store)
+    fs.pipe_file(f"{root}/ckpt-000000000030/ckpt.index", b"half an upload")
+
+    code, out, err = run(store.url, {}, as_json=True, hash=True)
+    assert (code, err) == (EXIT_OK, "")
+    record = json.loads(out)
+    assert record["url"] == store.url
+    assert record["newest_restorable"] == 25
+    assert record["checkpoints"] == [
+        {"global_step": 11, "epoch": 1, "step_in_epoch": 1, "size": sum(FILES.values()), "status": "ok",
+         "detail": "", "path": f"{store.url}/ckpt-000000000011"},
+        {"global_step": 25, "epoch": 2, "step_in_epoch": 5, "size": sum(FILES.values()), "status": "ok",
+         "detail": "", "path": f"{store.url}/ckpt-000000000025"},
+        {"global_step": 30, "epoch": None, "step_in_epoch": None, "size": 14, "status": "uncommitted",
+         "detail": "no manifest", "path": f"{store.url}/ckpt-000000000030"},
+    ]
+
+
+def test_table_names_the_damage_and_the_newest_restorable(memory_backend: Backend) -> None:
+    backend = memory_backend
+    store = backend.store()
+    for gs in (1, 2, 3):
+        backend.commit(store, gs)
+    fs, root = backend.raw_fs(store)
+    data = bytearray(fs.cat_file(f"{root}/ckpt-000000000003/{DATA_FILE}"))
+    data[0] ^= 0xFF
+    fs.pipe_file(f"{root}/ckpt-000000000003/{DATA_FILE}", bytes(data))
+    fs.rm_file(f"{root}/ckpt-000000000002/ckpt.index")
+
+    code, out, _ = run(store.url, {}, as_json=False, hash=True)
+    assert code == EXIT_FAILURE
+    lines = out.splitlines()
+    assert lines[0] == store.url
+    assert lines[1].split() == ["global_step", "epoch", "step_in_epoch", "size", "status"]
+    assert lines[2].split() == ["1", "0", "1", "20.8", "KiB", "ok"]
+    assert lines[3].endswith("torn: missing file ckpt.index")
+    assert lines[4].endswith(f"corrupt: sha256 mismatch in {DATA_FILE}")
+    assert lines[5] == f"newest restorable: global_step 1 ({store.url}/ckpt-000000000001)"
+    assert lines[6] == "2 committed checkpoints failed verification"
+
+    # ls does not hash: the flipped byte is invisible to it, the missing file is not
+    out2 = io.StringIO()
+    assert ls_command(store.url, {}, as_json=False, out=out2) == EXIT_FAILURE
+    assert "corrupt" not in out2.getvalue()
+    assert "newest restorable: global_step 3" in out2.getvalue()
+
+
+def test_empty_root_passes(memory_backend: Backend) -> None:
+    code, out, _ = run(memory_backend.new_url(), {}, as_json=False, hash=True)
+    assert code == EXIT_OK
+    assert out.splitlines()[1:] == ["no checkpoints", "newest restorable: none"]
+
+
+def test_storage_error_exits_2_with_a_short_message() -> None:
+    code, out, err = run("nope://bucket/run", {}, as_json=False, hash=True)
+    assert code == EXIT_USAGE
+    assert out == ""
+    assert len(err.splitlines()) == 1
+    assert "nope://bucket/run" in err
+
+
+def test_format_rows_of_an_unreadable_manifest(memory_backend: Backend) -> None:
+    backend = memory_backend
+    store = backend.store()
+    backend.commit(store, 4)
+    fs, root = backend.raw_fs(store)
+    fs.pipe_file(f"{root}/ckpt-000000000004/{MANIFEST_NAME}", b'{"schema_version": 7}')
+    infos = store.list()
+    assert [(i.status, i.detail) for i in infos] == [
+        (Status.UNCOMMITTED, "manifest unreadable: unsupported schema_version 7 (this reader knows 1)")]
+    assert format_rows(infos).splitlines()[1].split() == ["4", "-", "-", "20.8", "KiB", "uncommitted"]
