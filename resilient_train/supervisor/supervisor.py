@@ -51,6 +51,7 @@ from resilient_train.errors import (
     EXIT_PREEMPTED,
 )
 from resilient_train.events import emit
+from resilient_train.recipe import recipe_name
 from resilient_train.supervisor.console import EventTail
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
@@ -227,7 +228,6 @@ class Supervisor:
                 if self.stop_signal is not None:
                     self.state = RunState.PREEMPTED
                     self.totals.preemptions += 1
-                    emit("preempted", global_step=self._reached(attempt), source=self.stop_signal)
                     return self._finish("preempted", started, tail)
                 decision = self.tracker.record(outcome)
                 self.totals.restarts = self.tracker.restarts
@@ -382,7 +382,7 @@ class Supervisor:
     # ------------------------------------------------------------ results
     def _finish(self, status: str, started: float, tail: EventTail, *, fatal: bool = False) -> int:
         manifest = self.store.latest_manifest()
-        self._count_lost_steps(tail)
+        self._count_lost_steps()
         summary = self._write_summary(status, manifest, started)
         emit(
             "run_finished",
@@ -405,18 +405,18 @@ class Supervisor:
             return EXIT_PREEMPTED
         return EXIT_FATAL if fatal else EXIT_FAILURE
 
-    def _count_lost_steps(self, tail: EventTail) -> None:
-        """Steps executed that a later restore discarded, from this invocation's events."""
+    def _count_lost_steps(self) -> None:
+        """Steps executed that a later restore discarded, over the run's whole history.
+
+        For every ``restored`` event of attempt ``a``, the steps attempt ``a-1`` reached
+        (its step markers survive any kill, even of the supervisor) beyond the restored step.
+        """
         lost = 0
-        reached_by_attempt: dict[int, int] = {}
-        for record in tail.records:
-            if record.get("event") == "attempt_reached":
-                reached_by_attempt[record["attempt"]] = record["global_step"]
-        for record in tail.records:
-            if record.get("event") == "restored":
-                previous = reached_by_attempt.get(record.get("attempt", 0) - 1)
-                if previous is not None:
-                    lost += max(0, previous - record["global_step"])
+        for record in _read_events(self.events_path):
+            if record.get("event") == "restored" and isinstance(record.get("attempt"), int):
+                reached = self._reached(record["attempt"] - 1)
+                if reached is not None:
+                    lost += max(0, reached - record["global_step"])
         self.totals.lost_steps = lost
 
     def _write_summary(self, status: str, manifest: Manifest | None, started: float) -> dict[str, Any]:
@@ -468,6 +468,8 @@ class Supervisor:
             return None
         if self.job.epochs is not None and manifest.epoch < self.job.epochs:
             return None
+        if manifest.extra.get("recipe") != recipe_name(self.job.recipe):
+            return None  # another recipe's checkpoint: let the workers report the mismatch
         return manifest
 
     def _install_signal_handlers(self) -> None:
@@ -487,6 +489,20 @@ class Supervisor:
     def _restore_signal_handlers(self) -> None:
         for sig, previous in getattr(self, "_previous", {}).items():
             signal.signal(sig, previous)
+
+
+def _read_events(path: Path) -> list[dict[str, Any]]:
+    records = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return records
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
 
 
 def _signal(worker: Worker, sig: int) -> None:

@@ -1,0 +1,133 @@
+"""Run real `resilient-train run` jobs (real worker processes, real MWMS on loopback).
+
+Nothing here fakes TensorFlow: a job is the CLI in a subprocess; results are read from
+the contracts users read (exit code, events.jsonl, summary.json, the checkpoint store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Job:
+    returncode: int
+    output: str
+    run_dir: Path
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return read_events(self.run_dir)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == name]
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def command(recipe: str, run_dir: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "resilient_train", "run", recipe, "--run-dir", str(run_dir), *flags]
+
+
+def environment(faults: list[dict] | None = None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RT_FAULTS", None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if faults:
+        env["RT_FAULTS"] = json.dumps(faults)
+    env.update(extra)
+    return env
+
+
+def run_job(recipe: str, run_dir: Path, *flags: str, faults: list[dict] | None = None, timeout: float = 240) -> Job:
+    proc = subprocess.run(
+        command(recipe, run_dir, *flags),
+        cwd=REPO,
+        env=environment(faults),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    return Job(proc.returncode, proc.stdout, Path(run_dir))
+
+
+def run_job_until(
+    recipe: str,
+    run_dir: Path,
+    *flags: str,
+    when: Callable[[list[dict[str, Any]]], bool],
+    action: Callable[[subprocess.Popen, list[dict[str, Any]]], None],
+    timeout: float = 240,
+) -> Job:
+    """Start a job, watch its events, and call ``action`` once ``when(events)`` holds."""
+    proc = subprocess.Popen(
+        command(recipe, run_dir, *flags),
+        cwd=REPO,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + timeout
+    fired = False
+    try:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job in {run_dir} did not finish in {timeout} s")
+            if not fired:
+                events = read_events(run_dir)
+                if when(events):
+                    action(proc, events)
+                    fired = True
+            time.sleep(0.05)
+        output = proc.stdout.read() if proc.stdout else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if not fired:
+        raise AssertionError(f"the trigger never fired; output:\n{output}")
+    return Job(proc.returncode, output, Path(run_dir))
+
+
+def worker_pids(events: list[dict[str, Any]], attempt: int | None = None) -> dict[int, int]:
+    """rank -> pid of the workers started (in ``attempt``, default the latest)."""
+    started = [e for e in events if e["event"] == "worker_started"]
+    if attempt is None and started:
+        attempt = max(e["attempt"] for e in started)
+    return {e["rank"]: e["pid"] for e in started if e["attempt"] == attempt}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    os.kill(pid, sig)

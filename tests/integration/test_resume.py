@@ -1,0 +1,87 @@
+"""Issue 2: a killed run, re-run, resumes from the last committed step with exact weights."""
+
+import signal
+
+from tests.integration.conftest import DIGITS, DIGITS_FLAGS
+from tests.integration.harness import run_job, run_job_until, worker_pids
+from resilient_train.errors import EXIT_FAILURE
+
+
+def committed_steps(job, attempt):
+    return [e["global_step"] for e in job.named("checkpoint_committed") if e["attempt"] == attempt]
+
+
+def test_kill_chief_mid_epoch_then_rerun_resumes_exactly(tmp_path, digits_reference):
+    run_dir = tmp_path / "run"
+    killed = run_job(
+        DIGITS, run_dir, *DIGITS_FLAGS, "--max-restarts", "0",
+        faults=[{"point": "after_step", "global_step": 7, "rank": 0}],
+    )
+    assert killed.returncode == EXIT_FAILURE, killed.output
+    assert "root cause: worker 0" in killed.output and "killed by SIGKILL" in killed.output
+    assert committed_steps(killed, 1) == [4]
+    failed = killed.named("worker_failed")
+    assert [(e["rank"], e.get("signal")) for e in failed][0] == (0, "SIGKILL")
+    assert killed.summary["status"] == "failed" and killed.summary["root_cause"]["rank"] == 0
+
+    rerun = run_job(DIGITS, run_dir, *DIGITS_FLAGS)
+    assert rerun.returncode == 0, rerun.output
+    restored = rerun.named("restored")
+    assert [(r["global_step"], r["epoch"], r["step_in_epoch"], r["attempt"]) for r in restored] == [(4, 0, 4, 2)]
+    assert restored[0]["checkpoint"].endswith("ckpt-000000000004")
+    assert rerun.summary["weights_sha256"] == digits_reference
+    assert rerun.summary["lost_steps"] == 3  # steps 5..7 of attempt 1 were redone
+
+
+def test_kill_non_chief_gang_restart_is_exact(tmp_path, digits_reference):
+    job = run_job(DIGITS, tmp_path / "run", *DIGITS_FLAGS, faults=[{"point": "after_step", "global_step": 13, "rank": 1}])
+    assert job.returncode == 0, job.output
+    assert [g["attempt"] for g in job.named("gang_restart")] == [2]
+    assert job.named("gang_restart")[0]["root_cause_rank"] == 1
+    assert [r["global_step"] for r in job.named("restored")] == [12]
+    assert job.summary["weights_sha256"] == digits_reference
+    assert (job.summary["restarts"], job.summary["attempts"]) == (1, 2)
+    assert job.summary["lost_steps"] == 1
+
+
+def test_seeds_scenario_kill_chief_at_step_7_resumes_at_7(tmp_path, digits_reference):
+    """The seed notes' experiment: checkpoint every step, kill the chief at step 7."""
+    run_dir = tmp_path / "run"
+    flags = (*DIGITS_FLAGS[:-1], "1")  # --save-every-steps 1
+    killed = run_job(DIGITS, run_dir, *flags, "--max-restarts", "0", faults=[{"point": "after_commit", "global_step": 7, "rank": 0}])
+    assert killed.returncode == EXIT_FAILURE, killed.output
+    assert committed_steps(killed, 1) == [1, 2, 3, 4, 5, 6, 7]
+    rerun = run_job(DIGITS, run_dir, *flags)
+    assert rerun.returncode == 0, rerun.output
+    assert [(r["global_step"], r["step_in_epoch"]) for r in rerun.named("restored")] == [(7, 7)]
+    assert rerun.summary["weights_sha256"] == digits_reference
+    assert rerun.summary["lost_steps"] == 0
+
+
+def test_external_sigkill_of_chief_restores_newest_commit(tmp_path, digits_reference):
+    def first_commit(events):
+        return any(e["event"] == "checkpoint_committed" for e in events)
+
+    def kill_chief(proc, events):
+        import os
+
+        os.kill(worker_pids(events)[0], signal.SIGKILL)
+
+    job = run_job_until(DIGITS, tmp_path / "run", *DIGITS_FLAGS, when=first_commit, action=kill_chief)
+    assert job.returncode == 0, job.output
+    before_kill = committed_steps(job, 1)
+    restored = job.named("restored")
+    assert len(restored) == 1 and restored[0]["global_step"] == before_kill[-1]
+    assert job.summary["weights_sha256"] == digits_reference
+
+
+def test_rerunning_a_completed_run_trains_nothing(tmp_path, digits_reference):
+    run_dir = tmp_path / "run"
+    first = run_job(DIGITS, run_dir, *DIGITS_FLAGS)
+    assert first.returncode == 0
+    again = run_job(DIGITS, run_dir, *DIGITS_FLAGS)
+    assert again.returncode == 0, again.output
+    assert "already completed at global step 20" in again.output
+    assert len(again.named("run_already_complete")) == 1
+    assert sorted(p.name for p in run_dir.glob("attempt-*")) == ["attempt-1"]
+    assert again.summary["weights_sha256"] == digits_reference
