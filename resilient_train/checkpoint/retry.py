@@ -110,10 +110,9 @@ def _error_code(exc: BaseException) -> str | None:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    first = first if len(first) <= 240 else first[:237] + "..."
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = text if len(text) <= 240 else text[:237] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass(frozen=True)

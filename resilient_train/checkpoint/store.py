@@ -145,6 +145,8 @@ class CheckpointStore:
         self.fs = fs
         self._root = root.rstrip("/") or root
         self._local = bool(getattr(fs, "local_file", False))
+        if not self._local and not self._root.strip("/"):
+            raise StorageError(f"cannot use checkpoint storage {self.url}: the URL names no bucket or directory")
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.url!r})"

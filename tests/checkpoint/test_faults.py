@@ -129,11 +129,17 @@ def test_permanent_write_failure_is_not_retried(backend: Backend) -> None:
     assert backend.events.named("storage_retry") == []
 
 
-def test_unknown_protocol_fails_fast() -> None:
+@pytest.mark.parametrize("url, cause", [
+    ("nope://x", "Protocol not known: nope"),
+    ("s3://", "the URL names no bucket or directory"),
+    ("memory://", "the URL names no bucket or directory"),
+])
+def test_bad_url_fails_fast(url: str, cause: str) -> None:
     events = Events()
     with pytest.raises(StorageError) as raised:
-        CheckpointStore("nope://x", emit=events).check()
-    assert "nope://x" in str(raised.value)
+        CheckpointStore(url, emit=events).check()
+    assert str(raised.value).startswith(f"cannot use checkpoint storage {url}: ")
+    assert cause in str(raised.value)
     assert "\n" not in str(raised.value)
     assert events.records == []
 
