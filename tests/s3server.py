@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -111,9 +112,11 @@ class SeaweedS3:
             "-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=256", "-volume.max=32",
             "-volume.preStopSeconds=0", "-master.telemetry=false",
         ]
+        # weed puts its gRPC unix sockets in the temp dir: keep them in work_dir, not /tmp
+        env = {**os.environ, "TMPDIR": str(self.work_dir)}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=self.work_dir)
+                                            stdin=subprocess.DEVNULL, cwd=self.work_dir, env=env)
         try:
             self._wait_until_ready()
         except BaseException:
@@ -166,6 +169,16 @@ class SeaweedS3:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """weed leaves /tmp/seaweedfs-<role>-grpc-<port>.sock behind (not configurable)."""
+        tmp = Path(tempfile.gettempdir())
+        for role, port in (("master", self.master_grpc), ("volume", self.volume_grpc),
+                           ("filer", self.filer_grpc), ("s3", self.s3_grpc)):
+            path = tmp / f"seaweedfs-{role}-grpc-{port}.sock"
+            if path.is_socket():
+                path.unlink(missing_ok=True)
 
     def target(self, name: str | None = None) -> S3Target:
         prefix = f"s3://{self.bucket}/{name or uuid.uuid4().hex[:12]}"

@@ -96,7 +96,7 @@ class Backend:
         return fsspec.core.url_to_fs(store.url, **options)
 
 
-@pytest.fixture(params=["memory", "local", "s3"])
+@pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "memory":
         return Backend("memory", f"memory://rt-tests/{uuid.uuid4().hex[:8]}", {}, tmp_path)

@@ -155,6 +155,7 @@ def test_local_path_under_a_file_fails_fast(tmp_path: Path) -> None:
     assert events.named("storage_retry") == []
 
 
+@pytest.mark.s3
 def test_missing_bucket_fails_fast(s3_server) -> None:
     events, sleep = Events(), FakeSleep()
     url = "s3://rt-no-such-bucket/run"
@@ -166,6 +167,7 @@ def test_missing_bucket_fails_fast(s3_server) -> None:
     assert events.named("storage_retry") == [] and sleep.calls == []
 
 
+@pytest.mark.s3
 def test_wrong_credentials_fail_fast(s3_server) -> None:
     events, sleep = Events(), FakeSleep()
     options = {**s3_server.storage_options, "secret": "wrong"}
@@ -177,6 +179,7 @@ def test_wrong_credentials_fail_fast(s3_server) -> None:
     assert events.named("storage_retry") == [] and sleep.calls == []
 
 
+@pytest.mark.s3
 def test_listing_a_missing_bucket_is_a_storage_error(s3_server) -> None:
     store = CheckpointStore("s3://rt-no-such-bucket/run", s3_server.storage_options, emit=Events(),
                             retry=RetryPolicy(sleep=FakeSleep()))
