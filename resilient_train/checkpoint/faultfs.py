@@ -20,7 +20,9 @@ ops) so tests can prove, e.g., that a cache hit downloads nothing.
 
 Ways to configure it (later wins): the ``RT_FAULTFS`` environment variable (a JSON
 object, because the chaos suite hands options to worker processes through the
-environment), the URL, keyword arguments / ``storage_options``::
+environment), the URL, keyword arguments / ``storage_options``. Keyword options that
+are not fault options are passed to the inner filesystem, so ``faulty://s3://b/p``
+takes the same storage_options (key, secret, client_kwargs) as ``s3://b/p``::
 
     faulty://memory://bucket/run           faulty:///tmp/ckpts        faulty://s3://b/p
     {"target_protocol": "s3", "target_options": {...}, "seed": 3, "transient_rate": 0.2}
@@ -101,16 +103,24 @@ class FaultyFileSystem(AbstractFileSystem):
         **options: Any,
     ) -> None:
         env = json.loads(os.environ.get(ENV_VAR) or "{}")
-        merged = {**env, **options}
-        unknown = sorted(set(merged) - _SPEC_KEYS - {"target_protocol", "target_options"})
+        unknown = sorted(set(env) - _SPEC_KEYS - {"target_protocol", "target_options"})
         if unknown:
-            raise ValueError(f"Received faulty fs option(s) {unknown}; expected some of {sorted(_SPEC_KEYS)}")
+            raise ValueError(f"Received {ENV_VAR} option(s) {unknown}; expected some of {sorted(_SPEC_KEYS)}")
         super().__init__()
-        self.spec = FaultSpec(**{k: v for k, v in merged.items() if k in _SPEC_KEYS})
+        self.spec = FaultSpec(**{**{k: v for k, v in env.items() if k in _SPEC_KEYS},
+                                 **{k: v for k, v in options.items() if k in _SPEC_KEYS}})
         if fs is None:
-            protocol = target_protocol or merged.get("target_protocol") or "file"
-            inner_options = target_options or merged.get("target_options") or {}
+            # Keyword options that are not fault options belong to the inner filesystem, so
+            # "faulty://s3://b/p" takes the same storage_options as "s3://b/p".
+            forwarded = {k: v for k, v in options.items() if k not in _SPEC_KEYS}
+            protocol = target_protocol or env.get("target_protocol") or "file"
+            inner_options = {**(env.get("target_options") or {}), **(target_options or {}), **forwarded}
             fs = fsspec.filesystem(protocol, **inner_options)
+        elif set(options) - _SPEC_KEYS:
+            raise ValueError(
+                f"Received option(s) {sorted(set(options) - _SPEC_KEYS)} with fs=; "
+                f"expected only fault options {sorted(_SPEC_KEYS)}"
+            )
         self.fs = fs
         self.stats: Counter[str] = Counter()
         self._sleep = sleep

@@ -78,8 +78,25 @@ def test_store_over_a_faulty_url_crashes_where_told(monkeypatch: pytest.MonkeyPa
     ({"fail_write_k": 0}, "fail_write_k=0"),
     ({"fail_kind": "sometimes"}, "fail_kind='sometimes'"),
     ({"transient_rate": 1.5}, "transient_rate=1.5"),
-    ({"typo_rate": 0.1}, "typo_rate"),
 ])
 def test_bad_options_are_named(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         FaultyFileSystem(target_protocol="memory", **options)
+
+
+def test_unknown_environment_options_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_VAR, json.dumps({"typo_rate": 0.1}))
+    with pytest.raises(ValueError, match=f"{ENV_VAR} option\\(s\\) \\['typo_rate'\\]"):
+        FaultyFileSystem(target_protocol="memory")
+
+
+@pytest.mark.s3
+def test_other_options_go_to_the_inner_filesystem(s3_server) -> None:
+    url = f"faulty://{s3_server.url_prefix}/faulty-s3"
+    store = CheckpointStore(url, {**s3_server.storage_options, "seed": 3}, emit=Events(),
+                            retry=RetryPolicy(sleep=FakeSleep()))
+    store.check()
+    assert store.fs.spec.seed == 3
+    assert store.fs.fs.protocol[0] == "s3"
+    with pytest.raises(ValueError, match="with fs="):
+        FaultyFileSystem(fs=store.fs.fs, key="k")
