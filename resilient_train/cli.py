@@ -23,7 +23,7 @@ __all__ = ["main", "add_job_arguments", "job_from_args"]
 _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
-    "gpus_per_worker",
+    "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
 )
 
 
@@ -46,6 +46,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--steps-per-epoch", type=_positive_or_zero_int)
     add("--global-batch-size", type=_positive_or_zero_int)
     add("--save-every-steps", type=_positive_or_zero_int, metavar="K", help="checkpoint every K global steps (0: only at epoch ends)")
+    add("--save-every-seconds", type=float, metavar="T",
+        help="also checkpoint when T seconds passed since the last save (the chief's clock; all workers agree on the step)")
+    add("--checkpoint-mode", choices=("async", "sync"),
+        help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on")
     add("--seed", type=_positive_or_zero_int)
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter")
     add("--keep", type=_positive_or_zero_int, help="committed checkpoints to keep (default 3)")

@@ -48,6 +48,8 @@ class JobConfig:
     grace_period: float = 30.0
     gpus_per_worker: int = 0
     progress_every_s: float = 1.0
+    checkpoint_mode: str = "async"
+    save_every_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -70,6 +72,16 @@ class JobConfig:
             raise ConfigError(
                 f"Received global_batch_size={self.global_batch_size} with workers={self.workers}; "
                 "expected a global batch size divisible by the number of workers"
+            )
+        if self.checkpoint_mode not in ("async", "sync"):
+            raise ConfigError(f"Received checkpoint_mode={self.checkpoint_mode!r}; expected 'async' or 'sync'")
+        if self.save_every_seconds is not None and (
+            isinstance(self.save_every_seconds, bool)
+            or not isinstance(self.save_every_seconds, (int, float))
+            or not self.save_every_seconds > 0
+        ):
+            raise ConfigError(
+                f"Received save_every_seconds={self.save_every_seconds!r}; expected a number of seconds > 0"
             )
         if not self.run_dir:
             object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))

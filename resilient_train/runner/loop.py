@@ -48,12 +48,21 @@ from resilient_train.config import JobConfig
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
 from resilient_train.events import emit
 from resilient_train.recipe import Recipe
+from resilient_train.runner.checkpointing import (
+    AsyncCheckpointer,
+    SaveRequest,
+    TwinState,
+    commit_checkpoint,
+    persist_twin,
+    twin_rng_state,
+)
 from resilient_train.runner.data import epoch_dataset
 from resilient_train.runner.faults import FaultPlan
 
 __all__ = ["Trainer", "TrainResult", "weights_digest"]
 
 _STOP = "__stop_requested__"
+_SAVE_DUE = "__save_due__"
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -132,6 +141,8 @@ class Trainer:
         self.stats = _EpochStats()
         self._stop_noticed = False
         self._last_committed: int | None = None
+        self._flush_next_save = False
+        self._last_save_clock = clock()
         self._marker = StepMarker(attempt_dir / f"step-{cluster.rank}.txt") if attempt_dir else StepMarker(None)
         self._setup()
 
@@ -169,12 +180,50 @@ class Trainer:
             rng=rng_state,
         )
         self._train_step = self._make_train_step()
+        # Async mode: the chief (and every worker only if the model has sync-on-read
+        # variables, whose read is a collective) keeps a twin of the saved state; see
+        # runner/checkpointing.py. Non-chief workers otherwise never save in async mode.
+        self._async: AsyncCheckpointer | None = None
+        if self.job.checkpoint_mode == "async":
+            twin = TwinState.build(self.checkpoint, self.model, self._build_twin)
+            if self.cluster.is_chief or twin.sync_on_read:
+                self._async = AsyncCheckpointer(twin, self._persist)
+
+    def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
+        """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""
+        model = _call_recipe(self.recipe, "build_model", self.params)
+        optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
+        optimizer.build(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(
+            model=model,
+            optimizer=optimizer,
+            epoch=tf.Variable(0, dtype=tf.int64, trainable=False, name="twin_epoch"),
+            step_in_epoch=tf.Variable(0, dtype=tf.int64, trainable=False, name="twin_step_in_epoch"),
+            global_step=tf.Variable(0, dtype=tf.int64, trainable=False, name="twin_global_step"),
+            rng=twin_rng_state(self.model, model, lambda path: re.sub(r"\W", "_", path)),
+        )
+        return checkpoint, model
+
+    def _persist(self, request: SaveRequest) -> Manifest:
+        """The background half of an async save (runs on the persist thread)."""
+        assert self._async is not None  # only called by the AsyncCheckpointer
+        return persist_twin(
+            self._async.twin,
+            request,
+            store=self.store,
+            staging_root=self.work_dir / "staging",
+            digest=weights_digest,
+            run_id=self.run_id,
+            world_size=self.cluster.num_workers,
+            faults=self.faults,
+            keep=self.job.keep,
+        )
 
     def _make_train_step(self):
         model, optimizer, recipe, strategy = self.model, self.optimizer, self.recipe, self.strategy
         global_batch_size = self.job.global_batch_size
 
-        def step_fn(features, labels, stop_flag):
+        def step_fn(features, labels, stop_flag, save_flag):
             with tf.GradientTape() as tape:
                 predictions = model(features, training=True)
                 per_example = recipe.loss(labels, predictions)
@@ -185,7 +234,8 @@ class Trainer:
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             # Each replica adds its own worker's stop request; the SUM tells every worker
             # whether anyone was asked to stop, so all of them stop after the same step.
-            outputs = {"loss": loss, _STOP: stop_flag}
+            # Same for the chief's time-based save decision (--save-every-seconds).
+            outputs = {"loss": loss, _STOP: stop_flag, _SAVE_DUE: save_flag}
             if recipe.metrics is not None:
                 for name, values in recipe.metrics(labels, predictions).items():
                     outputs[name] = tf.nn.compute_average_loss(
@@ -194,9 +244,9 @@ class Trainer:
             return outputs
 
         @tf.function
-        def train_step(iterator, stop_flag):
+        def train_step(iterator, stop_flag, save_flag):
             features, labels = next(iterator)
-            per_replica = strategy.run(step_fn, args=(features, labels, stop_flag))
+            per_replica = strategy.run(step_fn, args=(features, labels, stop_flag, save_flag))
             return {
                 name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
                 for name, value in per_replica.items()
@@ -258,8 +308,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ save
     def save(self, *, completed: bool = False) -> Manifest | None:
-        """All workers write; the chief uploads and commits."""
+        """Checkpoint the current step.
+
+        sync: all workers write; the chief uploads and commits before returning.
+        async: the chief snapshots into the twin and persists in the background (returns
+        None); the final save (``completed``) and a preemption save wait for their commit
+        (flush) and return the manifest. Non-chief workers do nothing in async mode.
+        """
         global_step = int(self.global_step.numpy())
+        flush = completed or self._flush_next_save
+        self._last_save_clock = self.clock()
+        if self.job.checkpoint_mode == "async":
+            if global_step != self._last_committed:
+                self._last_committed = global_step
+                if self._async is not None:
+                    self._async.save(self._save_request(completed), persist=self.cluster.is_chief)
+            if flush and self._async is not None:
+                return self._async.flush()
+            return None
         if global_step == self._last_committed:
             return None  # e.g. preempted right after a restore or an epoch-end save
         if self.cluster.is_chief:
@@ -273,38 +339,32 @@ class Trainer:
             self._last_committed = global_step
             if not self.cluster.is_chief:
                 return None
-            self.faults.hit("before_commit", global_step)
-            manifest = self.store.commit(
+            return commit_checkpoint(
+                self.store,
                 local_dir,
+                self._save_request(completed),
                 run_id=self.run_id,
-                epoch=int(self.epoch.numpy()),
-                step_in_epoch=int(self.step_in_epoch.numpy()),
-                global_step=global_step,
                 world_size=self.cluster.num_workers,
                 weights_sha256=weights_digest(self.model),
-                tf_version=tf.__version__,
-                extra={
-                    **self.stats.to_extra(),
-                    "completed": completed,
-                    "epochs": self.job.epochs,
-                    "steps_per_epoch": self.job.steps_per_epoch,
-                    "recipe": self.recipe.name,
-                },
+                faults=self.faults,
+                keep=self.job.keep,
             )
-            emit(
-                "checkpoint_committed",
-                group=True,
-                epoch=manifest.epoch,
-                step_in_epoch=manifest.step_in_epoch,
-                global_step=manifest.global_step,
-                path=f"{self.store.url}/{CheckpointStore.dir_name(global_step)}",
-                size=manifest.total_size,
-            )
-            self.faults.hit("after_commit", global_step)
-            self.store.retain(self.job.keep)
-            return manifest
         finally:
             shutil.rmtree(local_dir, ignore_errors=True)
+
+    def _save_request(self, completed: bool) -> SaveRequest:
+        return SaveRequest(
+            global_step=int(self.global_step.numpy()),
+            epoch=int(self.epoch.numpy()),
+            step_in_epoch=int(self.step_in_epoch.numpy()),
+            extra={
+                **self.stats.to_extra(),
+                "completed": completed,
+                "epochs": self.job.epochs,
+                "steps_per_epoch": self.job.steps_per_epoch,
+                "recipe": self.recipe.name,
+            },
+        )
 
     # ----------------------------------------------------------------- train
     def _local_stop_flag(self) -> float:
@@ -314,6 +374,13 @@ class Trainer:
                 emit("preemption_requested", source=f"worker:{self.cluster.rank}:SIGTERM")
             return 1.0
         return 0.0
+
+    def _local_save_due(self) -> float:
+        """1.0 when the chief's clock says a time-based save is due (others always 0.0)."""
+        every = self.job.save_every_seconds
+        if every is None or not self.cluster.is_chief:
+            return 0.0
+        return 1.0 if self.clock() - self._last_save_clock >= every else 0.0
 
     def _preempt(self, global_step: int) -> None:
         """Everyone agreed to stop after ``global_step``: save it (zero lost steps) and return."""
@@ -347,8 +414,15 @@ class Trainer:
                 )
             )
             for step in range(start, steps_per_epoch):
-                outputs = self._train_step(iterator, tf.constant(self._local_stop_flag(), tf.float32))
+                if self._async is not None:
+                    self._async.raise_if_failed()  # a background persist failed: stop with its error
+                outputs = self._train_step(
+                    iterator,
+                    tf.constant(self._local_stop_flag(), tf.float32),
+                    tf.constant(self._local_save_due(), tf.float32),
+                )
                 stop = float(outputs.pop(_STOP)) > 0
+                save_due = float(outputs.pop(_SAVE_DUE)) > 0
                 self.stats.add({name: float(value) for name, value in outputs.items()})
                 self.step_in_epoch.assign_add(1)
                 self.global_step.assign_add(1)
@@ -358,6 +432,7 @@ class Trainer:
                 self.faults.hit("raise", global_step)
                 self.faults.hit("after_step", global_step)
                 if stop and step + 1 < steps_per_epoch:
+                    self._flush_next_save = True  # exit 143 only after the save committed
                     return self._preempt(global_step)
                 now = self.clock()
                 if now - last_progress >= job.progress_every_s:
@@ -372,7 +447,8 @@ class Trainer:
                         **{k: round(v, 6) for k, v in self.stats.means().items()},
                     )
                     last_progress, steps_since, time_since = now, 0, now
-                if save_every and step + 1 < steps_per_epoch and global_step % save_every == 0:
+                step_due = bool(save_every) and global_step % save_every == 0
+                if step + 1 < steps_per_epoch and (step_due or save_due):
                     self.save()
             means = self.stats.means()
             emit(
@@ -388,7 +464,10 @@ class Trainer:
             self.stats = _EpochStats()
             self.save(completed=int(self.epoch.numpy()) >= job.epochs)
             if stop:
+                self._flush_next_save = True
                 return self._preempt(int(self.global_step.numpy()))
+        if self._async is not None:
+            self._async.flush()  # the completed checkpoint is committed before exit 0
         result = TrainResult(
             global_step=int(self.global_step.numpy()),
             epoch=int(self.epoch.numpy()),

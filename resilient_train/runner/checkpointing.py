@@ -1,0 +1,423 @@
+"""Async checkpointing: snapshot into a twin object graph, persist on a background thread.
+
+Why a twin: TensorFlow's own ``CheckpointOptions(enable_async=True)`` fails with Keras 3
+optimizer variables (TF 2.21 / Keras 3.15 raise a ValueError when it copies them; see
+benchmarks/results/checkpoint_overhead.json, ``errors``). So the runner keeps its own
+copy of the saved state: at setup it builds a second model + optimizer from the recipe
+(outside the strategy scope, plain CPU variables) plus twin epoch / step / RNG variables,
+and a twin ``tf.train.Checkpoint`` with exactly the live one's structure. The files the
+twin writes therefore restore into the live graph (tests/runner/test_async_checkpoint.py
+proves it key by key). Live and twin variables are paired by walking both object graphs
+in parallel; setup refuses to continue if any name, shape or dtype differs.
+
+# Implementation:
+# save (training thread)                       persist (one background thread)
+#   raise a stored background failure
+#   wait for the in-flight persist (policy)
+#   snapshot: one tf.function assigns every
+#     twin variable from its live variable
+#     (a host copy into preallocated twins)
+#   start the persist thread  ------------->   twin_checkpoint.write(staging)
+#   return (training continues)                weights_sha256 from the twin
+#                                              faults before_commit, store.commit
+#                                              (upload, hashes, MANIFEST.json last),
+#                                              checkpoint_committed, after_commit, retain
+#   next step: raise a stored failure  <-----  any exception is stored, never swallowed
+#   flush(): join, then raise a stored failure
+#
+# Policy when a save is due while the previous one is still persisting: WAIT. The
+# training thread blocks until the in-flight commit is done (event ``checkpoint_waited``
+# with the milliseconds lost), then snapshots. Waiting, not skipping, keeps the set of
+# committed steps a pure function of the job (every agreed save step commits, in order),
+# which the chaos tests and exact-resume guarantees rely on; the cost shows up as
+# backpressure when persisting takes longer than K steps of training.
+#
+# At most one save is in flight, so the twin is never written while it is being read and
+# commits happen in step order. The persist thread runs in a copy of the caller's
+# contextvars, so its events carry the bound run_id / attempt / rank / role.
+#
+# Which workers take part: the twin holds plain local variables and the snapshot reads
+# each live variable's local copy, which needs no collective. In async mode only the
+# chief snapshots and persists; the other workers skip saving entirely (in sync mode they
+# still write a private temp copy, see Trainer.save). The exception is a model with
+# sync-on-read variables, whose read in cross-replica context IS a collective: then every
+# worker snapshots (at the same agreed step) and only the chief persists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import random
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from resilient_train.checkpoint import CheckpointStore, Manifest
+from resilient_train.events import emit as _default_emit
+
+__all__ = [
+    "CHECKPOINT_MODES",
+    "SaveRequest",
+    "TwinState",
+    "AsyncCheckpointer",
+    "commit_checkpoint",
+    "preserved_rng",
+]
+
+CHECKPOINT_MODES = ("async", "sync")
+
+
+@dataclass(frozen=True)
+class SaveRequest:
+    """Everything a commit needs that is not in the checkpoint files, captured at save time."""
+
+    global_step: int
+    epoch: int
+    step_in_epoch: int
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("global_step", "epoch", "step_in_epoch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Received {name}={value!r}; expected an int >= 0")
+
+
+def commit_checkpoint(
+    store: CheckpointStore,
+    local_dir: Path,
+    request: SaveRequest,
+    *,
+    run_id: str,
+    world_size: int,
+    weights_sha256: str,
+    faults: Any,
+    keep: int,
+    emit: Callable[..., None] = _default_emit,
+) -> Manifest:
+    """Upload ``local_dir`` and write the manifest (the commit), then apply retention.
+
+    Shared by the sync and async paths so both commit exactly the same way. The fault
+    points ``before_commit`` / ``after_commit`` fire in whichever thread commits.
+    """
+    step = request.global_step
+    faults.hit("before_commit", step)
+    manifest = store.commit(
+        local_dir,
+        run_id=run_id,
+        epoch=request.epoch,
+        step_in_epoch=request.step_in_epoch,
+        global_step=step,
+        world_size=world_size,
+        weights_sha256=weights_sha256,
+        tf_version=tf.__version__,
+        extra=dict(request.extra),
+    )
+    emit(
+        "checkpoint_committed",
+        group=True,
+        epoch=manifest.epoch,
+        step_in_epoch=manifest.step_in_epoch,
+        global_step=manifest.global_step,
+        path=f"{store.url}/{CheckpointStore.dir_name(step)}",
+        size=manifest.total_size,
+    )
+    faults.hit("after_commit", step)
+    store.retain(keep)
+    return manifest
+
+
+# --------------------------------------------------------------------------- twin
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Run a block without moving any global RNG the training run draws from.
+
+    Building the twin model runs the recipe's initializers again; they draw seeds from
+    Python's ``random`` and Keras' global SeedGenerator. Without this guard an async run
+    would start training from different global RNG states than a sync run of the same job.
+    """
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    py_state = random.getstate()
+    np_state = np.random.get_state()
+    gen = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    gen_state = gen.state.numpy() if gen is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, gen)
+        if gen is not None:
+            gen.state.assign(gen_state)
+
+
+def _is_variable(obj: Any) -> bool:
+    return isinstance(obj, (tf.Variable, keras.Variable))
+
+
+def _tf_variable(obj: Any) -> Any:
+    """The TensorFlow variable behind a Keras 3 variable (or the variable itself)."""
+    return obj.value if isinstance(obj, keras.Variable) else obj
+
+
+def _children(obj: Any) -> dict[str, Any]:
+    return dict(tf.train.TrackableView(obj).children(obj))
+
+
+def pair_variables(live_root: Any, twin_root: Any) -> list[tuple[str, Any, Any]]:
+    """``(checkpoint path, live variable, twin variable)`` for every saved variable.
+
+    Walks both object graphs the way tf.train.Checkpoint does (named trackable children)
+    and raises ValueError at the first node whose children, shape or dtype differ.
+    """
+    pairs: list[tuple[str, Any, Any]] = []
+    seen: dict[int, int] = {}
+
+    def walk(live: Any, twin: Any, path: str) -> None:
+        if id(live) in seen:
+            if seen[id(live)] != id(twin):
+                raise ValueError(f"twin checkpoint: {path} is shared differently in the twin graph")
+            return
+        seen[id(live)] = id(twin)
+        if _is_variable(live) or _is_variable(twin):
+            if not (_is_variable(live) and _is_variable(twin)):
+                raise ValueError(f"twin checkpoint: {path} is a variable in only one of the graphs")
+            live_v, twin_v = _tf_variable(live), _tf_variable(twin)
+            if tuple(live_v.shape) != tuple(twin_v.shape) or live_v.dtype != twin_v.dtype:
+                raise ValueError(
+                    f"twin checkpoint: {path} is {live_v.dtype.name}{tuple(live_v.shape)} live but "
+                    f"{twin_v.dtype.name}{tuple(twin_v.shape)} in the twin"
+                )
+            pairs.append((path or "/", live_v, twin_v))
+            return
+        live_children, twin_children = _children(live), _children(twin)
+        if list(live_children) != list(twin_children):
+            raise ValueError(
+                f"twin checkpoint: {path or '/'} has children {sorted(live_children)} live but "
+                f"{sorted(twin_children)} in the twin"
+            )
+        for name, child in live_children.items():
+            walk(child, twin_children[name], f"{path}/{name}")
+
+    walk(live_root, twin_root, "")
+    if not pairs:
+        raise ValueError("twin checkpoint: the live checkpoint holds no variables")
+    return pairs
+
+
+class _NamedValue:
+    """A stand-in for a Keras variable in ``weights_digest``: live path, twin value."""
+
+    def __init__(self, path: str, variable: Any) -> None:
+        self.path = path
+        self._variable = variable
+
+    def numpy(self) -> np.ndarray:
+        return self._variable.numpy()
+
+
+class _DigestView:
+    def __init__(self, weights: list[_NamedValue]) -> None:
+        self.weights = weights
+
+
+class TwinState:
+    """The twin object graph, its checkpoint, and the snapshot that fills it.
+
+    ``checkpoint``: the twin tf.train.Checkpoint (same keys as the live one).
+    ``snapshot()``: copy every live variable into its twin (one tf.function call).
+    ``digest_view``: an object with ``.weights`` (live paths, twin values) for
+    ``weights_digest``, so a manifest's weights_sha256 describes the snapshot, not
+    the live model that has trained on meanwhile.
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, live_checkpoint: tf.train.Checkpoint,
+                 weight_pairs: list[tuple[str, Any]]) -> None:
+        self.checkpoint = checkpoint
+        self.pairs = pair_variables(live_checkpoint, checkpoint)
+        self.state_bytes = sum(int(np.prod(t.shape)) * t.dtype.size for _, _, t in self.pairs)
+        self.digest_view = _DigestView([_NamedValue(path, _tf_variable(v)) for path, v in weight_pairs])
+        self.sync_on_read = any(
+            getattr(live, "synchronization", None) == tf.VariableSynchronization.ON_READ
+            for _, live, _ in self.pairs
+        )
+        live_vars = [live for _, live, _ in self.pairs]
+        twin_vars = [twin for _, _, twin in self.pairs]
+
+        @tf.function(autograph=False)
+        def snapshot() -> None:
+            for live, twin in zip(live_vars, twin_vars):
+                # DeepCopy: the twin gets its own buffer now (a host memcpy), instead of
+                # aliasing the live buffer and making the next optimizer update copy it.
+                twin.assign(tf.raw_ops.DeepCopy(x=live.read_value()), read_value=False)
+
+        self._snapshot = snapshot
+
+    def snapshot(self) -> None:
+        self._snapshot()
+
+    @classmethod
+    def build(
+        cls,
+        live_checkpoint: tf.train.Checkpoint,
+        live_model: keras.Model,
+        build_twin: Callable[[], tuple[tf.train.Checkpoint, keras.Model]],
+    ) -> "TwinState":
+        """Build the twin (``build_twin`` returns its checkpoint and model) on the CPU,
+        without moving any global RNG, and pair it with the live graph."""
+        with preserved_rng(), tf.device("/cpu:0"):
+            twin_checkpoint, twin_model = build_twin()
+        live_weights, twin_weights = list(live_model.weights), list(twin_model.weights)
+        if len(live_weights) != len(twin_weights):
+            raise ValueError(
+                f"twin checkpoint: the twin model has {len(twin_weights)} weights, the live one {len(live_weights)}"
+            )
+        return cls(twin_checkpoint, live_checkpoint, [(l.path, t) for l, t in zip(live_weights, twin_weights)])
+
+
+def twin_rng_state(live_model: keras.Model, twin_model: keras.Model, key: Callable[[str], str]) -> dict[str, Any]:
+    """The twin's ``rng`` dict, keyed by the LIVE variables' names (twin layers get other
+    auto-generated names, e.g. ``seed_generator_1``), paired by position."""
+    live_vars, twin_vars = list(live_model.variables), list(twin_model.variables)
+    if len(live_vars) != len(twin_vars):
+        raise ValueError(
+            f"twin checkpoint: the twin model has {len(twin_vars)} variables, the live one {len(live_vars)}"
+        )
+    live_weight_paths = {v.path for v in live_model.weights}
+    return {key(l.path): t for l, t in zip(live_vars, twin_vars) if l.path not in live_weight_paths}
+
+
+# ------------------------------------------------------------------ async saver
+
+
+class AsyncCheckpointer:
+    """At most one background persist; failures surface on the training thread.
+
+    ``persist(request)`` runs on the background thread and must only read the twin (it
+    is handed the request captured at save time). ``blocked_s`` / ``waited_s`` record,
+    per save, the time the caller was blocked snapshotting / waiting for the previous
+    persist (the benchmark reads them).
+    """
+
+    def __init__(
+        self,
+        twin: TwinState,
+        persist: Callable[[SaveRequest], Manifest | None],
+        *,
+        emit: Callable[..., None] = _default_emit,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.twin = twin
+        self._persist = persist
+        self._emit = emit
+        self._clock = clock
+        self._thread: threading.Thread | None = None
+        self._inflight: SaveRequest | None = None
+        self._error: BaseException | None = None
+        self._error_step: int | None = None
+        self.last_manifest: Manifest | None = None
+        self.blocked_s: list[float] = []
+        self.waited_s: list[float] = []
+
+    @property
+    def in_flight(self) -> int | None:
+        """The global step being persisted, or None."""
+        return self._inflight.global_step if self._thread is not None and self._thread.is_alive() else None
+
+    def raise_if_failed(self) -> None:
+        """Re-raise a background failure (once) on the caller's thread."""
+        error, self._error = self._error, None
+        if error is not None:
+            if isinstance(error, Exception):
+                error.add_note(f"(raised by the background persist of checkpoint step {self._error_step})")
+            raise error
+
+    def save(self, request: SaveRequest, *, persist: bool = True) -> None:
+        """Snapshot now (blocking), persist in the background.
+
+        ``persist=False`` only snapshots: a non-chief worker taking part in a
+        collective snapshot (sync-on-read variables) without committing anything.
+        """
+        self.raise_if_failed()
+        pending = self.in_flight
+        waited = self._join()
+        self.waited_s.append(waited)
+        if pending is not None and waited > 0.0:
+            self._emit("checkpoint_waited", global_step=request.global_step, in_flight_step=pending,
+                       waited_ms=round(waited * 1000, 1))
+        self.raise_if_failed()  # the one we waited for may have failed
+        start = self._clock()
+        self.twin.snapshot()
+        self.blocked_s.append(self._clock() - start)
+        if not persist:
+            return
+        self._inflight = request
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=context.run, args=(self._run, request), name=f"rt-persist-{request.global_step}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, request: SaveRequest) -> None:
+        try:
+            manifest = self._persist(request)
+            if manifest is not None:
+                self.last_manifest = manifest
+        except BaseException as exc:  # stored, re-raised on the training thread (never swallowed)
+            self._error, self._error_step = exc, request.global_step
+            self._emit("checkpoint_failed", global_step=request.global_step,
+                       error=f"{type(exc).__name__}: {exc}")
+
+    def _join(self) -> float:
+        thread = self._thread
+        if thread is None:
+            return 0.0
+        start = self._clock()
+        thread.join()
+        self._thread = None
+        return self._clock() - start
+
+    def flush(self) -> Manifest | None:
+        """Wait for the in-flight persist; raise its failure; return the last manifest."""
+        self._join()
+        self.raise_if_failed()
+        return self.last_manifest
+
+
+def persist_twin(
+    twin: TwinState,
+    request: SaveRequest,
+    *,
+    store: CheckpointStore,
+    staging_root: Path,
+    digest: Callable[[Any], str],
+    run_id: str,
+    world_size: int,
+    faults: Any,
+    keep: int,
+    emit: Callable[..., None] = _default_emit,
+) -> Manifest:
+    """The background half of an async save: write the twin, hash it, commit it."""
+    local_dir = Path(staging_root) / CheckpointStore.dir_name(request.global_step)
+    shutil.rmtree(local_dir, ignore_errors=True)
+    local_dir.mkdir(parents=True)
+    try:
+        twin.checkpoint.write(str(local_dir / "ckpt"))
+        return commit_checkpoint(
+            store, local_dir, request, run_id=run_id, world_size=world_size,
+            weights_sha256=digest(twin.digest_view), faults=faults, keep=keep, emit=emit,
+        )
+    finally:
+        shutil.rmtree(local_dir, ignore_errors=True)
