@@ -191,11 +191,24 @@ class SeaweedS3:
         self.stop()
 
 
+_shared: dict[str, Any] = {"server": None, "users": 0}
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Target]:
     """One SeaweedFS for the whole session; yields a unique ``s3://bucket/<run>`` prefix.
 
+    Re-exported from several conftests, the fixture is registered more than once; the
+    server is still started once (reference-counted) and stopped after its last user.
     Tests needing isolation should append their own sub-prefix (e.g. the test name).
     """
-    with SeaweedS3(tmp_path_factory.mktemp("seaweedfs")) as server:
-        yield server.target()
+    if _shared["server"] is None:
+        _shared["server"] = SeaweedS3(tmp_path_factory.mktemp("seaweedfs")).start()
+    _shared["users"] += 1
+    try:
+        yield _shared["server"].target()
+    finally:
+        _shared["users"] -= 1
+        if _shared["users"] == 0:
+            server, _shared["server"] = _shared["server"], None
+            server.stop()

@@ -427,7 +427,8 @@ class CheckpointStore:
         """Download ckpt-<global_step> into ``cache_dir``, verifying while downloading.
 
         Raises CheckpointCorruptError when it is not committed, a file is missing, or a
-        size/sha256 differs; StorageError when storage fails.
+        size/sha256 differs; StorageError when storage fails. ``cache_dir`` belongs to
+        one process (each worker has its own): the stale copy is replaced by a rename.
         """
         return self._fetch(self._read_manifest(global_step), Path(cache_dir))
 
