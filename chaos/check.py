@@ -14,8 +14,9 @@ Usable on any run directory, not only the chaos suite's (``python -m chaos check
    corrupted on purpose (a ``chaos_fault_injected`` event with ``op="corrupt_newest"``).
    A ``fresh_start`` after something was committed is a violation.
 4. ``lost_steps``: for each restart, the steps the crashed attempt finished past its last
-   commit are at most ``save_every_steps`` when it crashed (SIGKILL, exception) and 0 when
-   it was preempted (the chief emitted ``preempted``: SIGTERM to a worker or to the
+   commit are at most ``save_every_steps`` when it crashed (SIGKILL, exception); twice that
+   with ``checkpoint_mode="async"``, where one save may still be uploading when the kill
+   lands; and 0 when it was preempted (the chief emitted ``preempted``: SIGTERM to a worker or to the
    supervisor). Steps thrown away because a corrupt checkpoint was skipped are counted in
    the total but are explained by invariant 3, not by the kill.
 5. ``verify``: ``resilient-train verify`` on the storage exits 0, or reports exactly the
@@ -296,6 +297,11 @@ def check_run(
         _job_value(run_dir, "recipe"), "steps_per_epoch")
     if save_every == 0 or (steps_per_epoch and save_every > steps_per_epoch):
         save_every = steps_per_epoch or save_every  # only epoch-end saves
+    # Async checkpointing (the default since the async runner landed) keeps training while
+    # the previous save uploads; one save may be in flight when the kill lands, so a crash
+    # may lose up to two intervals. Sync mode keeps the bound of one interval.
+    mode = _job_value(run_dir, "checkpoint_mode") or "sync"
+    crash_allowance = save_every * (2 if mode == "async" else 1)
     reached_of: dict[int, int | None] = {}
     for attempt_dir in run_dir.glob("attempt-*"):
         reached_of[_attempt_number(attempt_dir.name)] = _markers_reached(attempt_dir)
@@ -306,7 +312,7 @@ def check_run(
     for index, record in enumerate(records):
         if record["event"] == INJECTED_EVENT and record.get("op") == "corrupt_newest" and record.get("global_step") is not None:
             corrupted_at[record["global_step"]] = index
-    restored_steps, restarts = _restore_checks(records, set(corrupted_at), save_every, reached_of, violations)
+    restored_steps, restarts = _restore_checks(records, set(corrupted_at), crash_allowance, reached_of, violations)
     lost = sum(r.lost for r in restarts)
 
     # 5. verify
