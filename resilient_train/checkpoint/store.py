@@ -197,26 +197,37 @@ class CheckpointStore:
 
     # -- listing ---------------------------------------------------------------------
 
-    def _scan(self) -> dict[int, dict[str, int]]:
-        """One recursive listing: global_step -> {relative file path: size}."""
-        self.fs.invalidate_cache(self._root)  # other processes commit; never trust a cached listing
+    def _files_under(self, rel: str = "") -> dict[str, int]:
+        """One recursive listing below ``rel``: {path relative to it: size}, files only.
+
+        Directory placeholders (S3 servers keep some after deletes) are not files and are
+        dropped, so an emptied directory does not exist for the store.
+        """
+        base = self._remote(rel) if rel else self._root
+        self.fs.invalidate_cache(base)  # other processes commit; never trust a cached listing
         try:
-            listing = self._do("list", "", lambda: self.fs.find(self._root, detail=True))
+            listing = self._do("list", rel, lambda: self.fs.find(base, detail=True))
         except FileNotFoundError as exc:
-            if self._local:
+            if self._local or rel:
                 return {}
-            raise self._fail("list", exc) from None
+            raise self._fail("list", exc) from None  # s3fs: the bucket does not exist
         except OSError as exc:
             raise self._fail("list", exc) from None
+        prefix = base.rstrip("/") + "/"
+        return {
+            path[len(prefix):]: int(info.get("size") or 0)
+            for path, info in listing.items()
+            if info.get("type") == "file" and path.startswith(prefix) and not path.endswith("/")
+        }
+
+    def _scan(self) -> dict[int, dict[str, int]]:
+        """global_step -> {file path relative to its ckpt dir: size}, from one listing."""
         steps: dict[int, dict[str, int]] = {}
-        prefix = self._root.rstrip("/") + "/"
-        for path, info in listing.items():
-            if info.get("type") != "file" or not path.startswith(prefix) or path.endswith("/"):
-                continue
-            top, _, rel = path[len(prefix):].partition("/")
+        for path, size in self._files_under().items():
+            top, _, rel = path.partition("/")
             match = _DIR_RE.match(top)
             if match and rel:
-                steps.setdefault(int(match.group(1)), {})[rel] = int(info.get("size") or 0)
+                steps.setdefault(int(match.group(1)), {})[rel] = size
         return steps
 
     def _read_manifest(self, step: int) -> Manifest:
@@ -368,14 +379,7 @@ class CheckpointStore:
         first (see the module docstring) and None is returned: upload everything.
         """
         name = self.dir_name(step)
-        self.fs.invalidate_cache(self._remote(name))
-        try:
-            listed = self._do("list", name, lambda: self.fs.find(self._remote(name), detail=True))
-        except FileNotFoundError:
-            return None
-        prefix = self._remote(name) + "/"
-        files = {p[len(prefix):]: int(i.get("size") or 0) for p, i in listed.items()
-                 if i.get("type") == "file" and p.startswith(prefix)}
+        files = self._files_under(name)
         if MANIFEST_NAME not in files:
             return None
         info = self._inspect(step, files)
