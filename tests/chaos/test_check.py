@@ -1,0 +1,199 @@
+"""chaos.check on hand-built run directories: each invariant, passing and violated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.check import check_run, inner_storage_url, load_events
+from resilient_train.checkpoint import CheckpointStore
+
+DIGEST = "ab" * 32
+OTHER = "cd" * 32
+
+
+def _emit_nothing(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+class RunDir:
+    """A run directory as the supervisor leaves it, written by hand."""
+
+    def __init__(self, root: Path, *, save_every: int = 5, mode: str = "sync") -> None:
+        self.path = root / "run"
+        self.storage = root / "ckpts"
+        self.path.mkdir()
+        self.events: list[dict[str, Any]] = []
+        self.job = {"recipe": "recipes/linear_regression.py", "storage": str(self.storage),
+                    "save_every_steps": save_every, "steps_per_epoch": 10, "checkpoint_mode": mode}
+        self.store = CheckpointStore(str(self.storage), emit=_emit_nothing)
+        self.summary: dict[str, Any] = {"status": "completed", "weights_sha256": DIGEST, "storage": str(self.storage)}
+
+    def ev(self, event: str, **fields: Any) -> "RunDir":
+        self.events.append({"event": event, "ts": "2026-01-01T00:00:00.000+00:00", **fields})
+        return self
+
+    def commit(self, step: int, attempt: int) -> "RunDir":
+        local = self.path / "staging" / str(step)
+        local.mkdir(parents=True)
+        (local / "ckpt.index").write_bytes(b"i" * 10)
+        (local / "ckpt.data-00000-of-00001").write_bytes(bytes([step % 256]) * 100)
+        self.store.commit(local, run_id="r", epoch=step // 10, step_in_epoch=step % 10, global_step=step,
+                          world_size=2, weights_sha256=DIGEST, tf_version="2.21")
+        return self.ev("checkpoint_committed", global_step=step, attempt=attempt, role="chief", rank=0)
+
+    def attempt(self, n: int, reached: int | None) -> "RunDir":
+        attempt_dir = self.path / f"attempt-{n}"
+        attempt_dir.mkdir(exist_ok=True)
+        (attempt_dir / "job.json").write_text(json.dumps(self.job))
+        if reached is not None:
+            (attempt_dir / "step-0.txt").write_text(f"{reached:<20}\n")
+        return self.ev("worker_started", rank=0, pid=999_999_000 + n, attempt=n, role="supervisor")
+
+    def write(self) -> Path:
+        (self.path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.events))
+        (self.path / "summary.json").write_text(json.dumps(self.summary))
+        return self.path
+
+
+def _crash_then_restore(run: RunDir, *, reached: int, restored: int) -> RunDir:
+    run.attempt(1, reached).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.commit(5, 1).commit(10, 1)
+    run.ev("worker_exited", rank=0, pid=999_999_001, signal="SIGKILL", role="supervisor")
+    run.attempt(2, 30).ev("restored", global_step=restored, attempt=2, role="chief")
+    return run
+
+
+def test_a_clean_crash_and_restore_passes(tmp_path: Path) -> None:
+    run = _crash_then_restore(RunDir(tmp_path), reached=13, restored=10).commit(15, 2)
+    result = check_run(run.write(), DIGEST, exit_code=0)
+    assert result.violations == ()
+    assert result.restarts == 1
+    assert result.restored_steps == (10,)
+    assert result.lost_steps == 3
+    assert result.checkpoints_verified == 3
+    assert result.digest_match
+
+
+def test_restoring_an_older_checkpoint_than_the_newest_good_one_is_a_violation(tmp_path: Path) -> None:
+    run = _crash_then_restore(RunDir(tmp_path), reached=12, restored=5)
+    result = check_run(run.write(), DIGEST)
+    assert any("newest committed checkpoint that verifies is 10" in v for v in result.violations)
+
+
+def test_restoring_a_step_never_committed_is_a_violation(tmp_path: Path) -> None:
+    run = _crash_then_restore(RunDir(tmp_path), reached=12, restored=11)
+    result = check_run(run.write(), DIGEST)
+    assert any("restored step 11, never committed" in v for v in result.violations)
+
+
+def test_a_crash_losing_more_than_the_save_interval_is_a_violation(tmp_path: Path) -> None:
+    run = _crash_then_restore(RunDir(tmp_path, save_every=5), reached=16, restored=10)
+    result = check_run(run.write(), DIGEST)
+    assert [v for v in result.violations if v.startswith("lost_steps")] == [
+        "lost_steps: attempt 1 ended by crash at step 16; 6 steps past the last commit were lost, allowed 5"
+    ]
+
+
+def test_async_mode_allows_one_in_flight_save(tmp_path: Path) -> None:
+    run = _crash_then_restore(RunDir(tmp_path, save_every=5, mode="async"), reached=16, restored=10)
+    assert check_run(run.write(), DIGEST).violations == ()
+
+
+def test_a_preemption_must_lose_nothing(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).attempt(1, 12)
+    run.commit(5, 1).commit(10, 1).ev("preempted", global_step=12, attempt=1, role="chief")
+    run.attempt(2, 30).ev("restored", global_step=10, attempt=2, role="chief")
+    result = check_run(run.write(), DIGEST)
+    assert [v for v in result.violations if v.startswith("lost_steps")] == [
+        "lost_steps: attempt 1 ended by preemption at step 12; 2 steps past the last commit were lost, allowed 0"
+    ]
+
+
+def test_a_fresh_start_after_commits_is_a_violation(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).attempt(1, 7).commit(5, 1)
+    run.attempt(2, 30).ev("fresh_start", attempt=2, role="chief", global_step=0)
+    assert any("started from step 0" in v for v in check_run(run.write(), DIGEST).violations)
+
+
+def test_digest_mismatch_and_failed_exit_are_violations(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).attempt(1, 10).commit(10, 1)
+    run.summary.update(status="failed", weights_sha256=OTHER)
+    result = check_run(run.write(), DIGEST, exit_code=1)
+    assert not result.digest_match
+    assert [v.split(":")[0] for v in result.violations] == ["exit", "exit", "digest"]
+
+
+def _corrupt(run: RunDir, step: int) -> None:
+    path = run.storage / CheckpointStore.dir_name(step) / "ckpt.data-00000-of-00001"
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_an_injected_corruption_explains_the_rejection_and_the_verify_failure(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).attempt(1, 10).commit(5, 1).commit(10, 1)
+    _corrupt(run, 10)
+    run.ev("chaos_fault_injected", op="corrupt_newest", global_step=10, role="chaos")
+    run.attempt(2, 10).ev("checkpoint_rejected", global_step=10, reason="sha256 mismatch", attempt=2, role="chief")
+    run.ev("restored", global_step=5, attempt=2, role="chief")
+    result = check_run(run.write(), DIGEST)
+    assert result.violations == ()
+    assert result.checkpoints_bad == ("10: corrupt: sha256 mismatch in ckpt.data-00000-of-00001",)
+    assert result.lost_steps == 5
+
+
+def test_a_rejection_nobody_injected_is_a_violation(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).attempt(1, 10).commit(5, 1).commit(10, 1)
+    _corrupt(run, 10)
+    run.attempt(2, 10).ev("checkpoint_rejected", global_step=10, reason="sha256 mismatch", attempt=2, role="chief")
+    run.ev("restored", global_step=5, attempt=2, role="chief")
+    violations = check_run(run.write(), DIGEST).violations
+    assert any("rejected checkpoint 10" in v and "not corrupted on purpose" in v for v in violations)
+    assert any(v.startswith("verify: checkpoint 10 is corrupt") and "nothing injected" in v for v in violations)
+
+
+def test_a_corrupt_checkpoint_committed_again_must_verify(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).attempt(1, 10).commit(5, 1).commit(10, 1)
+    _corrupt(run, 10)
+    run.ev("chaos_fault_injected", op="corrupt_newest", global_step=10, role="chaos")
+    # The job re-commits step 10 but the store kept the corrupt bytes: an event claims it good.
+    run.attempt(2, 10).ev("restored", global_step=5, attempt=2, role="chief")
+    run.ev("checkpoint_rejected", global_step=10, reason="sha256 mismatch", attempt=2, role="chief")
+    run.ev("checkpoint_committed", global_step=10, attempt=2, role="chief")
+    violations = check_run(run.write(), DIGEST).violations
+    assert any("committed again after the injected corruption" in v for v in violations)
+
+
+def test_the_step_markers_count_when_the_supervisor_never_wrote_attempt_reached(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).attempt(1, 14).commit(5, 1).commit(10, 1)  # supervisor SIGKILLed: no exits
+    run.attempt(2, 30).ev("restored", global_step=10, attempt=2, role="chief")
+    result = check_run(run.write(), DIGEST)
+    assert result.restart_records[0].reached == 14
+    assert result.restart_records[0].ended_by == "crash"
+    assert result.lost_steps == 4
+
+
+def test_inner_storage_url() -> None:
+    assert inner_storage_url("faulty:///tmp/x") == "/tmp/x"
+    assert inner_storage_url("faulty://s3://b/p") == "s3://b/p"
+    assert inner_storage_url("/tmp/y") == "/tmp/y"
+
+
+def test_load_events_skips_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "a"}\n{"event": "b"}\n{"event": "c", "x"')
+    assert [r["event"] for r in load_events(path)] == ["a", "b"]
+
+
+def test_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from chaos.__main__ import main
+
+    run = RunDir(tmp_path).attempt(1, 10).commit(10, 1).write()
+    assert main(["check", str(run), "--reference", DIGEST]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["check", str(run), "--reference", OTHER]) == 1
+    assert "FAIL" in capsys.readouterr().out

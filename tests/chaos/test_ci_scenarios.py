@@ -1,0 +1,60 @@
+"""The CI subset: real 2-worker jobs under real faults, checked by chaos.check.
+
+One reference run (cached for the session) and two scenarios on the small
+linear-regression recipe, all with a checkpoint every step so they share the reference:
+the seeds' own experiment (kill -9 the chief right after it committed step 7; the run
+must continue from exactly 7) and a SIGTERM to a worker (zero lost steps). About a
+minute or two on 2 cores. The rest of the catalogue runs with RT_SLOW=1 (one test per
+scenario), and all of it with ``python -m chaos run --all``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaos.harness import JobSpec, ensure_reference, run_scenario
+from chaos.scenarios import CATALOGUE, by_name
+
+RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py")
+CI_SPEC = JobSpec(RECIPE, workers=2, save_every_steps=1, seed=0)
+SLOW_SPEC = JobSpec(RECIPE, workers=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def chaos_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chaos")
+
+
+def _run(name: str, spec: JobSpec, root: Path, seed: int = 0):
+    scenario = by_name(name)
+    reference = ensure_reference(spec.with_overrides(scenario.overrides), root)
+    result = run_scenario(scenario, spec, seed=seed, root=root, reference=reference)
+    return result
+
+
+def test_seeds_experiment_kill_chief_at_7_resumes_from_7(chaos_root: Path) -> None:
+    result = _run("seed-kill-chief-at-7", CI_SPEC, chaos_root)
+    assert result.problems == () and result.check.violations == (), result.to_dict()
+    assert result.check.restored_steps == (7,)
+    assert result.check.restarts == 1
+    assert result.check.digest_match
+    assert result.exit_codes == (0,)
+    assert [f["state"] for f in result.faults] == ["done"]
+
+
+def test_sigterm_to_a_worker_loses_no_step(chaos_root: Path) -> None:
+    result = _run("sigterm-worker", CI_SPEC, chaos_root)
+    assert result.problems == () and result.check.violations == (), result.to_dict()
+    assert result.check.restarts == 1
+    assert result.check.lost_steps == 0
+    assert [r.ended_by for r in result.check.restart_records] == ["preemption"]
+    assert result.check.digest_match
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in ("seed-kill-chief-at-7", "sigterm-worker")])
+def test_catalogue_scenario(name: str, chaos_root: Path) -> None:
+    result = _run(name, SLOW_SPEC, chaos_root)
+    assert result.passed, result.to_dict()

@@ -1,0 +1,181 @@
+"""The catalogue, seeded planning, the nemesis' triggers and ops, the attempt-scoped faultfs shim."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos.harness import SITE_DIR, JobSpec, _fault_env
+from chaos.nemesis import EventReader, FaultState, Nemesis, corrupt_newest
+from chaos.scenarios import (
+    CATALOGUE, ExternalFault, StorageFaults, Trigger, WorkerFault, by_name, plan, random_scenario,
+)
+from resilient_train.checkpoint import CheckpointStore
+
+REQUIRED_OPS = {"sigkill_worker", "sigterm_worker", "sigkill_supervisor", "sigterm_supervisor",
+                "corrupt_newest", "sigkill_during_upload"}
+
+
+def test_the_catalogue_covers_every_nemesis_op_and_has_unique_names() -> None:
+    names = [s.name for s in CATALOGUE]
+    assert len(names) == len(set(names))
+    ops = {f.op for s in CATALOGUE for f in s.faults if isinstance(f, ExternalFault)}
+    assert ops == REQUIRED_OPS
+    storage = {k for s in CATALOGUE for f in s.faults if isinstance(f, StorageFaults) for k, _ in f.spec}
+    assert {"transient_rate", "stop_after_files", "latency_s"} <= storage
+    assert any(len(s.faults) >= 3 for s in CATALOGUE)  # several faults in one run
+
+
+def test_the_seeds_experiment_is_exact() -> None:
+    seed = by_name("seed-kill-chief-at-7")
+    assert seed.overrides == {"save_every_steps": 1}
+    assert seed.faults == (WorkerFault("after_commit", 7, rank=0, attempt=1, signal="SIGKILL"),)
+    assert seed.expect_restored == (7,)
+
+
+def test_plan_resolves_random_choices_from_the_seed_only() -> None:
+    scenario = by_name("kill-random-worker")
+    plans = {seed: plan(scenario, seed, workers=4) for seed in range(20)}
+    assert plans[3] == plan(scenario, 3, workers=4)
+    ranks = {p.faults[0].rank for p in plans.values()}
+    nths = {p.faults[0].trigger.nth for p in plans.values()}
+    assert ranks <= {0, 1, 2, 3} and len(ranks) > 1
+    assert nths <= {1, 2, 3} and len(nths) > 1
+
+
+def test_plan_refuses_a_rank_outside_the_job() -> None:
+    with pytest.raises(ValueError, match="rank=1 with workers=1"):
+        plan(by_name("sigterm-worker"), 0, workers=1)
+
+
+def test_random_scenarios_are_reproducible() -> None:
+    first = [random_scenario(random.Random(5), i, total_steps=30, save_every=5) for i in range(1)]
+    rng_a, rng_b = random.Random(11), random.Random(11)
+    a = [random_scenario(rng_a, i, total_steps=30, save_every=5) for i in range(10)]
+    b = [random_scenario(rng_b, i, total_steps=30, save_every=5) for i in range(10)]
+    assert a == b and first
+    for scenario in a:
+        commits = [f for f in scenario.faults if isinstance(f, WorkerFault) and "commit" in f.point]
+        assert all(f.global_step % 5 == 0 and f.global_step < 30 for f in commits)
+
+
+def test_fault_env_arms_worker_faults_and_attempt_scoped_storage_faults() -> None:
+    faults = (WorkerFault("after_step", 8, rank=0), StorageFaults.of(attempts=(1,), stop_after_files=4),
+              StorageFaults.of(attempts=None, latency_s=0.01))
+    env = _fault_env(faults, {"RT_FAULTFS": "{}", "PYTHONPATH": "/x"})
+    assert json.loads(env["RT_FAULTS"]) == [
+        {"point": "after_step", "global_step": 8, "rank": 0, "attempt": 1, "signal": "SIGKILL"}]
+    assert json.loads(env["RT_CHAOS_FAULTFS"]) == {"1": {"stop_after_files": 4}, "*": {"latency_s": 0.01}}
+    assert "RT_FAULTFS" not in env
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(SITE_DIR), "/x"]
+
+
+@pytest.mark.parametrize("attempt, expected", [("1", {"stop_after_files": 4}), ("2", {"latency_s": 0.01}), (None, None)])
+def test_the_site_shim_gives_each_attempt_its_storage_faults(attempt: str | None, expected: dict | None) -> None:
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(SITE_DIR),
+           "RT_CHAOS_FAULTFS": json.dumps({"1": {"stop_after_files": 4}, "*": {"latency_s": 0.01}})}
+    if attempt:
+        env["RT_ATTEMPT"] = attempt
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('RT_FAULTFS'))"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert (None if out == "None" else json.loads(out)) == expected
+
+
+def test_event_reader_waits_for_a_whole_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    reader = EventReader(path)
+    assert reader.read_new() == []
+    path.write_text('{"event": "a"}\n{"event": "b", ')
+    assert reader.read_new() == [{"event": "a"}]
+    with open(path, "a") as handle:
+        handle.write('"x": 1}\n')
+    assert reader.read_new() == [{"event": "b", "x": 1}]
+
+
+class _Job:
+    """A run dir the test appends events and step markers to, like a live job."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.events = root / "events.jsonl"
+
+    def ev(self, **record: object) -> None:
+        with open(self.events, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def step(self, attempt: int, step: int) -> None:
+        (self.root / f"attempt-{attempt}").mkdir(exist_ok=True)
+        (self.root / f"attempt-{attempt}" / "step-0.txt").write_text(f"{step:<20}\n")
+
+
+def _nemesis(tmp_path: Path, faults: list[ExternalFault], kills: list[tuple[int, int]]) -> Nemesis:
+    return Nemesis(tmp_path, faults, storage_url=str(tmp_path / "ckpts"), steps_per_epoch=10,
+                   rng=random.Random(0), supervisor_pid=lambda: 4242, kill=lambda pid, sig: kills.append((pid, sig)))
+
+
+def test_a_mid_epoch_kill_waits_for_the_nth_commit_and_a_step_past_it(tmp_path: Path) -> None:
+    job, kills = _Job(tmp_path), []
+    nemesis = _nemesis(tmp_path, [ExternalFault("sigkill_worker", Trigger(nth=2), rank=1)], kills)
+    job.ev(event="worker_started", rank=0, pid=100, attempt=1, role="supervisor")
+    job.ev(event="worker_started", rank=1, pid=101, attempt=1, role="supervisor")
+    job.ev(event="checkpoint_committed", global_step=5, attempt=1, role="chief")
+    job.step(1, 7)
+    assert nemesis.poll() == [] and kills == []
+    job.ev(event="checkpoint_committed", global_step=10, attempt=1, role="chief")
+    job.step(1, 10)
+    assert nemesis.poll() == [] and kills == []  # step 10 is an epoch end, not mid-epoch
+    job.step(1, 11)
+    done = nemesis.poll()
+    assert kills == [(101, signal.SIGKILL)]
+    assert done[0]["reached_step"] == 11 and done[0]["trigger_step"] == 10
+    assert nemesis.poll() == [] and len(kills) == 1  # once
+    injected = [json.loads(line) for line in job.events.read_text().splitlines()][-1]
+    assert injected["event"] == "chaos_fault_injected" and injected["pid"] == 101
+
+
+def test_an_attempt_scoped_trigger_ignores_other_attempts_and_a_missed_fault_is_reported(tmp_path: Path) -> None:
+    job, kills = _Job(tmp_path), []
+    nemesis = _nemesis(tmp_path, [ExternalFault("sigterm_supervisor", Trigger(nth=1, attempt=2, mid_epoch=False))], kills)
+    job.ev(event="worker_started", rank=0, pid=100, attempt=1, role="supervisor")
+    job.ev(event="checkpoint_committed", global_step=5, attempt=1, role="chief")
+    nemesis.poll()
+    nemesis.finish()
+    assert kills == []
+    assert nemesis.results()[0]["state"] == FaultState.MISSED.value
+
+
+def test_corrupt_newest_flips_one_byte_and_verify_names_exactly_that_file(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ckpts"), emit=lambda *a, **k: None)
+    for step in (5, 10):
+        local = tmp_path / f"local-{step}"
+        local.mkdir()
+        (local / "ckpt.index").write_bytes(b"i" * 10)
+        (local / "ckpt.data-00000-of-00001").write_bytes(b"d" * 64)
+        store.commit(local, run_id="r", epoch=0, step_in_epoch=step, global_step=step, world_size=2,
+                     weights_sha256="ab" * 32, tf_version="2.21")
+    before = (tmp_path / "ckpts" / "ckpt-000000000010" / "ckpt.data-00000-of-00001").read_bytes()
+    done = corrupt_newest(str(tmp_path / "ckpts"), random.Random(1))
+    after = (tmp_path / "ckpts" / "ckpt-000000000010" / "ckpt.data-00000-of-00001").read_bytes()
+    assert [i for i in range(len(before)) if before[i] != after[i]] == [done["offset"]]
+    assert done["global_step"] == 10 and done["file"] == "ckpt.data-00000-of-00001"
+    assert done["verify_exit"] == 1 and done["verify_exact"]
+    assert done["verify_bad"] == ["10: corrupt: sha256 mismatch in ckpt.data-00000-of-00001"]
+
+
+def test_job_spec_key_depends_on_the_parameters_and_the_recipe_bytes(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.py"
+    recipe.write_text("DEFAULTS = {'epochs': 2, 'steps_per_epoch': 4, 'save_every_steps': 2}\n")
+    spec = JobSpec(str(recipe))
+    assert spec.resolved().total_steps == 8
+    assert spec.key() == JobSpec(str(recipe), epochs=2).key()  # same resolved parameters
+    assert spec.key() != JobSpec(str(recipe), save_every_steps=1).key()
+    key = spec.key()
+    recipe.write_text("DEFAULTS = {'epochs': 2, 'steps_per_epoch': 4, 'save_every_steps': 2}\n# edited\n")
+    assert spec.key() != key
