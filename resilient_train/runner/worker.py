@@ -70,7 +70,11 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         role=cluster.role,
     )
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+
+    def watch_sigterm() -> None:
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+
+    watch_sigterm()
 
     trainer = None
     try:
@@ -97,6 +101,9 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
             stop_requested=stop.is_set,
             faults=FaultPlan.from_env(environ, rank=cluster.rank, attempt=attempt),
         )
+        # The multi-worker coordination service installs its own C++ SIGTERM handler
+        # (TF's preemption notifier) when the strategy starts, replacing ours: take it back.
+        watch_sigterm()
         result = trainer.run()
         return EXIT_PREEMPTED if result is None else EXIT_OK
     except (RecipeError, ConfigError, CheckpointIncompatibleError) as exc:

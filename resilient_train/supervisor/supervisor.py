@@ -132,6 +132,7 @@ class PopenSpawner:
 @dataclass
 class Worker:
     rank: int
+    attempt: int
     process: Process
     log_path: Path
     state: WorkerState = WorkerState.RUNNING
@@ -279,7 +280,7 @@ class Supervisor:
             process = self.spawner(
                 [self.python, "-m", "resilient_train.runner", "--job", str(job_path)], env, log_path
             )
-            workers.append(Worker(rank, process, log_path))
+            workers.append(Worker(rank, attempt, process, log_path))
             emit("worker_started", rank=rank, pid=process.pid, attempt=attempt, log=str(log_path))
         return workers
 
@@ -325,7 +326,7 @@ class Supervisor:
         worker.exit_time = self.clock()
         if worker.state is WorkerState.RUNNING:
             worker.state = WorkerState.EXITED
-        fields: dict[str, Any] = {"rank": worker.rank, "pid": worker.process.pid}
+        fields: dict[str, Any] = {"rank": worker.rank, "pid": worker.process.pid, "attempt": worker.attempt}
         if code < 0:
             fields["signal"] = signal.Signals(-code).name
         else:

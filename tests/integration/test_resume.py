@@ -67,7 +67,7 @@ def test_external_sigkill_of_chief_restores_newest_commit(tmp_path, digits_refer
 
         os.kill(worker_pids(events)[0], signal.SIGKILL)
 
-    job = run_job_until(DIGITS, tmp_path / "run", *DIGITS_FLAGS, when=first_commit, action=kill_chief)
+    job = run_job_until("tests/recipes/slow_digits.py", tmp_path / "run", *DIGITS_FLAGS, when=first_commit, action=kill_chief)
     assert job.returncode == 0, job.output
     before_kill = committed_steps(job, 1)
     restored = job.named("restored")
