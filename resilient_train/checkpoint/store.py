@@ -339,10 +339,12 @@ class CheckpointStore:
         weights_sha256: str,
         tf_version: str,
         extra: dict[str, Any] | None = None,
+        on_uploaded: Callable[[str], None] | None = None,
     ) -> Manifest:
         """Upload every file under ``local_dir`` into ckpt-<global_step>/, then the manifest.
 
-        Returns the committed manifest. Raises StorageError (permanent or retries
+        ``on_uploaded(relative_name)`` is called after each data file is uploaded (progress,
+        and the chaos suite's "killed mid-upload" fault point). Returns the committed manifest. Raises StorageError (permanent or retries
         exhausted); the directory then stays uncommitted and invisible to readers.
         """
         local_dir = Path(local_dir)
@@ -365,7 +367,11 @@ class CheckpointStore:
                 if self._local:  # object stores have no directories; a local disk needs them first
                     for parent in sorted({posixpath.dirname(f"{name}/{rel}") for rel in local_files}):
                         self._do("makedirs", parent, lambda p=parent: self.fs.makedirs(self._remote(p), exist_ok=True))
-                entries = {rel: self._upload(src, f"{name}/{rel}") for rel, src in local_files.items()}
+                entries = {}
+                for rel, src in local_files.items():
+                    entries[rel] = self._upload(src, f"{name}/{rel}")
+                    if on_uploaded is not None:
+                        on_uploaded(rel)
             manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
             self._put_small(f"{name}/{MANIFEST_NAME}", manifest.to_json().encode())
         except OSError as exc:

@@ -6,7 +6,8 @@ right after it committed global step 7" needs the worker itself to pull the trig
 
     [{"point": "after_commit", "global_step": 7, "rank": 0, "attempt": 1, "signal": "SIGKILL"}]
 
-points: ``after_step`` (a step finished), ``after_commit`` (MANIFEST.json written),
+points: ``after_step`` (a step finished), ``mid_upload`` (the chief uploaded the first
+file of the checkpoint, the manifest is not written), ``after_commit`` (MANIFEST.json written),
 ``before_commit`` (checkpoint written locally, nothing uploaded), ``raise`` (an exception from
 the step, like a recipe bug). ``attempt`` defaults to 1, so a restarted group runs clean.
 The signal is real (``os.kill`` on the own pid), so the supervisor sees a real death.
@@ -22,7 +23,7 @@ from typing import Mapping
 
 __all__ = ["FaultPlan", "InjectedFault"]
 
-POINTS = ("after_step", "before_commit", "after_commit", "raise")
+POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise")
 
 
 class InjectedFault(RuntimeError):
