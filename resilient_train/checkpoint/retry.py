@@ -7,7 +7,7 @@ misconfigured job fails in seconds with the real cause instead of backing off fo
 minutes. A transient failure that outlives the budget becomes
 :class:`~resilient_train.errors.StorageUnavailableError` naming the operation and path.
 
-Every retry is visible as a ``storage_retry`` event (op, path, attempt, error, wait_s).
+Every retry is visible as a ``storage_retry`` event (op, path, try_number, error, wait_s).
 Sleep is injectable so tests never wait. The policy is built on tenacity:
 ``stop_after_attempt | wait_exponential_jitter | retry_if_exception(is_transient)``.
 
@@ -161,7 +161,7 @@ class RetryPolicy:
                 "storage_retry",
                 op=op,
                 path=path,
-                attempt=state.attempt_number,
+                try_number=state.attempt_number,  # not "attempt": that is the worker group attempt
                 error=_one_line(error) if error else "",
                 wait_s=round(state.upcoming_sleep, 3),
             )

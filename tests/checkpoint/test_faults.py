@@ -105,8 +105,8 @@ def test_transient_faults_are_retried_until_every_commit_lands(backend: Backend)
     retries = backend.events.named("storage_retry")
     assert len(retries) >= 5  # ~50 operations at rate 0.2 (seeded: the same run every time)
     assert len(retries) == len(sleep.calls)
-    assert {r["attempt"] for r in retries} >= {1}
-    assert all(1 <= r["attempt"] < policy.attempts for r in retries)
+    assert {r["try_number"] for r in retries} >= {1}
+    assert all(1 <= r["try_number"] < policy.attempts for r in retries)
     assert all(r["error"].startswith("ConnectionResetError: injected transient fault") for r in retries)
     assert [r["wait_s"] for r in retries] == [round(s, 3) for s in sleep.calls]
 
@@ -115,7 +115,7 @@ def test_one_transient_write_failure_costs_one_retry(backend: Backend) -> None:
     store = backend.store(faults={"fail_write_k": 2})
     backend.commit(store, 1)
     retries = backend.events.named("storage_retry")
-    assert [(r["op"], r["attempt"]) for r in retries] == [("upload", 1)]
+    assert [(r["op"], r["try_number"]) for r in retries] == [("upload", 1)]
     assert retries[0]["path"] == f"{store.url}/ckpt-000000000001/{DATA_FILE}"  # files go in sorted order
     assert [(i.global_step, i.status) for i in backend.store(store.url).verify()] == [(1, Status.OK)]
 

@@ -90,7 +90,7 @@ def test_retries_then_succeeds_with_bounded_exponential_waits() -> None:
         assert low <= sleep.calls[n - 1] <= high, (n, sleep.calls)
     assert sleep.calls[3:] == [1.0, 1.0]  # capped at max_s
     retries = events.named("storage_retry")
-    assert [r["attempt"] for r in retries] == [1, 2, 3, 4, 5]
+    assert [r["try_number"] for r in retries] == [1, 2, 3, 4, 5]
     assert {(r["op"], r["path"]) for r in retries} == {("upload", "memory://x/f")}
     assert [r["wait_s"] for r in retries] == [round(s, 3) for s in sleep.calls]
     assert retries[0]["error"] == "ConnectionResetError: reset"

@@ -58,11 +58,18 @@ def environment(faults: list[dict] | None = None, **extra: str) -> dict[str, str
     return env
 
 
-def run_job(recipe: str, run_dir: Path, *flags: str, faults: list[dict] | None = None, timeout: float = 240) -> Job:
+def run_job(
+    recipe: str,
+    run_dir: Path,
+    *flags: str,
+    faults: list[dict] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+) -> Job:
     proc = subprocess.run(
         command(recipe, run_dir, *flags),
         cwd=REPO,
-        env=environment(faults),
+        env=environment(faults, **(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
