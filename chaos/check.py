@@ -111,8 +111,7 @@ def inner_storage_url(url: str) -> str:
     The end-of-run verification must read the storage itself, not through fault injection.
     """
     if url.startswith("faulty://"):
-        rest = url[len("faulty://"):]
-        return rest if "://" in rest or rest.startswith("/") else "/" + rest
+        return url[len("faulty://"):]  # "/abs", "rel/path" (cwd-relative, as the job saw it) or "s3://..."
     return url
 
 
@@ -186,10 +185,21 @@ def _restore_checks(
                 )
         elif event == "preempted" and record.get("role") == "chief":
             preempted_attempts.add(attempt)
-        elif event == "fresh_start" and committed and (attempt or 1) > 1:
-            violations.append(
-                f"restore: attempt {attempt} started from step 0 although steps {sorted(committed)} were committed"
-            )
+        elif event == "fresh_start" and (attempt or 1) > 1:
+            if committed:
+                violations.append(
+                    f"restore: attempt {attempt} started from step 0 although steps {sorted(committed)} were committed"
+                )
+            else:  # the previous attempt died before its first commit: everything it did is lost
+                previous = attempt - 1
+                reached = reached_of.get(previous) or 0
+                ended_by, allowed = ("preemption", 0) if previous in preempted_attempts else ("crash", save_every)
+                restarts.append(RestartRecord(attempt, ended_by, reached, None, 0, reached, allowed))
+                if reached > allowed:
+                    violations.append(
+                        f"lost_steps: attempt {previous} ended by {ended_by} at step {reached} before any commit; "
+                        f"{reached} steps were lost, allowed {allowed}"
+                    )
         elif event == "restored":
             step = record["global_step"]
             restored_steps.append(step)
@@ -323,6 +333,8 @@ def check_run(
         if code == 2:
             violations.append(f"verify: storage {storage} could not be read: {error}")
         verified = sum(1 for c in checkpoints if c["status"] == "ok")
+        if code != 2 and not checkpoints and any(r["event"] == "checkpoint_committed" for r in records):
+            violations.append(f"verify: no checkpoints at {inner_storage_url(storage)}, but the run committed some")
         for c in checkpoints:
             if c["status"] not in ("torn", "corrupt"):
                 continue

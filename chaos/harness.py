@@ -92,7 +92,7 @@ class JobSpec:
 
     def storage_for(self, run_dir: Path) -> str:
         if self.storage_base is None:
-            return str(run_dir / "checkpoints")
+            return str(Path(run_dir).resolve() / "checkpoints")
         return f"{self.storage_base.rstrip('/')}/{run_dir.name}"
 
 

@@ -220,8 +220,8 @@ CATALOGUE: tuple[Scenario, ...] = (
     ),
     Scenario(
         "storage-torn-upload",
-        "the chief 'dies' mid-upload after 4 files (2nd checkpoint torn); restore skips it",
-        (StorageFaults.of(attempts=(1,), stop_after_files=4),),
+        "the chief 'dies' mid-upload after 5 files: ckpt-10 has its index, no data, no manifest; restore skips it",
+        (StorageFaults.of(attempts=(1,), stop_after_files=5),),
     ),
     Scenario(
         "storage-slow",
@@ -241,8 +241,8 @@ CATALOGUE: tuple[Scenario, ...] = (
     ),
     Scenario(
         "multi-fault",
-        "transient storage errors + kill -9 the chief at step 8 + SIGTERM a random worker in attempt 2",
-        (StorageFaults.of(attempts=None, transient_rate=0.05),
+        "transient storage errors (p=0.1) + kill -9 the chief at step 8 + SIGTERM a random worker in attempt 2",
+        (StorageFaults.of(attempts=None, transient_rate=0.1),
          WorkerFault("after_step", 8, rank=0),
          ExternalFault("sigterm_worker", Trigger(nth=2, attempt=2), rank="random")),
     ),
@@ -278,6 +278,10 @@ def plan(scenario: Scenario, seed: int, workers: int) -> Scenario:
             if trigger.nth == "random":
                 trigger = dataclasses.replace(trigger, nth=rng.randint(1, trigger.max_nth))
             resolved.append(dataclasses.replace(fault, trigger=trigger, rank=rank(fault.rank)))
+        elif "seed" not in dict(fault.spec):
+            # The fault stream (which operations fail) follows the scenario's seed too.
+            spec = dict(fault.spec, seed=rng.randrange(2**31))
+            resolved.append(dataclasses.replace(fault, spec=tuple(sorted(spec.items()))))
         else:
             resolved.append(fault)
     return dataclasses.replace(scenario, faults=tuple(resolved))

@@ -181,6 +181,23 @@ def test_inner_storage_url() -> None:
     assert inner_storage_url("faulty:///tmp/x") == "/tmp/x"
     assert inner_storage_url("faulty://s3://b/p") == "s3://b/p"
     assert inner_storage_url("/tmp/y") == "/tmp/y"
+    assert inner_storage_url("faulty://runs/x/checkpoints") == "runs/x/checkpoints"  # cwd-relative, as the job saw it
+
+
+def test_a_crash_before_the_first_commit_loses_what_it_reached(tmp_path: Path) -> None:
+    run = RunDir(tmp_path, save_every=5).attempt(1, 8).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.attempt(2, 30).ev("fresh_start", attempt=2, role="chief", global_step=0).commit(30, 2)
+    result = check_run(run.write(), DIGEST)
+    assert result.lost_steps == 8
+    assert [v for v in result.violations if v.startswith("lost_steps")] == [
+        "lost_steps: attempt 1 ended by crash at step 8 before any commit; 8 steps were lost, allowed 5"
+    ]
+
+
+def test_verify_finding_nothing_where_the_run_committed_is_a_violation(tmp_path: Path) -> None:
+    run = RunDir(tmp_path).attempt(1, 10).commit(10, 1)
+    run.summary["storage"] = str(tmp_path / "elsewhere")
+    assert any("no checkpoints at" in v for v in check_run(run.write(), DIGEST).violations)
 
 
 def test_load_events_skips_a_torn_last_line(tmp_path: Path) -> None:
