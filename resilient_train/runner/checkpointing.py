@@ -16,7 +16,7 @@ in parallel; setup refuses to continue if any name, shape or dtype differs.
 #   wait for the in-flight persist (policy)
 #   snapshot: one tf.function assigns every
 #     twin variable from its live variable
-#     (a host copy into preallocated twins)
+#     (copy-on-write on CPU, D2H copy on GPU)
 #   start the persist thread  ------------->   twin_checkpoint.write(staging)
 #   return (training continues)                weights_sha256 from the twin
 #                                              faults before_commit, store.commit
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import queue
 import random
 import shutil
 import threading
@@ -120,6 +121,7 @@ def commit_checkpoint(
         weights_sha256=weights_sha256,
         tf_version=tf.__version__,
         extra=dict(request.extra),
+        on_uploaded=lambda name: faults.hit("mid_upload", step),
     )
     emit(
         "checkpoint_committed",
@@ -259,9 +261,12 @@ class TwinState:
         @tf.function(autograph=False)
         def snapshot() -> None:
             for live, twin in zip(live_vars, twin_vars):
-                # DeepCopy: the twin gets its own buffer now (a host memcpy), instead of
-                # aliasing the live buffer and making the next optimizer update copy it.
-                twin.assign(tf.raw_ops.DeepCopy(x=live.read_value()), read_value=False)
+                # Same device (CPU): the twin takes a reference to the live buffer and
+                # TensorFlow's copy-on-write copies it when the next step updates the live
+                # variable in place, so the memcpy lands in that step, not here. Across
+                # devices (GPU live, CPU twin) this is the device-to-host copy. Either way
+                # the twin never sees a later update (test_a_snapshot_does_not_change_...).
+                twin.assign(live.read_value(), read_value=False)
 
         self._snapshot = snapshot
 
@@ -323,7 +328,12 @@ class AsyncCheckpointer:
         self._persist = persist
         self._emit = emit
         self._clock = clock
+        # One long-lived persist thread (not one per save): its allocator arena and
+        # buffers are reused from save to save, which keeps peak host memory flat.
         self._thread: threading.Thread | None = None
+        self._queue: queue.SimpleQueue[tuple[contextvars.Context, SaveRequest]] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
         self._inflight: SaveRequest | None = None
         self._error: BaseException | None = None
         self._error_step: int | None = None
@@ -334,7 +344,7 @@ class AsyncCheckpointer:
     @property
     def in_flight(self) -> int | None:
         """The global step being persisted, or None."""
-        return self._inflight.global_step if self._thread is not None and self._thread.is_alive() else None
+        return None if self._idle.is_set() or self._inflight is None else self._inflight.global_step
 
     def raise_if_failed(self) -> None:
         """Re-raise a background failure (once) on the caller's thread."""
@@ -364,11 +374,21 @@ class AsyncCheckpointer:
         if not persist:
             return
         self._inflight = request
-        context = contextvars.copy_context()
-        self._thread = threading.Thread(
-            target=context.run, args=(self._run, request), name=f"rt-persist-{request.global_step}", daemon=True
-        )
-        self._thread.start()
+        if self._thread is None:
+            # Daemon: a worker that dies of another error must not hang on an upload; an
+            # interrupted upload is uncommitted (no manifest) and invisible to readers.
+            self._thread = threading.Thread(target=self._serve, name="rt-checkpoint-persist", daemon=True)
+            self._thread.start()
+        self._idle.clear()
+        self._queue.put((contextvars.copy_context(), request))
+
+    def _serve(self) -> None:
+        while True:
+            context, request = self._queue.get()
+            try:
+                context.run(self._run, request)  # events carry the caller's bound context
+            finally:
+                self._idle.set()
 
     def _run(self, request: SaveRequest) -> None:
         try:
@@ -381,12 +401,10 @@ class AsyncCheckpointer:
                        error=f"{type(exc).__name__}: {exc}")
 
     def _join(self) -> float:
-        thread = self._thread
-        if thread is None:
+        if self._idle.is_set():
             return 0.0
         start = self._clock()
-        thread.join()
-        self._thread = None
+        self._idle.wait()
         return self._clock() - start
 
     def flush(self) -> Manifest | None:
