@@ -220,7 +220,7 @@ CATALOGUE: tuple[Scenario, ...] = (
     ),
     Scenario(
         "storage-torn-upload",
-        "the chief 'dies' mid-upload after 5 files: ckpt-10 has its index, no data, no manifest; restore skips it",
+        "the chief's uploads stop after 5 files (SimulatedCrash): ckpt-10 is left without its manifest; restore skips it",
         (StorageFaults.of(attempts=(1,), stop_after_files=5),),
     ),
     Scenario(
