@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"soak for {args.minutes} min, seed {args.seed}")
         return _run_all(scenarios, spec, args, seeds)
     except (ValueError, KeyError) as exc:
-        print(f"chaos: error: {exc}", file=sys.stderr)
+        print(f"chaos: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
 
 
