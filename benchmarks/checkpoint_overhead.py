@@ -479,7 +479,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         f"Checkpoint overhead on `{r['recipe']}` ({r['state_bytes'] / 1e6:.1f} MB model + Adam state), "
         f"{m['cpus']} CPU cores, TF {m['tensorflow']} / Keras {m['keras']}; {r['details']['repeats']} repeats x "
-        f"{r['details']['steps_per_trial']} steps, medians. Load average {m['loadavg_before'][0]} before, "
+        f"{r['details']['steps_per_trial']} steps (K=50: 100 steps), medians; single process, no MWMS. Load average {m['loadavg_before'][0]} before, "
         f"{m['loadavg_after'][0]} after (shared machine). `{r['command']}`",
         "",
         "| mode | throughput K=10 | throughput K=50 | blocked/save p50 | p95 |",
@@ -492,7 +492,13 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(f"| {mode} | {fmt(t['10'])} | {fmt(t['50'])} | {ms(r['blocked_ms_p50'][mode])} | "
                      f"{ms(r['blocked_ms_p95'][mode])} |")
     rv = r["restore_vs_plain_read"]
+    d = r["details"]
     lines += [
+        "",
+        f"Async snapshot alone: p50 {d['async_snapshot_only_ms_p50']} ms, p95 {d['async_snapshot_only_ms_p95']} ms; "
+        "on CPU it shares buffers copy-on-write, so the first step after an async save is slower "
+        f"(p50 {d['step_ms_p50'].get('async/first_after_save')} ms vs {d['step_ms_p50'].get('async')} ms); "
+        "async p95 is dominated by waiting for the previous persist (wait policy).",
         "",
         f"Extra host memory (async): {r['extra_memory_ratio']:.2f}x the checkpoint size. "
         f"Restore speed vs a plain read of the same bytes: local {rv.get('local', 'n/a')}, S3 (SeaweedFS) "
