@@ -17,6 +17,7 @@ from resilient_train.errors import ConfigError
 __all__ = ["parse_storage_options"]
 
 _INT = re.compile(r"^[+-]?(0|[1-9]\d*)$")  # "0012" stays a string: it may be a key
+_FLOAT = re.compile(r"^[+-]?(0|[1-9]\d*)?\.\d+([eE][+-]?\d+)?$")  # "0.2", ".5"; not "1e3" alone
 _KEY_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _EXPECTED = "expected KEY=VALUE, e.g. client_kwargs.endpoint_url=http://127.0.0.1:8333"
 
@@ -26,6 +27,8 @@ def _coerce(value: str) -> Any:
         return value.lower() == "true"
     if _INT.match(value):
         return int(value)
+    if _FLOAT.match(value):
+        return float(value)
     return value
 
 

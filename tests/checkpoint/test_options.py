@@ -12,11 +12,11 @@ def test_values_are_coerced_and_dotted_keys_nest() -> None:
     assert parse_storage_options([
         "anon=false", "use_ssl=TRUE", "default_block_size=8388608",
         "client_kwargs.endpoint_url=http://127.0.0.1:8333", "client_kwargs.region_name=us-east-1",
-        "secret=a=b=c", "key=0012", "retries=-3", "token=",
+        "secret=a=b=c", "key=0012", "retries=-3", "token=", "latency_s=0.2", "version=1.2.3",
     ]) == {
         "anon": False, "use_ssl": True, "default_block_size": 8388608,
         "client_kwargs": {"endpoint_url": "http://127.0.0.1:8333", "region_name": "us-east-1"},
-        "secret": "a=b=c", "key": "0012", "retries": -3, "token": "",
+        "secret": "a=b=c", "key": "0012", "retries": -3, "token": "", "latency_s": 0.2, "version": "1.2.3",
     }
     assert parse_storage_options([]) == {}
 
