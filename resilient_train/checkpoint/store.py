@@ -42,6 +42,7 @@ import os
 import posixpath
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ import fsspec
 
 from resilient_train import events
 from resilient_train.checkpoint._files import abandon_write
+from resilient_train.checkpoint.cache import cached_copy_problem, link_or_copy_tree, write_through
 from resilient_train.checkpoint.manifest import (
     CHUNK_SIZE,
     MANIFEST_NAME,
@@ -130,8 +132,12 @@ class CheckpointStore:
         retry: RetryPolicy | None = None,
         fs: fsspec.AbstractFileSystem | None = None,
         clock: Callable[[], str] = now_utc,
+        host_cache: Path | None = None,
     ) -> None:
+        """``host_cache``: a local directory for the write-through copy of the newest commit
+        (checkpoint/cache.py); ``fetch`` looks there before downloading. None: no host cache."""
         self.url = _normalise_url(url)
+        self._host_cache = Path(host_cache) if host_cache is not None else None
         self._emit = emit or events.emit
         self._retry = retry or RetryPolicy()
         self._clock = clock
@@ -376,6 +382,8 @@ class CheckpointStore:
             self._put_small(f"{name}/{MANIFEST_NAME}", manifest.to_json().encode())
         except OSError as exc:
             raise self._fail(f"commit checkpoint {name} to", exc) from None
+        if self._host_cache is not None:
+            write_through(self._host_cache, name, local_files, manifest, emit=self._emit)
         return manifest
 
     def _reuse_committed(self, step: int, local_files: dict[str, Path]) -> dict[str, FileEntry] | None:
@@ -391,7 +399,9 @@ class CheckpointStore:
         info = self._inspect(step, files)
         if info.status is Status.OK and info.manifest is not None:
             local = {rel: sha256_file(path) for rel, path in local_files.items()}
-            if local == info.manifest.files:
+            # Same bytes by the manifest is not enough: the remote copy may have rotted
+            # (a flipped byte is exactly what sends a run back to re-commit this step).
+            if local == info.manifest.files and self._hash_check(info).status is Status.OK:
                 return local
         self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))
         return None
@@ -439,19 +449,29 @@ class CheckpointStore:
         Raises CheckpointCorruptError when it is not committed, a file is missing, or a
         size/sha256 differs; StorageError when storage fails. ``cache_dir`` belongs to
         one process (each worker has its own): the stale copy is replaced by a rename.
+
+        Sources, fastest first, each verified against the manifest (sha256 of every file):
+        ``cache_dir`` itself, the host cache, shared storage. A copy that fails verification
+        is reported (``cache_rejected``) and the next source is used; ``checkpoint_fetched``
+        tells which one served.
         """
         return self._fetch(self._read_manifest(global_step), Path(cache_dir))
 
     def _fetch(self, manifest: Manifest, cache_dir: Path) -> tuple[Manifest, Path]:
         name = self.dir_name(manifest.global_step)
         target = cache_dir / name
-        if _local_copy_matches(target, manifest):
+        started = time.monotonic()
+        if self._cached_copy_ok(target, manifest):
             _write_text_atomic(target / MANIFEST_NAME, manifest.to_json())
+            self._fetched(manifest, "local_cache", started)
             return manifest, target
         cache_dir.mkdir(parents=True, exist_ok=True)
         staging = cache_dir / f".{name}.partial-{uuid.uuid4().hex[:8]}"
+        source = "shared"
         try:
-            for rel, entry in sorted(manifest.files.items()):
+            if self._seed_from_host_cache(manifest, staging):
+                source = "host_cache"
+            for rel, entry in sorted(manifest.files.items()) if source == "shared" else ():
                 got = self._download(name, rel, staging / rel)
                 if got.size != entry.size:
                     raise CheckpointCorruptError(
@@ -467,7 +487,49 @@ class CheckpointStore:
             os.replace(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        self._fetched(manifest, source, started)
         return manifest, target
+
+    def _cached_copy_ok(self, cached: Path, manifest: Manifest, *, report_as: Path | None = None) -> bool:
+        """Verify a local copy against ``manifest``; report (``cache_rejected``) a bad one."""
+        try:
+            problem = cached_copy_problem(cached, manifest)
+        except OSError as exc:
+            problem = f"unreadable: {type(exc).__name__}: {exc}"
+        if problem is None:
+            return True
+        if problem != "missing":
+            self._emit("cache_rejected", path=str(report_as or cached), global_step=manifest.global_step, reason=problem)
+        return False
+
+    def _seed_from_host_cache(self, manifest: Manifest, staging: Path) -> bool:
+        """Link the host cache's copy into ``staging`` and verify it there (the bytes used)."""
+        if self._host_cache is None:
+            return False
+        cached = self._host_cache / self.dir_name(manifest.global_step)
+        if not cached.is_dir():
+            return False
+        try:
+            link_or_copy_tree(cached, sorted(manifest.files), staging)
+        except OSError as exc:
+            problem: str | None = f"cannot link: {type(exc).__name__}: {exc}"
+        else:
+            problem = None
+        if problem is None and self._cached_copy_ok(staging, manifest, report_as=cached):
+            return True
+        if problem is not None:
+            self._emit("cache_rejected", path=str(cached), global_step=manifest.global_step, reason=problem)
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+
+    def _fetched(self, manifest: Manifest, source: str, started: float) -> None:
+        self._emit(
+            "checkpoint_fetched",
+            global_step=manifest.global_step,
+            source=source,
+            size=manifest.total_size,
+            seconds=round(time.monotonic() - started, 4),
+        )
 
     def _download(self, name: str, rel: str, dst: Path) -> FileEntry:
         """Stream ``name/rel`` to ``dst`` (each remote byte read once), hashing it on the way."""
@@ -566,19 +628,6 @@ class CheckpointStore:
 
 def _strip_prefix(message: str, path: str) -> str:
     return message[len(path) + 2:] if message.startswith(path + ": ") else message
-
-
-def _local_copy_matches(target: Path, manifest: Manifest) -> bool:
-    """True when ``target`` holds exactly the manifest's files with matching sha256."""
-    if not target.is_dir():
-        return False
-    present = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()}
-    if present - {MANIFEST_NAME} != set(manifest.files):
-        return False
-    for rel, entry in manifest.files.items():
-        if (target / rel).stat().st_size != entry.size:
-            return False
-    return all(sha256_file(target / rel) == entry for rel, entry in manifest.files.items())
 
 
 def _write_text_atomic(path: Path, text: str) -> None:

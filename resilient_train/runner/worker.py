@@ -84,7 +84,9 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         recipe = load_recipe(job.recipe)
         job = job.with_recipe_defaults(recipe.defaults)
         params = resolve_params(recipe.params, job.params)
-        store = CheckpointStore(job.storage, job.storage_options)
+        # The host cache (checkpoint/cache.py): the chief's commits are written through to
+        # this host's disk, and every rank restores from there before shared storage.
+        store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir / "local" / "host-cache")
 
         from resilient_train.runner.faults import FaultPlan
         from resilient_train.runner.loop import Trainer  # imports TensorFlow
@@ -105,6 +107,9 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         # (TF's preemption notifier) when the strategy starts, replacing ours: take it back.
         watch_sigterm()
         result = trainer.run()
+        # Done (or saved for preemption): a late SIGTERM must not turn this clean exit into
+        # a death by signal while TensorFlow tears down.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return EXIT_PREEMPTED if result is None else EXIT_OK
     except (RecipeError, ConfigError, CheckpointIncompatibleError) as exc:
         _record(attempt_dir, cluster.rank, exc, trainer)
