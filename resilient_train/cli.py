@@ -24,6 +24,7 @@ _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
+    "warm_standby",
 )
 
 
@@ -57,6 +58,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
     add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
+    add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
+        help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
 
 
 def job_from_args(args: argparse.Namespace) -> JobConfig:

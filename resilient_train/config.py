@@ -50,6 +50,7 @@ class JobConfig:
     progress_every_s: float = 1.0
     checkpoint_mode: str = "async"
     save_every_seconds: float | None = None
+    warm_standby: bool = True
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -83,6 +84,8 @@ class JobConfig:
             raise ConfigError(
                 f"Received save_every_seconds={self.save_every_seconds!r}; expected a number of seconds > 0"
             )
+        if not isinstance(self.warm_standby, bool):
+            raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
         if not self.run_dir:
             object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
         if not self.storage:

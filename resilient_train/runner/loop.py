@@ -397,6 +397,7 @@ class Trainer:
         steps_per_epoch, save_every = job.steps_per_epoch, job.save_every_steps
         last_progress = self.clock()
         steps_since, time_since = 0, self.clock()
+        first_step_pending = True
         while int(self.epoch.numpy()) < job.epochs:
             epoch, start = int(self.epoch.numpy()), int(self.step_in_epoch.numpy())
             if start >= steps_per_epoch:  # checkpoint from a run with a longer epoch
@@ -429,6 +430,9 @@ class Trainer:
                 steps_since += 1
                 global_step = int(self.global_step.numpy())
                 self._marker.write(global_step)
+                if first_step_pending:  # the recovery benchmark's "training again" moment
+                    first_step_pending = False
+                    emit("first_step", group=True, global_step=global_step)
                 self.faults.hit("raise", global_step)
                 self.faults.hit("after_step", global_step)
                 if stop and step + 1 < steps_per_epoch:

@@ -7,13 +7,19 @@ workers restore the last committed checkpoint.
 
 # Implementation:
 # One loop, one state variable (RunState). Each attempt:
-#   STARTING   pick free loopback ports, write attempt-<n>/job.json, spawn N workers with
-#              TF_CONFIG / RT_ATTEMPT / RT_RUN_ID; each worker gets the Linux parent-death
-#              signal so it can never outlive a SIGKILLed supervisor.
+#   STARTING   pick free loopback ports, write attempt-<n>/job.json, start N workers with
+#              TF_CONFIG / RT_ATTEMPT / RT_RUN_ID: a warm standby from the StandbyPool
+#              (supervisor/standby.py: TensorFlow already imported) where one is alive,
+#              else a cold spawn; each worker gets the Linux parent-death signal so it can
+#              never outlive a SIGKILLed supervisor.
 #   RUNNING    poll children every POLL_S (the OS tells us of a death at once: no waiting
-#              for TensorFlow's ~10 s collective timeout), print new events.jsonl lines.
+#              for TensorFlow's ~10 s collective timeout), print new events.jsonl lines,
+#              let the pool reap and refill its standbys.
 #   STOPPING   a worker exited abnormally -> SIGTERM the rest, SIGKILL after
-#              teardown_grace_s; or the supervisor itself got SIGTERM/SIGINT -> forward
+#              teardown_grace_s, or at once when the chief is gone (only the chief commits
+#              and a broken group cannot agree on a save: the survivors have nothing left to
+#              finish, and waiting for them is pure recovery time); or the supervisor
+#              itself got SIGTERM/SIGINT -> forward
 #              SIGTERM (the workers agree on a step, save it and exit 143) and SIGKILL
 #              whoever is left after grace_period.
 #   then       SUCCEEDED (all exited 0), or the RestartTracker decides: RESTARTING (sleep
@@ -53,6 +59,7 @@ from resilient_train.errors import (
 from resilient_train.events import emit
 from resilient_train.recipe import recipe_name
 from resilient_train.supervisor.console import EventTail
+from resilient_train.supervisor.standby import PopenStandbySpawner, StandbyPool, StandbySpawner
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
     ExitClass,
@@ -161,7 +168,9 @@ class Supervisor:
         sleep: Callable[[float], None] = time.sleep,
         python: str = sys.executable,
         teardown_grace_s: float = 3.0,
-        backoff_initial_s: float = 1.0,
+        backoff_initial_s: float = 0.25,
+        standby_spawner: StandbySpawner | None = None,
+        replenish_delay_s: float = 10.0,
     ) -> None:
         self.job = job
         self.out = out
@@ -170,6 +179,9 @@ class Supervisor:
         self.sleep = sleep
         self.python = python
         self.teardown_grace_s = teardown_grace_s
+        self.standby_spawner = standby_spawner or PopenStandbySpawner()
+        self.replenish_delay_s = replenish_delay_s
+        self.pool: StandbyPool | None = None
         self.run_dir = Path(job.run_dir)
         self.events_path = self.run_dir / "events.jsonl"
         self.store = CheckpointStore(job.storage, job.storage_options)
@@ -216,6 +228,7 @@ class Supervisor:
         self._install_signal_handlers()
         attempt = self._first_attempt()
         try:
+            self.pool = self._standby_pool()
             while True:
                 self.state = RunState.STARTING
                 workers = self._start(attempt)
@@ -252,6 +265,8 @@ class Supervisor:
                 self.sleep(decision.backoff_s)
                 attempt += 1
         finally:
+            if self.pool is not None:
+                self.pool.close()
             self._restore_signal_handlers()
 
     # ------------------------------------------------------------ attempt
@@ -277,18 +292,42 @@ class Supervisor:
                     str(i) for i in range(first, first + self.job.gpus_per_worker)
                 )
             log_path = attempt_dir / f"worker-{rank}.log"
-            process = self.spawner(
-                [self.python, "-m", "resilient_train.runner", "--job", str(job_path)], env, log_path
-            )
+            worker_argv = ["--job", str(job_path)]
+            process = self.pool.hand_over(worker_argv, env, log_path) if self.pool is not None else None
+            standby = process is not None
+            if process is None:
+                process = self.spawner([self.python, "-m", "resilient_train.runner", *worker_argv], env, log_path)
             workers.append(Worker(rank, attempt, process, log_path))
-            emit("worker_started", rank=rank, pid=process.pid, attempt=attempt, log=str(log_path))
+            emit("worker_started", rank=rank, pid=process.pid, attempt=attempt, log=str(log_path), standby=standby)
         return workers
+
+    def _standby_pool(self) -> StandbyPool | None:
+        """The warm pool for this run (None with --no-warm-standby or with GPUs), filling."""
+        if not self.job.warm_standby:
+            return None
+        if self.job.gpus_per_worker:  # CUDA_VISIBLE_DEVICES is per rank; see runner/standby.py
+            emit("standby_disabled", reason="--gpus-per-worker: standbys cannot take a per-rank CUDA_VISIBLE_DEVICES")
+            return None
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        pool = StandbyPool(
+            self.job.workers,
+            argv=[self.python, "-m", "resilient_train.runner.standby", "--recipe", self.job.recipe],
+            env=env,
+            log_dir=self.run_dir / "standby",
+            spawner=self.standby_spawner,
+            replenish_delay_s=self.replenish_delay_s,
+        )
+        return pool  # filled once attempt 1 trains (see StandbyPool.maintain)
 
     def _watch(self, workers: list[Worker], tail: EventTail) -> None:
         kill_at: float | None = None
         forwarded = False
         while True:
             tail.pump()
+            if self.pool is not None:
+                self.pool.maintain(refill=self._training(workers))
             for worker in workers:
                 if worker.returncode is None:
                     code = worker.process.poll()
@@ -308,14 +347,31 @@ class Supervisor:
                 self.state = RunState.STOPPING
                 for worker in alive:
                     _signal(worker, signal.SIGTERM)
-                kill_at = now + (
-                    self.job.grace_period if self._preempting(workers) else self.teardown_grace_s
-                )
+                if self._preempting(workers):
+                    kill_at = now + self.job.grace_period
+                elif self._chief_failed(workers):
+                    kill_at = now
+                else:
+                    kill_at = now + self.teardown_grace_s
             if kill_at is not None and now >= kill_at:
                 for worker in alive:
                     worker.state = WorkerState.KILLED
                     _signal(worker, signal.SIGKILL)
             self.sleep(POLL_S)
+
+    def _training(self, workers: list[Worker]) -> bool:
+        """The chief finished a step of this attempt (its step marker is written)."""
+        chief = next((w for w in workers if w.rank == 0), None)
+        if chief is None:
+            return False
+        try:
+            return (chief.log_path.parent / "step-0.txt").stat().st_size > 0
+        except OSError:
+            return False
+
+    def _chief_failed(self, workers: list[Worker]) -> bool:
+        """The chief exited abnormally: nobody left can commit, so nothing is worth waiting for."""
+        return any(w.rank == 0 and w.returncode not in (None, EXIT_OK) for w in workers)
 
     def _preempting(self, workers: list[Worker]) -> bool:
         """A worker exited 'preempted': its peers are saving at the agreed step; let them."""

@@ -1,0 +1,270 @@
+"""Recovery time after ``kill -9`` of the chief: detection, restart to the first step, restore.
+
+What it answers (issue 7), all measured in one invocation on the same machine:
+
+* ``detection_s_p50/p95``: ``kill -9`` of the chief -> the supervisor's ``worker_exited``
+  event for it (the OS tells the supervisor; no TensorFlow timeout involved). Pooled over
+  the warm and the cold runs.
+* ``kill_to_first_step_s``: ``kill -9`` -> the chief's ``first_step`` event of the next
+  attempt (a step of MWMS is a collective, so every worker took part in it), median per
+  mode: ``warm`` (default, standbys ready before each kill) and ``cold`` (--no-warm-standby).
+* ``baseline_tf_timeout_plus_cold_s``: what recovery costs when TensorFlow's own failure
+  detection is what notices: a 2-worker group started without a supervisor, the chief
+  killed, and the time until the survivor exits by itself (its collective error), plus the
+  cold restart measured above (cold kill-to-first-step minus cold detection).
+* ``restore_s``: ``CheckpointStore.fetch`` of a ``--restore-mb`` checkpoint into a fresh
+  per-worker cache: ``local_cache`` (the host cache written through at commit: link and
+  sha256-verify) vs ``shared`` (download from a local SeaweedFS S3 server with sha256).
+  The tiny linear-regression checkpoints of the kill runs are reported too
+  (``restore_in_runs_s``, from the workers' ``checkpoint_fetched`` events).
+
+Usage::
+
+    .venv/bin/python benchmarks/recovery.py [--kills 4] [--baseline-kills 2] [--restore-mb 64]
+
+Writes ``benchmarks/results/recovery.json``. Times are wall clock; event timestamps have
+millisecond resolution. The job is ``recipes/linear_regression.py`` on 2 workers with a
+very long epoch; before each kill the group has trained for ``--train-s`` seconds and, in
+warm mode, the pool holds 2 ready standbys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from resilient_train.checkpoint import CheckpointStore  # noqa: E402
+from resilient_train.cluster import build_tf_config, free_ports  # noqa: E402
+
+RECIPE = "recipes/linear_regression.py"
+JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-steps", "20"]
+
+
+class Events:
+    """Incremental reader of a run's events.jsonl."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.records = path, 0, []
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return self.records
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            if line.strip():
+                self.records.append(json.loads(line))
+        return self.records
+
+    def wait(self, predicate, timeout: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for record in self.poll():
+                if predicate(record):
+                    return record
+            time.sleep(0.02)
+        raise TimeoutError(f"no {what} within {timeout} s ({self.path})")
+
+
+def ts(record: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(record["ts"]).timestamp()
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.pop("RT_FAULTS", None)
+    e["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    return e
+
+
+def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: float) -> list[dict[str, Any]]:
+    run_dir = work / f"run-{mode}"
+    flags = [*JOB_FLAGS, "--max-restarts", str(kills + 1)]
+    if mode == "cold":
+        flags.append("--no-warm-standby")
+    cmd = [sys.executable, "-m", "resilient_train", "run", RECIPE, "--run-dir", str(run_dir), *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    events = Events(run_dir / "events.jsonl")
+    samples = []
+    try:
+        for attempt in range(1, kills + 1):
+            events.wait(lambda r: r["event"] == "first_step" and r.get("attempt") == attempt, timeout, "first_step")
+            chief = events.wait(
+                lambda r: r["event"] == "worker_started" and r["attempt"] == attempt and r["rank"] == 0, 5, "chief"
+            )
+            if mode == "warm":  # the pool is full of ready standbys before we kill
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    records = events.poll()
+                    taken = {r["pid"] for r in records if r["event"] == "worker_started"}
+                    ready = {r["pid"] for r in records if r["event"] == "standby_ready"} - taken
+                    if len(ready) >= 2:
+                        break
+                    time.sleep(0.05)
+                else:
+                    raise TimeoutError("standbys not ready")
+            time.sleep(train_s)
+            killed_at = time.time()
+            os.kill(chief["pid"], signal.SIGKILL)
+            exited = events.wait(lambda r: r["event"] == "worker_exited" and r["pid"] == chief["pid"], timeout, "exit")
+            first = events.wait(
+                lambda r: r["event"] == "first_step" and r.get("attempt") == attempt + 1, timeout, "first step"
+            )
+            records = events.poll()
+            started = [r for r in records if r["event"] == "worker_started" and r["attempt"] == attempt + 1]
+            fetched = [r for r in records if r["event"] == "checkpoint_fetched" and r.get("attempt") == attempt + 1]
+            samples.append({
+                "attempt": attempt + 1,
+                "detection_s": round(ts(exited) - killed_at, 3),
+                "kill_to_first_step_s": round(ts(first) - killed_at, 3),
+                "standby": [r["standby"] for r in started],
+                "restore": [(r["source"], r["seconds"]) for r in fetched],
+                "restored_step": next((r["global_step"] for r in records if r["event"] == "restored"
+                                       and r.get("attempt") == attempt + 1), None),
+            })
+            print(mode, samples[-1], flush=True)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the supervisor; workers and standbys follow (parent-death signal)
+        proc.wait()
+    return samples
+
+
+def tf_timeout(work: Path, index: int, train_s: float, timeout: float) -> float:
+    """A group with no supervisor: kill -9 the chief, time until the survivor exits by itself."""
+    run_dir = work / f"baseline-{index}"
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    procs = []
+    for rank in range(2):
+        e = env()
+        e.update(TF_CONFIG=json.dumps(build_tf_config(addresses, rank)), RT_ATTEMPT="1", RT_RUN_ID="baseline")
+        log = open(run_dir.parent / f"baseline-{index}-worker-{rank}.log", "wb")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "resilient_train.runner", RECIPE, "--run-dir", str(run_dir), *JOB_FLAGS],
+            cwd=ROOT, env=e, stdout=log, stderr=subprocess.STDOUT,
+        ))
+    try:
+        Events(run_dir / "events.jsonl").wait(lambda r: r["event"] == "first_step", timeout, "first_step")
+        time.sleep(train_s)
+        killed_at = time.monotonic()
+        procs[0].send_signal(signal.SIGKILL)
+        procs[1].wait(timeout=timeout)
+        survivor_s = time.monotonic() - killed_at
+        print("baseline survivor exit", procs[1].returncode, round(survivor_s, 3), flush=True)
+        return survivor_s
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def restore_times(work: Path, mb: int, repeats: int) -> dict[str, Any]:
+    from benchmarks.storage_throughput import make_checkpoint
+    from tests.s3server import SeaweedS3
+
+    staging = work / "restore-staging" / "ckpt-000000000001"
+    staging.mkdir(parents=True)
+    size = make_checkpoint(staging, mb)
+    quiet = lambda *a, **k: None  # noqa: E731
+    times: dict[str, list[float]] = {"local_cache": [], "shared": []}
+    with SeaweedS3(work / "seaweed") as server:
+        target = server.target("recovery-bench")
+        chief = CheckpointStore(target.url_prefix, target.storage_options, host_cache=work / "host-cache", emit=quiet)
+        chief.commit(staging, run_id="bench", epoch=0, step_in_epoch=1, global_step=1, world_size=2,
+                     weights_sha256="0" * 64, tf_version="bench")
+        with_cache = CheckpointStore(target.url_prefix, target.storage_options, host_cache=work / "host-cache", emit=quiet)
+        without = CheckpointStore(target.url_prefix, target.storage_options, emit=quiet)
+        for i in range(repeats):
+            for name, store in (("local_cache", with_cache), ("shared", without)):
+                start = time.perf_counter()
+                store.restore_latest(work / f"cache-{name}-{i}")  # listing + manifest + files
+                times[name].append(time.perf_counter() - start)
+    return {"bytes": size, "repeats": repeats, "all_s": {k: [round(v, 4) for v in vs] for k, vs in times.items()},
+            "median_s": {k: round(statistics.median(vs), 4) for k, vs in times.items()}}
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=4, help="chief kills per mode (default 4)")
+    parser.add_argument("--baseline-kills", type=int, default=2)
+    parser.add_argument("--restore-mb", type=int, default=64)
+    parser.add_argument("--train-s", type=float, default=1.0, help="training time before each kill")
+    parser.add_argument("--timeout", type=float, default=240.0)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recovery.json"))
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="rt-recovery-") as tmp:
+        work = Path(tmp)
+        warm = kill_cycles("warm", args.kills, work, args.train_s, args.timeout)
+        cold = kill_cycles("cold", args.kills, work, args.train_s, args.timeout)
+        survivor = [tf_timeout(work, i, args.train_s, args.timeout) for i in range(args.baseline_kills)]
+        restore = restore_times(work, args.restore_mb, 3)
+    detections = [s["detection_s"] for s in warm + cold]
+    warm_med = statistics.median(s["kill_to_first_step_s"] for s in warm)
+    cold_med = statistics.median(s["kill_to_first_step_s"] for s in cold)
+    cold_restart = statistics.median(s["kill_to_first_step_s"] - s["detection_s"] for s in cold)
+    baseline = statistics.median(survivor) + cold_restart
+    in_runs: dict[str, list[float]] = {}
+    for sample in warm + cold:
+        for source, seconds in sample["restore"]:
+            in_runs.setdefault(source, []).append(seconds)
+    result = {
+        "detection_s_p50": pct(detections, 0.5),
+        "detection_s_p95": pct(detections, 0.95),
+        "kill_to_first_step_s": {"cold": round(cold_med, 3), "warm": round(warm_med, 3)},
+        "baseline_tf_timeout_plus_cold_s": round(baseline, 3),
+        "restore_s": restore["median_s"],
+        "warm_over_baseline": round(warm_med / baseline, 3),
+        "details": {
+            "tf_survivor_exit_s": [round(s, 3) for s in survivor],
+            "cold_restart_after_detection_s": round(cold_restart, 3),
+            "samples": {"warm": warm, "cold": cold},
+            "restore": restore,
+            "restore_in_runs_s": {src: round(statistics.median(v), 4) for src, v in in_runs.items()},
+        },
+        "setup": {
+            "recipe": RECIPE, "workers": 2, "flags": JOB_FLAGS, "kills_per_mode": args.kills,
+            "train_s_before_kill": args.train_s, "restore_mb": args.restore_mb,
+            "shared_storage_for_restore": "SeaweedFS S3 on loopback (tests/s3server.py)",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, SHARED with other engineers' TF jobs and tests",
+            "python": platform.python_version(),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "wall_s": round(time.time() - started, 1),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        },
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

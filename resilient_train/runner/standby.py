@@ -1,0 +1,151 @@
+"""A warm standby worker: TensorFlow already imported, waiting for its TF_CONFIG.
+
+A cold worker spends most of its start-up importing TensorFlow and Keras (2.7-4 s on an
+idle 2-core machine, 8-12 s under load). None of that depends on who the worker will be, so
+the supervisor keeps processes that have done it waiting (supervisor/standby.py); a restart
+hands each one an assignment instead of spawning a cold process, and the process then runs
+the ordinary worker main (runner/worker.py) with the assignment's environment. The worker
+never knows the difference: same argv, same environment, same log file, same pid for its
+whole life.
+
+What is safe to do before TF_CONFIG is known (measured with TF 2.21 / Keras 3, CPU; see
+``prewarm`` and tests/supervisor/test_standby_process.py):
+
+* safe: ``import tensorflow, keras, numpy``, importing ``resilient_train.runner.loop`` (the
+  Trainer) and the checkpoint store, loading the recipe module (its imports),
+  ``tf.config.list_physical_devices()``. None of these creates the eager context, and a
+  MultiWorkerMirroredStrategy created afterwards works.
+* NOT safe: anything that runs an op or creates a tensor (``tf.constant(1.0)``, building a
+  model, ``keras.utils.set_random_seed``...). The first op initializes the eager context,
+  and MWMS then fails with ``RuntimeError: Collective ops must be configured at program
+  startup`` (the seeds' warning, reproduced). So the standby stops at imports, and it checks
+  the eager context is still uninitialized afterwards: a recipe whose module body runs an op
+  makes the standby report itself unusable (``ready`` with ``ok: false``) and the supervisor
+  falls back to cold workers instead of starting a group that cannot form.
+* environment read at import time (``TF_CPP_MIN_LOG_LEVEL``) is fixed when the standby is
+  spawned; the supervisor gives standbys the environment a cold worker would get, minus the
+  per-attempt keys. Per-rank ``CUDA_VISIBLE_DEVICES`` (``--gpus-per-worker``) is not handed
+  over late: the supervisor does not use standbys with GPUs.
+
+Protocol (one process, one assignment):
+
+    spawn   python -m resilient_train.runner.standby [--recipe R]
+            stdin: a pipe from the supervisor; stdout/stderr: the standby's own log;
+            RT_STANDBY_READY_FD: the write end of a pipe for one status line
+    warm    imports; then one JSON line on the status pipe:
+            {"ok": true, "pid": ..., "prewarm_s": ...} or {"ok": false, "reason": "..."}
+    wait    blocks reading one JSON line on stdin:
+            {"argv": [...worker argv...], "env": {...}, "log": "<worker log path>"}
+            EOF instead (the supervisor closed the pipe or died) -> exit 0, nothing done
+    run     os.environ := env, stdout/stderr := the worker log (dup2), stdin := /dev/null,
+            exit with runner.worker.main(argv)
+
+The parent-death signal set by the supervisor's spawner survives all of this (it is a
+property of the process), so a standby never outlives the supervisor either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+__all__ = ["main", "prewarm", "READY_FD_ENV"]
+
+READY_FD_ENV = "RT_STANDBY_READY_FD"
+
+
+def prewarm(recipe: str | None) -> str | None:
+    """Import everything a worker imports before its strategy exists.
+
+    Returns None when the process is still fit to become a worker, else the reason it is not.
+    """
+    import keras  # noqa: F401
+    import numpy  # noqa: F401
+    import tensorflow as tf
+
+    import resilient_train.checkpoint  # noqa: F401
+    import resilient_train.runner.loop  # noqa: F401  (the Trainer; imports TF and Keras)
+    import resilient_train.runner.worker  # noqa: F401
+
+    if recipe:
+        from resilient_train.recipe import load_recipe
+
+        load_recipe(recipe)  # its imports; worker.main loads it again (cheap, same result)
+    tf.config.list_physical_devices()  # safe: does not create the eager context
+    return _context_problem()
+
+
+def _context_problem() -> str | None:
+    from tensorflow.python.eager import context
+
+    if context.context()._context_handle is not None:
+        return (
+            "the eager context was initialized during pre-warm (an op ran before the strategy "
+            "exists); MultiWorkerMirroredStrategy would fail with 'Collective ops must be "
+            "configured at program startup'"
+        )
+    return None
+
+
+def _report(fd: int | None, record: dict[str, Any]) -> None:
+    if fd is None:
+        return
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    except OSError:
+        pass  # the supervisor stopped listening; reading stdin will tell us more
+    finally:
+        os.close(fd)
+
+
+def _become_worker(assignment: dict[str, Any], stdin: TextIO) -> int:
+    argv = [str(a) for a in assignment["argv"]]
+    env = {str(k): str(v) for k, v in assignment["env"].items()}
+    log_path = str(assignment["log"])
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.close(null_fd)
+    stdin.close()
+    os.environ.clear()
+    os.environ.update(env)
+    from resilient_train.runner.worker import main as worker_main
+
+    return worker_main(argv, environ=os.environ)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.standby")
+    parser.add_argument("--recipe", help="recipe to import ahead (its imports only)")
+    args = parser.parse_args(argv)
+    ready_fd = int(os.environ[READY_FD_ENV]) if os.environ.get(READY_FD_ENV) else None
+    started = time.monotonic()
+    try:
+        problem = prewarm(args.recipe)
+    except Exception as exc:  # a recipe that fails to import: the worker will report it properly
+        problem = _context_problem()
+        print(f"resilient-train standby: pre-warm of {args.recipe}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    if problem is not None:
+        print(f"resilient-train standby: unusable: {problem}", file=sys.stderr)
+        _report(ready_fd, {"ok": False, "pid": os.getpid(), "reason": problem})
+        return 0
+    _report(ready_fd, {"ok": True, "pid": os.getpid(), "prewarm_s": round(time.monotonic() - started, 3)})
+    stdin = sys.stdin
+    line = stdin.readline()
+    if not line.strip():
+        return 0  # released unused
+    return _become_worker(json.loads(line), stdin)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

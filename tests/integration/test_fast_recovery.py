@@ -1,0 +1,91 @@
+"""Issue 7: the fast recovery path changes how fast a group restarts, never what it computes.
+
+Real supervisor, real MWMS workers, real standby processes (linear regression, 3 x 10 steps).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.integration.harness import alive, run_job, run_job_until, worker_pids
+
+RECIPE = "recipes/linear_regression.py"
+# The chief dies right after committing step 10; the restart restores step 10.
+KILL_CHIEF_AFTER_COMMIT_10 = [{"point": "after_commit", "global_step": 10, "rank": 0}]
+
+
+def _fetch_sources(job, attempt):
+    return sorted((e["rank"], e["source"]) for e in job.named("checkpoint_fetched") if e["attempt"] == attempt)
+
+
+def _started(job, attempt):
+    return sorted((e["rank"], e["standby"]) for e in job.named("worker_started") if e["attempt"] == attempt)
+
+
+@pytest.fixture(scope="module")
+def cold_restart(tmp_path_factory):
+    job = run_job(RECIPE, tmp_path_factory.mktemp("cold") / "run", "--no-warm-standby", faults=KILL_CHIEF_AFTER_COMMIT_10)
+    assert job.returncode == 0, job.output
+    assert (job.summary["status"], job.summary["global_step"], job.summary["restarts"]) == ("completed", 30, 1)
+    assert _started(job, 2) == [(0, False), (1, False)]
+    assert not job.named("standby_started")
+    return job
+
+
+def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_path, cold_restart):
+    warm = run_job(RECIPE, tmp_path / "run", faults=KILL_CHIEF_AFTER_COMMIT_10)
+    assert warm.returncode == 0, warm.output
+    assert (warm.summary["status"], warm.summary["global_step"], warm.summary["restarts"]) == ("completed", 30, 1)
+    assert _started(warm, 1) == [(0, False), (1, False)]  # the first attempt is cold by design
+    assert _started(warm, 2) == [(0, True), (1, True)]  # the restart took standbys ...
+    standby_pids = {e["pid"] for e in warm.named("standby_started")}
+    assert set(worker_pids(warm.events, 2).values()) <= standby_pids  # ... and reports their real pids
+    for job in (cold_restart, warm):
+        assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(10, 2)]
+        assert _fetch_sources(job, 2) == [(0, "host_cache"), (1, "host_cache")]  # no download
+    assert warm.summary["weights_sha256"] == cold_restart.summary["weights_sha256"]
+
+
+def test_a_corrupt_host_cache_copy_is_rejected_and_shared_storage_used(tmp_path, cold_restart):
+    run_dir = tmp_path / "run"
+    first = run_job(RECIPE, run_dir, "--epochs", "2")
+    assert first.returncode == 0, first.output
+    data = next((run_dir / "local" / "host-cache" / "ckpt-000000000020").glob("ckpt.data-*"))
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+
+    more = run_job(RECIPE, run_dir, "--epochs", "3")
+    assert more.returncode == 0, more.output
+    rejected = [e for e in more.named("cache_rejected") if e["attempt"] == 2]
+    assert sorted((e["rank"], e["reason"]) for e in rejected) == [
+        (0, f"sha256 mismatch in {data.name}"), (1, f"sha256 mismatch in {data.name}")
+    ]
+    assert _fetch_sources(more, 2) == [(0, "shared"), (1, "shared")]
+    assert [r["global_step"] for r in more.named("restored") if r["attempt"] == 2] == [20]
+    assert more.summary["weights_sha256"] == cold_restart.summary["weights_sha256"]
+
+
+def test_standbys_die_with_a_killed_supervisor(tmp_path):
+    pids: dict[str, set[int]] = {}
+
+    def kill_supervisor(proc, events):
+        pids["standby"] = {e["pid"] for e in events if e["event"] == "standby_started"}
+        pids["worker"] = set(worker_pids(events).values())
+        proc.send_signal(signal.SIGKILL)
+
+    run_job_until(
+        RECIPE, tmp_path / "run", "--epochs", "2000", "--save-every-steps", "0",
+        when=lambda events: sum(e["event"] == "standby_started" for e in events) >= 2,
+        action=kill_supervisor,
+    )
+    everyone = pids["standby"] | pids["worker"]
+    assert len(pids["standby"]) == 2 and len(pids["worker"]) == 2
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in everyone) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in everyone if alive(pid)] == []

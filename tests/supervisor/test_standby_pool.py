@@ -1,0 +1,170 @@
+"""StandbyPool with fake processes: replacement of the dead, hand-over, refill hold, disabling."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resilient_train.supervisor.standby import MAX_LOST_PER_SLOT, StandbyPool
+
+
+class FakeStandby:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.status_record: dict[str, Any] | None = None
+        self.assigned: dict[str, Any] | None = None
+        self.released = False
+        self.pipe_broken = False
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.returncode = -sig
+
+    def status(self) -> dict[str, Any] | None:
+        return self.status_record
+
+    def assign(self, assignment: dict[str, Any]) -> bool:
+        if self.returncode is not None or self.pipe_broken:
+            return False
+        self.assigned = assignment
+        return True
+
+    def release(self) -> None:
+        self.released = True
+        if self.returncode is None:
+            self.returncode = -signal.SIGKILL
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, size: int = 2, replenish_delay_s: float = 5.0) -> None:
+        self.now = 100.0
+        self.spawned: list[FakeStandby] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.pool = StandbyPool(
+            size,
+            argv=["python", "-m", "resilient_train.runner.standby"],
+            env={"A": "1"},
+            log_dir=tmp_path / "standby",
+            spawner=self.spawn,
+            clock=lambda: self.now,
+            replenish_delay_s=replenish_delay_s,
+            emit=lambda event, **fields: self.events.append((event, fields)),
+        )
+
+    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> FakeStandby:
+        standby = FakeStandby(1000 + len(self.spawned))
+        self.spawned.append(standby)
+        return standby
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [fields for event, fields in self.events if event == name]
+
+    def fill_ready(self) -> None:
+        self.pool.maintain(refill=True)
+        for standby in self.spawned:
+            if standby.status_record is None:
+                standby.status_record = {"ok": True, "pid": standby.pid, "prewarm_s": 3.0}
+        self.pool.maintain()
+
+
+def test_a_standby_that_dies_while_waiting_is_replaced_and_never_handed_over(tmp_path):
+    h = Harness(tmp_path)
+    h.fill_ready()
+    dead = h.spawned[0]
+    dead.returncode = -signal.SIGKILL  # killed while waiting
+    h.pool.maintain()
+
+    assert h.named("standby_lost") == [{"pid": dead.pid, "log": str(tmp_path / "standby" / "standby-1.log"), "signal": "SIGKILL"}]
+    assert [s.pid for s in h.spawned] == [1000, 1001, 1002]  # replaced at once (the hold is over)
+    assert [p.pid for p in h.pool.waiting] == [1001, 1002]
+    handed = [h.pool.hand_over(["--job", "j"], {"TF_CONFIG": "x"}, tmp_path / f"w{i}.log") for i in range(3)]
+    assert [p.pid if p else None for p in handed] == [1001, 1002, None]
+    assert dead.assigned is None
+
+
+def test_a_standby_that_dies_between_the_reap_and_the_assignment_is_skipped(tmp_path):
+    h = Harness(tmp_path)
+    h.fill_ready()
+    h.spawned[0].pipe_broken = True
+    h.spawned[0].returncode = -signal.SIGKILL  # as if it died just now
+    process = h.pool.hand_over(["--job", "j"], {}, tmp_path / "w0.log")
+    assert process is h.spawned[1]
+    assert h.spawned[0].assigned is None and h.spawned[0].released
+
+
+def test_hand_over_passes_argv_env_and_log_and_prefers_ready_standbys(tmp_path):
+    h = Harness(tmp_path)
+    h.pool.maintain(refill=True)
+    h.spawned[1].status_record = {"ok": True, "pid": 1001}
+    h.pool.maintain()
+    process = h.pool.hand_over(["--job", "/r/job.json"], {"TF_CONFIG": "{}", "RT_ATTEMPT": "2"}, tmp_path / "w.log")
+    assert process is h.spawned[1]
+    assert process.assigned == {
+        "argv": ["--job", "/r/job.json"],
+        "env": {"TF_CONFIG": "{}", "RT_ATTEMPT": "2"},
+        "log": str(tmp_path / "w.log"),
+    }
+    assert h.pool.hand_over(["--job", "j"], {}, tmp_path / "x.log") is h.spawned[0]  # still importing: still usable
+
+
+def test_refill_waits_for_the_group_to_train_or_for_the_delay(tmp_path):
+    h = Harness(tmp_path, replenish_delay_s=5.0)
+    h.pool.maintain()
+    assert h.spawned == []  # the first attempt starts cold; no N extra imports beside it
+    h.pool.maintain(refill=True)
+    assert len(h.spawned) == 2
+    h.fill_ready()
+    h.pool.hand_over(["--job", "j"], {}, tmp_path / "w0.log")
+    h.pool.hand_over(["--job", "j"], {}, tmp_path / "w1.log")
+    h.now += 4.9
+    h.pool.maintain()
+    assert len(h.spawned) == 2  # the new group is still starting
+    h.pool.maintain(refill=True)  # its chief finished a step
+    assert len(h.spawned) == 4
+    h.pool.hand_over(["--job", "j"], {}, tmp_path / "w2.log")
+    h.now += 5.0
+    h.pool.maintain()  # no training signal, but the delay passed
+    assert len(h.spawned) == 5
+
+
+def test_an_unusable_standby_disables_the_pool(tmp_path):
+    h = Harness(tmp_path)
+    h.pool.maintain(refill=True)
+    h.spawned[0].status_record = {"ok": False, "reason": "eager context initialized"}
+    h.pool.maintain(refill=True)
+    assert h.pool.disabled is not None and "eager context initialized" in h.pool.disabled
+    assert [f["reason"] for f in h.named("standby_disabled")] == [h.pool.disabled]
+    assert all(s.released for s in h.spawned)
+    h.pool.maintain(refill=True)
+    assert len(h.spawned) == 2  # never spawns again
+    assert h.pool.hand_over(["--job", "j"], {}, tmp_path / "w.log") is None
+
+
+def test_standbys_that_keep_dying_before_ready_disable_the_pool(tmp_path):
+    h = Harness(tmp_path, size=1)
+    for _ in range(MAX_LOST_PER_SLOT):
+        h.pool.maintain(refill=True)
+        h.spawned[-1].returncode = 1
+    h.pool.maintain(refill=True)
+    assert len(h.named("standby_lost")) == MAX_LOST_PER_SLOT
+    assert h.pool.disabled == f"{MAX_LOST_PER_SLOT} standbys exited before becoming ready (see {tmp_path / 'standby'})"
+    assert len(h.spawned) == MAX_LOST_PER_SLOT
+
+
+def test_close_kills_every_waiting_standby(tmp_path):
+    h = Harness(tmp_path)
+    h.fill_ready()
+    h.pool.close()
+    assert all(s.released for s in h.spawned) and h.pool.waiting == []
+
+
+@pytest.mark.parametrize("size", [0, -1, True])
+def test_size_is_validated(tmp_path, size):
+    with pytest.raises(ValueError, match=f"Received size={size!r}; expected an int >= 1"):
+        StandbyPool(size, argv=[], env={}, log_dir=tmp_path)
