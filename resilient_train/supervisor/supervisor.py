@@ -345,14 +345,14 @@ class Supervisor:
                 kill_at = now + self.job.grace_period
             elif failed and kill_at is None:
                 self.state = RunState.STOPPING
-                for worker in alive:
-                    _signal(worker, signal.SIGTERM)
                 if self._preempting(workers):
+                    # The peers agreed on the same step and are saving it; a second SIGTERM
+                    # would only race their exit. They get the grace period, then SIGKILL.
                     kill_at = now + self.job.grace_period
-                elif self._chief_failed(workers):
-                    kill_at = now
                 else:
-                    kill_at = now + self.teardown_grace_s
+                    for worker in alive:
+                        _signal(worker, signal.SIGTERM)
+                    kill_at = now if self._chief_failed(workers) else now + self.teardown_grace_s
             if kill_at is not None and now >= kill_at:
                 for worker in alive:
                     worker.state = WorkerState.KILLED
