@@ -407,6 +407,14 @@ class AsyncCheckpointer:
         self._idle.wait()
         return self._clock() - start
 
+    def drain(self, timeout_s: float) -> bool:
+        """Give an in-flight persist up to ``timeout_s`` to commit; True if none is left.
+
+        For a worker that is about to exit on an error: the snapshot being persisted is
+        consistent, so committing it saves the steps since the last commit.
+        """
+        return self._idle.wait(timeout_s)
+
     def flush(self) -> Manifest | None:
         """Wait for the in-flight persist; raise its failure; return the last manifest."""
         self._join()

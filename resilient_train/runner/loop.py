@@ -367,6 +367,11 @@ class Trainer:
         )
 
     # ----------------------------------------------------------------- train
+    def drain_pending_checkpoint(self, timeout_s: float) -> None:
+        """Before exiting on an error: let an in-flight background save commit (bounded)."""
+        if self._async is not None:
+            self._async.drain(timeout_s)
+
     def _local_stop_flag(self) -> float:
         if self.stop_requested():
             if not self._stop_noticed:

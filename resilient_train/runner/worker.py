@@ -32,6 +32,10 @@ from resilient_train.errors import (
 
 __all__ = ["main"]
 
+# A failing chief lets an in-flight background checkpoint commit for this long (the
+# supervisor gives a failing group 3 s before SIGKILL).
+_DRAIN_ON_ERROR_S = 2.5
+
 
 def _parse(argv: list[str]) -> JobConfig:
     from resilient_train.cli import add_job_arguments, job_from_args  # avoid a cycle at import
@@ -125,6 +129,8 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         return EXIT_FATAL
     except Exception as exc:  # the recipe's or TensorFlow's: record it for the root-cause report
         _record(attempt_dir, cluster.rank, exc, trainer)
+        if trainer is not None:
+            trainer.drain_pending_checkpoint(_DRAIN_ON_ERROR_S)
         import traceback
 
         traceback.print_exc()
