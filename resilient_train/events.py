@@ -13,12 +13,17 @@ Several processes append to the same ``events.jsonl``. Each line is written with
 ``write(2)`` on a file opened with ``O_APPEND`` while holding an exclusive ``flock``, so
 lines never interleave.
 
-Vocabulary (``event`` field, stable snake_case names; see README "Events"):
-run_started, worker_started, worker_exited, fresh_start, restored, checkpoint_committed,
-checkpoint_rejected, garbage_collected, storage_retry, train_progress, epoch_finished,
-run_finished, run_already_complete, run_failed, and the supervisor's gang_restart,
-worker_failed, preemption_requested, preempted, restart_budget_exhausted,
-crash_loop_detected.
+Vocabulary (``event`` field, stable snake_case names; README "Events and summary"):
+
+* run: run_started, run_finished, run_already_complete, attempt_reached
+* workers: worker_started, worker_exited, worker_failed, worker_preempted, first_step
+* training: fresh_start, restored, train_progress, epoch_finished, training_completed,
+  world_size_changed, preemption_requested, preempted
+* checkpoints: checkpoint_committed, checkpoint_rejected, checkpoint_waited,
+  checkpoint_failed, checkpoint_fetched, cache_rejected, cache_write_failed,
+  garbage_collected, storage_retry
+* supervisor policy: gang_restart, restart_budget_exhausted, crash_loop_detected, fatal_error
+* warm standby: standby_started, standby_ready, standby_lost, standby_disabled
 """
 
 from __future__ import annotations
