@@ -1,0 +1,183 @@
+"""The supervisor's run loop driven through its seams: fake processes, clock and sleep.
+
+No TensorFlow and no real waiting: each fake worker follows a script (exit at time t,
+or on a signal), and the test asserts the exact signals, times, events and exit code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from resilient_train.config import JobConfig
+from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
+from resilient_train.supervisor.supervisor import Supervisor
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    clock: FakeClock
+    exit_at: float | None = None          # exits by itself at this time ...
+    exit_code: int = 0                     # ... with this code
+    on_sigterm: int | None = None          # code to exit with when SIGTERMed (None: ignore)
+    signals: list[tuple[str, float]] = field(default_factory=list)
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.exit_at is not None and self.clock.now >= self.exit_at:
+            self.returncode = self.exit_code
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append((signal.Signals(sig).name, round(self.clock.now - 1000.0, 3)))
+        if self.returncode is not None:
+            return
+        if sig == signal.SIGKILL:
+            self.returncode = -signal.SIGKILL
+        elif sig == signal.SIGTERM and self.on_sigterm is not None:
+            self.returncode = self.on_sigterm
+
+
+class FakeSpawner:
+    """Hands out scripted processes in order; remembers each call's env."""
+
+    def __init__(self, clock: FakeClock, scripts: list[dict]) -> None:
+        self.clock = clock
+        self.scripts = list(scripts)
+        self.calls: list[dict] = []
+        self.processes: list[FakeProcess] = []
+
+    def __call__(self, argv, env, log_path: Path) -> FakeProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("fake worker log line\n")
+        script = self.scripts.pop(0)
+        process = FakeProcess(pid=4000 + len(self.processes), clock=self.clock, **script)
+        if process.exit_at is not None:  # scripts give seconds after the spawn
+            process.exit_at += self.clock.now
+        self.calls.append({"argv": argv, "env": env})
+        self.processes.append(process)
+        return process
+
+
+def make(tmp_path: Path, scripts: list[dict], **job_kwargs) -> tuple[Supervisor, FakeSpawner, FakeClock, io.StringIO]:
+    clock = FakeClock()
+    spawner = FakeSpawner(clock, scripts)
+    out = io.StringIO()
+    job = JobConfig(
+        recipe="recipes/linear_regression.py",
+        run_dir=str(tmp_path / "run"),
+        warm_standby=False,
+        **job_kwargs,
+    )
+    supervisor = Supervisor(job, out=out, spawner=spawner, clock=clock.time, sleep=clock.sleep, backoff_initial_s=0.25)
+    return supervisor, spawner, clock, out
+
+
+def events(tmp_path: Path, name: str) -> list[dict]:
+    lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == name]
+
+
+def test_tf_config_and_gpu_slices_per_rank(tmp_path):
+    supervisor, spawner, _, _ = make(tmp_path, [{"exit_at": 0.0}, {"exit_at": 0.0}], gpus_per_worker=2)
+    assert supervisor.run() == EXIT_OK
+    configs = [json.loads(call["env"]["TF_CONFIG"]) for call in spawner.calls]
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
+    assert configs[0]["cluster"] == configs[1]["cluster"] and len(configs[0]["cluster"]["worker"]) == 2
+    assert [call["env"]["CUDA_VISIBLE_DEVICES"] for call in spawner.calls] == ["0,1", "2,3"]
+    assert [call["env"]["RT_ATTEMPT"] for call in spawner.calls] == ["1", "1"]
+
+
+def test_without_gpus_cuda_visible_devices_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    supervisor, spawner, _, _ = make(tmp_path, [{"exit_at": 0.0}, {"exit_at": 0.0}])
+    assert supervisor.run() == EXIT_OK
+    assert ["CUDA_VISIBLE_DEVICES" in call["env"] for call in spawner.calls] == [False, False]
+
+
+def test_failed_non_chief_chief_gets_teardown_grace_then_sigkill(tmp_path):
+    scripts = [{"exit_at": None}, {"exit_at": 0.5, "exit_code": -signal.SIGKILL}]
+    supervisor, spawner, clock, out = make(tmp_path, scripts, max_restarts=0)
+    assert supervisor.run() == EXIT_FAILURE
+    chief = spawner.processes[0]
+    (term, term_at), (kill, kill_at) = chief.signals
+    assert (term, kill) == ("SIGTERM", "SIGKILL")
+    assert 0.5 <= term_at <= 0.55  # within one 50 ms poll of the death
+    assert 3.0 <= kill_at - term_at <= 3.05  # the 3 s teardown grace
+    assert [e["rank"] for e in events(tmp_path, "worker_failed")] == [1, 0]
+    assert len(events(tmp_path, "restart_budget_exhausted")) == 1
+    assert "root cause: worker 1" in out.getvalue() and "killed by SIGKILL" in out.getvalue()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["attempts"], summary["root_cause"]["rank"]) == ("failed", 1, 1)
+
+
+def test_dead_chief_means_the_others_are_killed_at_once(tmp_path):
+    scripts = [{"exit_at": 0.5, "exit_code": -signal.SIGKILL}, {"exit_at": None}]
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0)
+    assert supervisor.run() == EXIT_FAILURE
+    (term, term_at), (kill, kill_at) = spawner.processes[1].signals
+    assert (term, kill) == ("SIGTERM", "SIGKILL") and term_at == kill_at and 0.5 <= term_at <= 0.55
+
+
+def test_gang_restart_after_a_failure_then_success(tmp_path):
+    scripts = [
+        {"exit_at": 1.0, "exit_code": -signal.SIGKILL}, {"exit_at": None, "on_sigterm": 1},  # attempt 1
+        {"exit_at": 2.0}, {"exit_at": 2.0},                                                 # attempt 2
+    ]
+    supervisor, spawner, clock, _ = make(tmp_path, scripts, max_restarts=2)
+    assert supervisor.run() == EXIT_OK
+    restarts = events(tmp_path, "gang_restart")
+    assert [(r["attempt"], r["root_cause_rank"]) for r in restarts] == [(2, 0)]
+    backoff = restarts[0]["backoff_s"]
+    assert 0.25 <= backoff <= 0.5 and [round(s, 3) for s in clock.sleeps].count(backoff) == 1
+    assert [c["env"]["RT_ATTEMPT"] for c in spawner.calls] == ["1", "1", "2", "2"]
+    ports = [json.loads(c["env"]["TF_CONFIG"])["cluster"]["worker"] for c in spawner.calls]
+    assert ports[0] == ports[1] and ports[2] == ports[3]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["attempts"], summary["restarts"]) == ("completed", 2, 1)
+
+
+def test_a_worker_preempted_restarts_without_spending_the_budget(tmp_path):
+    scripts = [
+        {"exit_at": 1.0, "exit_code": EXIT_PREEMPTED}, {"exit_at": 1.2, "exit_code": EXIT_PREEMPTED},
+        {"exit_at": 2.0}, {"exit_at": 2.0},
+    ]
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0)
+    assert supervisor.run() == EXIT_OK
+    # the peer of a preempted worker is saving the agreed step: it is not signalled
+    assert spawner.processes[1].signals == []
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["preemptions"], summary["restarts"], summary["attempts"]) == (1, 0, 2)
+
+
+def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
+    scripts = [{"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED}]
+    supervisor, spawner, clock, _ = make(tmp_path, scripts)
+    original_sleep = clock.sleep
+
+    def sleep_then_signal(seconds: float) -> None:
+        original_sleep(seconds)
+        if clock.now - 1000.0 >= 1.0 and supervisor.stop_signal is None:
+            supervisor.stop_signal = "SIGTERM"  # what the signal handler records
+
+    supervisor.sleep = sleep_then_signal
+    assert supervisor.run() == EXIT_PREEMPTED
+    assert [p.signals[0][0] for p in spawner.processes] == ["SIGTERM", "SIGTERM"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "preempted"
