@@ -27,7 +27,9 @@ Design, after the anchors in STYLE.md:
 
 Backoff after a failure is ``min(backoff_max_s, backoff_initial_s * 2**(k-1) +
 U(0, backoff_jitter_s))`` where ``k`` counts consecutive failed attempts; a preemption in
-between resets it (the group was healthy enough to save on request). A preemption restarts
+between resets it (the group was healthy enough to save on request), and so does a failure
+at a later global_step than the previous failure (the job is making progress: on
+preemptible nodes unrelated kills must not make each recovery wait longer). A preemption restarts
 after ``PREEMPTION_BACKOFF_S``: there is nothing to wait out, the checkpoint is fresh.
 """
 
@@ -286,8 +288,10 @@ class RestartTracker:
             )
 
         self.failures += 1
-        self.consecutive_failures += 1
         previous, self._last_failure = self._last_failure, outcome
+        if _made_progress(previous, outcome):
+            self.consecutive_failures = 0  # a healthy job hit by unrelated kills: no growing wait
+        self.consecutive_failures += 1
         if (
             previous is not None
             and outcome.global_step is not None
@@ -314,3 +318,13 @@ class RestartTracker:
             f"{self.policy.max_restarts}",
             backoff_s=self.backoff_s(self.consecutive_failures),
         )
+
+
+def _made_progress(previous: AttemptOutcome | None, outcome: AttemptOutcome) -> bool:
+    """The failed attempt got further than the previous failure did."""
+    return (
+        previous is not None
+        and previous.global_step is not None
+        and outcome.global_step is not None
+        and outcome.global_step > previous.global_step
+    )

@@ -288,7 +288,7 @@ def test_backoff_is_exponential_with_jitter_and_capped() -> None:
     t = tracker(
         rng, max_restarts=10, backoff_initial_s=1.0, backoff_max_s=5.0, backoff_jitter_s=1.0
     )
-    backoffs = [t.record(failed(i, step=i)).backoff_s for i in range(5)]
+    backoffs = [t.record(failed(i, step=None)).backoff_s for i in range(5)]
     assert backoffs == [1.25, 2.25, 4.25, 5.0, 5.0]
     assert rng.calls == 5
 
@@ -305,11 +305,19 @@ def test_backoff_without_jitter_is_exact_powers_of_two() -> None:
 
 def test_preemption_resets_the_failure_streak() -> None:
     t = tracker(max_restarts=10, backoff_jitter_s=0.0)
-    assert t.record(failed(0, step=1)).backoff_s == 1.0
-    assert t.record(failed(1, step=2)).backoff_s == 2.0
+    assert t.record(failed(0, step=None)).backoff_s == 1.0
+    assert t.record(failed(1, step=None)).backoff_s == 2.0
     assert t.record(preempted(2, step=3)).backoff_s == 0.0
     assert t.consecutive_failures == 0
     assert t.record(failed(3, step=4)).backoff_s == 1.0
+
+
+def test_progress_between_failures_resets_the_backoff() -> None:
+    """A healthy job killed again and again (preemptible nodes) does not wait longer each time."""
+    t = tracker(max_restarts=10, backoff_jitter_s=0.0)
+    assert [t.record(failed(i, step=10 * (i + 1))).backoff_s for i in range(4)] == [1.0, 1.0, 1.0, 1.0]
+    assert t.record(failed(4, step=40, signature="OtherError: x")).backoff_s == 2.0  # no progress: grows
+    assert t.restarts == 5
 
 
 def test_default_random_source_stays_within_bounds() -> None:
