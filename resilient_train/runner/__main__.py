@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from resilient_train.runner.worker import main
+from resilient_train.runner.worker import exit_process, main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], environ=os.environ))
+    exit_process(main(sys.argv[1:], environ=os.environ))

@@ -148,4 +148,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from resilient_train.runner.worker import exit_process
+
+    exit_process(main(sys.argv[1:]))
