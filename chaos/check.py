@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from resilient_train.stepmarker import highest_step
+
 __all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url"]
 
 INJECTED_EVENT = "chaos_fault_injected"
@@ -113,16 +115,6 @@ def inner_storage_url(url: str) -> str:
     if url.startswith("faulty://"):
         return url[len("faulty://"):]  # "/abs", "rel/path" (cwd-relative, as the job saw it) or "s3://..."
     return url
-
-
-def _markers_reached(attempt_dir: Path) -> int | None:
-    steps = []
-    for path in attempt_dir.glob("step-*.txt"):
-        try:
-            steps.append(int(path.read_text().strip() or "0"))
-        except (OSError, ValueError):
-            continue
-    return max(steps) if steps else None
 
 
 def _job_value(run_dir: Path, key: str) -> Any:
@@ -232,7 +224,8 @@ def _restore_checks(
     return restored_steps, restarts
 
 
-def _verify(url: str, storage_options: Mapping[str, Any] | None) -> tuple[int, list[dict[str, Any]], str]:
+def verify_storage(url: str, storage_options: Mapping[str, Any] | None) -> tuple[int, list[dict[str, Any]], str]:
+    """``resilient-train verify --json`` in-process: (exit code, checkpoint rows, stderr)."""
     from resilient_train.checkpoint.verify import verify_command
 
     out, err = io.StringIO(), io.StringIO()
@@ -314,7 +307,7 @@ def check_run(
     crash_allowance = save_every * (2 if mode == "async" else 1)
     reached_of: dict[int, int | None] = {}
     for attempt_dir in run_dir.glob("attempt-*"):
-        reached_of[_attempt_number(attempt_dir.name)] = _markers_reached(attempt_dir)
+        reached_of[_attempt_number(attempt_dir.name)] = highest_step(attempt_dir)
     for record in records:
         if record["event"] == "attempt_reached":
             reached_of[record["attempt"]] = max(record["global_step"], reached_of.get(record["attempt"]) or 0)
@@ -329,7 +322,7 @@ def check_run(
     storage = summary.get("storage") or _job_value(run_dir, "storage")
     verified, bad = 0, []
     if storage:
-        code, checkpoints, error = _verify(inner_storage_url(storage), storage_options)
+        code, checkpoints, error = verify_storage(inner_storage_url(storage), storage_options)
         if code == 2:
             violations.append(f"verify: storage {storage} could not be read: {error}")
         verified = sum(1 for c in checkpoints if c["status"] == "ok")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from resilient_train.events import EventFile
+from resilient_train.stepmarker import highest_step
 
 from chaos.scenarios import ExternalFault
 
@@ -177,13 +178,7 @@ class Nemesis:
         return step > item.trigger_step and step % self.steps_per_epoch != 0
 
     def _reached(self, attempt: int | None) -> int | None:
-        steps = []
-        for path in (self.run_dir / f"attempt-{attempt}").glob("step-*.txt"):
-            try:
-                steps.append(int(path.read_text().strip() or "0"))
-            except (OSError, ValueError):
-                continue
-        return max(steps) if steps else None
+        return highest_step(self.run_dir / f"attempt-{attempt}")
 
     def _upload_in_flight(self) -> str | None:
         """A ckpt directory newer than the newest commit, with files but no manifest yet."""
@@ -251,13 +246,10 @@ def corrupt_newest(url: str, rng: random.Random, storage_options: dict[str, Any]
     right after: ``verify_exit`` and ``verify_bad`` (every torn/corrupt checkpoint, as
     ``"<step>: <status>: <detail>"``), so the report can show it named exactly this file.
     """
-    import io
-
     import fsspec
 
     from resilient_train.checkpoint import CheckpointStore
     from resilient_train.checkpoint.store import Status
-    from resilient_train.checkpoint.verify import verify_command
 
     store = CheckpointStore(url, storage_options)
     committed = [info for info in store.list() if info.status is Status.OK and info.manifest is not None]
@@ -272,12 +264,9 @@ def corrupt_newest(url: str, rng: random.Random, storage_options: dict[str, Any]
     offset = rng.randrange(len(data))
     data[offset] ^= 0xFF
     fs.pipe_file(path, bytes(data))
-    out, err = io.StringIO(), io.StringIO()
-    code = verify_command(url, storage_options, as_json=True, hash=True, out=out, err=err)
-    try:
-        checkpoints = json.loads(out.getvalue())["checkpoints"]
-    except (ValueError, KeyError):
-        checkpoints = []
+    from chaos.check import verify_storage
+
+    code, checkpoints, _ = verify_storage(url, storage_options)
     bad = [f"{c['global_step']}: {c['status']}: {c['detail']}" for c in checkpoints if c["status"] in ("torn", "corrupt")]
     expected = f"{newest.global_step}: corrupt: sha256 mismatch in {rel}"
     return {

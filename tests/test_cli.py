@@ -1,7 +1,5 @@
 """Bad input: one or two lines naming the bad value, a non-zero exit, nothing started."""
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path

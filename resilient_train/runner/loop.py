@@ -29,7 +29,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import tempfile
@@ -58,6 +57,7 @@ from resilient_train.runner.checkpointing import (
 )
 from resilient_train.runner.data import epoch_dataset
 from resilient_train.runner.faults import FaultPlan
+from resilient_train.stepmarker import StepMarker
 
 __all__ = ["Trainer", "TrainResult", "weights_digest"]
 
@@ -498,20 +498,6 @@ def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:
         return getattr(recipe, name)(params)
     except Exception as exc:
         raise RecipeError(f"recipe {recipe.name}: {name}() failed: {type(exc).__name__}: {exc}") from exc
-
-
-class StepMarker:
-    """The last finished global step, rewritten in place each step (one pwrite, no fsync).
-
-    The supervisor reads it after an attempt ends to count steps a restore discarded.
-    """
-
-    def __init__(self, path: Path | None) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if path else None
-
-    def write(self, global_step: int) -> None:
-        if self._fd is not None:
-            os.pwrite(self._fd, f"{global_step:<20}\n".encode(), 0)
 
 
 def _first_line(exc: BaseException) -> str:

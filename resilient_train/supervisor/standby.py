@@ -36,12 +36,10 @@ Invariants:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -49,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from resilient_train import events
+from resilient_train.supervisor._process import die_with_parent_hook
 
 __all__ = ["StandbyPool", "StandbyState", "PopenStandbySpawner", "MAX_LOST_PER_SLOT"]
 
@@ -87,12 +86,6 @@ class StandbySpawner(Protocol):
     def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> StandbyProcess: ...
 
 
-def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 class PopenStandby:
     """A real standby process: assignment pipe on its stdin, status pipe on a passed fd."""
 
@@ -111,7 +104,7 @@ class PopenStandby:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     pass_fds=(write_fd,),
-                    preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+                    preexec_fn=die_with_parent_hook(),
                 )
         except BaseException:
             os.close(read_fd)

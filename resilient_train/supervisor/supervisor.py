@@ -31,7 +31,6 @@ workers restore the last committed checkpoint.
 
 from __future__ import annotations
 
-import ctypes
 import datetime as dt
 import json
 import os
@@ -40,7 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Protocol, TextIO
@@ -58,6 +57,8 @@ from resilient_train.errors import (
 )
 from resilient_train.events import emit
 from resilient_train.recipe import recipe_name
+from resilient_train.stepmarker import highest_step
+from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.console import EventTail
 from resilient_train.supervisor.standby import PopenStandbySpawner, StandbyPool, StandbySpawner
 from resilient_train.supervisor.policy import (
@@ -66,7 +67,6 @@ from resilient_train.supervisor.policy import (
     RestartPolicy,
     RestartTracker,
     classify,
-    describe_exit,
 )
 
 __all__ = ["Supervisor", "RunState", "WorkerState", "PopenSpawner"]
@@ -114,12 +114,6 @@ class Spawner(Protocol):
     def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> Process: ...
 
 
-def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 class PopenSpawner:
     """Real processes; stdout and stderr go to the worker's log file."""
 
@@ -132,7 +126,7 @@ class PopenSpawner:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+                preexec_fn=die_with_parent_hook(),
             )
 
 
@@ -428,13 +422,7 @@ class Supervisor:
 
     def _reached(self, attempt: int) -> int | None:
         """The highest global step any worker of ``attempt`` finished (from its step marker)."""
-        steps = []
-        for path in (self.run_dir / f"attempt-{attempt}").glob("step-*.txt"):
-            try:
-                steps.append(int(path.read_text().strip() or "0"))
-            except (OSError, ValueError):
-                continue
-        return max(steps) if steps else None
+        return highest_step(self.run_dir / f"attempt-{attempt}")
 
     # ------------------------------------------------------------ results
     def _finish(self, status: str, started: float, tail: EventTail, *, fatal: bool = False) -> int:

@@ -5,7 +5,6 @@ Real supervisor, real MWMS workers, real standby processes (linear regression, 3
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 

@@ -5,7 +5,6 @@ Each test imports TensorFlow in a subprocess (seconds, more on a loaded machine)
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
