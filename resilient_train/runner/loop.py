@@ -376,7 +376,7 @@ class Trainer:
         if self.stop_requested():
             if not self._stop_noticed:
                 self._stop_noticed = True
-                emit("preemption_requested", source=f"worker:{self.cluster.rank}:SIGTERM")
+                emit("preemption_requested", source=f"worker:{self.cluster.rank}")  # SIGTERM or SIGINT
             return 1.0
         return 0.0
 

@@ -76,7 +76,10 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
     stop = threading.Event()
 
     def watch_sigterm() -> None:
-        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+        # SIGINT too: Ctrl-C in a terminal reaches the whole process group, workers
+        # included; it must mean "save at an agreed step and stop", not KeyboardInterrupt.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: stop.set())
 
     watch_sigterm()
 
@@ -114,6 +117,7 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         # Done (or saved for preemption): a late SIGTERM must not turn this clean exit into
         # a death by signal while TensorFlow tears down.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         return EXIT_PREEMPTED if result is None else EXIT_OK
     except (RecipeError, ConfigError, CheckpointIncompatibleError) as exc:
         _record(attempt_dir, cluster.rank, exc, trainer)

@@ -85,8 +85,13 @@ def run_job_until(
     when: Callable[[list[dict[str, Any]]], bool],
     action: Callable[[subprocess.Popen, list[dict[str, Any]]], None],
     timeout: float = 240,
+    new_session: bool = False,
 ) -> Job:
-    """Start a job, watch its events, and call ``action`` once ``when(events)`` holds."""
+    """Start a job, watch its events, and call ``action`` once ``when(events)`` holds.
+
+    ``new_session`` puts the job in its own process group, as a terminal would, so a test
+    can signal the whole group (Ctrl-C) without signalling pytest.
+    """
     proc = subprocess.Popen(
         command(recipe, run_dir, *flags),
         cwd=REPO,
@@ -94,6 +99,7 @@ def run_job_until(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=new_session,
     )
     deadline = time.monotonic() + timeout
     fired = False

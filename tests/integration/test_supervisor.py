@@ -56,6 +56,27 @@ def test_sigterm_to_the_supervisor_exits_retryable_and_rerun_loses_nothing(tmp_p
     assert rerun.summary["weights_sha256"] == digits_reference
 
 
+def test_ctrl_c_to_the_whole_process_group_saves_and_exits_143(tmp_path, digits_reference):
+    """A terminal's Ctrl-C reaches supervisor and workers alike: still one agreed save."""
+    run_dir = tmp_path / "run"
+    job = run_job_until(
+        SLOW_DIGITS, run_dir, *DIGITS_FLAGS,
+        when=after_first_commit,
+        action=lambda proc, events: os.killpg(proc.pid, signal.SIGINT),
+        new_session=True,
+    )
+    assert job.returncode == EXIT_PREEMPTED, job.output
+    preempted = job.named("preempted")
+    assert len(preempted) == 1
+    exits = {e["rank"]: e.get("exit_code") for e in job.named("worker_exited")}
+    assert exits == {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}
+    rerun = run_job(SLOW_DIGITS, run_dir, *DIGITS_FLAGS, "--set", "step_delay_s=0")
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [preempted[0]["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == digits_reference
+
+
 def test_recipe_bug_at_a_fixed_step_is_a_crash_loop(tmp_path):
     job = run_job(LINEAR, tmp_path / "run", "--set", "fail_at_step=3", "--max-restarts", "5")
     assert job.returncode == EXIT_FAILURE, job.output
