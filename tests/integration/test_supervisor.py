@@ -136,6 +136,8 @@ def test_checkpoint_of_another_model_is_a_fatal_named_mismatch(tmp_path):
     other = run_job(DIGITS, tmp_path / "b", "--storage", str(storage), *DIGITS_FLAGS)
     assert other.returncode == EXIT_FATAL, other.output
     assert "does not fit recipe digits_cnn's model" in other.output
+    assert "variable.shape=(3, 3, 1, 16), Received: value.shape=(2, 1)" in other.output
+    assert "path=sequential/conv2d/kernel" in other.output  # names the variable
     assert other.named("gang_restart") == []
     # nothing committed was lost
     assert sorted(p.name for p in storage.glob("ckpt-*")) == ["ckpt-000000000005", "ckpt-000000000010"]
