@@ -14,10 +14,16 @@
 # 4. Train epoch by epoch. The input of epoch e is rebuilt from (seed, e, shard) and
 #    skips step_in_epoch batches, so re-entering mid-epoch replays exactly the batches an
 #    uninterrupted run would have seen.
-# 5. Every save_every_steps global steps and at each epoch end all workers write the
-#    tf.train.Checkpoint (variables may need collectives); only the chief's copy is
-#    uploaded and committed (MANIFEST.json last), the others write to a private temp dir
-#    and delete it.
+# 5. Save every save_every_steps global steps, when a --save-every-seconds deadline passed
+#    on the chief (the flag rides the step's all-reduce, like the stop flag), and at each
+#    epoch end. async (default): the chief snapshots into its twin and a background thread
+#    persists (runner/checkpointing.py); other workers write nothing. sync: all workers
+#    write the tf.train.Checkpoint (variables may need collectives); only the chief's copy
+#    is uploaded and committed (MANIFEST.json last), the others write to a private temp
+#    dir and delete it.
+# 6. Preemption: each worker's stop request (SIGTERM/SIGINT) is summed in the step's
+#    all-reduce, so every worker stops after the same step, saves it (flushed) and
+#    returns None (the worker exits 143).
 #
 # The checkpoint holds model, optimizer (iteration counter and slots), epoch,
 # step_in_epoch, global_step and every RNG state the model owns (Keras SeedGenerator
