@@ -49,29 +49,20 @@ sys.path.insert(0, str(ROOT))
 
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
 from resilient_train.cluster import build_tf_config, free_ports  # noqa: E402
+from resilient_train.events import EventReader  # noqa: E402
 
 RECIPE = "recipes/linear_regression.py"
 JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-steps", "20"]
 
 
 class Events:
-    """Incremental reader of a run's events.jsonl."""
+    """Incremental reader of a run's events.jsonl that keeps every record seen."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.records = path, 0, []
+        self.path, self.reader, self.records = path, EventReader(path), []
 
     def poll(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return self.records
-        complete = data[: data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            if line.strip():
-                self.records.append(json.loads(line))
+        self.records.extend(self.reader.read_new())
         return self.records
 
     def wait(self, predicate, timeout: float, what: str) -> dict[str, Any]:

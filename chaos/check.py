@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from resilient_train.events import read_events
 from resilient_train.stepmarker import highest_step
 
 __all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url"]
@@ -90,21 +91,7 @@ class CheckResult:
 # ----------------------------------------------------------------------------- reading
 
 
-def load_events(path: Path) -> list[dict[str, Any]]:
-    """Every JSON object line of ``path`` in file order (a torn last line is skipped)."""
-    records = []
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "event" in record:
-            records.append(record)
-    return records
+load_events = read_events  # the checker's public name for the shared reader
 
 
 def inner_storage_url(url: str) -> str:

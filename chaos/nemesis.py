@@ -19,7 +19,6 @@ so the run's own record says what happened to it, next to what the job did about
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import random
 import signal
@@ -28,7 +27,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
-from resilient_train.events import EventFile
+from resilient_train.events import EventFile, EventReader
 from resilient_train.stepmarker import highest_step
 
 from chaos.scenarios import ExternalFault
@@ -45,36 +44,6 @@ class FaultState(str, Enum):
     ARMED = "armed"
     DONE = "done"
     MISSED = "missed"
-
-
-class EventReader:
-    """Incremental reader of an events.jsonl that other processes append to."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._offset = 0
-        self._partial = b""
-
-    def read_new(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()  # an unfinished last line waits for its newline
-        records = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
 
 
 @dataclass

@@ -38,7 +38,7 @@ from typing import Any, Callable, TextIO
 
 import structlog
 
-__all__ = ["configure", "emit", "bind", "EventFile", "render_line"]
+__all__ = ["configure", "emit", "bind", "EventFile", "EventReader", "read_events", "render_line"]
 
 EmitFn = Callable[..., None]
 
@@ -58,6 +58,48 @@ class EventFile:
             os.write(fd, line)
         finally:
             os.close(fd)  # closing releases the lock
+
+
+def _parse(line: bytes | str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "event" in record else None
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Every event of ``path`` in file order; a torn (unfinished) last line is skipped."""
+    try:
+        lines = Path(path).read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    return [record for record in map(_parse, lines) if record is not None]
+
+
+class EventReader:
+    """Follows an events.jsonl that other processes append to, from a byte offset.
+
+    ``read_new()`` returns only complete lines appended since the last call; an
+    unfinished last line waits for its newline.
+    """
+
+    def __init__(self, path: Path, *, start_at_end: bool = False) -> None:
+        self.path = Path(path)
+        self._offset = self.path.stat().st_size if start_at_end and self.path.exists() else 0
+        self._partial = b""
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        return [record for record in map(_parse, lines) if record is not None]
 
 
 def _json_default(value: Any) -> Any:

@@ -6,11 +6,10 @@ read, so what a person sees and what ``events.jsonl`` records cannot drift apart
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from resilient_train.events import render_line
+from resilient_train.events import EventReader, render_line
 
 __all__ = ["EventTail", "render_event"]
 
@@ -63,40 +62,19 @@ def render_event(record: dict[str, Any]) -> str | None:
 
 
 class EventTail:
-    """Follows events.jsonl from a byte offset and prints complete new lines."""
+    """Follows events.jsonl from its current end and prints each new event's line."""
 
     def __init__(self, path: Path, out: TextIO, *, start_at_end: bool = True) -> None:
-        self.path = path
+        self.reader = EventReader(path, start_at_end=start_at_end)
         self.out = out
-        self.offset = path.stat().st_size if start_at_end and path.exists() else 0
-        self._partial = b""
-        self.records: list[dict[str, Any]] = []
 
     def pump(self) -> list[dict[str, Any]]:
         """Print and return the records appended since the last call."""
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        new = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            new.append(record)
+        new = self.reader.read_new()
+        for record in new:
             text = render_event(record)
             if text:
                 self.out.write(text + "\n")
         if new:
             self.out.flush()
-        self.records.extend(new)
         return new

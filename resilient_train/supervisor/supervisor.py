@@ -55,7 +55,7 @@ from resilient_train.errors import (
     EXIT_OK,
     EXIT_PREEMPTED,
 )
-from resilient_train.events import emit
+from resilient_train.events import emit, read_events
 from resilient_train.recipe import recipe_name
 from resilient_train.stepmarker import highest_step
 from resilient_train.supervisor._process import die_with_parent_hook
@@ -457,7 +457,7 @@ class Supervisor:
         (its step markers survive any kill, even of the supervisor) beyond the restored step.
         """
         lost = 0
-        for record in _read_events(self.events_path):
+        for record in read_events(self.events_path):
             if record.get("event") == "restored" and isinstance(record.get("attempt"), int):
                 reached = self._reached(record["attempt"] - 1)
                 if reached is not None:
@@ -534,20 +534,6 @@ class Supervisor:
     def _restore_signal_handlers(self) -> None:
         for sig, previous in getattr(self, "_previous", {}).items():
             signal.signal(sig, previous)
-
-
-def _read_events(path: Path) -> list[dict[str, Any]]:
-    records = []
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return records
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 def _signal(worker: Worker, sig: int) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from resilient_train.events import read_events as _read_event_file
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -38,10 +40,7 @@ class Job:
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _read_event_file(Path(run_dir) / "events.jsonl")
 
 
 def command(recipe: str, run_dir: Path, *flags: str) -> list[str]:
