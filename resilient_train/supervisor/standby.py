@@ -125,21 +125,20 @@ class PopenStandby:
 
     def status(self) -> dict[str, Any] | None:
         """The standby's status line once it arrived (non-blocking)."""
-        if self._status is None and self._status_fd is not None:
+        while self._status is None and self._status_fd is not None:
             try:
                 chunk = os.read(self._status_fd, 4096)
             except BlockingIOError:
-                chunk = None
-            if chunk is not None:
-                self._buffer += chunk
-                if b"\n" in self._buffer:
-                    line = self._buffer.split(b"\n", 1)[0]
-                    try:
-                        self._status = json.loads(line)
-                    except json.JSONDecodeError:
-                        self._status = {"ok": False, "reason": f"unreadable status line {line[:80]!r}"}
-                if b"\n" in self._buffer or not chunk:  # got the line, or EOF
-                    self._close_status()
+                break  # nothing more yet
+            self._buffer += chunk
+            if b"\n" in self._buffer:
+                line = self._buffer.split(b"\n", 1)[0]
+                try:
+                    self._status = json.loads(line)
+                except json.JSONDecodeError:
+                    self._status = {"ok": False, "reason": f"unreadable status line {line[:80]!r}"}
+            if b"\n" in self._buffer or not chunk:  # got the line, or EOF
+                self._close_status()
         return self._status
 
     def _close_status(self) -> None:
@@ -273,29 +272,33 @@ class StandbyPool:
 
     def _reap(self) -> None:
         for standby in list(self._waiting):
+            # poll() before the status read: a standby that wrote its status line and then
+            # exited (an unusable one does exactly that) has the line in the pipe already, so
+            # reading after poll() never mistakes "reported, then exited" for "died".
             code = standby.process.poll()
+            if standby.state is StandbyState.STARTING:
+                self._take_status(standby)
+                if self.disabled is not None:
+                    return
             if code is not None:
                 self._waiting.remove(standby)
                 standby.process.release()
-                if standby.state is StandbyState.UNUSABLE:
-                    continue
                 self._lost(standby, code)
-                continue
-            if standby.state is StandbyState.STARTING:
-                status = standby.process.status()
-                if status is None:
-                    continue
-                if status.get("ok"):
-                    standby.state = StandbyState.READY
-                    self._lost_since_ready = 0
-                    self.emit("standby_ready", pid=standby.process.pid, prewarm_s=status.get("prewarm_s"),
-                              wait_s=round(self.clock() - standby.started, 3))
-                else:
-                    standby.state = StandbyState.UNUSABLE
-                    self._disable(f"standby {standby.process.pid} is unusable: {status.get('reason')}")
-                    return
         if self.disabled is None and self._lost_since_ready >= MAX_LOST_PER_SLOT * self.size:
             self._disable(f"{self._lost_since_ready} standbys exited before becoming ready (see {self.log_dir})")
+
+    def _take_status(self, standby: _Standby) -> None:
+        status = standby.process.status()
+        if status is None:
+            return
+        if status.get("ok"):
+            standby.state = StandbyState.READY
+            self._lost_since_ready = 0
+            self.emit("standby_ready", pid=standby.process.pid, prewarm_s=status.get("prewarm_s"),
+                      wait_s=round(self.clock() - standby.started, 3))
+        else:
+            standby.state = StandbyState.UNUSABLE
+            self._disable(f"standby {standby.process.pid} is unusable: {status.get('reason')}")
 
     def _lost(self, standby: _Standby, code: int | None) -> None:
         standby.state = StandbyState.LOST

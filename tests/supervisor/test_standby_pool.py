@@ -168,3 +168,30 @@ def test_close_kills_every_waiting_standby(tmp_path):
 def test_size_is_validated(tmp_path, size):
     with pytest.raises(ValueError, match=f"Received size={size!r}; expected an int >= 1"):
         StandbyPool(size, argv=[], env={}, log_dir=tmp_path)
+
+
+def test_a_standby_that_reports_unusable_and_exits_before_the_next_poll_disables_the_pool_with_its_reason(tmp_path):
+    # The real standby writes {"ok": false} and exits at once; on a busy machine the pool's
+    # next poll sees both at the same time. The reason must win over "exited before ready".
+    h = Harness(tmp_path, size=1)
+    h.pool.maintain(refill=True)
+    standby = h.spawned[0]
+    standby.status_record = {"ok": False, "pid": standby.pid, "reason": "the eager context was initialized"}
+    standby.returncode = 0
+    h.pool.maintain()
+    assert h.pool.disabled == f"standby {standby.pid} is unusable: the eager context was initialized"
+    assert [e for e, _ in h.events] == ["standby_started", "standby_disabled"]
+    assert h.named("standby_lost") == []
+    assert len(h.spawned) == 1
+
+
+def test_a_standby_that_reports_ready_and_then_dies_is_lost_once_and_replaced(tmp_path):
+    h = Harness(tmp_path, size=1, replenish_delay_s=0.0)
+    h.pool.maintain(refill=True)
+    standby = h.spawned[0]
+    standby.status_record = {"ok": True, "pid": standby.pid, "prewarm_s": 1.0}
+    standby.returncode = -signal.SIGKILL
+    h.pool.maintain()
+    assert [e for e, _ in h.events] == ["standby_started", "standby_ready", "standby_lost", "standby_started"]
+    assert h.named("standby_lost") == [{"pid": standby.pid, "log": str(tmp_path / "standby" / "standby-1.log"), "signal": "SIGKILL"}]
+    assert h.pool.disabled is None
