@@ -11,6 +11,7 @@ are ``None`` here until :meth:`JobConfig.with_recipe_defaults` fills them in on 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 try:
@@ -24,7 +25,7 @@ from typing import Any, Mapping
 from resilient_train.errors import ConfigError
 from resilient_train.recipe import recipe_name
 
-__all__ = ["JobConfig", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS"]
+__all__ = ["JobConfig", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
 
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
 
@@ -141,3 +142,71 @@ def parse_set_pairs(pairs: list[str], *, flag: str = "--set") -> dict[str, str]:
             raise ConfigError(f"Received {flag} {item!r}; expected key=value")
         result[key.strip()] = value
     return result
+
+
+# ------------------------------------------------------------ the job's flags
+# Shared by `resilient-train run`, `resilient-train worker` and the worker process
+# (python -m resilient_train.runner), so they live with JobConfig, not in the CLI.
+
+_JOB_FLAGS = (
+    "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
+    "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
+    "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
+    "warm_standby",
+)
+
+
+def _positive_or_zero_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by ``run`` and ``worker`` (all default to None = config file / recipe)."""
+    add = parser.add_argument
+    add("--config", metavar="FILE", help="TOML file with the same keys as the flags")
+    add("--workers", type=_positive_or_zero_int, help="worker processes (default 2)")
+    add("--run-dir", help="where logs, events and summary go (default runs/<recipe>)")
+    add("--storage", metavar="URL", help="checkpoint storage: path, file://, s3://, gs://, memory:// (default <run-dir>/checkpoints)")
+    add("--storage-option", action="append", default=[], metavar="KEY=VALUE", help="passed to the fsspec filesystem")
+    add("--epochs", type=_positive_or_zero_int)
+    add("--steps-per-epoch", type=_positive_or_zero_int)
+    add("--global-batch-size", type=_positive_or_zero_int)
+    add("--save-every-steps", type=_positive_or_zero_int, metavar="K", help="checkpoint every K global steps (0: only at epoch ends)")
+    add("--save-every-seconds", type=float, metavar="T",
+        help="also checkpoint when T seconds passed since the last save (the chief's clock; all workers agree on the step)")
+    add("--checkpoint-mode", choices=("async", "sync"),
+        help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on")
+    add("--seed", type=_positive_or_zero_int)
+    add("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter")
+    add("--keep", type=_positive_or_zero_int, help="committed checkpoints to keep (default 3)")
+    add("--max-restarts", type=_positive_or_zero_int, help="gang restarts after failures (default 3)")
+    add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
+    add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
+    add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
+    add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
+        help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
+
+
+def job_from_args(args: argparse.Namespace) -> JobConfig:
+    values: dict[str, Any] = load_toml(args.config) if args.config else {}
+    values = {key.replace("-", "_"): value for key, value in values.items()}
+    for name in _JOB_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    if args.recipe:
+        values["recipe"] = args.recipe
+    if "recipe" not in values:
+        raise ConfigError("No recipe given; expected `resilient-train run RECIPE` (e.g. recipes/digits_cnn.py)")
+    params = dict(values.pop("params", {}) or {})
+    params.update(parse_set_pairs(args.set))
+    values["params"] = params
+    from resilient_train.checkpoint import parse_storage_options
+
+    options = dict(values.pop("storage_options", {}) or {})
+    options.update(parse_storage_options(args.storage_option))
+    values["storage_options"] = options
+    return JobConfig.from_mapping(values, source=args.config or "flags")

@@ -16,7 +16,7 @@ from typing import Mapping
 
 from resilient_train import events
 from resilient_train.cluster import parse_tf_config
-from resilient_train.config import JobConfig
+from resilient_train.config import JobConfig, add_job_arguments, job_from_args
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
@@ -38,8 +38,6 @@ _DRAIN_ON_ERROR_S = 2.5
 
 
 def _parse(argv: list[str]) -> JobConfig:
-    from resilient_train.cli import add_job_arguments, job_from_args  # avoid a cycle at import
-
     parser = argparse.ArgumentParser(prog="python -m resilient_train.runner")
     parser.add_argument("--job", help="job file written by the supervisor (job.json)")
     parser.add_argument("recipe_arg", nargs="?", metavar="RECIPE")

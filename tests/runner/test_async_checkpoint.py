@@ -311,7 +311,8 @@ def test_job_config_validates_the_new_fields():
 
 
 def test_cli_flags_reach_the_job_config():
-    from resilient_train.cli import _parser, job_from_args
+    from resilient_train.cli import _parser
+    from resilient_train.config import job_from_args
 
     args = _parser().parse_args(["run", "recipes/digits_cnn.py", "--checkpoint-mode", "sync",
                                  "--save-every-seconds", "30"])
