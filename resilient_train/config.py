@@ -27,6 +27,8 @@ from resilient_train.recipe import recipe_name
 
 __all__ = ["JobConfig", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
 
+LAUNCHERS = ("local",)  # where workers run: supervisor/launchers/
+
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
 
 
@@ -52,6 +54,7 @@ class JobConfig:
     checkpoint_mode: str = "async"
     save_every_seconds: float | None = None
     warm_standby: bool = True
+    launcher: str = "local"
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -85,6 +88,8 @@ class JobConfig:
             raise ConfigError(
                 f"Received save_every_seconds={self.save_every_seconds!r}; expected a number of seconds > 0"
             )
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"Received launcher={self.launcher!r}; expected one of {list(LAUNCHERS)}")
         if not isinstance(self.warm_standby, bool):
             raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
         if not self.run_dir:
@@ -152,7 +157,7 @@ _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
-    "warm_standby",
+    "warm_standby", "launcher",
 )
 
 
@@ -186,6 +191,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
     add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
+    add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
     add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
         help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
 

@@ -35,18 +35,16 @@ import datetime as dt
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Protocol, TextIO
+from typing import Any, Callable, TextIO
 
 from resilient_train import events
 from resilient_train.checkpoint import CheckpointStore, Manifest
-from resilient_train.cluster import build_tf_config, free_ports
 from resilient_train.config import JobConfig
 from resilient_train.errorfile import choose_root_cause, read_errors, tail_lines
 from resilient_train.errors import (
@@ -58,9 +56,8 @@ from resilient_train.errors import (
 from resilient_train.events import emit, read_events
 from resilient_train.recipe import recipe_name
 from resilient_train.stepmarker import highest_step
-from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.console import EventTail
-from resilient_train.supervisor.standby import PopenStandbySpawner, StandbyPool, StandbySpawner
+from resilient_train.supervisor.launchers import Launcher, WorkerHandle, WorkerSpec, make_launcher
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
     ExitClass,
@@ -69,7 +66,7 @@ from resilient_train.supervisor.policy import (
     classify,
 )
 
-__all__ = ["Supervisor", "RunState", "WorkerState", "PopenSpawner"]
+__all__ = ["Supervisor", "RunState", "WorkerState"]
 
 POLL_S = 0.05
 
@@ -103,38 +100,11 @@ class WorkerState(str, Enum):
     KILLED = "killed"
 
 
-class Process(Protocol):
-    pid: int
-
-    def poll(self) -> int | None: ...
-    def send_signal(self, sig: int) -> None: ...
-
-
-class Spawner(Protocol):
-    def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> Process: ...
-
-
-class PopenSpawner:
-    """Real processes; stdout and stderr go to the worker's log file."""
-
-    def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            return subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent_hook(),
-            )
-
-
 @dataclass
 class Worker:
     rank: int
     attempt: int
-    process: Process
+    process: WorkerHandle
     log_path: Path
     state: WorkerState = WorkerState.RUNNING
     returncode: int | None = None
@@ -150,32 +120,25 @@ class _Totals:
 
 
 class Supervisor:
-    """Runs one job to completion on this host."""
+    """Runs one job to completion; where its workers run is the launcher's business."""
 
     def __init__(
         self,
         job: JobConfig,
         *,
         out: TextIO = sys.stdout,
-        spawner: Spawner | None = None,
+        launcher: Launcher | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        python: str = sys.executable,
         teardown_grace_s: float = 3.0,
         backoff_initial_s: float = 0.25,
-        standby_spawner: StandbySpawner | None = None,
-        replenish_delay_s: float = 10.0,
     ) -> None:
         self.job = job
         self.out = out
-        self.spawner = spawner or PopenSpawner()
+        self.launcher = launcher or make_launcher(job)
         self.clock = clock
         self.sleep = sleep
-        self.python = python
         self.teardown_grace_s = teardown_grace_s
-        self.standby_spawner = standby_spawner or PopenStandbySpawner()
-        self.replenish_delay_s = replenish_delay_s
-        self.pool: StandbyPool | None = None
         self.run_dir = Path(job.run_dir)
         self.events_path = self.run_dir / "events.jsonl"
         self.store = CheckpointStore(job.storage, job.storage_options)
@@ -218,11 +181,12 @@ class Supervisor:
             workers=self.job.workers,
             run_dir=str(self.run_dir),
             storage=self.store.url,
+            launcher=self.launcher.name,
         )
         self._install_signal_handlers()
         attempt = self._first_attempt()
         try:
-            self.pool = self._standby_pool()
+            self.launcher.prepare()
             while True:
                 self.state = RunState.STARTING
                 workers = self._start(attempt)
@@ -259,69 +223,31 @@ class Supervisor:
                 self.sleep(decision.backoff_s)
                 attempt += 1
         finally:
-            if self.pool is not None:
-                self.pool.close()
+            self.launcher.close()
             self._restore_signal_handlers()
 
     # ------------------------------------------------------------ attempt
     def _start(self, attempt: int) -> list[Worker]:
         attempt_dir = self.run_dir / f"attempt-{attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
-        job_path = attempt_dir / "job.json"
-        job_path.write_text(self.job.to_json())
-        addresses = [f"127.0.0.1:{port}" for port in free_ports(self.job.workers)]
+        env = {"RT_ATTEMPT": str(attempt), "RT_RUN_ID": self.run_id, "PYTHONUNBUFFERED": "1"}
+        env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
+        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir) for rank in range(self.job.workers)]
+        specs[0].job_path.write_text(self.job.to_json())
+        handles = self.launcher.start(specs)
         workers = []
-        for rank in range(self.job.workers):
-            env = dict(os.environ)
-            env.update(
-                TF_CONFIG=json.dumps(build_tf_config(addresses, rank)),
-                RT_ATTEMPT=str(attempt),
-                RT_RUN_ID=self.run_id,
-                PYTHONUNBUFFERED="1",
-            )
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            if self.job.gpus_per_worker:
-                first = rank * self.job.gpus_per_worker
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(
-                    str(i) for i in range(first, first + self.job.gpus_per_worker)
-                )
-            log_path = attempt_dir / f"worker-{rank}.log"
-            worker_argv = ["--job", str(job_path)]
-            process = self.pool.hand_over(worker_argv, env, log_path) if self.pool is not None else None
-            standby = process is not None
-            if process is None:
-                process = self.spawner([self.python, "-m", "resilient_train.runner", *worker_argv], env, log_path)
-            workers.append(Worker(rank, attempt, process, log_path))
-            emit("worker_started", rank=rank, pid=process.pid, attempt=attempt, log=str(log_path), standby=standby)
+        for spec, handle in zip(specs, handles):
+            workers.append(Worker(spec.rank, attempt, handle, spec.log_path))
+            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path),
+                 **self.launcher.describe(handle))
         return workers
-
-    def _standby_pool(self) -> StandbyPool | None:
-        """The warm pool for this run (None with --no-warm-standby or with GPUs), filling."""
-        if not self.job.warm_standby:
-            return None
-        if self.job.gpus_per_worker:  # CUDA_VISIBLE_DEVICES is per rank; see runner/standby.py
-            emit("standby_disabled", reason="--gpus-per-worker: standbys cannot take a per-rank CUDA_VISIBLE_DEVICES")
-            return None
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        pool = StandbyPool(
-            self.job.workers,
-            argv=[self.python, "-m", "resilient_train.runner.standby", "--recipe", self.job.recipe],
-            env=env,
-            log_dir=self.run_dir / "standby",
-            spawner=self.standby_spawner,
-            replenish_delay_s=self.replenish_delay_s,
-        )
-        return pool  # filled once attempt 1 trains (see StandbyPool.maintain)
 
     def _watch(self, workers: list[Worker], tail: EventTail) -> None:
         kill_at: float | None = None
         forwarded = False
         while True:
             tail.pump()
-            if self.pool is not None:
-                self.pool.maintain(refill=self._training(workers))
+            self.launcher.maintain(training=self._training(workers))
             for worker in workers:
                 if worker.returncode is None:
                     code = worker.process.poll()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from resilient_train.config import JobConfig
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
+from resilient_train.supervisor.launchers.local import LocalLauncher
 from resilient_train.supervisor.supervisor import Supervisor
 
 
@@ -86,7 +87,8 @@ def make(tmp_path: Path, scripts: list[dict], **job_kwargs) -> tuple[Supervisor,
         warm_standby=False,
         **job_kwargs,
     )
-    supervisor = Supervisor(job, out=out, spawner=spawner, clock=clock.time, sleep=clock.sleep, backoff_initial_s=0.25)
+    launcher = LocalLauncher(job, spawner=spawner)
+    supervisor = Supervisor(job, out=out, launcher=launcher, clock=clock.time, sleep=clock.sleep, backoff_initial_s=0.25)
     return supervisor, spawner, clock, out
 
 

@@ -1,0 +1,111 @@
+"""The launcher seam: *where* and *how* worker processes run, and nothing else.
+
+The supervisor (supervisor/supervisor.py) owns everything that makes a run trustworthy on
+any launcher: the one gang-restart loop, restart and preemption budgets, backoff,
+crash-loop detection, root cause, exit codes, ``events.jsonl``, ``summary.json`` and
+lost-step counting. A launcher owns only:
+
+* **placement**: which node each rank of an attempt runs on, and the TF_CONFIG that follows
+  from it (addresses reachable between those nodes, free ports *on those nodes*, chief =
+  rank 0);
+* **starting** a worker (``python -m resilient_train.runner --job FILE``) on its node with
+  the environment the supervisor asks for;
+* **telling** the supervisor when a worker is gone: a handle's ``poll()`` returns an exit
+  code once the worker exited, was killed, or its whole node was lost (then
+  ``lost_reason`` says so, and the launcher emits ``node_lost``);
+* **signalling and killing** workers (``send_signal``), wherever they run;
+* **bringing back** what a worker writes under its run dir (its log, events, step marker,
+  error file) into the supervisor's run dir. Nodes may share nothing with the supervisor
+  but the checkpoint storage; the supervisor reads those files only from its own run dir.
+
+``runner/`` never learns how it was launched: a worker sees an argv, an environment with
+TF_CONFIG, and a run dir it can write to.
+
+Lifecycle, driven by the supervisor's single loop::
+
+    prepare()                         once; ConfigError for what can be known up front
+    start(specs) -> handles           once per attempt, specs in rank order
+    maintain(training=...)            every poll: pump files, reap/refill standbys
+    close()                           once, always (finally)
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Protocol
+
+from resilient_train.config import JobConfig
+
+__all__ = ["Launcher", "WorkerHandle", "WorkerSpec"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One rank of one attempt, as the supervisor wants it started.
+
+    ``env`` is the per-attempt environment (RT_ATTEMPT, RT_RUN_ID, ...) *without*
+    TF_CONFIG: the launcher adds TF_CONFIG once it knows where the ranks run.
+    ``attempt_dir`` is on the supervisor's side: the worker's log, step marker and error
+    file must end up there (``log_path`` is the log).
+    """
+
+    rank: int
+    attempt: int
+    job: JobConfig
+    env: Mapping[str, str] = field(default_factory=dict)
+    attempt_dir: Path = Path(".")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"Received rank={self.rank!r}; expected an int >= 0")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
+            raise ValueError(f"Received attempt={self.attempt!r}; expected an int >= 1")
+
+    @property
+    def log_path(self) -> Path:
+        return self.attempt_dir / f"worker-{self.rank}.log"
+
+    @property
+    def job_path(self) -> Path:
+        return self.attempt_dir / "job.json"
+
+
+class WorkerHandle(Protocol):
+    """A started worker, wherever it runs (subprocess.Popen satisfies the first three)."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        """None while running; else the exit code (negative: killed by that signal)."""
+
+    def send_signal(self, sig: int) -> None:
+        """Deliver ``sig`` to the worker process; a no-op once it is gone."""
+
+
+class Launcher(abc.ABC):
+    """Places and starts the workers of each attempt; see the module docstring."""
+
+    name: str = "?"
+
+    def prepare(self) -> None:
+        """Check what can be known before any worker starts (raise ConfigError)."""
+
+    @abc.abstractmethod
+    def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
+        """Start one worker per spec (rank order); return their handles in the same order."""
+
+    def maintain(self, *, training: bool) -> None:
+        """Called every poll. ``training``: the chief finished a step of this attempt."""
+
+    def close(self) -> None:
+        """Release everything the launcher holds (standbys, actors, connections)."""
+
+    def describe(self, handle: WorkerHandle) -> dict[str, object]:
+        """Extra ``worker_started`` fields for ``handle`` (node, standby, ...)."""
+        return {}
+
+    def lost_reason(self, handle: WorkerHandle) -> str | None:
+        """Why ``handle`` exited when the launcher knows better than its exit code (node lost)."""
+        return None

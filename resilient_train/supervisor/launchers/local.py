@@ -1,0 +1,123 @@
+"""The local launcher: every worker is a child process of the supervisor, on this host.
+
+Placement is trivial (all ranks on 127.0.0.1, fresh free ports each attempt); a death is
+seen by ``poll()`` the moment the OS reaps the child; ``--gpus-per-worker`` slices
+CUDA_VISIBLE_DEVICES per rank. Workers write straight into the supervisor's run dir, so
+there is nothing to bring back.
+
+Warm standbys (supervisor/standby.py) live here: a restart hands each rank a process that
+has already imported TensorFlow and the recipe instead of spawning a cold one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from resilient_train import events
+from resilient_train.cluster import build_tf_config, free_ports
+from resilient_train.config import JobConfig
+from resilient_train.supervisor._process import die_with_parent_hook
+from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
+from resilient_train.supervisor.standby import PopenStandbySpawner, StandbyPool, StandbySpawner
+
+__all__ = ["LocalLauncher", "PopenSpawner", "Spawner"]
+
+
+class Spawner(Protocol):
+    def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> WorkerHandle: ...
+
+
+class PopenSpawner:
+    """Real processes; stdout and stderr go to the worker's log file."""
+
+    def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent_hook(),
+            )
+
+
+class LocalLauncher(Launcher):
+    name = "local"
+
+    def __init__(
+        self,
+        job: JobConfig,
+        *,
+        spawner: Spawner | None = None,
+        standby_spawner: StandbySpawner | None = None,
+        python: str = sys.executable,
+        replenish_delay_s: float = 10.0,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.job = job
+        self.spawner = spawner or PopenSpawner()
+        self.standby_spawner = standby_spawner or PopenStandbySpawner()
+        self.python = python
+        self.replenish_delay_s = replenish_delay_s
+        self.host = host
+        self.pool: StandbyPool | None = None
+        self._standby_pids: set[int] = set()
+
+    def prepare(self) -> None:
+        self.pool = self._standby_pool()
+
+    def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
+        addresses = [f"{self.host}:{port}" for port in free_ports(len(specs), self.host)]
+        handles: list[WorkerHandle] = []
+        for spec in specs:
+            env = {**os.environ, **spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
+            if self.job.gpus_per_worker:
+                first = spec.rank * self.job.gpus_per_worker
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                    str(i) for i in range(first, first + self.job.gpus_per_worker)
+                )
+            worker_argv = ["--job", str(spec.job_path)]
+            process = self.pool.hand_over(worker_argv, env, spec.log_path) if self.pool is not None else None
+            if process is not None:
+                self._standby_pids.add(process.pid)
+            else:
+                process = self.spawner([self.python, "-m", "resilient_train.runner", *worker_argv], env, spec.log_path)
+            handles.append(process)
+        return handles
+
+    def maintain(self, *, training: bool) -> None:
+        if self.pool is not None:
+            self.pool.maintain(refill=training)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def describe(self, handle: WorkerHandle) -> dict[str, object]:
+        return {"standby": handle.pid in self._standby_pids}
+
+    def _standby_pool(self) -> StandbyPool | None:
+        """The warm pool for this run (None with --no-warm-standby or with GPUs), filling."""
+        if not self.job.warm_standby:
+            return None
+        if self.job.gpus_per_worker:  # CUDA_VISIBLE_DEVICES is per rank; see runner/standby.py
+            events.emit("standby_disabled", reason="--gpus-per-worker: standbys cannot take a per-rank CUDA_VISIBLE_DEVICES")
+            return None
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        return StandbyPool(  # filled once attempt 1 trains (see StandbyPool.maintain)
+            self.job.workers,
+            argv=[self.python, "-m", "resilient_train.runner.standby", "--recipe", self.job.recipe],
+            env=env,
+            log_dir=Path(self.job.run_dir) / "standby",
+            spawner=self.standby_spawner,
+            replenish_delay_s=self.replenish_delay_s,
+        )
