@@ -316,10 +316,13 @@ class Supervisor:
             )
 
     def _outcome(self, attempt: int, workers: list[Worker]) -> AttemptOutcome | None:
-        """None when every worker exited 0; otherwise what ended the attempt."""
-        if all(w.returncode == EXIT_OK for w in workers):
-            return None
+        """None when every worker exited 0 and the run's final checkpoint is committed;
+        otherwise what ended the attempt."""
         attempt_dir = self.run_dir / f"attempt-{attempt}"
+        if all(w.returncode == EXIT_OK for w in workers):
+            if self._completed_manifest() is not None:
+                return None
+            return self._exited_without_completing(attempt)
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
         root = choose_root_cause(
             exits, read_errors(attempt_dir), lambda rank: tail_lines(attempt_dir / f"worker-{rank}.log", 15)
@@ -345,6 +348,24 @@ class Supervisor:
         if preempted and exit_class is not ExitClass.FATAL:
             exit_class = ExitClass.PREEMPTED
         return AttemptOutcome(attempt, exit_class, root.signature, root.global_step, preempted=preempted)
+
+    def _exited_without_completing(self, attempt: int) -> AttemptOutcome:
+        """Every worker exited 0, yet storage holds no completed checkpoint.
+
+        A worker only exits 0 after the chief committed the final, ``completed`` manifest,
+        so this is never success: the checkpoints went where the supervisor cannot see
+        them (a per-process ``memory://`` filesystem) or a worker quit early. Reporting
+        "completed" here would hand the user a digest of nothing.
+        """
+        reached = self._reached(attempt)
+        signature = "workers exited 0 but no completed checkpoint is in storage"
+        self.totals.root_cause = {
+            "rank": None, "pid": None, "exit": "exit code 0", "type": "IncompleteRun",
+            "message": f"{signature} ({self.store.url})", "global_step": reached, "attempt": attempt,
+        }
+        emit("attempt_incomplete", attempt=attempt, global_step=reached, storage=self.store.url)
+        self.out.write(f"Attempt {attempt}: {signature} ({self.store.url}).\n")
+        return AttemptOutcome(attempt, ExitClass.FAILED, signature, reached)
 
     def _reached(self, attempt: int) -> int | None:
         """The highest global step any worker of ``attempt`` finished (from its step marker)."""
