@@ -65,6 +65,7 @@ from resilient_train.supervisor.policy import (
     RestartTracker,
     classify,
 )
+from resilient_train.supervisor.rundir_lock import RunDirLock
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]
 
@@ -157,9 +158,15 @@ class Supervisor:
 
     # ------------------------------------------------------------ public
     def run(self) -> int:
-        started = self.clock()
+        """Train to the end; RunDirLockedError at once when another run holds the run dir."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        with RunDirLock(self.run_dir) as lock:
+            return self._run_locked(lock)
+
+    def _run_locked(self, lock: RunDirLock) -> int:
+        started = self.clock()
         self.run_id = self._run_id()
+        lock.record(run_id=self.run_id)
         events.configure(self.events_path, console=None, run_id=self.run_id, role="supervisor")
         tail = EventTail(self.events_path, self.out)
         self.store.check()
