@@ -231,6 +231,31 @@ class CheckpointStore:
         except OSError as exc:
             raise self._fail("list generations in", exc) from None
 
+    # -- small records beside the checkpoints (OWNER.json) ------------------------------
+
+    def read_record(self, rel: str) -> bytes | None:
+        """The bytes of ``rel`` under the root, None when it does not exist."""
+        self.fs.invalidate_cache(self._remote(rel))
+        try:
+            return self._do("read", rel, lambda: self.fs.cat_file(self._remote(rel)))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._fail("read", exc) from None
+
+    def write_record(self, rel: str, data: bytes, *, create_only: bool) -> None:
+        """Write ``rel`` under the root; ``create_only`` raises FileExistsError if it exists."""
+        remote = self._remote(rel)
+        try:
+            if create_only:
+                self._do("write", rel, lambda: write_create_only(self.fs, remote, data, local=self._local))
+            else:
+                self._put_small(rel, data)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise self._fail("write", exc) from None
+
     def _check_fence(self, op: str, rel: str) -> None:
         if self._fence is not None:
             self._fence.check(op, self._url(rel))
