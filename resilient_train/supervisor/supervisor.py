@@ -65,6 +65,8 @@ from resilient_train.supervisor.policy import (
     RestartTracker,
     classify,
 )
+from resilient_train.supervisor.ownership import claim_storage, generation_for
+from resilient_train.supervisor.rundir_lock import RunDirLock
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]
 
@@ -157,12 +159,19 @@ class Supervisor:
 
     # ------------------------------------------------------------ public
     def run(self) -> int:
-        started = self.clock()
+        """Train to the end; RunDirLockedError at once when another run holds the run dir."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        with RunDirLock(self.run_dir) as lock:
+            return self._run_locked(lock)
+
+    def _run_locked(self, lock: RunDirLock) -> int:
+        started = self.clock()
         self.run_id = self._run_id()
+        lock.record(run_id=self.run_id)
         events.configure(self.events_path, console=None, run_id=self.run_id, role="supervisor")
         tail = EventTail(self.events_path, self.out)
         self.store.check()
+        claim_storage(self.store, run_id=self.run_id, run_dir=str(self.run_dir), force=self.job.force_storage)
 
         done = self._completed_manifest()
         if done is not None:
@@ -232,6 +241,7 @@ class Supervisor:
         attempt_dir.mkdir(parents=True, exist_ok=True)
         env = {"RT_ATTEMPT": str(attempt), "RT_RUN_ID": self.run_id, "PYTHONUNBUFFERED": "1"}
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
+        env["RT_GENERATION"] = str(generation_for(self.store, attempt))  # the chief claims it
         specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir) for rank in range(self.job.workers)]
         specs[0].job_path.write_text(self.job.to_json())
         handles = self.launcher.start(specs)
