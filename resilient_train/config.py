@@ -27,7 +27,7 @@ from resilient_train.recipe import recipe_name
 
 __all__ = ["JobConfig", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
 
-LAUNCHERS = ("local",)  # where workers run: supervisor/launchers/
+LAUNCHERS = ("local", "slurm")  # where workers run: supervisor/launchers/
 
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
 

@@ -17,6 +17,7 @@ from typing import Mapping
 from resilient_train import events
 from resilient_train.cluster import parse_tf_config
 from resilient_train.config import JobConfig, add_job_arguments, job_from_args
+from resilient_train.slurm import add_tf_config_arguments, environ_with_tf_config
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
@@ -38,22 +39,26 @@ __all__ = ["main", "exit_process"]
 _DRAIN_ON_ERROR_S = 2.5
 
 
-def _parse(argv: list[str]) -> JobConfig:
+def _parse(argv: list[str]) -> tuple[JobConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="python -m resilient_train.runner")
     parser.add_argument("--job", help="job file written by the supervisor (job.json)")
     parser.add_argument("recipe_arg", nargs="?", metavar="RECIPE")
     add_job_arguments(parser)
+    add_tf_config_arguments(parser)
     args = parser.parse_args(argv)
     if args.job:
         with open(args.job) as handle:
-            return JobConfig.from_json(handle.read())
+            return JobConfig.from_json(handle.read()), args
     args.recipe = args.recipe_arg
-    return job_from_args(args)
+    return job_from_args(args), args
 
 
 def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
     try:
-        job = _parse(argv)
+        job, args = _parse(argv)
+        environ = environ_with_tf_config(environ, args.tf_config_from, args.port_base)
+        if args.tf_config_from != "env":  # MultiWorkerMirroredStrategy reads os.environ
+            os.environ["TF_CONFIG"] = environ["TF_CONFIG"]
         cluster = parse_tf_config(environ.get("TF_CONFIG"))
     except (ConfigError, OSError, ValueError) as exc:
         print(f"resilient-train worker: {exc}", file=sys.stderr)

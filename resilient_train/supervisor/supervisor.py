@@ -268,6 +268,9 @@ class Supervisor:
                 return
             failed = any(w.returncode not in (None, EXIT_OK) for w in workers)
             now = self.clock()
+            if self.stop_signal is None and self.launcher.stop_requested():
+                self.stop_signal = f"launcher:{self.launcher.name}"
+                emit("preemption_requested", source=self.stop_signal)
             if self.stop_signal is not None and not forwarded:
                 forwarded = True
                 for worker in alive:
