@@ -92,7 +92,7 @@ def write_create_only(fs: Any, path: str, data: bytes, *, local: bool) -> None:
     """
     if local:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
         with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()

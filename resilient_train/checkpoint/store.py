@@ -57,7 +57,13 @@ import fsspec
 from resilient_train import events
 from resilient_train.checkpoint._files import abandon_write
 from resilient_train.checkpoint.cache import cached_copy_problem, link_or_copy_tree, write_through
-from resilient_train.checkpoint.fence import GenerationFence, claim_generation, newest_generation, write_create_only
+from resilient_train.checkpoint.fence import (
+    GENERATIONS_DIR,
+    GenerationFence,
+    claim_generation,
+    newest_generation,
+    write_create_only,
+)
 from resilient_train.checkpoint.manifest import (
     CHUNK_SIZE,
     MANIFEST_NAME,
@@ -227,7 +233,7 @@ class CheckpointStore:
     def newest_generation(self) -> int | None:
         """The highest generation claimed in this storage (one listing), None when none is."""
         try:
-            return newest_generation(self.fs, self._remote("generations"), self._do)
+            return newest_generation(self.fs, self._remote(GENERATIONS_DIR), self._do)
         except OSError as exc:
             raise self._fail("list generations in", exc) from None
 

@@ -95,7 +95,7 @@ def test_a_thawed_stale_chief_is_fenced_and_changes_nothing(tmp_path):
     ]
     assert [e["global_step"] for e in named(node_a, "checkpoint_committed")] == [5]
     error = json.loads((node_a / "attempt-1" / "error-0.json").read_text())
-    assert error["type"] == "StaleWriterError"
+    assert error["type"] == "resilient_train.errors.StaleWriterError"
 
     # The newer attempt restored the last commit before the freeze and owns what is left.
     assert [e["generation"] for e in named(node_a, "generation_claimed")] == [1]
