@@ -16,7 +16,7 @@ import os
 import sys
 
 from resilient_train.config import add_job_arguments, job_from_args
-from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, StorageError
+from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, RunDirLockedError, StorageError
 from resilient_train.slurm import add_tf_config_arguments
 
 __all__ = ["main"]
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
         check_recipe_source(job.recipe)
         return Supervisor(job).run()
-    except (ConfigError, RecipeError, StorageError) as exc:
+    except (ConfigError, RecipeError, RunDirLockedError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -55,6 +55,7 @@ class JobConfig:
     save_every_seconds: float | None = None
     warm_standby: bool = True
     launcher: str = "local"
+    force_storage: bool = False
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -92,6 +93,8 @@ class JobConfig:
             raise ConfigError(f"Received launcher={self.launcher!r}; expected one of {list(LAUNCHERS)}")
         if not isinstance(self.warm_standby, bool):
             raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
+        if not isinstance(self.force_storage, bool):
+            raise ConfigError(f"Received force_storage={self.force_storage!r}; expected true or false")
         if not self.run_dir:
             object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
         if not self.storage:
@@ -157,7 +160,7 @@ _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
-    "warm_standby", "launcher",
+    "warm_standby", "launcher", "force_storage",
 )
 
 
@@ -192,6 +195,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
     add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
+    add("--force-storage", action="store_true", default=None,
+        help="take over a storage that another run (another run id) owns; its OWNER.json is rewritten")
     add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
         help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
 

@@ -11,6 +11,12 @@ file of the checkpoint, the manifest is not written), ``after_commit`` (MANIFEST
 ``before_commit`` (checkpoint written locally, nothing uploaded), ``raise`` (an exception from
 the step, like a recipe bug). ``attempt`` defaults to 1, so a restarted group runs clean.
 The signal is real (``os.kill`` on the own pid), so the supervisor sees a real death.
+Each fault fires once.
+
+``"signal": "SIGSTOP"`` freezes the whole process instead of killing it (a partitioned
+node, a paused VM): with ``mid_upload`` the chief stops between two file uploads of a
+checkpoint, its persist thread holding a half-uploaded directory, until a test sends
+SIGCONT. tests/integration/test_stale_writer.py uses it to prove generation fencing.
 """
 
 from __future__ import annotations
@@ -55,10 +61,12 @@ class FaultPlan:
         for fault in faults:
             if fault.point not in POINTS:
                 raise ValueError(f"RT_FAULTS point {fault.point!r}; expected one of {POINTS}")
+            if not isinstance(getattr(signal, fault.signal, None), signal.Signals):
+                raise ValueError(f"RT_FAULTS signal {fault.signal!r}; expected a signal name such as SIGKILL or SIGSTOP")
         return cls(faults, rank=rank, attempt=attempt)
 
     def hit(self, point: str, global_step: int) -> None:
-        fault = self._armed.get((point, global_step))
+        fault = self._armed.pop((point, global_step), None)  # once: a thawed SIGSTOP goes on
         if fault is None:
             return
         if point == "raise":

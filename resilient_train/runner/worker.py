@@ -27,6 +27,7 @@ from resilient_train.errors import (
     CheckpointIncompatibleError,
     ConfigError,
     RecipeError,
+    StaleWriterError,
     StorageError,
     StorageUnavailableError,
 )
@@ -97,6 +98,8 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         # The host cache (checkpoint/cache.py): the chief's commits are written through to
         # this host's disk, and every rank restores from there before shared storage.
         store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir / "local" / "host-cache")
+        if cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
+            store.claim_generation(_generation(environ), run_id=environ.get("RT_RUN_ID", "standalone"), attempt=attempt)
 
         from resilient_train.runner.faults import FaultPlan
         from resilient_train.runner.loop import Trainer  # imports TensorFlow
@@ -122,7 +125,7 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return EXIT_PREEMPTED if result is None else EXIT_OK
-    except (RecipeError, ConfigError, CheckpointIncompatibleError) as exc:
+    except (RecipeError, ConfigError, CheckpointIncompatibleError, StaleWriterError) as exc:
         _record(attempt_dir, cluster.rank, exc, trainer)
         print(f"resilient-train worker {cluster.rank}: fatal: {exc}", file=sys.stderr)
         return EXIT_FATAL
@@ -142,6 +145,17 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
 
         traceback.print_exc()
         return EXIT_FAILURE
+
+
+def _generation(environ: Mapping[str, str]) -> int | None:
+    """``RT_GENERATION`` from the supervisor; None (claim the next free one) for other launchers."""
+    text = environ.get("RT_GENERATION", "")
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"Received RT_GENERATION={text!r}; expected an integer >= 1") from None
 
 
 def _record(attempt_dir: Path, rank: int, exc: BaseException, trainer) -> None:
