@@ -58,7 +58,7 @@ def submit(cluster, script: str, run_dir: Path, recipe: str, *flags: str, port_b
     )
 
 
-def wait_for(condition, what: str, timeout: float = 300) -> None:
+def wait_for(condition, what: str, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

@@ -201,3 +201,15 @@ def test_engine_stop_request_gives_save_and_exit_143_without_restart(tmp_path):
     assert [p.signals[0][0] for p in spawner.processes] == ["SIGTERM", "SIGTERM"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["status"], summary["preemptions"], summary["restarts"]) == ("preempted", 1, 0)
+
+
+def test_cli_outside_an_allocation_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    from resilient_train.cli import main
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    code = main(["run", "recipes/linear_regression.py", "--launcher", "slurm", "--run-dir", str(tmp_path / "run")])
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "resilient-train: error: --launcher slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set); "
+        "submit deploy/slurm/run.sbatch with sbatch, or start it under salloc"
+    ]

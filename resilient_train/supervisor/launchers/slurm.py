@@ -59,6 +59,7 @@ __all__ = ["SlurmLauncher", "Commands", "SubprocessCommands"]
 PORT_ROTATION = 8
 _PROBE_TIMEOUT_S = 120.0
 _STEP_END_TIMEOUT_S = 30.0
+_TASKS_REPORTED_S = 10.0  # srun ends on its own once its tasks did; only then scancel KILL
 
 
 class Commands(Protocol):
@@ -235,12 +236,10 @@ class SlurmLauncher(Launcher):
     def _end_previous_step(self) -> None:
         """The previous attempt's srun must be gone before the next step (or the run) starts."""
         step, self.step = self.step, None
-        if step is None or step.process.poll() is not None:
-            return
+        if step is None or _ended(step.process, _TASKS_REPORTED_S):
+            return  # normally: every task reported its exit, srun follows within moments
         self.signal_step(step, signal.SIGKILL)
-        try:
-            step.process.wait(_STEP_END_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
+        if not _ended(step.process, _STEP_END_TIMEOUT_S):
             step.process.kill()
             step.process.wait()
 
@@ -265,6 +264,14 @@ class SlurmLauncher(Launcher):
                 f"Run dir {self.job.run_dir} is not shared with node(s) {missing}; --launcher slurm needs "
                 "--run-dir on a filesystem every node mounts (the checkpoint storage may be s3://)"
             )
+
+
+def _ended(process: subprocess.Popen, timeout: float) -> bool:
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _read_exit(attempt_dir: Path, rank: int) -> int | None:
