@@ -15,4 +15,8 @@ def make_launcher(job: JobConfig) -> Launcher:
         from resilient_train.supervisor.launchers.local import LocalLauncher
 
         return LocalLauncher(job)
+    if job.launcher == "ray":
+        from resilient_train.supervisor.launchers.ray import RayLauncher
+
+        return RayLauncher(job)
     raise ConfigError(f"Received launcher={job.launcher!r}; expected one of {list(LAUNCHERS)}")
