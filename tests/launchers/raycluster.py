@@ -41,7 +41,13 @@ class RayTestCluster:
         return {"RAY_ADDRESS": self.address, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
     def node(self, node_id: str) -> Any:
-        return next(n for n in self.workers if n.unique_id == node_id)
+        return next(n for n in self.workers if n.node_id == node_id)
+
+    def add_worker(self) -> None:
+        self.workers.append(
+            self.cluster.add_node(node_ip_address="127.0.0.1", num_cpus=CPUS_PER_NODE, object_store_memory=_OBJECT_STORE_BYTES)
+        )
+        self.cluster.wait_for_nodes()
 
     def remove(self, node_id: str) -> None:
         """Kill a whole worker node: its raylet, object store and every worker process."""
@@ -66,19 +72,27 @@ def start_cluster(nodes: int = NODES) -> RayTestCluster:
     )
     test_cluster = RayTestCluster(cluster, cluster.address)
     for _ in range(nodes):
-        test_cluster.workers.append(
-            cluster.add_node(node_ip_address="127.0.0.1", num_cpus=CPUS_PER_NODE, object_store_memory=_OBJECT_STORE_BYTES)
-        )
-    cluster.wait_for_nodes()
+        test_cluster.add_worker()
     return test_cluster
 
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayTestCluster]:
-    """A fresh 3-node loopback cluster per test module, shut down after it."""
+    """A fresh 3-node loopback cluster per test module, shut down after it.
+
+    Its address is put in this process's environment (RAY_ADDRESS), which the jobs the
+    tests start inherit (tests/integration/harness.py copies os.environ).
+    """
     pytest.importorskip("ray", reason="Ray not installed: pip install 'resilient-train[ray]'")
+    saved = {key: os.environ.get(key) for key in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
     test_cluster = start_cluster()
+    os.environ.update(test_cluster.env())
     try:
         yield test_cluster
     finally:
         test_cluster.cluster.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
