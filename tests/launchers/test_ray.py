@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from resilient_train.errors import EXIT_PREEMPTED, EXIT_USAGE
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
-from tests.integration.harness import run_job, run_job_until, worker_pids
+from tests.integration.harness import alive, run_job, run_job_until, worker_pids
 
 SLOW_DIGITS = "tests/recipes/slow_digits.py"  # digits_cnn, same weights, 0.15 s per step
 RAY = ("--launcher", "ray", "--storage-shared")  # the test nodes share this machine's disk
@@ -116,3 +117,24 @@ def test_more_cpus_than_the_cluster_has_is_a_clean_error(tmp_path, ray_cluster):
     assert "Ray could not place 2 workers with {'CPU': 64.0} each (spread) within 3 s" in job.output
     assert "Traceback" not in job.output
     assert job.named("worker_started") == []
+
+
+def test_no_worker_outlives_a_sigkilled_supervisor(tmp_path, ray_cluster):
+    """The driver's death makes Ray kill its slot actors; their workers get the parent-death signal."""
+    pids: dict[int, int] = {}
+
+    def kill_supervisor(proc, events):
+        pids.update(worker_pids(events))
+        proc.send_signal(signal.SIGKILL)
+
+    job = run_job_until(
+        DIGITS, tmp_path / "run", *RAY, "--epochs", "50",
+        when=lambda events: any(e["event"] == "first_step" for e in events),
+        action=kill_supervisor,
+    )
+    assert job.returncode == -signal.SIGKILL
+    assert sorted(pids) == [0, 1]
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids.values() if alive(pid)] == []

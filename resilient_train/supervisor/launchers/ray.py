@@ -15,7 +15,8 @@ What the supervisor learns, and how:
   the same reply, the last bytes of its log, events, step marker and error file);
 * a slot actor or its whole node dies: the pending ``poll`` raises ``RayActorError``
   (``ActorDiedError``, ``ActorUnavailableError``) once Ray knows. The handle then reports
-  ``-SIGKILL`` with ``lost_reason`` "node lost", and a ``node_lost`` event names the node.
+  ``-SIGKILL`` with ``lost_reason`` "node lost" and a ``node_lost`` event names the node
+  (or "slot actor lost" when only the actor died and Ray still lists its node alive).
   How fast Ray knows a node is gone is Ray's health check (``health_check_period_ms``,
   ``health_check_failure_threshold``; README "Ray").
 
@@ -262,10 +263,20 @@ class RayLauncher(Launcher):
             handle.returncode = report.returncode
 
     def _lost(self, handle: RayHandle, slot: _SlotState, exc: BaseException) -> None:
-        handle.lost = "node lost"
+        """The slot actor is gone: with its node (``node_lost``), or alone (killed)."""
+        node_alive = self._node_alive(slot.node_id)
+        handle.lost = "slot actor lost" if node_alive else "node lost"
         handle.returncode = -signal.SIGKILL
-        events.emit("node_lost", node=slot.node_id, node_ip=slot.node_ip, slot=handle.slot, pid=handle.pid,
-                    reason=type(exc).__name__)
+        if not node_alive:
+            events.emit("node_lost", node=slot.node_id, node_ip=slot.node_ip, slot=handle.slot, pid=handle.pid,
+                        error=type(exc).__name__)
+
+    def _node_alive(self, node_id: str) -> bool:
+        """Ray's view (the GCS marks a node dead before it reports its actors dead)."""
+        try:
+            return any(n.get("NodeID") == node_id and n.get("Alive") for n in self._ray.nodes())
+        except Exception:  # noqa: BLE001 - no answer from the GCS: assume the worst
+            return False
 
     def signal(self, slot: int, sig: int) -> None:
         self._slots[slot].actor.signal.remote(int(sig))  # fire and forget; a dead actor ignores it
