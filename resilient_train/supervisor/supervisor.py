@@ -320,6 +320,9 @@ class Supervisor:
             fields["signal"] = signal.Signals(-code).name
         else:
             fields["exit_code"] = code
+        lost = self.launcher.lost_reason(worker.process)
+        if lost is not None:  # e.g. "node lost": the launcher knows better than the exit code
+            fields["reason"] = lost
         emit("worker_exited", **fields, state=worker.state.value)
         if code not in (EXIT_OK,):
             emit(
