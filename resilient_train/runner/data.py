@@ -14,11 +14,13 @@ Two ways to get there:
 * otherwise the runner calls ``.skip(start_step)``, which runs the whole pipeline of every
   skipped batch (the recovery time then grows with the position in the epoch).
 
-Why not checkpoint the tf.data iterator: its state is saved by a synchronous op on the
-training thread (the async twin cannot hold a copy), shuffle and prefetch buffers make it
-large and the twin would need a second serialization path; a distributed iterator's saved
-state is tied to the worker count, and a saved iterator breaks when the pipeline code
-changes. A recipe-level start position keeps the contract a pure function.
+Why not checkpoint the tf.data iterator (evaluated for issue 12): its state is saved by a
+synchronous op on the training thread (the async twin cannot hold a copy) and holds the
+shuffle and prefetch buffers: for recipes/digits_cnn.py one worker's iterator is 634 KB
+after 5 batches, about twice the model + optimizer state it would ride with (input_bound:
+38 KB, its prefetched batches). A distributed iterator's saved state is also tied to the
+worker count, and a saved iterator breaks when the pipeline code changes. A recipe-level
+start position keeps the contract a pure function and costs nothing at save time.
 """
 
 from __future__ import annotations

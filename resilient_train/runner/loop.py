@@ -154,6 +154,7 @@ class Trainer:
         self.clock = clock
         self.stats = _EpochStats()
         self._stop_noticed = False
+        self._stop_agreed = False
         self._last_saved: int | None = None
         self._async: AsyncCheckpointer | None = None
         self.policy = SavePolicy(
@@ -418,14 +419,15 @@ class Trainer:
         for row in rows:
             self.stats.add({name: float(row[k]) for k, name in enumerate(self._value_names)
                             if k not in (stop_column, save_column)})
-        end = global_step + steps
-        self._marker.write(end)
-        # Faults address single steps; one inside this call fires at its end (the first
-        # moment the host sees that step done), in step order.
-        for step in range(global_step + 1, end + 1):
+        self._marker.write(global_step + steps)
+        return bool(rows[-1, stop_column] > 0), bool(rows[-1, save_column] > 0)
+
+    def _hit_step_faults(self, first: int, last: int) -> None:
+        """Faults address single steps; one inside a call fires at the call's end (the
+        first moment the host sees that step done), in step order."""
+        for step in range(first, last + 1):
             self.faults.hit("raise", step)
             self.faults.hit("after_step", step)
-        return bool(rows[-1, stop_column] > 0), bool(rows[-1, save_column] > 0)
 
     def _train_epoch(self, epoch: int, start: int, progress: "_Progress") -> bool:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
@@ -443,6 +445,7 @@ class Trainer:
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
                               means=self.stats.means())
+            self._hit_step_faults(global_step - steps + 1, global_step)
             if stop:
                 self._stop_agreed = True
                 if step_in_epoch < steps_per_epoch:
@@ -471,7 +474,6 @@ class Trainer:
     def run(self) -> TrainResult | None:
         """Train to the end (returns the result) or until preempted (returns None)."""
         self._restore_or_start()
-        self._stop_agreed = False
         progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.clock)
         while (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
