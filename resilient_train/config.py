@@ -61,6 +61,7 @@ class JobConfig:
     ray_strategy: str = "spread"
     cpus_per_worker: float = 1.0
     storage_shared: bool = False  # a local storage path is a mount every node shares
+    steps_per_execution: int = 1
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -77,6 +78,7 @@ class JobConfig:
         if self.max_preemptions is not None:
             _check_int("max_preemptions", self.max_preemptions, minimum=0)
         _check_int("gpus_per_worker", self.gpus_per_worker, minimum=0)
+        _check_int("steps_per_execution", self.steps_per_execution, minimum=1)
         if not isinstance(self.grace_period, (int, float)) or self.grace_period <= 0:
             raise ConfigError(f"Received grace_period={self.grace_period!r}; expected a number of seconds > 0")
         if self.global_batch_size is not None and self.global_batch_size % self.workers:
@@ -178,7 +180,8 @@ _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
-    "warm_standby", "launcher", "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
+    "warm_standby", "launcher", "steps_per_execution",
+    "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
 )
 
 
@@ -212,6 +215,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
     add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
+    add("--steps-per-execution", type=_positive_or_zero_int, metavar="N",
+        help="training steps per compiled call; saves, stop requests and progress happen between calls (default 1)")
     add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
     add("--force-storage", action="store_true", default=None,
         help="take over a storage that another run (another run id) owns; its OWNER.json is rewritten")

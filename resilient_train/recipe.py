@@ -17,6 +17,8 @@ Optional::
     DEFAULTS = {"epochs": 3, "steps_per_epoch": 50, "global_batch_size": 64}
     PARAMS = {"learning_rate": 0.01}                # recipe parameters, set with --set key=value
     def metrics(labels, predictions) -> dict[str, Tensor]   # per-example values, averaged per epoch
+    def dataset(input_context, epoch, seed, start_step=0)    # may take start_step: the epoch from
+                                                           # batch start_step on (cheap re-entry)
 
 ``input_context`` is a ``tf.distribute.InputContext`` (shard with ``num_input_pipelines`` /
 ``input_pipeline_id``) that also carries ``global_batch_size``, ``per_replica_batch_size``
