@@ -55,6 +55,8 @@ class JobConfig:
     save_every_seconds: float | None = None
     warm_standby: bool = True
     launcher: str = "local"
+    eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
+    eval_steps: int | None = None  # None: the whole eval_dataset
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -71,6 +73,10 @@ class JobConfig:
         if self.max_preemptions is not None:
             _check_int("max_preemptions", self.max_preemptions, minimum=0)
         _check_int("gpus_per_worker", self.gpus_per_worker, minimum=0)
+        if self.eval_every_epochs is not None:
+            _check_int("eval_every_epochs", self.eval_every_epochs, minimum=0)
+        if self.eval_steps is not None:
+            _check_int("eval_steps", self.eval_steps, minimum=1)
         if not isinstance(self.grace_period, (int, float)) or self.grace_period <= 0:
             raise ConfigError(f"Received grace_period={self.grace_period!r}; expected a number of seconds > 0")
         if self.global_batch_size is not None and self.global_batch_size % self.workers:
@@ -157,7 +163,7 @@ _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
-    "warm_standby", "launcher",
+    "warm_standby", "launcher", "eval_every_epochs", "eval_steps",
 )
 
 
@@ -191,6 +197,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
     add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
+    add("--eval-every-epochs", type=_positive_or_zero_int, metavar="N",
+        help="evaluate on the recipe's eval_dataset every N epochs (default 1 when it has one; 0: never)")
+    add("--eval-steps", type=_positive_or_zero_int, metavar="S", help="evaluate at most S batches (default: all)")
     add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
     add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
         help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")

@@ -62,6 +62,7 @@ from resilient_train.runner.checkpointing import (
     twin_rng_state,
 )
 from resilient_train.runner.data import epoch_dataset
+from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.stepmarker import StepMarker
 
@@ -186,6 +187,7 @@ class Trainer:
             rng=rng_state,
         )
         self._train_step = self._make_train_step()
+        self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
         # Async mode: the chief (and every worker only if the model has sync-on-read
         # variables, whose read is a collective) keeps a twin of the saved state; see
         # runner/checkpointing.py. Non-chief workers otherwise never save in async mode.
@@ -466,6 +468,12 @@ class Trainer:
                 if step + 1 < steps_per_epoch and (step_due or save_due):
                     self.save()
             means = self.stats.means()
+            self.epoch.assign_add(1)
+            self.step_in_epoch.assign(0)
+            self.stats = _EpochStats()
+            self.save(completed=int(self.epoch.numpy()) >= job.epochs)
+            # Evaluation reads the weights only; after the save, so an async commit overlaps it.
+            validation = self._evaluator.after_epoch(epoch + 1) if self._evaluator is not None else {}
             emit(
                 "epoch_finished",
                 group=True,
@@ -473,11 +481,8 @@ class Trainer:
                 global_step=int(self.global_step.numpy()),
                 loss=means.pop("loss", None),
                 metrics=means,
+                **validation,
             )
-            self.epoch.assign_add(1)
-            self.step_in_epoch.assign(0)
-            self.stats = _EpochStats()
-            self.save(completed=int(self.epoch.numpy()) >= job.epochs)
             if stop:
                 self._flush_next_save = True
                 return self._preempt(int(self.global_step.numpy()))
