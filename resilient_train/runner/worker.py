@@ -96,6 +96,11 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         from resilient_train.runner.faults import FaultPlan
         from resilient_train.runner.loop import Trainer  # imports TensorFlow
 
+        if cluster.is_chief:  # the chief's TensorBoard log follows the event stream
+            from resilient_train.runner.tensorboard import TensorBoardLog
+
+            events.add_listener(TensorBoardLog(run_dir / "tensorboard"))
+
         trainer = Trainer(
             job,
             recipe,
