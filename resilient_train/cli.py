@@ -1,7 +1,8 @@
 """Command line: argument parsing only; the work happens in the subpackages.
 
     resilient-train run RECIPE [flags]      train on N local workers (supervised)
-    resilient-train worker RECIPE [flags]   one worker, for Kubernetes/Slurm/Ray (TF_CONFIG set)
+    resilient-train worker RECIPE [flags]   one worker, for Kubernetes/Slurm/Ray (TF_CONFIG set,
+                                            or --tf-config-from slurm)
     resilient-train verify URL [--json]     check every checkpoint under URL (hashes)
     resilient-train ls URL [--json]         list checkpoints (no hashing)
     resilient-train export URL --recipe R --out DIR [--step N] [--format F]   a checkpoint as a model
@@ -17,7 +18,8 @@ import os
 import sys
 
 from resilient_train.config import add_job_arguments, job_from_args
-from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, StorageError
+from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, RunDirLockedError, StorageError
+from resilient_train.slurm import add_tf_config_arguments
 
 __all__ = ["main"]
 
@@ -34,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run one worker (TF_CONFIG set by your launcher)")
     worker.add_argument("recipe", nargs="?")
     add_job_arguments(worker)
+    add_tf_config_arguments(worker)
     for name, help_text in (("verify", "verify every checkpoint (hashes all files)"), ("ls", "list checkpoints (no hashing)")):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("url", help="storage URL (the --storage of the run)")
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         check_recipe_source(job.recipe)
         return Supervisor(job).run()
-    except (ConfigError, RecipeError, StorageError) as exc:
+    except (ConfigError, RecipeError, RunDirLockedError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
