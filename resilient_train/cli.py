@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         from resilient_train.recipe import check_recipe_source
         from resilient_train.supervisor.supervisor import Supervisor
 
-        check_recipe_source(job.recipe)
+        check_recipe_source(job.recipe, eval_every_epochs=job.eval_every_epochs)
         return Supervisor(job).run()
     except (ConfigError, RecipeError, RunDirLockedError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)

@@ -110,8 +110,11 @@ def _source_path(spec: str) -> Path:
     return Path(found.origin)
 
 
-def check_recipe_source(spec: str) -> Path:
-    """Check a recipe without importing it: the file parses and defines the required functions."""
+def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None) -> Path:
+    """Check a recipe without importing it: the file parses and defines the required functions.
+
+    ``eval_every_epochs > 0`` also requires ``eval_dataset`` (the run would evaluate it).
+    """
     path = _source_path(spec)
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -135,6 +138,11 @@ def check_recipe_source(spec: str) -> Path:
             f"{', '.join(REQUIRED)} (see resilient_train/recipe.py)"
         )
     _check_optional_arity(path, tree)
+    if eval_every_epochs and "eval_dataset" not in defined:
+        raise RecipeError(
+            f"Received eval_every_epochs={eval_every_epochs} but recipe {path} defines no "
+            "eval_dataset(input_context, seed); add one or pass --eval-every-epochs 0"
+        )
     return path
 
 
