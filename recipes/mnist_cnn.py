@@ -28,9 +28,9 @@ def _find(path_param):
     )
 
 
-def _load(path_param):
+def _load(path_param, split="train"):
     with np.load(_find(path_param)) as data:
-        return data["x_train"], data["y_train"]
+        return data[f"x_{split}"], data[f"y_{split}"]
 
 
 def build_model(params):
@@ -66,3 +66,12 @@ def dataset(input_context, epoch, seed):
     ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     ds = ds.shuffle(60000, seed=seed * 1000 + epoch).repeat()
     return ds.batch(input_context.per_replica_batch_size, drop_remainder=True)
+
+
+def eval_dataset(input_context, seed):
+    """MNIST's own 10,000 test images, unshuffled (held out from training)."""
+    x_test, y_test = _load(input_context.params["mnist_path"], "test")
+    x_test = (x_test / np.float32(255)).astype(np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x_test, y_test.astype(np.int64)))
+    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    return ds.batch(input_context.per_replica_batch_size)

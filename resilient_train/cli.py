@@ -5,6 +5,8 @@
                                             or --tf-config-from slurm)
     resilient-train verify URL [--json]     check every checkpoint under URL (hashes)
     resilient-train ls URL [--json]         list checkpoints (no hashing)
+    resilient-train export URL --recipe R --out DIR [--step N] [--format F]   a checkpoint as a model
+    resilient-train doctor [--json] [--storage URL]   check this machine before training
 
 User errors end in one or two lines on stderr and exit code 2; nothing is started.
 """
@@ -40,6 +42,21 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("url", help="storage URL (the --storage of the run)")
         cmd.add_argument("--json", action="store_true", help="machine-readable output")
         cmd.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    export = sub.add_parser("export", help="export a committed checkpoint as model.keras / SavedModel")
+    export.add_argument("url", help="storage URL (the --storage of the run)")
+    export.add_argument("--recipe", required=True, help="the recipe that trained it")
+    export.add_argument("--out", required=True, metavar="DIR", help="output directory (replaced if it exists)")
+    export.add_argument("--step", type=int, help="global step (default: the newest committed checkpoint)")
+    export.add_argument("--format", choices=("keras", "saved_model"), action="append",
+                        help="keras (model.keras) or saved_model (SavedModel for serving); default both")
+    export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter")
+    export.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    doctor = sub.add_parser("doctor", help="check Python, TensorFlow, GPUs, environment, ports and storage")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--storage", metavar="URL", help="also check that URL is reachable and writable")
+    doctor.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    doctor.add_argument("--workers", type=int, default=1, help="with --gpus-per-worker: GPUs needed = workers x G")
+    doctor.add_argument("--gpus-per-worker", type=int, default=0, metavar="G")
     return parser
 
 
@@ -54,6 +71,15 @@ def main(argv: list[str] | None = None) -> int:
 
             options = parse_storage_options(args.storage_option)
             return verify_command(args.url, options, as_json=args.json, hash=args.command == "verify")
+        if args.command == "export":
+            return _export(args)
+        if args.command == "doctor":
+            from resilient_train.checkpoint import parse_storage_options
+            from resilient_train.doctor import doctor_command
+
+            return doctor_command(as_json=args.json, storage=args.storage,
+                                  storage_options=parse_storage_options(args.storage_option),
+                                  workers=args.workers, gpus_per_worker=args.gpus_per_worker)
         job = job_from_args(args)
         if args.command == "worker":
             from resilient_train.runner.worker import main as worker_main
@@ -62,11 +88,27 @@ def main(argv: list[str] | None = None) -> int:
         from resilient_train.recipe import check_recipe_source
         from resilient_train.supervisor.supervisor import Supervisor
 
-        check_recipe_source(job.recipe)
+        check_recipe_source(job.recipe, eval_every_epochs=job.eval_every_epochs)
         return Supervisor(job).run()
     except (ConfigError, RecipeError, RunDirLockedError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _export(args: argparse.Namespace) -> int:
+    from resilient_train.checkpoint import parse_storage_options
+    from resilient_train.config import parse_set_pairs
+    from resilient_train.export import FORMATS, export_command
+
+    return export_command(
+        args.url,
+        recipe_spec=args.recipe,
+        out=args.out,
+        step=args.step,
+        formats=tuple(args.format or FORMATS),
+        storage_options=parse_storage_options(args.storage_option),
+        overrides=parse_set_pairs(args.set),
+    )
 
 
 if __name__ == "__main__":

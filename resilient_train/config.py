@@ -62,6 +62,8 @@ class JobConfig:
     cpus_per_worker: float = 1.0
     storage_shared: bool = False  # a local storage path is a mount every node shares
     steps_per_execution: int = 1
+    eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
+    eval_steps: int | None = None  # None: the whole eval_dataset
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -79,6 +81,10 @@ class JobConfig:
             _check_int("max_preemptions", self.max_preemptions, minimum=0)
         _check_int("gpus_per_worker", self.gpus_per_worker, minimum=0)
         _check_int("steps_per_execution", self.steps_per_execution, minimum=1)
+        if self.eval_every_epochs is not None:
+            _check_int("eval_every_epochs", self.eval_every_epochs, minimum=0)
+        if self.eval_steps is not None:
+            _check_int("eval_steps", self.eval_steps, minimum=1)
         if not isinstance(self.grace_period, (int, float)) or self.grace_period <= 0:
             raise ConfigError(f"Received grace_period={self.grace_period!r}; expected a number of seconds > 0")
         if self.global_batch_size is not None and self.global_batch_size % self.workers:
@@ -182,6 +188,7 @@ _JOB_FLAGS = (
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
+    "eval_every_epochs", "eval_steps",
 )
 
 
@@ -217,6 +224,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
     add("--steps-per-execution", type=_positive_or_zero_int, metavar="N",
         help="training steps per compiled call; saves, stop requests and progress happen between calls (default 1)")
+    add("--eval-every-epochs", type=_positive_or_zero_int, metavar="N",
+        help="evaluate on the recipe's eval_dataset every N epochs (default 1 when it has one; 0: never)")
+    add("--eval-steps", type=_positive_or_zero_int, metavar="S", help="evaluate at most S batches (default: all)")
     add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
     add("--force-storage", action="store_true", default=None,
         help="take over a storage that another run (another run id) owns; its OWNER.json is rewritten")

@@ -24,6 +24,7 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
   garbage_collected, storage_retry, storage_claimed, generation_claimed, stale_writer_fenced
 * supervisor policy: gang_restart, restart_budget_exhausted, crash_loop_detected, fatal_error
 * warm standby: standby_started, standby_ready, standby_lost, standby_disabled
+* outputs: model_exported, model_export_failed
 * Ray launcher: ray_connected, placement_ready, node_lost
 """
 
@@ -39,9 +40,12 @@ from typing import Any, Callable, TextIO
 
 import structlog
 
-__all__ = ["configure", "emit", "bind", "EventFile", "EventReader", "read_events", "render_line"]
+__all__ = [
+    "configure", "emit", "bind", "add_listener", "EventFile", "EventReader", "read_events", "render_line",
+]
 
 EmitFn = Callable[..., None]
+Listener = Callable[[dict[str, Any]], None]
 
 
 class EventFile:
@@ -143,6 +147,7 @@ class _Sink:
         self.event_file = event_file
         self.console = console
         self.writes_group_events = writes_group_events
+        self.listeners: list[Listener] = []
 
     def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> str:
         group = event_dict.pop("group", False)
@@ -152,6 +157,12 @@ class _Sink:
         if self.console is not None:
             self.console.write(render_line(record) + "\n")
             self.console.flush()
+        for listener in list(self.listeners):
+            try:
+                listener(record)
+            except Exception as exc:  # an observer (TensorBoard) must never stop training
+                if self.console is not None:
+                    self.console.write(f"event listener {listener!r} failed: {type(exc).__name__}: {exc}\n")
         raise structlog.DropEvent
 
 
@@ -179,6 +190,17 @@ def configure(
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(**{k: v for k, v in context.items() if v is not None})
+
+
+def add_listener(listener: Listener) -> None:
+    """Call ``listener(record)`` with every event this process emits from now on.
+
+    The hook lets an observer (the chief's TensorBoard writer) follow the run without
+    code in the training loop. Listeners run on the emitting thread (the checkpoint
+    persist thread too), must be thread-safe, and their exceptions are reported on the
+    console, never raised. ``configure`` removes them.
+    """
+    _sink.listeners.append(listener)
 
 
 def bind(**context: Any) -> None:

@@ -19,6 +19,12 @@ Optional::
     def metrics(labels, predictions) -> dict[str, Tensor]   # per-example values, averaged per epoch
     def dataset(input_context, epoch, seed, start_step=0)    # may take start_step: the epoch from
                                                            # batch start_step on (cheap re-entry)
+    def eval_dataset(input_context, seed) -> tf.data.Dataset  # FINITE held-out per-replica batches (x, y)
+
+``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
+never shuffled into the training data. When a recipe defines it the runner evaluates the
+model on it at every epoch end (``--eval-every-epochs``), on all workers, and reports
+``val_loss`` and ``val_<metric>`` over every held-out example.
 
 ``input_context`` is a ``tf.distribute.InputContext`` (shard with ``num_input_pipelines`` /
 ``input_pipeline_id``) that also carries ``global_batch_size``, ``per_replica_batch_size``
@@ -55,6 +61,8 @@ from resilient_train.errors import RecipeError
 __all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DEFAULT_KEYS"]
 
 REQUIRED = ("build_model", "build_optimizer", "loss", "dataset")
+# Optional functions and how many positional parameters each must accept.
+OPTIONAL_ARITY = {"metrics": 2, "eval_dataset": 2}
 DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_steps")
 
 
@@ -67,6 +75,7 @@ class Recipe:
     loss: Callable[[Any, Any], Any]
     dataset: Callable[[Any, int, int], Any]
     metrics: Callable[[Any, Any], dict] | None = None
+    eval_dataset: Callable[[Any, int], Any] | None = None
     defaults: Mapping[str, int] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
 
@@ -103,8 +112,11 @@ def _source_path(spec: str) -> Path:
     return Path(found.origin)
 
 
-def check_recipe_source(spec: str) -> Path:
-    """Check a recipe without importing it: the file parses and defines the required functions."""
+def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None) -> Path:
+    """Check a recipe without importing it: the file parses and defines the required functions.
+
+    ``eval_every_epochs > 0`` also requires ``eval_dataset`` (the run would evaluate it).
+    """
     path = _source_path(spec)
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -127,7 +139,30 @@ def check_recipe_source(spec: str) -> Path:
             f"Recipe {path} does not define {', '.join(missing)}; a recipe must define "
             f"{', '.join(REQUIRED)} (see resilient_train/recipe.py)"
         )
+    _check_optional_arity(path, tree)
+    if eval_every_epochs and "eval_dataset" not in defined:
+        raise RecipeError(
+            f"Received eval_every_epochs={eval_every_epochs} but recipe {path} defines no "
+            "eval_dataset(input_context, seed); add one or pass --eval-every-epochs 0"
+        )
     return path
+
+
+def _check_optional_arity(path: Path, tree: ast.Module) -> None:
+    """An optional function defined with the wrong parameters fails here, not mid-run."""
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.name not in OPTIONAL_ARITY:
+            continue
+        args = node.args
+        positional = len(args.posonlyargs) + len(args.args)
+        required = positional - len(args.defaults)
+        expected = OPTIONAL_ARITY[node.name]
+        if args.vararg is None and positional < expected or required > expected:
+            signature = "(input_context, seed)" if node.name == "eval_dataset" else "(labels, predictions)"
+            raise RecipeError(
+                f"Recipe {path}: {node.name} takes {positional} positional parameter(s) at line "
+                f"{node.lineno}; expected {node.name}{signature}"
+            )
 
 
 def load_recipe(spec: str) -> Recipe:
@@ -142,6 +177,7 @@ def load_recipe(spec: str) -> Recipe:
     if unknown:
         raise RecipeError(f"Recipe {path}: DEFAULTS has unknown keys {unknown}; accepted: {list(DEFAULT_KEYS)}")
     metrics = getattr(module, "metrics", None)
+    eval_dataset = getattr(module, "eval_dataset", None)
     return Recipe(
         name=recipe_name(spec),
         source=str(path),
@@ -150,6 +186,7 @@ def load_recipe(spec: str) -> Recipe:
         loss=module.loss,
         dataset=module.dataset,
         metrics=metrics if callable(metrics) else None,
+        eval_dataset=eval_dataset if callable(eval_dataset) else None,
         defaults=defaults,
         params=dict(getattr(module, "PARAMS", {}) or {}),
     )

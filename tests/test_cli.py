@@ -28,6 +28,8 @@ def run_cli(capsys, *argv):
         (["run", "recipes/linear_regression.py", "--set", "oops"], "Received --set 'oops'; expected key=value"),
         (["run", "recipes/linear_regression.py", "--storage", "nope://x"], "nope://x"),
         (["run"], "No recipe given"),
+        (["run", "tests/recipes/slow_digits.py", "--eval-every-epochs", "1"], "defines no eval_dataset(input_context, seed)"),
+        (["run", "recipes/linear_regression.py", "--eval-steps", "0"], "Received eval_steps=0; expected an integer >= 1"),
     ],
 )
 def test_bad_run_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
@@ -72,3 +74,10 @@ def test_console_script_and_module_are_the_same_entry_point():
     assert script.exists()
     out2 = subprocess.run([str(script), "--help"], capture_output=True, text=True, cwd=REPO)
     assert out2.returncode == 0 and out2.stdout == out.stdout
+
+
+def test_export_without_a_committed_checkpoint_is_one_line_and_exit_2(capsys, tmp_path):
+    code, err = run_cli(capsys, "export", str(tmp_path / "empty"), "--recipe", "recipes/linear_regression.py",
+                        "--out", str(tmp_path / "out"))
+    assert (code, err) == (EXIT_USAGE, f"resilient-train export: no committed checkpoint under {tmp_path / 'empty'}")
+    assert not (tmp_path / "out").exists()

@@ -17,6 +17,8 @@ def test_defaults_derive_run_dir_and_storage_from_recipe_name():
         ({"epochs": 0}, "Received epochs=0; expected an integer >= 1"),
         ({"save_every_steps": -1}, "Received save_every_steps=-1; expected an integer >= 0"),
         ({"keep": 0}, "Received keep=0; expected an integer >= 1"),
+        ({"eval_steps": 0}, "Received eval_steps=0; expected an integer >= 1"),
+        ({"eval_every_epochs": -1}, "Received eval_every_epochs=-1; expected an integer >= 0"),
         ({"grace_period": 0}, "Received grace_period=0; expected a number of seconds > 0"),
         ({"workers": 3, "global_batch_size": 8}, "global_batch_size=8 with workers=3"),
     ],

@@ -66,3 +66,22 @@ def test_params_are_coerced_to_default_types():
         resolve_params(defaults, {"lrr": "1"})
     with pytest.raises(RecipeError, match=r"Recipe parameter n='many' is not a valid int"):
         resolve_params(defaults, {"n": "many"})
+
+
+def test_eval_dataset_is_optional_and_loaded(tmp_path):
+    recipe = load_recipe(write(tmp_path, GOOD + "def eval_dataset(input_context, seed): return None\n"))
+    assert recipe.eval_dataset is not None
+    assert load_recipe(write(tmp_path, GOOD, name="plain.py")).eval_dataset is None
+
+
+def test_eval_dataset_with_the_wrong_parameters_is_named(tmp_path):
+    path = write(tmp_path, GOOD + "def eval_dataset(input_context, epoch, seed): return None\n")
+    with pytest.raises(RecipeError, match=r"eval_dataset takes 3 positional parameter\(s\) at line 8; expected eval_dataset\(input_context, seed\)"):
+        check_recipe_source(path)
+
+
+def test_evaluation_asked_of_a_recipe_without_eval_dataset_is_refused_before_any_worker(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert check_recipe_source(path, eval_every_epochs=0) == tmp_path / "r.py"
+    with pytest.raises(RecipeError, match=r"Received eval_every_epochs=2 but recipe .*r\.py defines no eval_dataset"):
+        check_recipe_source(path, eval_every_epochs=2)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import queue
 import random
 import shutil
@@ -89,6 +90,7 @@ class SaveRequest:
     epoch: int
     step_in_epoch: int
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
+    blocked_ms: float | None = field(default=None, compare=False)  # async: training blocked to snapshot
 
     def __post_init__(self) -> None:
         for name in ("global_step", "epoch", "step_in_epoch"):
@@ -116,6 +118,7 @@ def commit_checkpoint(
     """
     step = request.global_step
     faults.hit("before_commit", step)
+    started = time.perf_counter()
     manifest = store.commit(
         local_dir,
         run_id=run_id,
@@ -136,6 +139,8 @@ def commit_checkpoint(
         global_step=manifest.global_step,
         path=f"{store.url}/{CheckpointStore.dir_name(step)}",
         size=manifest.total_size,
+        commit_s=round(time.perf_counter() - started, 4),
+        **({"blocked_ms": request.blocked_ms} if request.blocked_ms is not None else {}),
     )
     faults.hit("after_commit", step)
     store.retain(keep)
@@ -378,6 +383,7 @@ class AsyncCheckpointer:
         self.blocked_s.append(self._clock() - start)
         if not persist:
             return
+        request = dataclasses.replace(request, blocked_ms=round(self.blocked_s[-1] * 1000, 3))
         self._inflight = request
         if self._thread is None:
             # Daemon: a worker that dies of another error must not hang on an upload; an

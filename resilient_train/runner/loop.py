@@ -69,6 +69,7 @@ from resilient_train.runner.checkpointing import (
     twin_rng_state,
 )
 from resilient_train.runner.data import epoch_dataset
+from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.runner.save_policy import SavePolicy
 from resilient_train.stepmarker import StepMarker
@@ -202,6 +203,7 @@ class Trainer:
         self._value_names: list[str] = []  # the packed row's layout, filled when traced
         self._train_call = self._make_train_call()
         self.checkpointer = self._make_checkpointer()
+        self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
 
     def _make_checkpointer(self) -> Checkpointer:
         """HOW this worker saves, decided once. async: the chief (and every worker only if
@@ -457,9 +459,9 @@ class Trainer:
 
     def _after_epoch_saved(self, epoch: int) -> dict[str, Any]:
         """Epoch-end hook: runs after epoch ``epoch``'s checkpoint is saved, before
-        ``epoch_finished`` is emitted; returns extra fields for that event (e.g. an
-        evaluation's results). Nothing by default."""
-        return {}
+        ``epoch_finished`` is emitted; returns extra fields for that event: the held-out
+        evaluation's results. It reads the weights only, so an async commit overlaps it."""
+        return self._evaluator.after_epoch(epoch + 1) if self._evaluator is not None else {}
 
     def _finish_epoch(self, epoch: int) -> None:
         means = self.stats.means()

@@ -104,6 +104,11 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         from resilient_train.runner.faults import FaultPlan
         from resilient_train.runner.loop import Trainer  # imports TensorFlow
 
+        if cluster.is_chief:  # the chief's TensorBoard log follows the event stream
+            from resilient_train.runner.tensorboard import TensorBoardLog
+
+            events.add_listener(TensorBoardLog(run_dir / "tensorboard"))
+
         trainer = Trainer(
             job,
             recipe,
@@ -124,6 +129,10 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         # a death by signal while TensorFlow tears down.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if result is not None and cluster.is_chief:
+            from resilient_train.export import export_completed
+
+            export_completed(trainer, result, run_dir / "model")
         return EXIT_PREEMPTED if result is None else EXIT_OK
     except (RecipeError, ConfigError, CheckpointIncompatibleError, StaleWriterError) as exc:
         _record(attempt_dir, cluster.rank, exc, trainer)

@@ -23,6 +23,16 @@ def _metrics(record: dict[str, Any], skip: set[str]) -> str:
     return "  ".join(parts)
 
 
+def _validation_text(record: dict[str, Any]) -> str:
+    """``  val_loss 0.2100  val_accuracy 0.9400`` when the epoch was evaluated, else ''."""
+    loss = record.get("val_loss")
+    if not isinstance(loss, (int, float)):
+        return ""
+    parts = [f"val_loss {loss:.4f}"]
+    parts += [f"val_{k} {v:.4f}" for k, v in (record.get("val_metrics") or {}).items()]
+    return "  " + "  ".join(parts)
+
+
 _PROGRESS_KEYS = {
     "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s", "attempt", "rank",
 }
@@ -43,7 +53,8 @@ def render_event(record: dict[str, Any]) -> str | None:
         metrics = "  ".join(f"{k} {v:.4f}" for k, v in (r.get("metrics") or {}).items())
         loss = r.get("loss")
         loss_text = f"loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
-        return f"{ts}  epoch {r['epoch'] + 1} finished  {loss_text}  {metrics}".rstrip()
+        line = f"{ts}  epoch {r['epoch'] + 1} finished  {loss_text}  {metrics}".rstrip()
+        return line + _validation_text(r)
     if event == "checkpoint_committed":
         return (
             f"{ts}  checkpoint committed at global step {r['global_step']} "

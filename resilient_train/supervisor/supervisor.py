@@ -446,6 +446,7 @@ class Supervisor:
             "run_dir": str(self.run_dir),
             "storage": self.store.url,
             "events": str(self.events_path),
+            **_final_validation(self.events_path),
             "wall_time_s": round(self.clock() - started, 3),
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
@@ -497,6 +498,17 @@ class Supervisor:
     def _restore_signal_handlers(self) -> None:
         for sig, previous in getattr(self, "_previous", {}).items():
             signal.signal(sig, previous)
+
+
+def _final_validation(events_path: Path) -> dict[str, Any]:
+    """The last evaluated epoch's val_loss / val_metrics / val_examples (empty if none ran)."""
+    last = None
+    for record in read_events(events_path):
+        if record.get("event") == "epoch_finished" and "val_loss" in record:
+            last = record
+    if last is None:
+        return {}
+    return {"val_epoch": last["epoch"] + 1, **{k: last.get(k) for k in ("val_loss", "val_metrics", "val_examples")}}
 
 
 def _signal(worker: Worker, sig: int) -> None:

@@ -1,0 +1,171 @@
+"""Held-out evaluation at epoch ends: ``val_loss`` and ``val_<metric>`` over a finite split.
+
+The recipe's optional ``eval_dataset(input_context, seed)`` is sharded like ``dataset``
+and finite. Every ``eval_every_epochs`` epochs (and after the last one) every worker runs
+the model on its shard under the strategy, after the epoch's checkpoint was taken (so an
+async save persists while evaluation runs), and the per-replica SUMS of loss, metrics and
+example counts are all-reduced; the means are sums over every held-out example divided
+by their count, so uneven shards and a short last batch weigh each example once.
+
+Why the numbers repeat to the last digit after a kill and resume: evaluation only reads
+the weights (``training=False`` draws from no RNG and updates no statistics), the
+weights at an epoch end are bit-identical on every attempt, the split is not shuffled,
+and op determinism is on. Sums are kept in float64 on the host in batch order.
+
+Refuses: ``--eval-every-epochs N > 0`` for a recipe without ``eval_dataset`` (a
+``RecipeError``: fatal, a restart cannot fix it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from resilient_train.config import JobConfig
+from resilient_train.errors import RecipeError
+from resilient_train.recipe import Recipe
+from resilient_train.runner.data import RecipeInputContext
+
+__all__ = ["Evaluator", "Validation", "eval_every_epochs"]
+
+_EXAMPLES = "__examples__"
+_LOSS = "__loss__"
+
+
+@dataclass(frozen=True)
+class Validation:
+    """One evaluation: means over ``examples`` held-out examples."""
+
+    loss: float
+    metrics: dict[str, float] = field(default_factory=dict, hash=False)
+    examples: int = 0
+
+    def event_fields(self) -> dict[str, Any]:
+        """The fields ``epoch_finished`` carries (README "Events and summary")."""
+        return {"val_loss": self.loss, "val_metrics": dict(self.metrics), "val_examples": self.examples}
+
+
+def eval_every_epochs(job: JobConfig, recipe: Recipe) -> int:
+    """The resolved interval: the flag, else 1 when the recipe has an eval split, else 0."""
+    if job.eval_every_epochs is None:
+        return 1 if recipe.eval_dataset is not None else 0
+    if job.eval_every_epochs > 0 and recipe.eval_dataset is None:
+        raise RecipeError(
+            f"Received eval_every_epochs={job.eval_every_epochs} but recipe {recipe.name} defines no "
+            "eval_dataset(input_context, seed); add one or pass --eval-every-epochs 0"
+        )
+    return job.eval_every_epochs
+
+
+class Evaluator:
+    """Runs the recipe's eval split through the model on every worker; one instance per run."""
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        model: keras.Model,
+        recipe: Recipe,
+        params: dict[str, Any],
+        *,
+        every_epochs: int,
+        total_epochs: int,
+        seed: int,
+        global_batch_size: int,
+        max_steps: int | None = None,
+    ) -> None:
+        if recipe.eval_dataset is None or every_epochs < 1:
+            raise ValueError(f"Received every_epochs={every_epochs} for recipe {recipe.name}; expected an eval split and >= 1")
+        self.strategy = strategy
+        self.model = model
+        self.recipe = recipe
+        self.params = params
+        self.every_epochs = every_epochs
+        self.total_epochs = total_epochs
+        self.seed = seed
+        self.global_batch_size = global_batch_size
+        self.max_steps = max_steps
+        self._step = self._make_eval_step()
+
+    @classmethod
+    def for_job(cls, strategy, model, recipe: Recipe, params: dict[str, Any], job: JobConfig) -> "Evaluator | None":
+        """The evaluator ``job`` asks for, or None when evaluation is off."""
+        every = eval_every_epochs(job, recipe)
+        if every == 0:
+            return None
+        return cls(
+            strategy, model, recipe, params,
+            every_epochs=every,
+            total_epochs=job.epochs,
+            seed=job.seed,
+            global_batch_size=job.global_batch_size,
+            max_steps=job.eval_steps,
+        )
+
+    def due(self, epochs_done: int) -> bool:
+        """Evaluate after ``epochs_done`` epochs? Every N-th, and always after the last."""
+        return epochs_done % self.every_epochs == 0 or epochs_done >= self.total_epochs
+
+    def after_epoch(self, epochs_done: int) -> dict[str, Any]:
+        """``epoch_finished`` fields for this epoch end: the validation, or nothing if not due."""
+        return self.evaluate().event_fields() if self.due(epochs_done) else {}
+
+    def evaluate(self) -> Validation:
+        """One pass over the eval split on every worker (collective: all workers must call it)."""
+        totals: dict[str, float] = {}
+        for features, labels in self._dataset():
+            for name, value in self._step(features, labels).items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+        examples = int(totals.pop(_EXAMPLES, 0.0))
+        if examples == 0:
+            raise RecipeError(f"recipe {self.recipe.name}: eval_dataset() yielded no examples")
+        loss = totals.pop(_LOSS) / examples
+        return Validation(loss=loss, metrics={k: v / examples for k, v in totals.items()}, examples=examples)
+
+    def _dataset(self):
+        recipe, params, seed, max_steps = self.recipe, self.params, self.seed, self.max_steps
+        global_batch_size = self.global_batch_size
+
+        def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+            context = RecipeInputContext(input_context, global_batch_size, params)
+            dataset = recipe.eval_dataset(context, seed)
+            if not isinstance(dataset, tf.data.Dataset):
+                raise TypeError(
+                    f"recipe {recipe.name}: eval_dataset() returned {type(dataset).__name__}; expected a tf.data.Dataset"
+                )
+            if dataset.cardinality() == tf.data.INFINITE_CARDINALITY and max_steps is None:
+                raise RecipeError(
+                    f"recipe {recipe.name}: eval_dataset() is infinite; remove repeat() or pass --eval-steps"
+                )
+            options = tf.data.Options()
+            options.deterministic = True
+            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+            dataset = dataset.with_options(options)
+            return dataset.take(max_steps) if max_steps is not None else dataset
+
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def _make_eval_step(self):
+        model, recipe, strategy = self.model, self.recipe, self.strategy
+
+        def step_fn(features, labels):
+            predictions = model(features, training=False)
+            per_example = tf.cast(recipe.loss(labels, predictions), tf.float64)
+            sums = {_LOSS: tf.reduce_sum(per_example), _EXAMPLES: tf.cast(tf.shape(per_example)[0], tf.float64)}
+            if recipe.metrics is not None:
+                for name, values in recipe.metrics(labels, predictions).items():
+                    sums[name] = tf.reduce_sum(tf.cast(values, tf.float64))
+            return sums
+
+        # A short last batch has another shape: let the function generalise, not retrace per shape.
+        @tf.function(reduce_retracing=True)
+        def eval_step(features, labels):
+            per_replica = strategy.run(step_fn, args=(features, labels))
+            return {
+                name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+                for name, value in per_replica.items()
+            }
+
+        return eval_step
