@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
             from resilient_train.runner.worker import main as worker_main
 
             return worker_main(argv[1:])
-        from resilient_train.recipe import check_recipe_source
+        from resilient_train.preflight import preflight
         from resilient_train.supervisor.supervisor import Supervisor
 
-        check_recipe_source(job.recipe)
+        preflight(job)
         return Supervisor(job).run()
     except (ConfigError, RecipeError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)
