@@ -157,6 +157,16 @@ class CheckpointStore:
     def __repr__(self) -> str:
         return f"CheckpointStore({self.url!r})"
 
+    @property
+    def local(self) -> bool:
+        """Whether the root is a path on this machine's filesystem."""
+        return self._local
+
+    @property
+    def root(self) -> str:
+        """The root as the filesystem names it (a local path for local storage)."""
+        return self._root
+
     # -- naming ----------------------------------------------------------------------
 
     @staticmethod
