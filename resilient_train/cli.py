@@ -29,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train a recipe on local worker processes")
     run.add_argument("recipe", nargs="?", help="recipe file or module (e.g. recipes/digits_cnn.py)")
     add_job_arguments(run)
+    run.add_argument("--accept-changes", action="store_true",
+                     help="continue a run whose recipe, params, seed or sizes changed (default: refuse, exit 2)")
     worker = sub.add_parser("worker", help="run one worker (TF_CONFIG set by your launcher)")
     worker.add_argument("recipe", nargs="?")
     add_job_arguments(worker)
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from resilient_train.supervisor.supervisor import Supervisor
 
         preflight(job)
-        return Supervisor(job).run()
+        return Supervisor(job, accept_changes=args.accept_changes).run()
     except (ConfigError, RecipeError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

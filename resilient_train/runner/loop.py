@@ -52,6 +52,7 @@ from resilient_train.cluster import ClusterInfo
 from resilient_train.config import JobConfig
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
 from resilient_train.events import emit
+from resilient_train.fingerprint import fingerprint_for_worker
 from resilient_train.recipe import Recipe
 from resilient_train.runner.checkpointing import (
     AsyncCheckpointer,
@@ -369,6 +370,7 @@ class Trainer:
                 "epochs": self.job.epochs,
                 "steps_per_epoch": self.job.steps_per_epoch,
                 "recipe": self.recipe.name,
+                "fingerprint": fingerprint_for_worker(self.job, self.recipe.source, self.params).to_dict(),
             },
         )
 

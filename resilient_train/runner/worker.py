@@ -84,11 +84,13 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
     trainer = None
     try:
         from resilient_train.checkpoint import CheckpointStore
+        from resilient_train.fingerprint import fingerprint_for_worker
         from resilient_train.recipe import load_recipe, resolve_params
 
         recipe = load_recipe(job.recipe)
         job = job.with_recipe_defaults(recipe.defaults)
         params = resolve_params(recipe.params, job.params)
+        fingerprint_for_worker(job, recipe.source, params)  # hashes the source as imported (cached)
         # The host cache (checkpoint/cache.py): the chief's commits are written through to
         # this host's disk, and every rank restores from there before shared storage.
         store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir / "local" / "host-cache")

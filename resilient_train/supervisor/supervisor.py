@@ -54,6 +54,7 @@ from resilient_train.errors import (
     EXIT_PREEMPTED,
 )
 from resilient_train.events import emit, read_events
+from resilient_train.fingerprint import guard_job
 from resilient_train.recipe import recipe_name
 from resilient_train.stepmarker import highest_step
 from resilient_train.supervisor.console import EventTail
@@ -132,8 +133,10 @@ class Supervisor:
         sleep: Callable[[float], None] = time.sleep,
         teardown_grace_s: float = 3.0,
         backoff_initial_s: float = 0.25,
+        accept_changes: bool = False,
     ) -> None:
         self.job = job
+        self.accept_changes = accept_changes
         self.out = out
         self.launcher = launcher or make_launcher(job)
         self.clock = clock
@@ -163,6 +166,9 @@ class Supervisor:
         events.configure(self.events_path, console=None, run_id=self.run_id, role="supervisor")
         tail = EventTail(self.events_path, self.out)
         self.store.check()
+        changed = guard_job(self.job, _newest_extra(self.store), accept_changes=self.accept_changes)  # issue 11
+        if changed is not None:
+            emit("job_changed", **changed)
 
         done = self._completed_manifest()
         if done is not None:
@@ -460,6 +466,11 @@ class Supervisor:
     def _restore_signal_handlers(self) -> None:
         for sig, previous in getattr(self, "_previous", {}).items():
             signal.signal(sig, previous)
+
+
+def _newest_extra(store: CheckpointStore) -> dict[str, Any] | None:
+    manifest = store.latest_manifest()
+    return manifest.extra if manifest is not None else None
 
 
 def _signal(worker: Worker, sig: int) -> None:
