@@ -62,6 +62,7 @@ from resilient_train.runner.checkpointing import (
     persist_twin,
     twin_rng_state,
 )
+from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
 from resilient_train.runner.data import epoch_dataset
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.stepmarker import StepMarker
@@ -230,11 +231,12 @@ class Trainer:
         model, optimizer, recipe, strategy = self.model, self.optimizer, self.recipe, self.strategy
         global_batch_size = self.job.global_batch_size
 
-        def step_fn(features, labels, stop_flag, save_flag):
+        def step_fn(batch, stop_flag, save_flag):
+            features, labels, sample_weight = unpack_batch(batch, recipe.name)
             with tf.GradientTape() as tape:
                 predictions = model(features, training=True)
-                per_example = recipe.loss(labels, predictions)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+                per_example = per_example_loss(recipe, labels, predictions)
+                loss = average_loss(per_example, sample_weight, global_batch_size)
                 if model.losses:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             gradients = tape.gradient(loss, model.trainable_variables)
@@ -252,8 +254,8 @@ class Trainer:
 
         @tf.function
         def train_step(iterator, stop_flag, save_flag):
-            features, labels = next(iterator)
-            per_replica = strategy.run(step_fn, args=(features, labels, stop_flag, save_flag))
+            batch = next(iterator)
+            per_replica = strategy.run(step_fn, args=(batch, stop_flag, save_flag))
             return {
                 name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
                 for name, value in per_replica.items()
