@@ -4,6 +4,7 @@
     resilient-train worker RECIPE [flags]   one worker, for Kubernetes/Slurm/Ray (TF_CONFIG set)
     resilient-train verify URL [--json]     check every checkpoint under URL (hashes)
     resilient-train ls URL [--json]         list checkpoints (no hashing)
+    resilient-train check RECIPE            is the recipe's input deterministic? (two fresh processes)
 
 User errors end in one or two lines on stderr and exit code 2; nothing is started.
 """
@@ -34,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run one worker (TF_CONFIG set by your launcher)")
     worker.add_argument("recipe", nargs="?")
     add_job_arguments(worker)
+    check = sub.add_parser("check", help="build a few batches of epochs 0 and 1 twice in fresh processes; exit 1 if they differ")
+    check.add_argument("recipe", help="recipe file or module")
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter")
+    check.add_argument("--global-batch-size", type=int)
+    check.add_argument("--batches", type=int, default=3, help="batches per epoch to compare (default 3)")
     for name, help_text in (("verify", "verify every checkpoint (hashes all files)"), ("ls", "list checkpoints (no hashing)")):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("url", help="storage URL (the --storage of the run)")
@@ -53,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
             options = parse_storage_options(args.storage_option)
             return verify_command(args.url, options, as_json=args.json, hash=args.command == "verify")
+        if args.command == "check":
+            return _check(args)
         job = job_from_args(args)
         if args.command == "worker":
             from resilient_train.runner.worker import main as worker_main
@@ -66,6 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RecipeError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _check(args: argparse.Namespace) -> int:
+    from resilient_train.config import parse_set_pairs
+    from resilient_train.recipe import check_recipe_source
+    from resilient_train.runner.check_input import check_command
+
+    check_recipe_source(args.recipe)
+    return check_command(args.recipe, seed=args.seed, params=parse_set_pairs(args.set),
+                         global_batch_size=args.global_batch_size, batches=args.batches)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ class JobConfig:
     save_every_seconds: float | None = None
     warm_standby: bool = True
     launcher: str = "local"
+    strict_resume: bool = False
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -157,7 +158,7 @@ _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
-    "warm_standby", "launcher",
+    "warm_standby", "launcher", "strict_resume",
 )
 
 
@@ -194,6 +195,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
     add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
         help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
+    add("--strict-resume", action="store_true", default=None,
+        help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
 
 
 def job_from_args(args: argparse.Namespace) -> JobConfig:

@@ -13,6 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from resilient_train.recipe import Recipe
+from resilient_train.runner.determinism import InputCheck, first_batch_digest, seed_input_rng
 
 __all__ = ["RecipeInputContext", "epoch_dataset"]
 
@@ -37,14 +38,28 @@ def epoch_dataset(
     steps_per_epoch: int,
     global_batch_size: int,
     params: dict[str, Any],
+    input_check: InputCheck | None = None,
 ):
-    """The distributed dataset for ``epoch``, positioned at ``start_step``."""
+    """The distributed dataset for ``epoch``, positioned at ``start_step``.
 
-    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        context = RecipeInputContext(input_context, global_batch_size, params)
+    TensorFlow's global seed is reset from ``(seed, epoch)`` right before each call of
+    ``recipe.dataset`` (runner/determinism.py), so an unseeded shuffle is the same on every
+    attempt. With ``input_check``, the chief (input pipeline 0) also hashes the first batch
+    of a separate build of the same input for the resume check.
+    """
+
+    def build(context: RecipeInputContext) -> tf.data.Dataset:
+        seed_input_rng(seed, epoch)
         dataset = recipe.dataset(context, epoch, seed)
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(f"recipe {recipe.name}: dataset() returned {type(dataset).__name__}; expected a tf.data.Dataset")
+        return dataset
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        context = RecipeInputContext(input_context, global_batch_size, params)
+        if input_check is not None and input_context.input_pipeline_id == 0:
+            input_check.observe(epoch, first_batch_digest(build(context)))
+        dataset = build(context)
         options = tf.data.Options()
         options.deterministic = True
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

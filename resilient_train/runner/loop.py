@@ -64,6 +64,7 @@ from resilient_train.runner.checkpointing import (
 )
 from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
 from resilient_train.runner.data import epoch_dataset
+from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.stepmarker import StepMarker
 
@@ -147,6 +148,7 @@ class Trainer:
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
         self.stats = _EpochStats()
+        self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
         self._stop_noticed = False
         self._last_committed: int | None = None
         self._flush_next_save = False
@@ -296,6 +298,8 @@ class Trainer:
                 f"{self.recipe.name}'s model: {_first_line(exc)}"
             ) from None
         self.stats.load_extra(manifest.extra)
+        self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
+                                same_world_size=manifest.world_size == self.cluster.num_workers)
         self._last_committed = manifest.global_step
         if manifest.world_size != self.cluster.num_workers:
             emit(
@@ -373,6 +377,7 @@ class Trainer:
                 "steps_per_epoch": self.job.steps_per_epoch,
                 "recipe": self.recipe.name,
                 "fingerprint": fingerprint_for_worker(self.job, self.recipe.source, self.params).to_dict(),
+                **self.input_check.to_extra(int(self.epoch.numpy())),
             },
         )
 
@@ -427,6 +432,7 @@ class Trainer:
                     steps_per_epoch=steps_per_epoch,
                     global_batch_size=job.global_batch_size,
                     params=self.params,
+                    input_check=self.input_check,
                 )
             )
             for step in range(start, steps_per_epoch):
