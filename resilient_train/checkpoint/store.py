@@ -377,9 +377,11 @@ class CheckpointStore:
             weights_sha256=weights_sha256, extra=dict(extra or {}),
         )
         name = self.dir_name(global_step)
+        uploading = False
         try:
             entries = self._reuse_committed(global_step, local_files)
             if entries is None:
+                uploading = True
                 if self._local:  # object stores have no directories; a local disk needs them first
                     for parent in sorted({posixpath.dirname(f"{name}/{rel}") for rel in local_files}):
                         self._do("makedirs", parent, lambda p=parent: self.fs.makedirs(self._remote(p), exist_ok=True))
@@ -391,10 +393,28 @@ class CheckpointStore:
             manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
             self._put_small(f"{name}/{MANIFEST_NAME}", manifest.to_json().encode())
         except OSError as exc:
-            raise self._fail(f"commit checkpoint {name} to", exc) from None
+            removed = uploading and self._remove_partial(name)
+            error = self._fail(f"commit checkpoint {name} to", exc)
+            if removed:
+                error = StorageError(f"{error} (the partial upload was removed)")
+            raise error from None
         if self._host_cache is not None:
             write_through(self._host_cache, name, local_files, manifest, emit=self._emit)
         return manifest
+
+    def _remove_partial(self, name: str) -> bool:
+        """Delete an upload that failed before its manifest (a full disk must not stay full).
+
+        Best effort, no retries: the storage just failed, and garbage collection removes
+        what is left once a newer checkpoint commits. True when the directory is gone.
+        """
+        try:
+            self.fs.rm(self._remote(name), recursive=True)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
 
     def _reuse_committed(self, step: int, local_files: dict[str, Path]) -> dict[str, FileEntry] | None:
         """Entries to commit without uploading, when ``step`` is already committed with these bytes.
