@@ -46,7 +46,7 @@ from typing import Any, Callable, TextIO
 from resilient_train import events
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.config import JobConfig
-from resilient_train.errorfile import choose_root_cause, read_errors, tail_lines
+from resilient_train.errorfile import choose_root_cause, log_tail, read_errors
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
@@ -110,6 +110,7 @@ class Worker:
     state: WorkerState = WorkerState.RUNNING
     returncode: int | None = None
     exit_time: float | None = None
+    stopped: bool = False  # SIGSTOPped (or otherwise stopped) when we had to SIGKILL it
 
 
 @dataclass
@@ -281,6 +282,7 @@ class Supervisor:
                     kill_at = now if self._chief_failed(workers) else now + self.teardown_grace_s
             if kill_at is not None and now >= kill_at:
                 for worker in alive:
+                    worker.stopped = worker.stopped or _is_stopped(worker.process.pid)
                     worker.state = WorkerState.KILLED
                     _signal(worker, signal.SIGKILL)
             self.sleep(POLL_S)
@@ -328,7 +330,8 @@ class Supervisor:
         attempt_dir = self.run_dir / f"attempt-{attempt}"
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
         root = choose_root_cause(
-            exits, read_errors(attempt_dir), lambda rank: tail_lines(attempt_dir / f"worker-{rank}.log", 15)
+            exits, read_errors(attempt_dir), lambda rank: log_tail(attempt_dir / f"worker-{rank}.log", 15),
+            exit_notes={w.rank: _STOPPED_NOTE for w in workers if w.stopped},
         )
         reached = self._reached(attempt)
         if reached is not None:
@@ -466,6 +469,18 @@ class Supervisor:
     def _restore_signal_handlers(self) -> None:
         for sig, previous in getattr(self, "_previous", {}).items():
             signal.signal(sig, previous)
+
+
+_STOPPED_NOTE = "stopped responding (process stopped, e.g. SIGSTOP; the supervisor SIGKILLed it)"
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether a local process is stopped (state T/t in /proc); False when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(") ", 1)[1][:1] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _newest_extra(store: CheckpointStore) -> dict[str, Any] | None:

@@ -183,3 +183,30 @@ def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
     assert supervisor.run() == EXIT_PREEMPTED
     assert [p.signals[0][0] for p in spawner.processes] == ["SIGTERM", "SIGTERM"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "preempted"
+
+
+def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, monkeypatch):
+    """SIGSTOP on worker 1: the chief fails out of its collective (secondary), the supervisor
+    SIGKILLs the stopped worker, and the root cause says it stopped responding (issue 11 pt 8)."""
+    from resilient_train.errorfile import record_exception
+
+    class UnavailableError(Exception):
+        pass
+
+    monkeypatch.setattr("resilient_train.supervisor.supervisor._is_stopped", lambda pid: pid == 4001)
+    scripts = [{"exit_at": 0.5, "exit_code": EXIT_FAILURE}, {"exit_at": None}]
+    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=0)
+    spawn = spawner.__call__
+
+    def spawn_and_record_the_chiefs_peer_error(argv, env, log_path):
+        process = spawn(argv, env, log_path)
+        if len(spawner.processes) == 1:  # the chief fails out of its collective
+            record_exception(log_path.parent, 0, UnavailableError("Collective ops is aborted by: peer"), global_step=7)
+        return process
+
+    supervisor.launcher.spawner = spawn_and_record_the_chiefs_peer_error
+    assert supervisor.run() == EXIT_FAILURE
+    assert "root cause: worker 1 (pid 4001) stopped responding (process stopped, e.g. SIGSTOP; " \
+           "the supervisor SIGKILLed it) at global_step 7" in out.getvalue()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["root_cause"]["exit"].startswith("stopped responding")
