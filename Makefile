@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-all chaos bench clean
+.PHONY: run test test-all chaos bench clean slurm-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-all: $(STAMP)
-	RT_SLOW=1 $(BIN)/python -m pytest -q
+	RT_SLOW=1 RT_REQUIRE_SLURM=1 $(BIN)/python -m pytest -q
+
+# Debian's Slurm and munge for tests/integration/test_slurm.py (a local cluster, as root).
+slurm-deps:
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurm-wlm munge
 
 chaos: $(STAMP)
 	$(BIN)/python -m chaos run --all

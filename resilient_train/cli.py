@@ -1,7 +1,8 @@
 """Command line: argument parsing only; the work happens in the subpackages.
 
     resilient-train run RECIPE [flags]      train on N local workers (supervised)
-    resilient-train worker RECIPE [flags]   one worker, for Kubernetes/Slurm/Ray (TF_CONFIG set)
+    resilient-train worker RECIPE [flags]   one worker, for Kubernetes/Slurm/Ray (TF_CONFIG set,
+                                            or --tf-config-from slurm)
     resilient-train verify URL [--json]     check every checkpoint under URL (hashes)
     resilient-train ls URL [--json]         list checkpoints (no hashing)
     resilient-train check RECIPE            is the recipe's input deterministic? (two fresh processes)
@@ -16,7 +17,8 @@ import os
 import sys
 
 from resilient_train.config import add_job_arguments, job_from_args
-from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, StorageError
+from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, RunDirLockedError, StorageError
+from resilient_train.slurm import add_tf_config_arguments
 
 __all__ = ["main"]
 
@@ -35,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run one worker (TF_CONFIG set by your launcher)")
     worker.add_argument("recipe", nargs="?")
     add_job_arguments(worker)
+    add_tf_config_arguments(worker)
     check = sub.add_parser("check", help="build a few batches of epochs 0 and 1 twice in fresh processes; exit 1 if they differ")
     check.add_argument("recipe", help="recipe file or module")
     check.add_argument("--seed", type=int, default=0)
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
         preflight(job)
         return Supervisor(job, accept_changes=args.accept_changes).run()
-    except (ConfigError, RecipeError, StorageError) as exc:
+    except (ConfigError, RecipeError, RunDirLockedError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

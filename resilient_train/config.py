@@ -27,7 +27,8 @@ from resilient_train.recipe import recipe_name
 
 __all__ = ["JobConfig", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
 
-LAUNCHERS = ("local",)  # where workers run: supervisor/launchers/
+LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
+RAY_STRATEGIES = ("spread", "pack")
 
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
 
@@ -55,6 +56,11 @@ class JobConfig:
     save_every_seconds: float | None = None
     warm_standby: bool = True
     launcher: str = "local"
+    force_storage: bool = False
+    ray_address: str | None = None  # None: RAY_ADDRESS, else "auto"
+    ray_strategy: str = "spread"
+    cpus_per_worker: float = 1.0
+    storage_shared: bool = False  # a local storage path is a mount every node shares
     strict_resume: bool = False
 
     def __post_init__(self) -> None:
@@ -91,8 +97,11 @@ class JobConfig:
             )
         if self.launcher not in LAUNCHERS:
             raise ConfigError(f"Received launcher={self.launcher!r}; expected one of {list(LAUNCHERS)}")
+        _check_ray_fields(self)
         if not isinstance(self.warm_standby, bool):
             raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
+        if not isinstance(self.force_storage, bool):
+            raise ConfigError(f"Received force_storage={self.force_storage!r}; expected true or false")
         if not self.run_dir:
             object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
         if not self.storage:
@@ -122,6 +131,18 @@ class JobConfig:
         if unknown:
             raise ConfigError(f"Unknown key(s) {unknown} in {source}; accepted: {sorted(names)}")
         return cls(**normalised)
+
+
+def _check_ray_fields(job: "JobConfig") -> None:
+    if job.ray_strategy not in RAY_STRATEGIES:
+        raise ConfigError(f"Received ray_strategy={job.ray_strategy!r}; expected one of {list(RAY_STRATEGIES)}")
+    cpus = job.cpus_per_worker
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus > 0:
+        raise ConfigError(f"Received cpus_per_worker={cpus!r}; expected a number of CPUs > 0")
+    if job.ray_address is not None and (not isinstance(job.ray_address, str) or not job.ray_address):
+        raise ConfigError(f"Received ray_address={job.ray_address!r}; expected host:port, ray://host:port or auto")
+    if not isinstance(job.storage_shared, bool):
+        raise ConfigError(f"Received storage_shared={job.storage_shared!r}; expected true or false")
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:
@@ -158,7 +179,8 @@ _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
-    "warm_standby", "launcher", "strict_resume",
+    "warm_standby", "launcher", "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
+    "strict_resume",
 )
 
 
@@ -193,6 +215,14 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
     add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
+    add("--force-storage", action="store_true", default=None,
+        help="take over a storage that another run (another run id) owns; its OWNER.json is rewritten")
+    add("--ray-address", metavar="ADDR", help="--launcher ray: the cluster to join (default RAY_ADDRESS, else auto)")
+    add("--ray-strategy", choices=RAY_STRATEGIES,
+        help="--launcher ray: spread (default) puts workers on different nodes, pack fills nodes first")
+    add("--cpus-per-worker", type=float, metavar="N", help="--launcher ray: CPUs each worker's bundle reserves (default 1)")
+    add("--storage-shared", action="store_true", default=None,
+        help="--launcher ray: the local --storage path is a mount every node shares (otherwise refused)")
     add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
         help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
     add("--strict-resume", action="store_true", default=None,

@@ -49,3 +49,19 @@ class CheckpointCorruptError(ValueError):
 
 class CheckpointIncompatibleError(ValueError):
     """A committed checkpoint does not fit the recipe's model (names the variable)."""
+
+
+class RunDirLockedError(RuntimeError):
+    """Another live ``resilient-train run`` holds the run dir's lock (names the holder)."""
+
+
+class StorageOwnedError(StorageError):
+    """The checkpoint storage belongs to another run (``OWNER.json``); ``--force-storage`` takes it over."""
+
+
+class StaleWriterError(RuntimeError):
+    """A newer attempt claimed a higher generation of the storage: this writer must not touch it.
+
+    Raised on the commit path (upload, manifest, delete) of a chief whose attempt was
+    superseded; never retried (the worker exits ``EXIT_FATAL``).
+    """

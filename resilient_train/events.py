@@ -21,9 +21,10 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
   world_size_changed, input_mismatch, preemption_requested, preempted
 * checkpoints: checkpoint_committed, checkpoint_rejected, checkpoint_waited,
   checkpoint_failed, checkpoint_fetched, cache_rejected, cache_write_failed,
-  garbage_collected, storage_retry
+  garbage_collected, storage_retry, storage_claimed, generation_claimed, stale_writer_fenced
 * supervisor policy: gang_restart, restart_budget_exhausted, crash_loop_detected, fatal_error
 * warm standby: standby_started, standby_ready, standby_lost, standby_disabled
+* Ray launcher: ray_connected, placement_ready, node_lost
 """
 
 from __future__ import annotations

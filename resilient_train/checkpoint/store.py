@@ -27,6 +27,10 @@ Invariants this module keeps:
 * ``retain`` deletes only checkpoints older than the newest good one, manifest first,
   so a half-finished deletion reads as uncommitted. ``collect_garbage`` deletes only
   uncommitted leftovers older than the newest good commit (never an in-flight newer one).
+* With a generation fence (``claim_generation``, checkpoint/fence.py) every write of the
+  commit path (each file upload, the manifest, each deletion) first checks that no newer
+  generation claimed the storage, and the manifest is created create-only; without one
+  (tests, ``verify``, the supervisor) nothing changes.
 * Every remote operation goes through the RetryPolicy: transient failures are retried
   (``storage_retry`` events), permanent ones surface as StorageError naming the URL.
 
@@ -53,6 +57,13 @@ import fsspec
 from resilient_train import events
 from resilient_train.checkpoint._files import abandon_write
 from resilient_train.checkpoint.cache import cached_copy_problem, link_or_copy_tree, write_through
+from resilient_train.checkpoint.fence import (
+    GENERATIONS_DIR,
+    GenerationFence,
+    claim_generation,
+    newest_generation,
+    write_create_only,
+)
 from resilient_train.checkpoint.manifest import (
     CHUNK_SIZE,
     MANIFEST_NAME,
@@ -151,6 +162,7 @@ class CheckpointStore:
         self.fs = fs
         self._root = root.rstrip("/") or root
         self._local = bool(getattr(fs, "local_file", False))
+        self._fence: GenerationFence | None = None
         if not self._local and not self._root.strip("/"):
             raise StorageError(f"cannot use checkpoint storage {self.url}: the URL names no bucket or directory")
 
@@ -210,6 +222,59 @@ class CheckpointStore:
             raise self._fail("write checkpoints to", exc) from None
         if data != b"probe":
             raise StorageError(f"cannot use checkpoint storage {self.url}: probe object read back as {data[:20]!r}")
+
+    # -- fencing ---------------------------------------------------------------------
+
+    def claim_generation(self, generation: int | None, *, run_id: str, attempt: int) -> int:
+        """Claim ``generations/gen-<generation>.json`` and fence every later write by it.
+
+        Returns the claimed generation (``None`` claims the next free one). Raises
+        StaleWriterError when a newer generation already exists (checkpoint/fence.py).
+        """
+        try:
+            self._fence = claim_generation(
+                self.fs, self._root, self.url, generation=generation, run_id=run_id, attempt=attempt,
+                call=self._do, emit=self._emit, local=self._local,
+            )
+        except OSError as exc:
+            raise self._fail("claim a generation in", exc) from None
+        return self._fence.generation
+
+    def newest_generation(self) -> int | None:
+        """The highest generation claimed in this storage (one listing), None when none is."""
+        try:
+            return newest_generation(self.fs, self._remote(GENERATIONS_DIR), self._do)
+        except OSError as exc:
+            raise self._fail("list generations in", exc) from None
+
+    # -- small records beside the checkpoints (OWNER.json) ------------------------------
+
+    def read_record(self, rel: str) -> bytes | None:
+        """The bytes of ``rel`` under the root, None when it does not exist."""
+        self.fs.invalidate_cache(self._remote(rel))
+        try:
+            return self._do("read", rel, lambda: self.fs.cat_file(self._remote(rel)))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._fail("read", exc) from None
+
+    def write_record(self, rel: str, data: bytes, *, create_only: bool) -> None:
+        """Write ``rel`` under the root; ``create_only`` raises FileExistsError if it exists."""
+        remote = self._remote(rel)
+        try:
+            if create_only:
+                self._do("write", rel, lambda: write_create_only(self.fs, remote, data, local=self._local))
+            else:
+                self._put_small(rel, data)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise self._fail("write", exc) from None
+
+    def _check_fence(self, op: str, rel: str) -> None:
+        if self._fence is not None:
+            self._fence.check(op, self._url(rel))
 
     # -- listing ---------------------------------------------------------------------
 
@@ -370,16 +435,21 @@ class CheckpointStore:
         if not local_files:
             raise ValueError(f"Received local_dir={str(local_dir)!r}; expected at least one file in it")
         # Validates every field before the first byte is uploaded.
+        extra = dict(extra or {})
+        if self._fence is not None:
+            extra["generation"] = self._fence.generation
         draft = Manifest(
             schema_version=SCHEMA_VERSION, run_id=run_id, epoch=epoch, step_in_epoch=step_in_epoch,
             global_step=global_step, world_size=world_size, tf_version=tf_version,
             created_at=self._clock(), files={rel: _PLACEHOLDER for rel in local_files},
-            weights_sha256=weights_sha256, extra=dict(extra or {}),
+            weights_sha256=weights_sha256, extra=extra,
         )
         name = self.dir_name(global_step)
         uploading = False
         try:
+            self._check_fence("commit", name)
             entries = self._reuse_committed(global_step, local_files)
+            replacing = entries is not None
             if entries is None:
                 uploading = True
                 if self._local:  # object stores have no directories; a local disk needs them first
@@ -387,11 +457,14 @@ class CheckpointStore:
                         self._do("makedirs", parent, lambda p=parent: self.fs.makedirs(self._remote(p), exist_ok=True))
                 entries = {}
                 for rel, src in local_files.items():
+                    self._check_fence("upload", f"{name}/{rel}")
                     entries[rel] = self._upload(src, f"{name}/{rel}")
                     if on_uploaded is not None:
                         on_uploaded(rel)
+                uploading = False  # past here a failure may be another writer's manifest: keep files
             manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
-            self._put_small(f"{name}/{MANIFEST_NAME}", manifest.to_json().encode())
+            self._check_fence("write manifest", f"{name}/{MANIFEST_NAME}")
+            self._put_manifest(name, manifest.to_json().encode(), replace=replacing)
         except OSError as exc:
             removed = uploading and self._remove_partial(name)
             error = self._fail(f"commit checkpoint {name} to", exc)
@@ -406,9 +479,12 @@ class CheckpointStore:
         """Delete an upload that failed before its manifest (a full disk must not stay full).
 
         Best effort, no retries: the storage just failed, and garbage collection removes
-        what is left once a newer checkpoint commits. True when the directory is gone.
+        what is left once a newer checkpoint commits. True when the directory is gone; a
+        directory with a manifest (committed by someone else meanwhile) is never touched.
         """
         try:
+            if self.fs.exists(self._remote(name, MANIFEST_NAME)):
+                return False
             self.fs.rm(self._remote(name), recursive=True)
         except FileNotFoundError:
             return True
@@ -433,6 +509,7 @@ class CheckpointStore:
             # (a flipped byte is exactly what sends a run back to re-commit this step).
             if local == info.manifest.files and self._hash_check(info).status is Status.OK:
                 return local
+        self._check_fence("delete", f"{name}/{MANIFEST_NAME}")
         self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))
         return None
 
@@ -456,6 +533,28 @@ class CheckpointStore:
             return FileEntry(size=size, sha256=digest.hexdigest())
 
         return self._do("upload", rel, attempt)
+
+    def _put_manifest(self, name: str, data: bytes, *, replace: bool) -> None:
+        """The commit PUT. Fenced writers create it create-only (unless re-committing the
+        same bytes), so a stale writer cannot replace a manifest committed meanwhile."""
+        rel = f"{name}/{MANIFEST_NAME}"
+        if self._fence is None or replace:
+            self._put_small(rel, data)
+            return
+        remote = self._remote(rel)
+
+        def attempt() -> None:
+            try:
+                write_create_only(self.fs, remote, data, local=self._local)
+            except FileExistsError:
+                if self.fs.cat_file(remote) != data:  # not our own retried PUT
+                    raise
+
+        try:
+            self._do("write", rel, attempt)
+        except FileExistsError:
+            self._check_fence("write manifest", rel)  # a newer generation committed it: fenced
+            raise StorageError(f"cannot commit {self._url(name)}: another writer committed it concurrently") from None
 
     def _put_small(self, rel: str, data: bytes) -> None:
         """One small object in one PUT; on a local disk via a temp name and a rename."""
@@ -643,6 +742,7 @@ class CheckpointStore:
     def _delete(self, step: int) -> None:
         """Manifest first (the checkpoint stops existing for readers), then the rest."""
         name = self.dir_name(step)
+        self._check_fence("delete", name)
         try:
             try:
                 self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))

@@ -10,7 +10,13 @@ points: ``after_step`` (a step finished), ``mid_upload`` (the chief uploaded the
 file of the checkpoint, the manifest is not written), ``after_commit`` (MANIFEST.json written),
 ``before_commit`` (checkpoint written locally, nothing uploaded), ``raise`` (an exception from
 the step, like a recipe bug). ``attempt`` defaults to 1, so a restarted group runs clean.
-The signal is real (``os.kill`` on the own pid), so the supervisor sees a real death.
+The signal is real (``os.kill`` on the own pid; SIGSTOP on the calling thread), so the
+supervisor sees a real death. Each fault fires once.
+
+``"signal": "SIGSTOP"`` freezes the whole process instead of killing it (a partitioned
+node, a paused VM): with ``mid_upload`` the chief stops between two file uploads of a
+checkpoint, its persist thread holding a half-uploaded directory, until a test sends
+SIGCONT. tests/integration/test_stale_writer.py uses it to prove generation fencing.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -55,12 +62,21 @@ class FaultPlan:
         for fault in faults:
             if fault.point not in POINTS:
                 raise ValueError(f"RT_FAULTS point {fault.point!r}; expected one of {POINTS}")
+            if not isinstance(getattr(signal, fault.signal, None), signal.Signals):
+                raise ValueError(f"RT_FAULTS signal {fault.signal!r}; expected a signal name such as SIGKILL or SIGSTOP")
         return cls(faults, rank=rank, attempt=attempt)
 
     def hit(self, point: str, global_step: int) -> None:
-        fault = self._armed.get((point, global_step))
+        fault = self._armed.pop((point, global_step), None)  # once: a thawed SIGSTOP goes on
         if fault is None:
             return
         if point == "raise":
             raise InjectedFault(f"injected fault at global_step {global_step}")
-        os.kill(os.getpid(), getattr(signal, fault.signal))
+        sig = getattr(signal, fault.signal)
+        if sig == signal.SIGSTOP:
+            # Directed at the calling thread: a process-directed SIGSTOP is handled by the
+            # main thread, and until it is scheduled this thread (the persist thread) would
+            # go on uploading. The stop is still the whole process's (a group stop).
+            signal.pthread_kill(threading.get_ident(), sig)
+            return
+        os.kill(os.getpid(), sig)

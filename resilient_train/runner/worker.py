@@ -17,6 +17,7 @@ from typing import Mapping
 from resilient_train import events
 from resilient_train.cluster import parse_tf_config
 from resilient_train.config import JobConfig, add_job_arguments, job_from_args
+from resilient_train.slurm import add_tf_config_arguments, environ_with_tf_config
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
@@ -26,6 +27,7 @@ from resilient_train.errors import (
     CheckpointIncompatibleError,
     ConfigError,
     RecipeError,
+    StaleWriterError,
     StorageError,
     StorageUnavailableError,
 )
@@ -37,22 +39,26 @@ __all__ = ["main", "exit_process"]
 _DRAIN_ON_ERROR_S = 2.5
 
 
-def _parse(argv: list[str]) -> JobConfig:
+def _parse(argv: list[str]) -> tuple[JobConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="python -m resilient_train.runner")
     parser.add_argument("--job", help="job file written by the supervisor (job.json)")
     parser.add_argument("recipe_arg", nargs="?", metavar="RECIPE")
     add_job_arguments(parser)
+    add_tf_config_arguments(parser)
     args = parser.parse_args(argv)
     if args.job:
         with open(args.job) as handle:
-            return JobConfig.from_json(handle.read())
+            return JobConfig.from_json(handle.read()), args
     args.recipe = args.recipe_arg
-    return job_from_args(args)
+    return job_from_args(args), args
 
 
 def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
     try:
-        job = _parse(argv)
+        job, args = _parse(argv)
+        environ = environ_with_tf_config(environ, args.tf_config_from, args.port_base)
+        if args.tf_config_from != "env":  # MultiWorkerMirroredStrategy reads os.environ
+            os.environ["TF_CONFIG"] = environ["TF_CONFIG"]
         cluster = parse_tf_config(environ.get("TF_CONFIG"))
     except (ConfigError, OSError, ValueError) as exc:
         print(f"resilient-train worker: {exc}", file=sys.stderr)
@@ -94,6 +100,8 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         # The host cache (checkpoint/cache.py): the chief's commits are written through to
         # this host's disk, and every rank restores from there before shared storage.
         store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir / "local" / "host-cache")
+        if cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
+            store.claim_generation(_generation(environ), run_id=environ.get("RT_RUN_ID", "standalone"), attempt=attempt)
 
         from resilient_train.runner.faults import FaultPlan
         from resilient_train.runner.loop import Trainer  # imports TensorFlow
@@ -119,7 +127,7 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return EXIT_PREEMPTED if result is None else EXIT_OK
-    except (RecipeError, ConfigError, CheckpointIncompatibleError) as exc:
+    except (RecipeError, ConfigError, CheckpointIncompatibleError, StaleWriterError) as exc:
         _record(attempt_dir, cluster.rank, exc, trainer)
         print(f"resilient-train worker {cluster.rank}: fatal: {exc}", file=sys.stderr)
         return EXIT_FATAL
@@ -147,6 +155,17 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
 
         traceback.print_exc()
         return EXIT_FAILURE
+
+
+def _generation(environ: Mapping[str, str]) -> int | None:
+    """``RT_GENERATION`` from the supervisor; None (claim the next free one) for other launchers."""
+    text = environ.get("RT_GENERATION", "")
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"Received RT_GENERATION={text!r}; expected an integer >= 1") from None
 
 
 def _record(attempt_dir: Path, rank: int, exc: BaseException, trainer) -> None:

@@ -66,6 +66,8 @@ from resilient_train.supervisor.policy import (
     RestartTracker,
     classify,
 )
+from resilient_train.supervisor.ownership import claim_storage, generation_for
+from resilient_train.supervisor.rundir_lock import RunDirLock
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]
 
@@ -161,15 +163,22 @@ class Supervisor:
 
     # ------------------------------------------------------------ public
     def run(self) -> int:
-        started = self.clock()
+        """Train to the end; RunDirLockedError at once when another run holds the run dir."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        with RunDirLock(self.run_dir) as lock:
+            return self._run_locked(lock)
+
+    def _run_locked(self, lock: RunDirLock) -> int:
+        started = self.clock()
         self.run_id = self._run_id()
+        lock.record(run_id=self.run_id)
         events.configure(self.events_path, console=None, run_id=self.run_id, role="supervisor")
         tail = EventTail(self.events_path, self.out)
         self.store.check()
         changed = guard_job(self.job, _newest_extra(self.store), accept_changes=self.accept_changes)  # issue 11
         if changed is not None:
             emit("job_changed", **changed)
+        claim_storage(self.store, run_id=self.run_id, run_dir=str(self.run_dir), force=self.job.force_storage)
 
         done = self._completed_manifest()
         if done is not None:
@@ -239,6 +248,7 @@ class Supervisor:
         attempt_dir.mkdir(parents=True, exist_ok=True)
         env = {"RT_ATTEMPT": str(attempt), "RT_RUN_ID": self.run_id, "PYTHONUNBUFFERED": "1"}
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
+        env["RT_GENERATION"] = str(generation_for(self.store, attempt))  # the chief claims it
         specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir) for rank in range(self.job.workers)]
         specs[0].job_path.write_text(self.job.to_json())
         handles = self.launcher.start(specs)
@@ -265,6 +275,9 @@ class Supervisor:
                 return
             failed = any(w.returncode not in (None, EXIT_OK) for w in workers)
             now = self.clock()
+            if self.stop_signal is None and self.launcher.stop_requested():
+                self.stop_signal = f"launcher:{self.launcher.name}"
+                emit("preemption_requested", source=self.stop_signal)
             if self.stop_signal is not None and not forwarded:
                 forwarded = True
                 for worker in alive:
@@ -315,6 +328,9 @@ class Supervisor:
             fields["signal"] = signal.Signals(-code).name
         else:
             fields["exit_code"] = code
+        lost = self.launcher.lost_reason(worker.process)
+        if lost is not None:  # e.g. "node lost": the launcher knows better than the exit code
+            fields["reason"] = lost
         emit("worker_exited", **fields, state=worker.state.value)
         if code not in (EXIT_OK,):
             emit(
@@ -324,10 +340,13 @@ class Supervisor:
             )
 
     def _outcome(self, attempt: int, workers: list[Worker]) -> AttemptOutcome | None:
-        """None when every worker exited 0; otherwise what ended the attempt."""
-        if all(w.returncode == EXIT_OK for w in workers):
-            return None
+        """None when every worker exited 0 and the run's final checkpoint is committed;
+        otherwise what ended the attempt."""
         attempt_dir = self.run_dir / f"attempt-{attempt}"
+        if all(w.returncode == EXIT_OK for w in workers):
+            if self._completed_manifest() is not None:
+                return None
+            return self._exited_without_completing(attempt)
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
         root = choose_root_cause(
             exits, read_errors(attempt_dir), lambda rank: log_tail(attempt_dir / f"worker-{rank}.log", 15),
@@ -354,6 +373,24 @@ class Supervisor:
         if preempted and exit_class is not ExitClass.FATAL:
             exit_class = ExitClass.PREEMPTED
         return AttemptOutcome(attempt, exit_class, root.signature, root.global_step, preempted=preempted)
+
+    def _exited_without_completing(self, attempt: int) -> AttemptOutcome:
+        """Every worker exited 0, yet storage holds no completed checkpoint.
+
+        A worker only exits 0 after the chief committed the final, ``completed`` manifest,
+        so this is never success: the checkpoints went where the supervisor cannot see
+        them (a per-process ``memory://`` filesystem) or a worker quit early. Reporting
+        "completed" here would hand the user a digest of nothing.
+        """
+        reached = self._reached(attempt)
+        signature = "workers exited 0 but no completed checkpoint is in storage"
+        self.totals.root_cause = {
+            "rank": None, "pid": None, "exit": "exit code 0", "type": "IncompleteRun",
+            "message": f"{signature} ({self.store.url})", "global_step": reached, "attempt": attempt,
+        }
+        emit("attempt_incomplete", attempt=attempt, global_step=reached, storage=self.store.url)
+        self.out.write(f"Attempt {attempt}: {signature} ({self.store.url}).\n")
+        return AttemptOutcome(attempt, ExitClass.FAILED, signature, reached)
 
     def _reached(self, attempt: int) -> int | None:
         """The highest global step any worker of ``attempt`` finished (from its step marker)."""

@@ -143,3 +143,23 @@ def alive(pid: int) -> bool:
 
 def kill(pid: int, sig: int = signal.SIGKILL) -> None:
     os.kill(pid, sig)
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped by a signal (state T in /proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ", 1)[1][0] == "T"
+    except OSError:
+        return False
+
+
+def wait_until_stopped(pid: int, *, timeout: float) -> None:
+    """Wait (polling /proc, no fixed sleep decides anything) until ``pid`` is stopped."""
+    deadline = time.monotonic() + timeout
+    while not stopped(pid):
+        if not alive(pid):
+            raise AssertionError(f"pid {pid} exited instead of stopping")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pid {pid} did not stop within {timeout} s")
+        time.sleep(0.05)

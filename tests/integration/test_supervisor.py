@@ -133,7 +133,8 @@ def test_checkpoint_of_another_model_is_a_fatal_named_mismatch(tmp_path):
     storage = tmp_path / "shared-checkpoints"
     first = run_job(LINEAR, tmp_path / "a", "--storage", str(storage), "--epochs", "1")
     assert first.returncode == 0, first.output
-    other = run_job(DIGITS, tmp_path / "b", "--storage", str(storage), *DIGITS_FLAGS)
+    # Another run dir is another run: it may use this storage only when told to.
+    other = run_job(DIGITS, tmp_path / "b", "--storage", str(storage), "--force-storage", *DIGITS_FLAGS)
     assert other.returncode == EXIT_FATAL, other.output
     assert "does not fit recipe digits_cnn's model" in other.output
     assert "variable.shape=(3, 3, 1, 16), Received: value.shape=(2, 1)" in other.output

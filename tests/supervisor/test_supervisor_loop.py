@@ -11,9 +11,12 @@ import json
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from resilient_train.checkpoint import CheckpointStore
 from resilient_train.config import JobConfig
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
+from resilient_train.recipe import recipe_name
 from resilient_train.supervisor.launchers.local import LocalLauncher
 from resilient_train.supervisor.supervisor import Supervisor
 
@@ -40,10 +43,13 @@ class FakeProcess:
     on_sigterm: int | None = None          # code to exit with when SIGTERMed (None: ignore)
     signals: list[tuple[str, float]] = field(default_factory=list)
     returncode: int | None = None
+    on_exit: Callable[[int], None] | None = None  # told the exit code once, as a real chief commits
 
     def poll(self) -> int | None:
         if self.returncode is None and self.exit_at is not None and self.clock.now >= self.exit_at:
             self.returncode = self.exit_code
+            if self.on_exit is not None:
+                self.on_exit(self.returncode)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -56,20 +62,40 @@ class FakeProcess:
             self.returncode = self.on_sigterm
 
 
-class FakeSpawner:
-    """Hands out scripted processes in order; remembers each call's env."""
+def commit_completed(storage: Path, recipe: str) -> None:
+    """What a real chief does before exiting 0: commit the final, ``completed`` checkpoint."""
+    local = storage.parent / "fake-ckpt"
+    local.mkdir(exist_ok=True)
+    (local / "weights").write_bytes(b"w")
+    CheckpointStore(str(storage)).commit(
+        local, run_id="fake", epoch=1, step_in_epoch=0, global_step=10, world_size=2,
+        weights_sha256="0" * 64, tf_version="fake", extra={"completed": True, "recipe": recipe_name(recipe)},
+    )
 
-    def __init__(self, clock: FakeClock, scripts: list[dict]) -> None:
+
+class FakeSpawner:
+    """Hands out scripted processes in order; remembers each call's env.
+
+    A chief (rank 0) that exits 0 commits a completed checkpoint first, as a real one does,
+    unless its script says ``"commits": False``.
+    """
+
+    def __init__(self, clock: FakeClock, scripts: list[dict], storage: Path | None = None, recipe: str = "") -> None:
         self.clock = clock
         self.scripts = list(scripts)
+        self.storage = storage
+        self.recipe = recipe
         self.calls: list[dict] = []
         self.processes: list[FakeProcess] = []
 
     def __call__(self, argv, env, log_path: Path) -> FakeProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text("fake worker log line\n")
-        script = self.scripts.pop(0)
+        script = dict(self.scripts.pop(0))
+        commits = script.pop("commits", True)
         process = FakeProcess(pid=4000 + len(self.processes), clock=self.clock, **script)
+        if commits and json.loads(env["TF_CONFIG"])["task"]["index"] == 0 and self.storage is not None:
+            process.on_exit = lambda code: code == 0 and commit_completed(self.storage, self.recipe)
         if process.exit_at is not None:  # scripts give seconds after the spawn
             process.exit_at += self.clock.now
         self.calls.append({"argv": argv, "env": env})
@@ -79,7 +105,6 @@ class FakeSpawner:
 
 def make(tmp_path: Path, scripts: list[dict], **job_kwargs) -> tuple[Supervisor, FakeSpawner, FakeClock, io.StringIO]:
     clock = FakeClock()
-    spawner = FakeSpawner(clock, scripts)
     out = io.StringIO()
     job = JobConfig(
         recipe="recipes/linear_regression.py",
@@ -87,6 +112,7 @@ def make(tmp_path: Path, scripts: list[dict], **job_kwargs) -> tuple[Supervisor,
         warm_standby=False,
         **job_kwargs,
     )
+    spawner = FakeSpawner(clock, scripts, storage=tmp_path / "run" / "checkpoints", recipe=job.recipe)
     launcher = LocalLauncher(job, spawner=spawner)
     supervisor = Supervisor(job, out=out, launcher=launcher, clock=clock.time, sleep=clock.sleep, backoff_initial_s=0.25)
     return supervisor, spawner, clock, out
@@ -183,6 +209,19 @@ def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
     assert supervisor.run() == EXIT_PREEMPTED
     assert [p.signals[0][0] for p in spawner.processes] == ["SIGTERM", "SIGTERM"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "preempted"
+
+
+def test_workers_exiting_0_without_a_completed_checkpoint_is_not_success(tmp_path):
+    # e.g. memory:// storage: each worker's checkpoints live in its own process
+    scripts = [{"exit_at": 1.0, "commits": False}, {"exit_at": 1.0}]
+    supervisor, _, _, out = make(tmp_path, scripts, max_restarts=0)
+    assert supervisor.run() == EXIT_FAILURE
+    [incomplete] = events(tmp_path, "attempt_incomplete")
+    assert (incomplete["attempt"], incomplete["storage"]) == (1, str(tmp_path / "run" / "checkpoints"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["weights_sha256"], summary["root_cause"]["type"]) == ("failed", None, "IncompleteRun")
+    assert "workers exited 0 but no completed checkpoint is in storage" in out.getvalue()
+    assert "Run completed" not in out.getvalue()
 
 
 def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, monkeypatch):

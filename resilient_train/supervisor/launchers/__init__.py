@@ -15,4 +15,12 @@ def make_launcher(job: JobConfig) -> Launcher:
         from resilient_train.supervisor.launchers.local import LocalLauncher
 
         return LocalLauncher(job)
+    if job.launcher == "ray":
+        from resilient_train.supervisor.launchers.ray import RayLauncher
+
+        return RayLauncher(job)
+    if job.launcher == "slurm":
+        from resilient_train.supervisor.launchers.slurm import SlurmLauncher
+
+        return SlurmLauncher(job)
     raise ConfigError(f"Received launcher={job.launcher!r}; expected one of {list(LAUNCHERS)}")

@@ -26,6 +26,7 @@ Lifecycle, driven by the supervisor's single loop::
     prepare()                         once; ConfigError for what can be known up front
     start(specs) -> handles           once per attempt, specs in rank order
     maintain(training=...)            every poll: pump files, reap/refill standbys
+    stop_requested()                  every poll: True = the engine is stopping the job
     close()                           once, always (finally)
 """
 
@@ -105,6 +106,11 @@ class Launcher(abc.ABC):
     def describe(self, handle: WorkerHandle) -> dict[str, object]:
         """Extra ``worker_started`` fields for ``handle`` (node, standby, ...)."""
         return {}
+
+    def stop_requested(self) -> bool:
+        """The engine asked the whole job to stop (Slurm preemption reaching the tasks, not
+        the supervisor): the supervisor then saves and exits 143 like on its own SIGTERM."""
+        return False
 
     def lost_reason(self, handle: WorkerHandle) -> str | None:
         """Why ``handle`` exited when the launcher knows better than its exit code (node lost)."""

@@ -1,0 +1,261 @@
+"""One worker slot on a node: the node-side half of the Ray launcher, without Ray.
+
+A ``Slot`` lives inside a Ray actor (launchers/ray.py wraps it) on the node the placement
+group gave it, and owns at most one worker process and one warm standby there. Nothing on
+the node is shared with the supervisor but the checkpoint storage, so:
+
+* the worker writes into a **node-local run dir** (``<base>/slot-<n>``): its job file says
+  so (``run_dir`` replaced), and ``local/`` (the host cache, the ranks' work dirs) is a link
+  to ``<base>/local``, one per node and run, so the host cache is per node;
+* ``poll()`` returns what the worker wrote since the last poll (``FileChunk``s), and the
+  supervisor side appends them to its own run dir (``apply_chunks``). ``events.jsonl`` and
+  logs are *appended* (events only up to the last complete line, so a torn line never
+  travels); step markers and error files are *replaced* whenever they changed;
+* the exit code is read **before** the files in the same ``poll()``, so the reply that
+  reports an exit also carries everything the worker wrote before it exited.
+
+The worker is started exactly like a local one (``python -m resilient_train.runner --job``,
+or a warm standby that gets the same argv and environment, see runner/standby.py), with
+the Linux parent-death signal: when the actor dies (``ray.kill``, a lost node, the
+supervisor's driver going away), its worker and standby die with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from resilient_train.config import JobConfig
+from resilient_train.events import EventFile
+from resilient_train.supervisor._process import die_with_parent_hook
+
+__all__ = ["FileChunk", "Slot", "SlotReport", "apply_chunks"]
+
+_EVENTS = "events.jsonl"
+
+
+@dataclass(frozen=True)
+class FileChunk:
+    """New bytes of one file under a run dir; ``replace``: the whole new content."""
+
+    path: str  # relative to the run dir, e.g. "attempt-2/worker-1.log"
+    data: bytes
+    replace: bool = False
+
+
+@dataclass(frozen=True)
+class SlotReport:
+    """One ``Slot.poll()``: the worker's exit code (None: running) and its new output."""
+
+    returncode: int | None
+    chunks: tuple[FileChunk, ...] = ()
+    standby_ready: bool = False
+
+
+def _is_pumped(relative: str) -> bool:
+    """The files the supervisor reads: events, and each attempt's logs, markers, errors."""
+    if relative == _EVENTS:
+        return True
+    parts = relative.split("/")
+    return len(parts) == 2 and parts[0].startswith("attempt-") and parts[1] != "job.json"
+
+
+def _replaced(relative: str) -> bool:
+    name = relative.rsplit("/", 1)[-1]
+    return name.startswith(("step-", "error-"))
+
+
+class _Pump:
+    """Remembers how much of each file under ``root`` was already sent."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._offsets: dict[str, int] = {}
+        self._stamps: dict[str, tuple[int, int]] = {}
+
+    def collect(self) -> tuple[FileChunk, ...]:
+        chunks = [self._read(rel) for rel in self._files()]
+        return tuple(c for c in chunks if c is not None)
+
+    def _files(self) -> list[str]:
+        found = []
+        for path in [self.root / _EVENTS, *sorted(self.root.glob("attempt-*/*"))]:
+            relative = path.relative_to(self.root).as_posix()
+            if _is_pumped(relative) and path.is_file() and not path.name.endswith(".tmp"):
+                found.append(relative)
+        return found
+
+    def _read(self, relative: str) -> FileChunk | None:
+        path = self.root / relative
+        try:
+            if _replaced(relative):
+                stat = path.stat()
+                stamp = (stat.st_mtime_ns, stat.st_size)
+                if self._stamps.get(relative) == stamp:
+                    return None
+                data = path.read_bytes()
+                self._stamps[relative] = stamp
+                return FileChunk(relative, data, replace=True)
+            offset = self._offsets.get(relative, 0)
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+        except OSError:
+            return None
+        if relative == _EVENTS:
+            data = data[: data.rfind(b"\n") + 1]  # whole lines only
+        if not data:
+            return None
+        self._offsets[relative] = offset + len(data)
+        return FileChunk(relative, data)
+
+
+def apply_chunks(run_dir: Path, chunks: tuple[FileChunk, ...] | list[FileChunk]) -> None:
+    """Supervisor side: write what a slot sent into the supervisor's run dir."""
+    for chunk in chunks:
+        target = Path(run_dir) / chunk.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if chunk.path == _EVENTS:
+            for line in chunk.data.splitlines():
+                try:
+                    EventFile(target).append(json.loads(line))
+                except ValueError:
+                    continue  # not an event line; never expected (whole lines only)
+        elif chunk.replace:
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_bytes(chunk.data)
+            os.replace(tmp, target)
+        else:
+            with open(target, "ab") as handle:
+                handle.write(chunk.data)
+
+
+class Slot:
+    """A worker slot on this node; see the module docstring.
+
+    ``base`` is the node-local directory for this run (created if missing); ``index``
+    names this slot's run dir under it.
+    """
+
+    def __init__(self, base: str, index: int, *, python: str = sys.executable) -> None:
+        self.base = Path(base)
+        self.run_dir = self.base / f"slot-{index}"
+        self.python = python
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.base / "local").mkdir(parents=True, exist_ok=True)
+        local = self.run_dir / "local"
+        if not local.exists():
+            local.symlink_to(self.base / "local", target_is_directory=True)
+        self._pump = _Pump(self.run_dir)
+        self._worker: subprocess.Popen | Any | None = None
+        self._standby: Any = None
+        self._standby_seq = 0
+
+    # ------------------------------------------------------------ placement
+    def free_port(self, host: str) -> int:
+        """A port free on this node now (the worker binds it moments later)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return sock.getsockname()[1]
+
+    # ------------------------------------------------------------ workers
+    def start(self, job_json: str, rank: int, attempt: int, env: Mapping[str, str]) -> dict[str, Any]:
+        """Start rank ``rank`` of ``attempt``: the warm standby when one is ready, else cold."""
+        if self._worker is not None and self._worker.poll() is None:
+            raise RuntimeError(f"slot {self.run_dir} still runs a worker (pid {self._worker.pid})")
+        job = JobConfig.from_json(job_json)
+        job = dataclasses.replace(job, run_dir=str(self.run_dir))
+        attempt_dir = self.run_dir / f"attempt-{attempt}"
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        job_path = attempt_dir / "job.json"
+        job_path.write_text(job.to_json())
+        log_path = attempt_dir / f"worker-{rank}.log"
+        full_env = {**os.environ, **env}
+        argv = ["--job", str(job_path)]
+        standby = self._take_standby()
+        if standby is not None and standby.assign({"argv": argv, "env": full_env, "log": str(log_path)}):
+            self._worker = standby
+            return {"pid": standby.pid, "standby": True}
+        if standby is not None:
+            standby.release()
+        with open(log_path, "ab") as log:
+            self._worker = subprocess.Popen(
+                [self.python, "-m", "resilient_train.runner", *argv],
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent_hook(),
+            )
+        return {"pid": self._worker.pid, "standby": False}
+
+    def poll(self) -> SlotReport:
+        """The worker's exit code (read first) and everything it wrote since the last poll."""
+        code = self._worker.poll() if self._worker is not None else None
+        ready = self._standby_ready()
+        return SlotReport(code, self._pump.collect(), ready)
+
+    def signal(self, sig: int) -> None:
+        if self._worker is not None and self._worker.poll() is None:
+            try:
+                self._worker.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    # ------------------------------------------------------------ standby
+    def prestart_standby(self, recipe: str) -> int | None:
+        """Start a warm standby (TensorFlow and ``recipe`` imported) unless one is alive."""
+        if self._standby is not None and self._standby.poll() is None:
+            return self._standby.pid
+        from resilient_train.supervisor.standby import PopenStandby
+
+        self._standby_seq += 1
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        self._standby = PopenStandby(
+            [self.python, "-m", "resilient_train.runner.standby", "--recipe", recipe],
+            env,
+            self.run_dir / "standby" / f"standby-{self._standby_seq}.log",
+        )
+        return self._standby.pid
+
+    def _standby_ready(self) -> bool:
+        if self._standby is None or self._standby.poll() is not None:
+            return False
+        status = self._standby.status()
+        return bool(status and status.get("ok"))
+
+    def _take_standby(self) -> Any:
+        """The standby if it is alive and reported itself usable; else None (released)."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        if standby.poll() is None and standby.status() is None:
+            return standby  # still importing: taking it beats a cold start from nothing
+        if standby.poll() is None and (standby.status() or {}).get("ok"):
+            return standby
+        standby.release()
+        return None
+
+    # ------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Kill what is left and remove this slot's run dir (the supervisor has its copy)."""
+        if self._standby is not None:
+            self._standby.release()
+            self._standby = None
+        worker, self._worker = self._worker, None
+        if isinstance(worker, subprocess.Popen):
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait()
+        elif worker is not None:  # a standby that became the worker
+            worker.release()
+        shutil.rmtree(self.run_dir, ignore_errors=True)

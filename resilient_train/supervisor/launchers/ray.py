@@ -1,0 +1,384 @@
+"""The Ray launcher: one worker per bundle of a placement group, on an existing Ray cluster.
+
+The supervisor stays where it was started (its run dir lives only there) and joins the
+cluster as a Ray driver. Each attempt's ranks run in **slot actors**, one per bundle of a
+placement group (``--ray-strategy spread``: a bundle per node where possible; ``pack``:
+fill nodes first); each bundle reserves ``--cpus-per-worker`` CPUs and
+``--gpus-per-worker`` GPUs, so Ray itself sets the actor's CUDA_VISIBLE_DEVICES. A slot
+actor (``_slot.Slot``) starts the real worker (``python -m resilient_train.runner``) as a
+child process on its node, with TF_CONFIG built from the slots' node IPs and ports free on
+those nodes (rank 0, the chief, in bundle 0), and sends back what the worker writes.
+
+What the supervisor learns, and how:
+
+* a worker process exits: the slot's next ``poll`` reply carries its exit code (and, in
+  the same reply, the last bytes of its log, events, step marker and error file);
+* a slot actor or its whole node dies: the pending ``poll`` raises ``RayActorError``
+  (``ActorDiedError``, ``ActorUnavailableError``) once Ray knows. The handle then reports
+  ``-SIGKILL`` with ``lost_reason`` "node lost" and a ``node_lost`` event names the node
+  (or "slot actor lost" when only the actor died and Ray still lists its node alive).
+  How fast Ray knows a node is gone is Ray's health check (``health_check_period_ms``,
+  ``health_check_failure_threshold``; README "Ray").
+
+Either way the supervisor does its usual gang restart. The next attempt reuses the slot
+actors when every one of them is alive (each may hold a warm standby: a process that
+imported TensorFlow and the recipe, started once the attempt trained), and otherwise
+removes them with their placement group and asks Ray for a new one, which may land on
+other nodes (a spare). Ray does not reschedule the old group's bundles by itself here:
+the actors are created with ``max_restarts=0``.
+
+Loopback: when the Ray address is on 127.0.0.1/localhost (a test cluster on one machine),
+the driver must say so too: Ray resolves "127.0.0.1" to the machine's interface address
+and would wait for a GCS there. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (an environment
+variable Ray reads at import) makes Ray's own node-IP lookup answer 127.0.0.1; it is set
+only for loopback addresses, before ray is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from resilient_train import events
+from resilient_train.cluster import build_tf_config
+from resilient_train.config import JobConfig
+from resilient_train.errors import ConfigError
+from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks
+from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
+
+__all__ = ["RayLauncher", "RayHandle", "LauncherError", "check_storage", "ray_address", "placement_strategy"]
+
+PLACEMENT_TIMEOUT_S = float(os.environ.get("RT_RAY_PLACEMENT_TIMEOUT_S", "60"))
+POLL_INTERVAL_S = 0.2
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
+
+
+class LauncherError(ConfigError):
+    """The cluster cannot give what the job asks (no placement in time).
+
+    A ConfigError, so the CLI ends with its one-line message and exit 2 instead of a
+    traceback: more CPUs/GPUs per worker than the cluster has is the usual cause.
+    """
+
+
+# ------------------------------------------------------------------ pure helpers
+def ray_address(job: JobConfig, environ: dict[str, str] | os._Environ = os.environ) -> str:
+    """``--ray-address``, else RAY_ADDRESS, else "auto" (the cluster this node belongs to)."""
+    return job.ray_address or environ.get("RAY_ADDRESS") or "auto"
+
+
+def is_loopback(address: str) -> bool:
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in _LOOPBACK_HOSTS
+
+
+def placement_strategy(name: str) -> str:
+    try:
+        return _STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(f"Received ray_strategy={name!r}; expected one of {sorted(_STRATEGIES)}") from None
+
+
+def check_storage(job: JobConfig) -> None:
+    """Refuse storage that other nodes cannot reach (ConfigError, before any worker)."""
+    scheme = urlparse(job.storage).scheme if "://" in job.storage else ""
+    if scheme == "memory":
+        raise ConfigError(
+            f"Received storage={job.storage!r} with --launcher ray; memory:// lives in one process. "
+            "Pass --storage s3://bucket/prefix (or gs://...), or a shared mount with --storage-shared."
+        )
+    if scheme in ("", "file") and not job.storage_shared:
+        raise ConfigError(
+            f"Received storage={job.storage!r} with --launcher ray; a local path is not reachable from other nodes. "
+            "Pass --storage s3://bucket/prefix (or gs://...), or a mount every node shares with --storage-shared."
+        )
+
+
+def job_for_nodes(job: JobConfig) -> JobConfig:
+    """The job as nodes see it: a local recipe file and shared storage path made absolute."""
+    updates: dict[str, Any] = {}
+    if os.path.exists(job.recipe):
+        updates["recipe"] = os.path.abspath(job.recipe)
+    if "://" not in job.storage:
+        updates["storage"] = os.path.abspath(job.storage)
+    elif job.storage.startswith("file://"):
+        updates["storage"] = "file://" + os.path.abspath(job.storage[len("file://"):])
+    return dataclasses.replace(job, **updates)
+
+
+def unique_addresses(ips: list[str], ports: list[int]) -> bool:
+    """Two slots on one machine (a test cluster) can be told the same free port."""
+    addresses = [f"{ip}:{port}" for ip, port in zip(ips, ports)]
+    return len(set(addresses)) == len(addresses)
+
+
+# ------------------------------------------------------------------ handles
+@dataclass
+class _SlotState:
+    actor: Any
+    node_id: str
+    node_ip: str
+    pending: Any = None  # the ObjectRef of an outstanding poll
+    last_poll: float = 0.0
+    standby_ready: bool = False
+
+
+class RayHandle:
+    """A worker in a slot actor: ``poll`` answers from the last report the launcher pumped."""
+
+    def __init__(self, launcher: "RayLauncher", slot: int, pid: int, standby: bool) -> None:
+        self.launcher = launcher
+        self.slot = slot
+        self.pid = pid
+        self.standby = standby
+        self.returncode: int | None = None
+        self.lost: str | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.launcher.pump()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            self.launcher.signal(self.slot, sig)
+
+
+# ------------------------------------------------------------------ the launcher
+class RayLauncher(Launcher):
+    name = "ray"
+
+    def __init__(self, job: JobConfig, *, ray_module: Any = None, clock=time.monotonic) -> None:
+        self.job = job
+        self.node_job = job_for_nodes(job)
+        self.clock = clock
+        self._ray = ray_module
+        self._slot_actor: Any = None
+        self._group: Any = None
+        self._slots: list[_SlotState] = []
+        self._handles: dict[int, RayHandle] = {}
+        self._prestarted = False
+
+    # ------------------------------------------------------------ lifecycle
+    def prepare(self) -> None:
+        check_storage(self.job)
+        placement_strategy(self.job.ray_strategy)
+        ray = self._import_ray()
+        address = ray_address(self.job)
+        kwargs: dict[str, Any] = {"address": address, "logging_level": "ERROR", "log_to_driver": False}
+        if is_loopback(address):
+            kwargs["_node_ip_address"] = "127.0.0.1"
+        # ray.init installs a SIGTERM handler that exits the driver; the supervisor's own
+        # (forward SIGTERM, let the workers save, exit 143) must stay in place.
+        sigterm = signal.getsignal(signal.SIGTERM)
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError(f"Cannot join the Ray cluster at {address!r}: {_first_line(exc)}") from None
+        finally:
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
+        self._slot_actor = ray.remote(num_cpus=0, max_restarts=0)(_RaySlot)
+        events.emit("ray_connected", address=address, nodes=sum(1 for n in ray.nodes() if n.get("Alive")))
+
+    def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
+        ray = self._ray
+        if not self._slots or any(self._dead(i) for i in range(len(self._slots))):
+            self._release()
+            self._place(len(specs), run_id=specs[0].env.get("RT_RUN_ID", "run"))
+        ports = self._ports()
+        addresses = [f"{s.node_ip}:{p}" for s, p in zip(self._slots, ports)]
+        job_json = self.node_job.to_json()
+        refs = []
+        for spec, slot in zip(specs, self._slots):
+            env = {**spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
+            refs.append(slot.actor.start.remote(job_json, spec.rank, spec.attempt, env))
+        started = ray.get(refs, timeout=PLACEMENT_TIMEOUT_S)
+        self._handles = {}
+        self._prestarted = False
+        for index, info in enumerate(started):
+            self._handles[index] = RayHandle(self, index, int(info["pid"]), bool(info["standby"]))
+            self._slots[index].pending = None
+        return [self._handles[i] for i in range(len(specs))]
+
+    def maintain(self, *, training: bool) -> None:
+        self.pump()
+        if training and self.job.warm_standby and not self._prestarted:
+            self._prestarted = True
+            for slot in self._slots:
+                slot.actor.prestart_standby.remote(self.node_job.recipe)
+
+    def close(self) -> None:
+        self._release()
+        if self._ray is not None and self._ray.is_initialized():
+            self._ray.shutdown()
+
+    def describe(self, handle: WorkerHandle) -> dict[str, object]:
+        if not isinstance(handle, RayHandle):
+            return {}
+        slot = self._slots[handle.slot]
+        return {"node": slot.node_id, "node_ip": slot.node_ip, "standby": handle.standby}
+
+    def lost_reason(self, handle: WorkerHandle) -> str | None:
+        return handle.lost if isinstance(handle, RayHandle) else None
+
+    # ------------------------------------------------------------ pumping
+    def pump(self) -> None:
+        """Take in every finished poll reply; send a new poll to each slot that needs one."""
+        ray = self._ray
+        now = self.clock()
+        for index, slot in enumerate(self._slots):
+            handle = self._handles.get(index)
+            if handle is None or handle.returncode is not None:
+                continue
+            if slot.pending is not None:
+                ready, _ = ray.wait([slot.pending], timeout=0)
+                if not ready:
+                    continue
+                ref, slot.pending = slot.pending, None
+                try:
+                    self._take(handle, slot, ray.get(ref))
+                except ray.exceptions.RayActorError as exc:
+                    self._lost(handle, slot, exc)
+                    continue
+            if handle.returncode is None and now - slot.last_poll >= POLL_INTERVAL_S:
+                slot.pending = slot.actor.poll.remote()
+                slot.last_poll = now
+
+    def _take(self, handle: RayHandle, slot: _SlotState, report: SlotReport) -> None:
+        apply_chunks(Path(self.job.run_dir), report.chunks)
+        if report.standby_ready and not slot.standby_ready:
+            events.emit("standby_ready", node=slot.node_id, slot=handle.slot)
+        slot.standby_ready = report.standby_ready
+        if report.returncode is not None:
+            handle.returncode = report.returncode
+
+    def _lost(self, handle: RayHandle, slot: _SlotState, exc: BaseException) -> None:
+        """The slot actor is gone: with its node (``node_lost``), or alone (killed)."""
+        node_alive = self._node_alive(slot.node_id)
+        handle.lost = "slot actor lost" if node_alive else "node lost"
+        handle.returncode = -signal.SIGKILL
+        if not node_alive:
+            events.emit("node_lost", node=slot.node_id, node_ip=slot.node_ip, slot=handle.slot, pid=handle.pid,
+                        error=type(exc).__name__)
+
+    def _node_alive(self, node_id: str) -> bool:
+        """Ray's view (the GCS marks a node dead before it reports its actors dead)."""
+        try:
+            return any(n.get("NodeID") == node_id and n.get("Alive") for n in self._ray.nodes())
+        except Exception:  # noqa: BLE001 - no answer from the GCS: assume the worst
+            return False
+
+    def signal(self, slot: int, sig: int) -> None:
+        self._slots[slot].actor.signal.remote(int(sig))  # fire and forget; a dead actor ignores it
+
+    # ------------------------------------------------------------ placement
+    def _place(self, count: int, *, run_id: str) -> None:
+        ray = self._ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle: dict[str, float] = {"CPU": float(self.job.cpus_per_worker)}
+        if self.job.gpus_per_worker:
+            bundle["GPU"] = float(self.job.gpus_per_worker)
+        group = placement_group([dict(bundle) for _ in range(count)], strategy=placement_strategy(self.job.ray_strategy))
+        self._group = group
+        ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise LauncherError(
+                f"Ray could not place {count} workers with {bundle} each ({self.job.ray_strategy}) within "
+                f"{PLACEMENT_TIMEOUT_S:.0f} s; cluster resources: {ray.available_resources()}"
+            )
+        actors = []
+        for index in range(count):
+            options = {
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+                "num_cpus": float(self.job.cpus_per_worker),
+                "num_gpus": float(self.job.gpus_per_worker),
+            }
+            actors.append(self._slot_actor.options(**options).remote(run_id, index))
+        try:
+            where = ray.get([a.where.remote() for a in actors], timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise LauncherError(f"Ray placed the workers but their actors did not start within {PLACEMENT_TIMEOUT_S:.0f} s") from None
+        self._slots = [_SlotState(actor, node_id, node_ip) for actor, (node_id, node_ip) in zip(actors, where)]
+        events.emit("placement_ready", strategy=self.job.ray_strategy, nodes=[s.node_id for s in self._slots])
+
+    def _ports(self) -> list[int]:
+        ips = [s.node_ip for s in self._slots]
+        for _ in range(20):
+            ports = self._ray.get([s.actor.free_port.remote(s.node_ip) for s in self._slots], timeout=PLACEMENT_TIMEOUT_S)
+            if unique_addresses(ips, ports):
+                return ports
+        raise LauncherError(f"could not find {len(ips)} distinct free ports on nodes {ips}")
+
+    def _dead(self, index: int) -> bool:
+        handle = self._handles.get(index)
+        return handle is not None and handle.lost is not None
+
+    def _release(self) -> None:
+        """Kill the slot actors (their workers and standbys die with them) and the group."""
+        ray = self._ray
+        for slot in self._slots:
+            try:
+                ray.get(slot.actor.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - a dead or stuck actor is killed below either way
+                pass
+            ray.kill(slot.actor, no_restart=True)
+        self._slots = []
+        self._handles = {}
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._group)
+            self._group = None
+
+    def _import_ray(self) -> Any:
+        if self._ray is not None:
+            return self._ray
+        address = ray_address(self.job)
+        if is_loopback(address):
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # see the module docstring
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--launcher ray needs Ray: pip install 'resilient-train[ray]'") from None
+        if is_loopback(address):
+            # Ray was imported before we could set the variable (a driver that imported it
+            # itself): flip the same switch where Ray reads it (a private module).
+            import ray._private.ray_constants as ray_constants
+
+            ray_constants.ENABLE_RAY_CLUSTER = False
+        self._ray = ray
+        return ray
+
+
+class _RaySlot(Slot):
+    """The slot as a Ray actor: its run dir is under the node's temp dir; it can say where it is."""
+
+    def __init__(self, run_id: str, index: int) -> None:
+        super().__init__(_node_base(run_id), index)
+
+    def where(self) -> tuple[str, str]:
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+
+def _node_base(run_id: str) -> str:
+    """The run's directory on a node (each node's own temp dir; see _slot.Slot)."""
+    return str(Path(tempfile.gettempdir()) / "resilient-train-ray" / run_id)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

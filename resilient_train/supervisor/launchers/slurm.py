@@ -1,0 +1,283 @@
+"""The Slurm launcher: each attempt is one ``srun`` step over the allocation's nodes.
+
+``resilient-train run RECIPE --launcher slurm`` runs inside an allocation (``sbatch``,
+``salloc``; deploy/slurm/run.sbatch), the supervisor in the batch step. Every attempt is
+
+    srun --nodes=K --ntasks=WORKERS --distribution=block --kill-on-bad-exit=0 --wait=0
+         --output=<attempt_dir>/worker-%t.log python -m ...launchers.slurm_task <attempt_dir> --
+         python -m resilient_train.runner --job <attempt_dir>/job.json --tf-config-from slurm
+
+so each task builds its TF_CONFIG from its Slurm environment (resilient_train/slurm.py) and
+rank = SLURM_PROCID. The supervisor keeps its one restart loop: a new attempt is a new step in
+the same allocation.
+
+Why ``--kill-on-bad-exit=0 --wait=0`` (the issue asked for ``--kill-on-bad-exit``): with it,
+srun kills the surviving tasks the moment one fails, and the survivors' exit codes say
+"killed by srun" instead of what they were doing. The supervisor must see each task's *own*
+exit code (143 = preempted after an agreed save, 3 = fatal, 1 = failed) to pick the root
+cause and to let peers finish a preemption save; it already tears the gang down itself
+(SIGTERM, then SIGKILL after a grace). ``--wait=0`` likewise stops srun from killing the
+step some time after the first task exits. Task exit codes come from the slurm_task wrapper
+(``slurm-task-<rank>.json`` in the attempt dir), since srun returns only one status.
+
+Signals go to the whole step (``scancel --signal=SIG JOBID.STEPID``): Slurm cannot signal one
+task of a step, and the supervisor only ever signals the whole gang anyway.
+
+Preemption by Slurm (``scancel --signal=TERM``, preemption with GraceTime, ``--signal``)
+reaches the tasks, not necessarily the supervisor: the wrapper records it, ``stop_requested``
+reports it, and the supervisor treats it like its own SIGTERM (agreed save, exit 143), so
+that ``--requeue`` resumes with zero lost steps.
+
+Refused up front (exit 2): no allocation (SLURM_JOB_ID unset), more workers than the
+allocation's tasks, and a run dir the nodes do not share (a probe step writes one file per
+node there; the workers write their logs, step markers and error files straight into it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Protocol
+
+from resilient_train import events
+from resilient_train.config import JobConfig
+from resilient_train.errors import ConfigError
+from resilient_train.slurm import DEFAULT_PORT_BASE, expand_hostlist
+from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
+from resilient_train.supervisor.launchers.slurm_task import exit_path, term_path
+
+__all__ = ["SlurmLauncher", "Commands", "SubprocessCommands"]
+
+# A new attempt listens on other ports than the one before (a task of the old step may still
+# be dying during Slurm's KillWait): base + (attempt - 1) % PORT_ROTATION * workers.
+PORT_ROTATION = 8
+_PROBE_TIMEOUT_S = 120.0
+_STEP_END_TIMEOUT_S = 30.0
+_TASKS_REPORTED_S = 10.0  # srun ends on its own once its tasks did; only then scancel KILL
+
+
+class Commands(Protocol):
+    """How the launcher runs Slurm's commands (a fake in unit tests)."""
+
+    def popen(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen: ...
+
+    def run(self, argv: list[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess: ...
+
+
+class SubprocessCommands:
+    def popen(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+    def run(self, argv: list[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@dataclass
+class _Step:
+    """One attempt's srun step: its process, name and the signals already sent to it."""
+
+    process: subprocess.Popen
+    name: str
+    job_id: str
+    attempt_dir: Path
+    step_id: str | None = None
+    sent: set[int] = field(default_factory=set)
+
+
+class SlurmTask:
+    """One rank of a step, as the supervisor sees it (a WorkerHandle)."""
+
+    def __init__(self, launcher: "SlurmLauncher", step: _Step, rank: int) -> None:
+        self.launcher, self.step, self.rank = launcher, step, rank
+        self.pid = step.process.pid  # srun's: the task's own pid is on its node
+        self.unreported = False
+
+    def poll(self) -> int | None:
+        code = _read_exit(self.step.attempt_dir, self.rank)
+        if code is not None:
+            return code
+        if self.step.process.poll() is None:
+            return None
+        code = _read_exit(self.step.attempt_dir, self.rank)  # written before srun could end
+        if code is None:
+            self.unreported = True
+            return -signal.SIGKILL
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        self.launcher.signal_step(self.step, sig)
+
+
+class SlurmLauncher(Launcher):
+    name = "slurm"
+
+    def __init__(
+        self,
+        job: JobConfig,
+        *,
+        commands: Commands | None = None,
+        environ: Mapping[str, str] = os.environ,
+        python: str = sys.executable,
+    ) -> None:
+        self.job = job
+        self.commands = commands or SubprocessCommands()
+        self.environ = environ
+        self.python = python
+        self.port_base = int(environ.get("RT_SLURM_PORT_BASE", DEFAULT_PORT_BASE))
+        self.job_id = ""
+        self.nodes: list[str] = []
+        self.step: _Step | None = None
+
+    # ------------------------------------------------------------ seam
+    def prepare(self) -> None:
+        self.job_id = self.environ.get("SLURM_JOB_ID", "")
+        if not self.job_id:
+            raise ConfigError(
+                "--launcher slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set); "
+                "submit deploy/slurm/run.sbatch with sbatch, or start it under salloc"
+            )
+        self.nodes = expand_hostlist(self.environ.get("SLURM_JOB_NODELIST", ""))
+        tasks = self.environ.get("SLURM_NTASKS")
+        if tasks and tasks.isdigit() and int(tasks) < self.job.workers:
+            raise ConfigError(
+                f"Received --workers {self.job.workers} but Slurm job {self.job_id} has {tasks} task(s); "
+                f"submit with --ntasks={self.job.workers} (one task per worker)"
+            )
+        self._check_shared_run_dir()
+
+    def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
+        self._end_previous_step()
+        attempt_dir = specs[0].attempt_dir
+        name = f"rt-{attempt_dir.name}-{uuid.uuid4().hex[:6]}"
+        env = self._env(specs[0].env)
+        process = self.commands.popen(self.srun_argv(specs, name), env, attempt_dir / "srun.log")
+        self.step = _Step(process, name, self.job_id, attempt_dir)
+        events.emit("slurm_step_started", step_name=name, slurm_job=self.job_id, attempt=specs[0].attempt,
+                    port_base=self._port_base(specs[0].attempt))
+        return [SlurmTask(self, self.step, spec.rank) for spec in specs]
+
+    def stop_requested(self) -> bool:
+        """Slurm itself sent SIGTERM to this attempt's tasks (not the supervisor)."""
+        step = self.step
+        if step is None or signal.SIGTERM in step.sent:
+            return False
+        return any(term_path(step.attempt_dir, rank).exists() for rank in range(self.job.workers))
+
+    def close(self) -> None:
+        self._end_previous_step()
+
+    def describe(self, handle: WorkerHandle) -> dict[str, object]:
+        return {"slurm_job": self.job_id, "slurm_step_name": self.step.name if self.step else None}
+
+    def lost_reason(self, handle: WorkerHandle) -> str | None:
+        if isinstance(handle, SlurmTask) and handle.unreported:
+            return (
+                f"Slurm step {handle.step.name} ended without task {handle.rank} reporting an exit "
+                f"(killed by SIGKILL or its node was lost); see {handle.step.attempt_dir / 'srun.log'}"
+            )
+        return None
+
+    # ------------------------------------------------------------ srun
+    def srun_argv(self, specs: list[WorkerSpec], name: str) -> list[str]:
+        attempt_dir = specs[0].attempt_dir
+        return [
+            "srun",
+            f"--job-name={name}",
+            f"--nodes={min(len(self.nodes), len(specs))}",
+            f"--ntasks={len(specs)}",
+            "--distribution=block",
+            "--kill-on-bad-exit=0",
+            "--wait=0",
+            f"--output={attempt_dir / 'worker-%t.log'}",  # stderr joins it (no --error)
+            "--export=ALL",
+            self.python, "-m", "resilient_train.supervisor.launchers.slurm_task", str(attempt_dir), "--",
+            self.python, "-m", "resilient_train.runner", "--job", str(specs[0].job_path),
+            "--tf-config-from", "slurm", "--port-base", str(self._port_base(specs[0].attempt)),
+        ]
+
+    def signal_step(self, step: _Step, sig: int) -> None:
+        """``scancel --signal`` to every task of ``step``, once per signal."""
+        if sig in step.sent or step.process.poll() is not None:
+            return
+        step.sent.add(sig)
+        step_id = self._step_id(step)
+        if step_id is None:  # not registered yet (or already gone): srun forwards what it can
+            step.process.send_signal(sig)
+            return
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        self.commands.run(["scancel", f"--signal={name}", step_id], self.environ, timeout=60)
+
+    def _step_id(self, step: _Step) -> str | None:
+        if step.step_id is None:
+            found = self.commands.run(
+                ["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={step.job_id}", f"--name={step.name}"],
+                self.environ,
+                timeout=60,
+            )
+            ids = found.stdout.split() if found.returncode == 0 else []
+            step.step_id = ids[0] if ids else None
+        return step.step_id
+
+    def _port_base(self, attempt: int) -> int:
+        return self.port_base + (attempt - 1) % PORT_ROTATION * self.job.workers
+
+    def _env(self, attempt_env: Mapping[str, str]) -> dict[str, str]:
+        env = {**self.environ, **attempt_env}
+        env.pop("TF_CONFIG", None)  # each task builds its own
+        return env
+
+    def _end_previous_step(self) -> None:
+        """The previous attempt's srun must be gone before the next step (or the run) starts."""
+        step, self.step = self.step, None
+        if step is None or _ended(step.process, _TASKS_REPORTED_S):
+            return  # normally: every task reported its exit, srun follows within moments
+        self.signal_step(step, signal.SIGKILL)
+        if not _ended(step.process, _STEP_END_TIMEOUT_S):
+            step.process.kill()
+            step.process.wait()
+
+    def _check_shared_run_dir(self) -> None:
+        """A probe step writes one file per node into the run dir; every file must be here."""
+        probe_dir = Path(self.job.run_dir).resolve() / "slurm-probe"
+        probe_dir.mkdir(parents=True, exist_ok=True)
+        for old in probe_dir.iterdir():
+            old.unlink()
+        write = "import os, sys; open(os.path.join(sys.argv[1], os.environ['SLURMD_NODENAME']), 'w').close()"
+        argv = ["srun", f"--nodes={len(self.nodes)}", f"--ntasks={len(self.nodes)}", "--ntasks-per-node=1",
+                "--overlap", self.python, "-c", write, str(probe_dir)]
+        result = self.commands.run(argv, self._env({}), timeout=_PROBE_TIMEOUT_S)
+        if result.returncode != 0:
+            raise ConfigError(
+                f"The probe step `srun ... python` failed in Slurm job {self.job_id} (exit {result.returncode}): "
+                f"{(result.stderr or '').strip()[-300:]}"
+            )
+        missing = [node for node in self.nodes if not (probe_dir / node).exists()]
+        if missing:
+            raise ConfigError(
+                f"Run dir {self.job.run_dir} is not shared with node(s) {missing}; --launcher slurm needs "
+                "--run-dir on a filesystem every node mounts (the checkpoint storage may be s3://)"
+            )
+
+
+def _ended(process: subprocess.Popen, timeout: float) -> bool:
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _read_exit(attempt_dir: Path, rank: int) -> int | None:
+    try:
+        return int(json.loads(exit_path(attempt_dir, rank).read_text())["exit_code"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError) as exc:  # written atomically, so this is not a torn write
+        raise RuntimeError(f"Unreadable Slurm task report {exit_path(attempt_dir, rank)}: {exc}") from None

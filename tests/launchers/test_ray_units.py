@@ -1,0 +1,123 @@
+"""The Ray launcher's pure logic, without Ray: storage rule, addresses, the file pump."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from resilient_train.cli import main as cli_main
+from resilient_train.config import JobConfig
+from resilient_train.errors import EXIT_USAGE, ConfigError
+from resilient_train.events import read_events
+from resilient_train.supervisor.launchers._slot import FileChunk, _Pump, apply_chunks
+from resilient_train.supervisor.launchers.ray import (
+    check_storage,
+    is_loopback,
+    job_for_nodes,
+    placement_strategy,
+    ray_address,
+    unique_addresses,
+)
+
+
+def job(**values) -> JobConfig:
+    return JobConfig(recipe="recipes/digits_cnn.py", run_dir="runs/x", launcher="ray", **values)
+
+
+@pytest.mark.parametrize("storage", ["runs/x/checkpoints", "/mnt/ckpt", "file:///mnt/ckpt"])
+def test_local_storage_is_refused_unless_shared(storage):
+    with pytest.raises(ConfigError, match="not reachable from other nodes.*s3://.*--storage-shared"):
+        check_storage(job(storage=storage))
+    check_storage(job(storage=storage, storage_shared=True))
+
+
+def test_memory_storage_is_refused_even_when_called_shared():
+    with pytest.raises(ConfigError, match="memory:// lives in one process"):
+        check_storage(job(storage="memory://ckpt", storage_shared=True))
+
+
+def test_object_storage_needs_no_flag():
+    check_storage(job(storage="s3://bucket/prefix"))
+
+
+def test_nodes_get_absolute_recipe_and_storage_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.py").write_text("")
+    node_job = job_for_nodes(JobConfig(recipe="r.py", run_dir="run", storage="ck", storage_shared=True))
+    assert (node_job.recipe, node_job.storage) == (str(tmp_path / "r.py"), str(tmp_path / "ck"))
+    assert job_for_nodes(job(storage="s3://b/p")).storage == "s3://b/p"
+    assert job_for_nodes(JobConfig(recipe="some.module", storage="s3://b/p")).recipe == "some.module"
+
+
+def test_ray_address_flag_then_environment_then_auto():
+    assert ray_address(job(ray_address="10.0.0.1:6379"), {"RAY_ADDRESS": "x:1"}) == "10.0.0.1:6379"
+    assert ray_address(job(), {"RAY_ADDRESS": "x:1"}) == "x:1"
+    assert ray_address(job(), {}) == "auto"
+
+
+@pytest.mark.parametrize(
+    "address, loopback",
+    [("127.0.0.1:6379", True), ("localhost:1", True), ("ray://127.0.0.1:10001", True),
+     ("10.1.2.3:6379", False), ("auto", False)],
+)
+def test_loopback_addresses(address, loopback):
+    assert is_loopback(address) is loopback
+
+
+def test_strategies_and_config_validation():
+    assert (placement_strategy("spread"), placement_strategy("pack")) == ("SPREAD", "PACK")
+    with pytest.raises(ConfigError, match=r"ray_strategy='strict'; expected one of \['spread', 'pack'\]"):
+        job(ray_strategy="strict")
+    with pytest.raises(ConfigError, match="cpus_per_worker=0; expected a number of CPUs > 0"):
+        job(cpus_per_worker=0)
+
+
+def test_duplicate_addresses_are_detected():
+    assert unique_addresses(["127.0.0.1", "127.0.0.1"], [5000, 5001])
+    assert not unique_addresses(["127.0.0.1", "127.0.0.1"], [5000, 5000])
+    assert unique_addresses(["10.0.0.1", "10.0.0.2"], [5000, 5000])
+
+
+def test_cli_refuses_local_storage_before_any_worker(tmp_path, capsys):
+    code = cli_main(["run", "recipes/digits_cnn.py", "--launcher", "ray", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert err.startswith("resilient-train: error: Received storage=") and len(err.strip().splitlines()) == 1
+    assert "--storage-shared" in err and "Traceback" not in err
+    assert [e["event"] for e in read_events(tmp_path / "run" / "events.jsonl")] == ["storage_claimed", "run_started"]
+
+
+def test_pump_sends_only_new_bytes_whole_event_lines_and_replaced_markers(tmp_path):
+    node, home = tmp_path / "node", tmp_path / "home"
+    (node / "attempt-1").mkdir(parents=True)
+    pump = _Pump(node)
+    first = {"event": "first_step", "global_step": 1}
+    (node / "events.jsonl").write_text(json.dumps(first) + "\n" + '{"event": "tor')
+    (node / "attempt-1" / "worker-0.log").write_text("hello\n")
+    (node / "attempt-1" / "step-0.txt").write_text("3   \n")
+    (node / "attempt-1" / "job.json").write_text("{}")
+    chunks = pump.collect()
+    assert sorted(c.path for c in chunks) == ["attempt-1/step-0.txt", "attempt-1/worker-0.log", "events.jsonl"]
+    apply_chunks(home, chunks)
+
+    with open(node / "events.jsonl", "a") as handle:
+        handle.write('n"}\n')
+    with open(node / "attempt-1" / "worker-0.log", "a") as handle:
+        handle.write("world\n")
+    (node / "attempt-1" / "step-0.txt").write_text("10  \n")
+    apply_chunks(home, pump.collect())
+    assert pump.collect() == ()  # nothing new
+
+    assert [e["event"] for e in read_events(home / "events.jsonl")] == ["first_step", "torn"]
+    assert (home / "attempt-1" / "worker-0.log").read_text() == "hello\nworld\n"
+    assert (home / "attempt-1" / "step-0.txt").read_text() == "10  \n"
+    assert not (home / "attempt-1" / "job.json").exists()
+
+
+def test_replaced_chunk_overwrites_and_appended_chunk_appends(tmp_path):
+    apply_chunks(tmp_path, [FileChunk("attempt-2/error-1.json", b"{}"), FileChunk("attempt-2/worker-1.log", b"a")])
+    apply_chunks(tmp_path, [FileChunk("attempt-2/error-1.json", b"{\"x\": 1}", replace=True),
+                            FileChunk("attempt-2/worker-1.log", b"b")])
+    assert (tmp_path / "attempt-2" / "error-1.json").read_text() == '{"x": 1}'
+    assert (tmp_path / "attempt-2" / "worker-1.log").read_text() == "ab"
