@@ -12,7 +12,8 @@ checkpoint manifest's ``extra`` (so a new run dir pointed at old storage is chec
 A re-run compares; any difference stops with exit 2, listing what changed and how to go
 on: a new ``--run-dir``/``--storage`` for a new job, or ``--accept-changes`` to continue
 this one under the new values (the fingerprint is then replaced and ``job_changed`` is
-emitted).
+emitted). Before the first checkpoint is committed a change is simply recorded: there are
+no weights of the old job yet (the usual case: a recipe bug fixed after a failed start).
 
 One change is allowed without asking: **more epochs**. Training a finished (or running)
 job for longer is what a user who raises ``--epochs`` means; the first ``epochs`` epochs
@@ -139,6 +140,10 @@ def _describe(changes: list[tuple[str, Any, Any]]) -> str:
     return ", ".join(parts)
 
 
+def _as_fields(changes: list[tuple[str, Any, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: {"was": old, "now": new} for name, old, new in changes}
+
+
 def _only_more_epochs(changes: list[tuple[str, Any, Any]]) -> bool:
     return len(changes) == 1 and changes[0][0] == "epochs" and changes[0][2] > changes[0][1]
 
@@ -158,9 +163,12 @@ def check_and_record(
 ) -> dict[str, Any] | None:
     """Compare ``current`` with the run dir's and the newest manifest's fingerprint.
 
+    ``manifest_extra`` is the newest committed manifest's ``extra``, None when nothing is
+    committed: then a change has no old weights to mix with and is recorded, not refused.
     Returns the ``job_changed`` event fields when the run goes on under changed values
-    (more epochs, or ``--accept-changes``), None when nothing changed. Raises
-    ``ConfigError`` (exit 2) listing the changes otherwise. Writes ``fingerprint.json``.
+    (nothing committed yet, more epochs, or ``--accept-changes``), None when nothing
+    changed. Raises ``ConfigError`` (exit 2) listing the changes otherwise. Writes
+    ``fingerprint.json``.
     """
     path = Path(run_dir) / FINGERPRINT_FILE
     recorded = _read(path)
@@ -168,14 +176,18 @@ def check_and_record(
         recorded = JobFingerprint.from_dict(manifest_extra["fingerprint"])
     changes = compare(recorded, current) if recorded is not None else []
     event = None
-    if changes:
+    if changes and manifest_extra is None:
+        # Nothing committed yet (e.g. the first attempt failed on a recipe bug that is now
+        # fixed): no weights of the old job exist to be mixed with the new one.
+        event = {"changes": _as_fields(changes), "accepted": "no checkpoint committed yet"}
+    elif changes:
         if not (accept_changes or _only_more_epochs(changes)):
             raise ConfigError(
                 f"{run_dir} holds a job with other settings ({_describe(changes)}). To start a new run, "
                 "pass a new --run-dir (and --storage if set); to continue this one as changed, add --accept-changes"
             )
         event = {
-            "changes": {name: {"was": old, "now": new} for name, old, new in changes},
+            "changes": _as_fields(changes),
             "accepted": "more epochs" if _only_more_epochs(changes) else "--accept-changes",
         }
     if recorded is None or changes:

@@ -24,7 +24,10 @@ def job(tmp_path: Path, **values) -> JobConfig:
     return JobConfig(recipe=values.pop("recipe", RECIPE), run_dir=str(tmp_path / "run"), **values)
 
 
-def guard(tmp_path, *, accept=False, extra=None, **values):
+COMMITTED = {"completed": False}  # a committed checkpoint's extra (from before fingerprints)
+
+
+def guard(tmp_path, *, accept=False, extra=COMMITTED, **values):
     return check_and_record(tmp_path / "run", fingerprint_for_supervisor(job(tmp_path, **values)), extra,
                             accept_changes=accept)
 
@@ -86,6 +89,14 @@ def test_a_new_run_dir_on_old_storage_is_checked_against_the_manifest(tmp_path):
                                  resolve_params(recipe.params, {}))
     with pytest.raises(ConfigError, match=r"seed 7 -> 0"):
         guard(tmp_path, extra={"fingerprint": old.to_dict()})
+
+
+def test_before_anything_is_committed_a_change_is_recorded_not_refused(tmp_path):
+    guard(tmp_path, seed=1, extra=None)
+    assert guard(tmp_path, seed=2, extra=None) == {"changes": {"seed": {"was": 1, "now": 2}},
+                                                   "accepted": "no checkpoint committed yet"}
+    with pytest.raises(ConfigError, match=r"seed 2 -> 3"):
+        guard(tmp_path, seed=3)
 
 
 def test_unknown_fields_are_never_changes(tmp_path):
