@@ -64,6 +64,7 @@ class JobConfig:
     steps_per_execution: int = 1
     eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
     eval_steps: int | None = None  # None: the whole eval_dataset
+    strict_resume: bool = False
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -188,7 +189,7 @@ _JOB_FLAGS = (
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
-    "eval_every_epochs", "eval_steps",
+    "eval_every_epochs", "eval_steps", "strict_resume",
 )
 
 
@@ -238,6 +239,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         help="--launcher ray: the local --storage path is a mount every node shares (otherwise refused)")
     add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
         help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
+    add("--strict-resume", action="store_true", default=None,
+        help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
 
 
 def job_from_args(args: argparse.Namespace) -> JobConfig:

@@ -31,6 +31,7 @@ from typing import Any
 import tensorflow as tf
 
 from resilient_train.recipe import Recipe
+from resilient_train.runner.determinism import InputCheck, first_batch_digest, seed_input_rng
 
 __all__ = ["RecipeInputContext", "epoch_dataset", "accepts_start_step"]
 
@@ -55,18 +56,32 @@ def epoch_dataset(
     steps_per_epoch: int,
     global_batch_size: int,
     params: dict[str, Any],
+    input_check: InputCheck | None = None,
 ):
-    """The distributed dataset for ``epoch``, positioned at ``start_step``."""
+    """The distributed dataset for ``epoch``, positioned at ``start_step``.
+
+    TensorFlow's global seed is reset from ``(seed, epoch)`` right before each call of
+    ``recipe.dataset`` (runner/determinism.py), so an unseeded shuffle is the same on every
+    attempt. With ``input_check``, the chief (input pipeline 0) also hashes the first batch
+    of a separate build of the epoch from its start, for the resume check.
+    """
+
+    def build(context: RecipeInputContext, start: int) -> tuple[tf.data.Dataset, int]:
+        """The recipe's dataset from batch ``start`` on, and the batches still to skip."""
+        seed_input_rng(seed, epoch)
+        if accepts_start_step(recipe.dataset):
+            dataset, skip = recipe.dataset(context, epoch, seed, start_step=start), 0
+        else:
+            dataset, skip = recipe.dataset(context, epoch, seed), start
+        if not isinstance(dataset, tf.data.Dataset):
+            raise TypeError(f"recipe {recipe.name}: dataset() returned {type(dataset).__name__}; expected a tf.data.Dataset")
+        return dataset, skip
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         context = RecipeInputContext(input_context, global_batch_size, params)
-        if accepts_start_step(recipe.dataset):
-            dataset = recipe.dataset(context, epoch, seed, start_step=start_step)
-            skip = 0
-        else:
-            dataset, skip = recipe.dataset(context, epoch, seed), start_step
-        if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(f"recipe {recipe.name}: dataset() returned {type(dataset).__name__}; expected a tf.data.Dataset")
+        if input_check is not None and input_context.input_pipeline_id == 0:
+            input_check.observe(epoch, first_batch_digest(build(context, 0)[0]))
+        dataset, skip = build(context, start_step)
         options = tf.data.Options()
         options.deterministic = True
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

@@ -56,6 +56,7 @@ from resilient_train.cluster import ClusterInfo
 from resilient_train.config import JobConfig
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
 from resilient_train.events import emit
+from resilient_train.fingerprint import fingerprint_for_worker
 from resilient_train.recipe import Recipe
 from resilient_train.runner.checkpointing import (
     AsyncCheckpointer,
@@ -68,8 +69,10 @@ from resilient_train.runner.checkpointing import (
     persist_twin,
     twin_rng_state,
 )
+from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
 from resilient_train.runner.data import epoch_dataset
 from resilient_train.runner.evaluation import Evaluator
+from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.runner.save_policy import SavePolicy
 from resilient_train.stepmarker import StepMarker
@@ -154,6 +157,7 @@ class Trainer:
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
         self.stats = _EpochStats()
+        self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
         self._stop_noticed = False
         self._stop_agreed = False
         self._last_saved: int | None = None
@@ -273,13 +277,11 @@ class Trainer:
         names = self._value_names
 
         def step_fn(batch, flags):
-            features, labels, sample_weight = _unpack(batch)
+            features, labels, sample_weight = unpack_batch(batch, recipe.name)
             with tf.GradientTape() as tape:
                 predictions = model(features, training=True)
-                per_example = recipe.loss(labels, predictions)
-                loss = tf.nn.compute_average_loss(
-                    per_example, sample_weight=sample_weight, global_batch_size=global_batch_size
-                )
+                per_example = per_example_loss(recipe, labels, predictions)
+                loss = average_loss(per_example, sample_weight, global_batch_size)
                 if model.losses:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             gradients = tape.gradient(loss, model.trainable_variables)
@@ -344,6 +346,8 @@ class Trainer:
                 f"{self.recipe.name}'s model: {_first_line(exc)}"
             ) from None
         self.stats.load_extra(manifest.extra)
+        self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
+                                same_world_size=manifest.world_size == self.cluster.num_workers)
         self._last_saved = manifest.global_step
         if manifest.world_size != self.cluster.num_workers:
             emit(
@@ -389,6 +393,8 @@ class Trainer:
                 "epochs": self.job.epochs,
                 "steps_per_epoch": self.job.steps_per_epoch,
                 "recipe": self.recipe.name,
+                "fingerprint": fingerprint_for_worker(self.job, self.recipe.source, self.params).to_dict(),
+                **self.input_check.to_extra(int(self.epoch.numpy())),
             },
         )
 
@@ -438,6 +444,7 @@ class Trainer:
         iterator = iter(epoch_dataset(
             self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=start,
             steps_per_epoch=steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,
+            input_check=self.input_check,
         ))
         step_in_epoch, global_step = start, int(self.global_step.numpy())
         while step_in_epoch < steps_per_epoch:
@@ -531,12 +538,6 @@ class _Progress:
         )
         self.last = self.window_start = now
         self.window_steps = 0
-
-
-def _unpack(batch: Any) -> tuple[Any, Any, Any]:
-    """A recipe's batch -> (features, labels, sample_weight or None)."""
-    features, labels = batch
-    return features, labels, None
 
 
 def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:
