@@ -149,9 +149,14 @@ def _only_more_epochs(changes: list[tuple[str, Any, Any]]) -> bool:
 
 
 def guard_job(job: JobConfig, manifest_extra: Mapping[str, Any] | None, *, accept_changes: bool) -> dict[str, Any] | None:
-    """The supervisor's call: :func:`check_and_record` for ``job`` in its run dir."""
+    """The supervisor's call: :func:`check_and_record` for ``job`` in its run dir.
+
+    ``--force-storage`` ("its checkpoints become this run's") accepts the storage's job as
+    changed too; what does not fit the model is then the worker's fatal error to name.
+    """
+    accepted = "--force-storage" if job.force_storage and not accept_changes else accept_changes
     return check_and_record(Path(job.run_dir), fingerprint_for_supervisor(job), manifest_extra,
-                            accept_changes=accept_changes)
+                            accept_changes=accepted)
 
 
 def check_and_record(
@@ -159,7 +164,7 @@ def check_and_record(
     current: JobFingerprint,
     manifest_extra: Mapping[str, Any] | None,
     *,
-    accept_changes: bool,
+    accept_changes: bool | str,
 ) -> dict[str, Any] | None:
     """Compare ``current`` with the run dir's and the newest manifest's fingerprint.
 
@@ -188,7 +193,8 @@ def check_and_record(
             )
         event = {
             "changes": _as_fields(changes),
-            "accepted": "more epochs" if _only_more_epochs(changes) else "--accept-changes",
+            "accepted": "more epochs" if _only_more_epochs(changes) else
+                        accept_changes if isinstance(accept_changes, str) else "--accept-changes",
         }
     if recorded is None or changes:
         _write(path, current)

@@ -107,3 +107,13 @@ def test_unknown_fields_are_never_changes(tmp_path):
     assert computed.epochs is None and computed.params == {}
     known = computed.__class__(**{**computed.to_dict(), "epochs": 3})
     assert compare(known, computed) == []
+
+
+def test_force_storage_accepts_the_storage_job_as_changed(tmp_path):
+    from resilient_train.fingerprint import guard_job
+
+    recipe = load_recipe(RECIPE)
+    old = fingerprint_for_worker(job(tmp_path, seed=7).with_recipe_defaults(recipe.defaults), recipe.source,
+                                 resolve_params(recipe.params, {}))
+    event = guard_job(job(tmp_path, force_storage=True), {"fingerprint": old.to_dict()}, accept_changes=False)
+    assert event == {"changes": {"seed": {"was": 7, "now": 0}}, "accepted": "--force-storage"}
