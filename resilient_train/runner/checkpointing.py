@@ -39,7 +39,7 @@ in parallel; setup refuses to continue if any name, shape or dtype differs.
 # Which workers take part: the twin holds plain local variables and the snapshot reads
 # each live variable's local copy, which needs no collective. In async mode only the
 # chief snapshots and persists; the other workers skip saving entirely (in sync mode they
-# still write a private temp copy, see Trainer.save). The exception is a model with
+# still write a private temp copy, see SyncCheckpointer). The exception is a model with
 # sync-on-read variables, whose read in cross-replica context IS a collective: then every
 # worker snapshots (at the same agreed step) and only the chief persists.
 """
