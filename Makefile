@@ -33,6 +33,8 @@ chaos: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_overhead.py
 	$(BIN)/python benchmarks/recovery.py
+	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/reentry.py
 
 clean:
 	rm -rf runs .pytest_cache

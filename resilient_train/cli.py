@@ -7,6 +7,7 @@
     resilient-train ls URL [--json]         list checkpoints (no hashing)
     resilient-train export URL --recipe R --out DIR [--step N] [--format F]   a checkpoint as a model
     resilient-train doctor [--json] [--storage URL]   check this machine before training
+    resilient-train check RECIPE            is the recipe's input deterministic? (two fresh processes)
 
 User errors end in one or two lines on stderr and exit code 2; nothing is started.
 """
@@ -33,10 +34,18 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train a recipe on local worker processes")
     run.add_argument("recipe", nargs="?", help="recipe file or module (e.g. recipes/digits_cnn.py)")
     add_job_arguments(run)
+    run.add_argument("--accept-changes", action="store_true",
+                     help="continue a run whose recipe, params, seed or sizes changed (default: refuse, exit 2)")
     worker = sub.add_parser("worker", help="run one worker (TF_CONFIG set by your launcher)")
     worker.add_argument("recipe", nargs="?")
     add_job_arguments(worker)
     add_tf_config_arguments(worker)
+    check = sub.add_parser("check", help="build a few batches of epochs 0 and 1 twice in fresh processes; exit 1 if they differ")
+    check.add_argument("recipe", help="recipe file or module")
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter")
+    check.add_argument("--global-batch-size", type=int)
+    check.add_argument("--batches", type=int, default=3, help="batches per epoch to compare (default 3)")
     for name, help_text in (("verify", "verify every checkpoint (hashes all files)"), ("ls", "list checkpoints (no hashing)")):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("url", help="storage URL (the --storage of the run)")
@@ -80,16 +89,18 @@ def main(argv: list[str] | None = None) -> int:
             return doctor_command(as_json=args.json, storage=args.storage,
                                   storage_options=parse_storage_options(args.storage_option),
                                   workers=args.workers, gpus_per_worker=args.gpus_per_worker)
+        if args.command == "check":
+            return _check(args)
         job = job_from_args(args)
         if args.command == "worker":
             from resilient_train.runner.worker import main as worker_main
 
             return worker_main(argv[1:])
-        from resilient_train.recipe import check_recipe_source
+        from resilient_train.preflight import preflight
         from resilient_train.supervisor.supervisor import Supervisor
 
-        check_recipe_source(job.recipe, eval_every_epochs=job.eval_every_epochs)
-        return Supervisor(job).run()
+        preflight(job)
+        return Supervisor(job, accept_changes=args.accept_changes).run()
     except (ConfigError, RecipeError, RunDirLockedError, StorageError) as exc:
         print(f"resilient-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -109,6 +120,14 @@ def _export(args: argparse.Namespace) -> int:
         storage_options=parse_storage_options(args.storage_option),
         overrides=parse_set_pairs(args.set),
     )
+def _check(args: argparse.Namespace) -> int:
+    from resilient_train.config import parse_set_pairs
+    from resilient_train.recipe import check_recipe_source
+    from resilient_train.runner.check_input import check_command
+
+    check_recipe_source(args.recipe)
+    return check_command(args.recipe, seed=args.seed, params=parse_set_pairs(args.set),
+                         global_batch_size=args.global_batch_size, batches=args.batches)
 
 
 if __name__ == "__main__":

@@ -61,8 +61,10 @@ class JobConfig:
     ray_strategy: str = "spread"
     cpus_per_worker: float = 1.0
     storage_shared: bool = False  # a local storage path is a mount every node shares
+    steps_per_execution: int = 1
     eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
     eval_steps: int | None = None  # None: the whole eval_dataset
+    strict_resume: bool = False
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -79,6 +81,7 @@ class JobConfig:
         if self.max_preemptions is not None:
             _check_int("max_preemptions", self.max_preemptions, minimum=0)
         _check_int("gpus_per_worker", self.gpus_per_worker, minimum=0)
+        _check_int("steps_per_execution", self.steps_per_execution, minimum=1)
         if self.eval_every_epochs is not None:
             _check_int("eval_every_epochs", self.eval_every_epochs, minimum=0)
         if self.eval_steps is not None:
@@ -184,8 +187,9 @@ _JOB_FLAGS = (
     "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
     "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
-    "warm_standby", "launcher", "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
-    "eval_every_epochs", "eval_steps",
+    "warm_standby", "launcher", "steps_per_execution",
+    "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
+    "eval_every_epochs", "eval_steps", "strict_resume",
 )
 
 
@@ -219,6 +223,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
     add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
+    add("--steps-per-execution", type=_positive_or_zero_int, metavar="N",
+        help="training steps per compiled call; saves, stop requests and progress happen between calls (default 1)")
     add("--eval-every-epochs", type=_positive_or_zero_int, metavar="N",
         help="evaluate on the recipe's eval_dataset every N epochs (default 1 when it has one; 0: never)")
     add("--eval-steps", type=_positive_or_zero_int, metavar="S", help="evaluate at most S batches (default: all)")
@@ -233,6 +239,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         help="--launcher ray: the local --storage path is a mount every node shares (otherwise refused)")
     add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
         help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
+    add("--strict-resume", action="store_true", default=None,
+        help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
 
 
 def job_from_args(args: argparse.Namespace) -> JobConfig:

@@ -54,6 +54,8 @@ __all__ = [
     "RootCause",
     "choose_root_cause",
     "tail_lines",
+    "log_tail",
+    "is_startup_noise",
 ]
 
 _log = logging.getLogger(__name__)
@@ -307,12 +309,15 @@ class _Failure:
     returncode: int | None
     time: float
     error: WorkerError | None
+    note: str | None = None
 
     @property
     def secondary(self) -> bool:
         return self.error is not None and self.error.secondary
 
     def describe_exit(self) -> str:
+        if self.note is not None:
+            return self.note
         return describe_exit(self.returncode) if self.returncode is not None else "still running"
 
     def one_line(self) -> str:
@@ -327,14 +332,18 @@ def choose_root_cause(
     exits: Mapping[int, tuple[int, int, float]],
     errors: list[WorkerError],
     log_tail: Callable[[int], list[str]],
+    exit_notes: Mapping[int, str] | None = None,
 ) -> RootCause | None:
     """Pick the root cause of an attempt; ``None`` when no worker failed.
 
     ``exits`` maps rank to ``(pid, returncode, exit_time)`` for the workers that exited
     (``exit_time`` in epoch seconds). A worker failed if it exited with a code other than
     ``EXIT_OK`` / ``EXIT_PREEMPTED``, or recorded an error and did not exit cleanly.
-    ``log_tail(rank)`` is called for the root cause only.
+    ``log_tail(rank)`` is called for the root cause only. ``exit_notes`` replaces the exit
+    description of a rank where the supervisor knows better than the exit status (a
+    stopped worker it SIGKILLed "stopped responding"; the SIGKILL was its teardown).
     """
+    notes = exit_notes or {}
     by_rank = {e.rank: e for e in errors}
     failures: list[_Failure] = []
     for rank, (pid, returncode, exit_time) in exits.items():
@@ -342,7 +351,7 @@ def choose_root_cause(
         if returncode == EXIT_OK or (returncode == EXIT_PREEMPTED and error is None):
             continue
         when = error.time if error is not None else exit_time
-        failures.append(_Failure(rank, pid, returncode, when, error))
+        failures.append(_Failure(rank, pid, returncode, when, error, notes.get(rank)))
     for rank, error in by_rank.items():
         if rank not in exits:  # recorded its error, not reaped yet
             failures.append(_Failure(rank, error.pid, None, error.time, error))
@@ -367,6 +376,27 @@ def choose_root_cause(
         global_step=step,
         secondary_details={f.rank: f.one_line() for f in others},
     )
+
+
+# TensorFlow's start-up chatter: true on every run, never the cause of a failure.
+_STARTUP_NOISE = re.compile(
+    r"oneDNN custom operations are on|TF_ENABLE_ONEDNN_OPTS|cudart|Could not find cuda drivers"
+    r"|failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory|TF-TRT Warning"
+    r"|This TensorFlow binary is optimized|rebuild TensorFlow with the appropriate compiler flags"
+    r"|All log messages before absl::InitializeLog|computation_placer\.cc|cpu_feature_guard\.cc"
+    r"|successful NUMA node read",
+)
+
+
+def is_startup_noise(line: str) -> bool:
+    """A TensorFlow start-up line (oneDNN, CUDA runtime probing, CPU features)."""
+    return _STARTUP_NOISE.search(line) is not None
+
+
+def log_tail(path: Path, n: int = 15) -> list[str]:
+    """The last ``n`` lines of a worker log that are not TensorFlow start-up noise."""
+    lines = [line for line in tail_lines(path, 4 * n + 50) if not is_startup_noise(line)]
+    return lines[-n:]
 
 
 def tail_lines(path: Path, n: int = 20, *, block_size: int = 8192) -> list[str]:

@@ -15,10 +15,10 @@ lines never interleave.
 
 Vocabulary (``event`` field, stable snake_case names; README "Events and summary"):
 
-* run: run_started, run_finished, run_already_complete, attempt_reached
+* run: run_started, run_finished, run_already_complete, attempt_reached, job_changed
 * workers: worker_started, worker_exited, worker_failed, worker_preempted, first_step
 * training: fresh_start, restored, train_progress, epoch_finished, training_completed,
-  world_size_changed, preemption_requested, preempted
+  world_size_changed, input_mismatch, preemption_requested, preempted
 * checkpoints: checkpoint_committed, checkpoint_rejected, checkpoint_waited,
   checkpoint_failed, checkpoint_fetched, cache_rejected, cache_write_failed,
   garbage_collected, storage_retry, storage_claimed, generation_claimed, stale_writer_fenced

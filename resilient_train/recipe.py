@@ -10,13 +10,15 @@ Required functions::
     def build_model(params) -> keras.Model        # built (use keras.Input), inside strategy scope
     def build_optimizer(params) -> keras.optimizers.Optimizer
     def loss(labels, predictions) -> Tensor        # PER-EXAMPLE loss, shape [batch]
-    def dataset(input_context, epoch, seed) -> tf.data.Dataset  # per-replica batches (x, y)
+    def dataset(input_context, epoch, seed) -> tf.data.Dataset  # per-replica batches (x, y) or (x, y, w)
 
 Optional::
 
     DEFAULTS = {"epochs": 3, "steps_per_epoch": 50, "global_batch_size": 64}
     PARAMS = {"learning_rate": 0.01}                # recipe parameters, set with --set key=value
     def metrics(labels, predictions) -> dict[str, Tensor]   # per-example values, averaged per epoch
+    def dataset(input_context, epoch, seed, start_step=0)    # may take start_step: the epoch from
+                                                           # batch start_step on (cheap re-entry)
     def eval_dataset(input_context, seed) -> tf.data.Dataset  # FINITE held-out per-replica batches (x, y)
 
 ``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
@@ -38,6 +40,11 @@ mid-epoch re-entry by skipping batches):
 2. Random layers (Dropout, noise) draw from Keras seed generators (``seed=...`` or the
    global seed the runner sets); their state is checkpointed.
 3. No Python-side state that changes during training outside the model and optimizer.
+
+The runner resets TensorFlow's global seed from ``(seed, epoch)`` right before each
+``dataset`` call (an unseeded ``shuffle()`` resumes exactly) and checks after a restore that
+the resumed epoch's first batch is the one recorded with the checkpoint
+(runner/determinism.py; ``resilient-train check RECIPE`` runs the same check up front).
 
 This module does not import TensorFlow: the supervisor checks a recipe's shape (it parses,
 defines the required functions) before it spends seconds starting workers.

@@ -343,3 +343,19 @@ def test_tail_lines_edge_cases(tmp_path: Path) -> None:
     partial = tmp_path / "partial.log"
     partial.write_bytes(b"a\nb\n\xff half a line")
     assert tail_lines(partial, 2, block_size=3) == ["b", "\ufffd half a line"]
+
+
+def test_root_cause_log_tail_drops_tensorflow_startup_noise(tmp_path):
+    from resilient_train.errorfile import log_tail
+
+    log = tmp_path / "worker-0.log"
+    log.write_text(
+        "I0000 00:00:1732 cpu_feature_guard.cc:210] This TensorFlow binary is optimized to use available CPU instructions\n"
+        "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with the appropriate compiler flags.\n"
+        "2026-11-23 10:00:00 I tensorflow/core/util/port.cc:153] oneDNN custom operations are on.\n"
+        "2026-11-23 10:00:00 I external/local_xla/xla/tsl/cuda/cudart_stub.cc:32] Could not find cuda drivers on your machine\n"
+        "E0000 00:00:1732 cuda_blas.cc:1418] Unable to register cuBLAS factory\n"
+        "training step 3\n"
+        "ValueError: the real problem\n"
+    )
+    assert log_tail(log, 15) == ["training step 3", "ValueError: the real problem"]

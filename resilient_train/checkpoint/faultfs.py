@@ -7,7 +7,8 @@ fsspec filesystem and, driven by a seed, injects:
 
 * ``fail_write_k``: the k-th file write attempt (1-based; ``open(..., "wb")`` or
   ``pipe_file``) raises once: ``ConnectionResetError`` (``fail_kind="transient"``) or
-  ``PermissionError`` (``fail_kind="permanent"``);
+  ``PermissionError`` (``fail_kind="permanent"``) or ``OSError(ENOSPC)``, a full disk
+  (``fail_kind="nospace"``);
 * ``transient_rate``: each operation raises ``ConnectionResetError`` with this
   probability (``random.Random(seed)``, so a seed replays the same faults);
 * ``stop_after_files``: after n completed file writes every further write raises
@@ -33,6 +34,7 @@ operation starts, never halfway through a byte stream.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -70,8 +72,8 @@ class FaultSpec:
     def __post_init__(self) -> None:
         if self.fail_write_k is not None and self.fail_write_k < 1:
             raise ValueError(f"Received fail_write_k={self.fail_write_k!r}; expected >= 1 (1-based)")
-        if self.fail_kind not in ("transient", "permanent"):
-            raise ValueError(f"Received fail_kind={self.fail_kind!r}; expected 'transient' or 'permanent'")
+        if self.fail_kind not in ("transient", "permanent", "nospace"):
+            raise ValueError(f"Received fail_kind={self.fail_kind!r}; expected 'transient', 'permanent' or 'nospace'")
         if not 0.0 <= self.transient_rate <= 1.0:
             raise ValueError(f"Received transient_rate={self.transient_rate!r}; expected 0 <= rate <= 1")
         if self.stop_after_files is not None and self.stop_after_files < 0:
@@ -162,6 +164,8 @@ class FaultyFileSystem(AbstractFileSystem):
             if self.spec.stop_after_files is not None and done >= self.spec.stop_after_files:
                 raise SimulatedCrash(f"simulated crash before writing {path} ({done} files written)")
             if self._write_attempts == self.spec.fail_write_k:
+                if self.spec.fail_kind == "nospace":
+                    raise OSError(errno.ENOSPC, f"No space left on device (injected): write #{self._write_attempts} {path}")
                 if self.spec.fail_kind == "permanent":
                     raise PermissionError(f"injected permanent fault: write #{self._write_attempts} {path}")
                 raise ConnectionResetError(f"injected transient fault: write #{self._write_attempts} {path}")

@@ -169,6 +169,16 @@ class CheckpointStore:
     def __repr__(self) -> str:
         return f"CheckpointStore({self.url!r})"
 
+    @property
+    def local(self) -> bool:
+        """Whether the root is a path on this machine's filesystem."""
+        return self._local
+
+    @property
+    def root(self) -> str:
+        """The root as the filesystem names it (a local path for local storage)."""
+        return self._root
+
     # -- naming ----------------------------------------------------------------------
 
     @staticmethod
@@ -435,11 +445,13 @@ class CheckpointStore:
             weights_sha256=weights_sha256, extra=extra,
         )
         name = self.dir_name(global_step)
+        uploading = False
         try:
             self._check_fence("commit", name)
             entries = self._reuse_committed(global_step, local_files)
             replacing = entries is not None
             if entries is None:
+                uploading = True
                 if self._local:  # object stores have no directories; a local disk needs them first
                     for parent in sorted({posixpath.dirname(f"{name}/{rel}") for rel in local_files}):
                         self._do("makedirs", parent, lambda p=parent: self.fs.makedirs(self._remote(p), exist_ok=True))
@@ -449,14 +461,36 @@ class CheckpointStore:
                     entries[rel] = self._upload(src, f"{name}/{rel}")
                     if on_uploaded is not None:
                         on_uploaded(rel)
+                uploading = False  # past here a failure may be another writer's manifest: keep files
             manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
             self._check_fence("write manifest", f"{name}/{MANIFEST_NAME}")
             self._put_manifest(name, manifest.to_json().encode(), replace=replacing)
         except OSError as exc:
-            raise self._fail(f"commit checkpoint {name} to", exc) from None
+            removed = uploading and self._remove_partial(name)
+            error = self._fail(f"commit checkpoint {name} to", exc)
+            if removed:
+                error = StorageError(f"{error} (the partial upload was removed)")
+            raise error from None
         if self._host_cache is not None:
             write_through(self._host_cache, name, local_files, manifest, emit=self._emit)
         return manifest
+
+    def _remove_partial(self, name: str) -> bool:
+        """Delete an upload that failed before its manifest (a full disk must not stay full).
+
+        Best effort, no retries: the storage just failed, and garbage collection removes
+        what is left once a newer checkpoint commits. True when the directory is gone; a
+        directory with a manifest (committed by someone else meanwhile) is never touched.
+        """
+        try:
+            if self.fs.exists(self._remote(name, MANIFEST_NAME)):
+                return False
+            self.fs.rm(self._remote(name), recursive=True)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
 
     def _reuse_committed(self, step: int, local_files: dict[str, Path]) -> dict[str, FileEntry] | None:
         """Entries to commit without uploading, when ``step`` is already committed with these bytes.

@@ -2,12 +2,15 @@
 
 Exit codes (a contract with scripts and CI; see errors.py):
 
-* 0 (EXIT_OK): every committed checkpoint checks out (uncommitted leftovers are not
-  checkpoints and do not fail the check; an empty root passes);
-* 1 (EXIT_FAILURE): at least one committed checkpoint is torn or corrupt; the output
-  still names the newest restorable one, which is what a restart would use;
-* 2 (EXIT_USAGE): the storage cannot be read (bad URL, no bucket, no permission,
-  retries exhausted); one or two lines on stderr, no traceback.
+* 0 (EXIT_OK): at least one checkpoint is committed and every committed one checks out
+  (uncommitted leftovers are not checkpoints and do not fail the check);
+* 1 (EXIT_FAILURE): at least one committed checkpoint is torn or corrupt, or a manifest
+  does not parse (``corrupt manifest``), or nothing is committed at all (``no committed
+  checkpoint``): a check that found nothing to check must not pass; the output still
+  names the newest restorable one, which is what a restart would use;
+* 2 (EXIT_USAGE): the URL is not a checkpoint root (a local path that does not exist, a
+  file, a run directory) or the storage cannot be read (bad URL, no bucket, no
+  permission, retries exhausted); one or two lines on stderr, no traceback.
 
 ``ls`` is ``verify`` without hashing (sizes from the listing only), so it is fast.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Iterable, Mapping, TextIO
 
 from resilient_train.checkpoint.store import CheckpointInfo, CheckpointStore, Status
@@ -30,7 +34,32 @@ def status_text(info: CheckpointInfo) -> str:
     """``ok``, ``uncommitted``, ``torn: missing file X``, ``corrupt: sha256 mismatch in X``."""
     if info.status in (Status.TORN, Status.CORRUPT) and info.detail:
         return f"{info.status.value}: {info.detail}"
+    if _corrupt_manifest(info):
+        return f"corrupt manifest: {info.detail[len(_UNREADABLE):]}"
     return info.status.value
+
+
+_UNREADABLE = "manifest unreadable: "
+
+
+def _corrupt_manifest(info: CheckpointInfo) -> bool:
+    """A MANIFEST.json exists but does not parse: a damaged commit, not an unfinished upload."""
+    return info.status is Status.UNCOMMITTED and info.detail.startswith(_UNREADABLE)
+
+
+def _not_a_checkpoint_root(store: CheckpointStore) -> str | None:
+    """Why a local ``store`` root cannot hold checkpoints, or None (remote roots: listing decides)."""
+    if not store.local:
+        return None
+    root = Path(store.root)
+    if not root.exists():
+        return f"{store.url} does not exist; expected a checkpoint root (the --storage of a run)"
+    if not root.is_dir():
+        return f"{store.url} is a file; expected a checkpoint root directory (the --storage of a run)"
+    if (root / "run.json").is_file() and not any(root.glob("ckpt-*")):
+        return (f"{store.url} is a run directory, not a checkpoint root; its checkpoints are in "
+                f"{root / 'checkpoints'} unless the run was given --storage")
+    return None
 
 
 def _human(size: int) -> str:
@@ -100,12 +129,17 @@ def verify_command(
     err = err if err is not None else sys.stderr
     try:
         store = store or CheckpointStore(url, storage_options)
+        problem = _not_a_checkpoint_root(store)
+        if problem is not None:
+            err.write(f"error: {problem}\n")
+            return EXIT_USAGE
         infos = store.verify() if hash else store.list()
     except StorageError as exc:
         err.write(f"error: {exc}\n")
         return EXIT_USAGE
     newest = newest_restorable(infos)
-    bad = [info for info in infos if info.status in (Status.TORN, Status.CORRUPT)]
+    bad = [info for info in infos if info.status in (Status.TORN, Status.CORRUPT) or _corrupt_manifest(info)]
+    committed = [info for info in infos if info.manifest is not None]
     if as_json:
         out.write(_as_json(store.url, infos, newest) + "\n")
     else:
@@ -118,7 +152,9 @@ def verify_command(
         if bad:
             noun = "checkpoint" if len(bad) == 1 else "checkpoints"
             out.write(f"{len(bad)} committed {noun} failed {'verification' if hash else 'the listing check'}\n")
-    return EXIT_FAILURE if bad else EXIT_OK
+        elif not committed:
+            out.write(f"no committed checkpoint under {store.url}\n")
+    return EXIT_FAILURE if bad or not committed else EXIT_OK
 
 
 def ls_command(url: str, storage_options: Mapping[str, Any] | None, *, as_json: bool,

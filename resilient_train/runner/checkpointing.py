@@ -47,16 +47,17 @@ in parallel; setup refuses to continue if any name, shape or dtype differs.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import contextvars
+import dataclasses
 import queue
 import random
 import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import keras
 import numpy as np
@@ -72,6 +73,10 @@ __all__ = [
     "AsyncCheckpointer",
     "commit_checkpoint",
     "preserved_rng",
+    "Checkpointer",
+    "SyncCheckpointer",
+    "BackgroundCheckpointer",
+    "NoCheckpointer",
 ]
 
 CHECKPOINT_MODES = ("async", "sync")
@@ -453,3 +458,108 @@ def persist_twin(
         )
     finally:
         shutil.rmtree(local_dir, ignore_errors=True)
+
+
+# ------------------------------------------------------- the loop's one interface
+
+
+class Checkpointer(Protocol):
+    """HOW a worker saves; chosen once at setup (``Trainer._make_checkpointer``), so the
+    training loop never asks which mode it is in. WHEN is runner/save_policy.py's."""
+
+    def save(self, request: SaveRequest, *, flush: bool) -> Manifest | None:
+        """Checkpoint the live state as ``request`` describes. ``flush``: return only once
+        it is committed (the final and the preemption saves)."""
+
+    def flush(self) -> Manifest | None:
+        """Wait until everything saved so far is committed; raise a background failure."""
+
+    def raise_if_failed(self) -> None:
+        """Raise a failure of earlier work (called once per training call)."""
+
+    def drain(self, timeout_s: float) -> None:
+        """Before exiting on an error: give in-flight work up to ``timeout_s`` to commit."""
+
+
+class SyncCheckpointer:
+    """Every worker writes the tf.train.Checkpoint (variables may need collectives); the
+    chief uploads and commits before returning, the others write to a private temp dir
+    and delete it."""
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, *, weights_sha256: Callable[[], str],
+                 store: CheckpointStore, staging_root: Path, is_chief: bool, rank: int,
+                 run_id: str, world_size: int, faults: Any, keep: int) -> None:
+        self._checkpoint = checkpoint
+        self._weights_sha256 = weights_sha256
+        self._store = store
+        self._staging_root = Path(staging_root)
+        self._is_chief = is_chief
+        self._rank = rank
+        self._commit = dict(run_id=run_id, world_size=world_size, faults=faults, keep=keep)
+
+    def save(self, request: SaveRequest, *, flush: bool) -> Manifest | None:
+        if self._is_chief:
+            local_dir = self._staging_root / CheckpointStore.dir_name(request.global_step)
+            shutil.rmtree(local_dir, ignore_errors=True)
+            local_dir.mkdir(parents=True)
+        else:
+            local_dir = Path(tempfile.mkdtemp(prefix=f"rt-rank{self._rank}-"))
+        try:
+            self._checkpoint.write(str(local_dir / "ckpt"))
+            if not self._is_chief:
+                return None
+            return commit_checkpoint(self._store, local_dir, request,
+                                     weights_sha256=self._weights_sha256(), **self._commit)
+        finally:
+            shutil.rmtree(local_dir, ignore_errors=True)
+
+    def flush(self) -> Manifest | None:
+        return None  # every save committed before it returned
+
+    def raise_if_failed(self) -> None:
+        return None
+
+    def drain(self, timeout_s: float) -> None:
+        return None
+
+
+class BackgroundCheckpointer:
+    """Async mode: snapshot into the twin now, persist on the background thread.
+
+    ``persist=False`` on a non-chief worker that must take part in the snapshot
+    (sync-on-read variables) but commits nothing.
+    """
+
+    def __init__(self, saver: AsyncCheckpointer, *, persist: bool) -> None:
+        self.saver = saver
+        self._persist = persist
+
+    def save(self, request: SaveRequest, *, flush: bool) -> Manifest | None:
+        self.saver.save(request, persist=self._persist)
+        return self.saver.flush() if flush else None
+
+    def flush(self) -> Manifest | None:
+        return self.saver.flush()
+
+    def raise_if_failed(self) -> None:
+        self.saver.raise_if_failed()
+
+    def drain(self, timeout_s: float) -> None:
+        self.saver.drain(timeout_s)
+
+
+class NoCheckpointer:
+    """Async mode on a non-chief worker: the chief's twin holds everything, so this
+    worker writes nothing (and takes no part in a save)."""
+
+    def save(self, request: SaveRequest, *, flush: bool) -> Manifest | None:
+        return None
+
+    def flush(self) -> Manifest | None:
+        return None
+
+    def raise_if_failed(self) -> None:
+        return None
+
+    def drain(self, timeout_s: float) -> None:
+        return None

@@ -12,17 +12,23 @@
 #    restorable checkpoint; the workers agree on the chief's choice with one all-reduce
 #    (so a worker that saw a different listing never trains from another step).
 # 4. Train epoch by epoch. The input of epoch e is rebuilt from (seed, e, shard) and
-#    skips step_in_epoch batches, so re-entering mid-epoch replays exactly the batches an
-#    uninterrupted run would have seen.
-# 5. Save every save_every_steps global steps, when a --save-every-seconds deadline passed
-#    on the chief (the flag rides the step's all-reduce, like the stop flag), and at each
-#    epoch end. async (default): the chief snapshots into its twin and a background thread
-#    persists (runner/checkpointing.py); other workers write nothing. sync: all workers
-#    write the tf.train.Checkpoint (variables may need collectives); only the chief's copy
-#    is uploaded and committed (MANIFEST.json last), the others write to a private temp
-#    dir and delete it.
-# 6. Preemption: each worker's stop request (SIGTERM/SIGINT) is summed in the step's
-#    all-reduce, so every worker stops after the same step, saves it (flushed) and
+#    positioned at step_in_epoch (runner/data.py: the recipe's start_step, else skip()),
+#    so re-entering mid-epoch sees exactly the batches an uninterrupted run would have.
+# 5. Each tf.function call runs up to --steps-per-execution steps (_make_train_call): per
+#    step ONE packed all-reduce besides the gradients' carries loss, metrics, the stop
+#    flag and the chief's time-based save vote; the counters advance in-graph; the host
+#    reads one [steps, values] tensor per call. Everything else happens between calls:
+#    SavePolicy (runner/save_policy.py) ends a call at every step-count save point and at
+#    the epoch end, so the committed steps are the same for every N; stop agreement,
+#    progress (_Progress), step markers and fault hooks see call ends only.
+# 6. Saving: the Checkpointer chosen once at setup (runner/checkpointing.py) says how.
+#    async (default): the chief snapshots into its twin and a background thread persists;
+#    other workers write nothing. sync: all workers write the tf.train.Checkpoint
+#    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
+#    last). Every epoch end is saved; then _after_epoch_saved (the epoch-end hook) runs
+#    and epoch_finished is emitted.
+# 7. Preemption: each worker's stop request (SIGTERM/SIGINT) is summed in the packed
+#    all-reduce, so every worker stops after the same call, saves it (flushed) and
 #    returns None (the worker exits 143).
 #
 # The checkpoint holds model, optimizer (iteration counter and slots), epoch,
@@ -36,8 +42,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,18 +56,25 @@ from resilient_train.cluster import ClusterInfo
 from resilient_train.config import JobConfig
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
 from resilient_train.events import emit
+from resilient_train.fingerprint import fingerprint_for_worker
 from resilient_train.recipe import Recipe
 from resilient_train.runner.checkpointing import (
     AsyncCheckpointer,
+    BackgroundCheckpointer,
+    Checkpointer,
+    NoCheckpointer,
     SaveRequest,
+    SyncCheckpointer,
     TwinState,
-    commit_checkpoint,
     persist_twin,
     twin_rng_state,
 )
+from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
 from resilient_train.runner.data import epoch_dataset
 from resilient_train.runner.evaluation import Evaluator
+from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
+from resilient_train.runner.save_policy import SavePolicy
 from resilient_train.stepmarker import StepMarker
 
 __all__ = ["Trainer", "TrainResult", "weights_digest"]
@@ -146,10 +157,17 @@ class Trainer:
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
         self.stats = _EpochStats()
+        self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
         self._stop_noticed = False
-        self._last_committed: int | None = None
-        self._flush_next_save = False
-        self._last_save_clock = clock()
+        self._stop_agreed = False
+        self._last_saved: int | None = None
+        self._async: AsyncCheckpointer | None = None
+        self.policy = SavePolicy(
+            every_steps=job.save_every_steps or 0,
+            every_seconds=job.save_every_seconds,
+            is_chief=cluster.is_chief,
+            clock=clock,
+        )
         self._marker = StepMarker(attempt_dir / f"step-{cluster.rank}.txt") if attempt_dir else StepMarker(None)
         self._setup()
 
@@ -186,16 +204,33 @@ class Trainer:
             global_step=self.global_step,
             rng=rng_state,
         )
-        self._train_step = self._make_train_step()
+        self._value_names: list[str] = []  # the packed row's layout, filled when traced
+        self._train_call = self._make_train_call()
+        self.checkpointer = self._make_checkpointer()
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
-        # Async mode: the chief (and every worker only if the model has sync-on-read
-        # variables, whose read is a collective) keeps a twin of the saved state; see
-        # runner/checkpointing.py. Non-chief workers otherwise never save in async mode.
-        self._async: AsyncCheckpointer | None = None
-        if self.job.checkpoint_mode == "async":
-            twin = TwinState.build(self.checkpoint, self.model, self._build_twin)
-            if self.cluster.is_chief or twin.sync_on_read:
-                self._async = AsyncCheckpointer(twin, self._persist)
+
+    def _make_checkpointer(self) -> Checkpointer:
+        """HOW this worker saves, decided once. async: the chief (and every worker only if
+        the model has sync-on-read variables, whose read is a collective) keeps a twin of
+        the saved state (runner/checkpointing.py); other workers write nothing."""
+        if self.job.checkpoint_mode == "sync":
+            return SyncCheckpointer(
+                self.checkpoint,
+                weights_sha256=lambda: weights_digest(self.model),
+                store=self.store,
+                staging_root=self.work_dir / "staging",
+                is_chief=self.cluster.is_chief,
+                rank=self.cluster.rank,
+                run_id=self.run_id,
+                world_size=self.cluster.num_workers,
+                faults=self.faults,
+                keep=self.job.keep,
+            )
+        twin = TwinState.build(self.checkpoint, self.model, self._build_twin)
+        if not (self.cluster.is_chief or twin.sync_on_read):
+            return NoCheckpointer()
+        self._async = AsyncCheckpointer(twin, self._persist)
+        return BackgroundCheckpointer(self._async, persist=self.cluster.is_chief)
 
     def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
         """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""
@@ -227,40 +262,56 @@ class Trainer:
             keep=self.job.keep,
         )
 
-    def _make_train_step(self):
+    def _make_train_call(self):
+        """One compiled call: ``steps`` training steps, counters advanced in-graph.
+
+        Per step, besides the gradients' all-reduce, ONE packed all-reduce carries
+        [loss, metric means..., stop flag, save flag] (every replica adds its worker's stop
+        request and the chief's time-based save vote; the SUM tells every worker whether
+        anyone asked). The call returns the reduced rows stacked, shape [steps, values]: the
+        host reads one small tensor per call and sums the epoch's loss per step exactly as
+        a one-step-per-call loop would (bit-identical epoch means for every N).
+        """
         model, optimizer, recipe, strategy = self.model, self.optimizer, self.recipe, self.strategy
         global_batch_size = self.job.global_batch_size
+        names = self._value_names
 
-        def step_fn(features, labels, stop_flag, save_flag):
+        def step_fn(batch, flags):
+            features, labels, sample_weight = unpack_batch(batch, recipe.name)
             with tf.GradientTape() as tape:
                 predictions = model(features, training=True)
-                per_example = recipe.loss(labels, predictions)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+                per_example = per_example_loss(recipe, labels, predictions)
+                loss = average_loss(per_example, sample_weight, global_batch_size)
                 if model.losses:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            # Each replica adds its own worker's stop request; the SUM tells every worker
-            # whether anyone was asked to stop, so all of them stop after the same step.
-            # Same for the chief's time-based save decision (--save-every-seconds).
-            outputs = {"loss": loss, _STOP: stop_flag, _SAVE_DUE: save_flag}
+            values = {"loss": loss}
             if recipe.metrics is not None:
-                for name, values in recipe.metrics(labels, predictions).items():
-                    outputs[name] = tf.nn.compute_average_loss(
-                        tf.cast(values, tf.float32), global_batch_size=global_batch_size
+                for name, metric in recipe.metrics(labels, predictions).items():
+                    values[name] = tf.nn.compute_average_loss(
+                        tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
-            return outputs
+            names[:] = list(values) + [_STOP, _SAVE_DUE]  # fixed at trace time
+            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags], axis=0)
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, packed)
 
         @tf.function
-        def train_step(iterator, stop_flag, save_flag):
-            features, labels = next(iterator)
-            per_replica = strategy.run(step_fn, args=(features, labels, stop_flag, save_flag))
-            return {
-                name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
-                for name, value in per_replica.items()
-            }
+        def train_call(iterator, steps, flags):
+            rows = tf.TensorArray(tf.float32, size=steps)
+            for i in tf.range(steps):
+                reduced = strategy.run(step_fn, args=(next(iterator), flags))
+                rows = rows.write(i, strategy.experimental_local_results(reduced)[0])
+            stacked = rows.stack()
+            # Only after the steps ran: a step that fails must leave the counters at the
+            # last finished step (auto control deps would not order these two resources).
+            with tf.control_dependencies([stacked]):
+                advanced = tf.cast(steps, tf.int64)
+                self.global_step.assign_add(advanced)
+                self.step_in_epoch.assign_add(advanced)
+            return stacked
 
-        return train_step
+        return train_call
 
     def _gather(self, value: int) -> list[int]:
         """Every worker's ``value``, indexed by rank (one all-reduce)."""
@@ -295,7 +346,9 @@ class Trainer:
                 f"{self.recipe.name}'s model: {_first_line(exc)}"
             ) from None
         self.stats.load_extra(manifest.extra)
-        self._last_committed = manifest.global_step
+        self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
+                                same_world_size=manifest.world_size == self.cluster.num_workers)
+        self._last_saved = manifest.global_step
         if manifest.world_size != self.cluster.num_workers:
             emit(
                 "world_size_changed",
@@ -315,50 +368,19 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ save
-    def save(self, *, completed: bool = False) -> Manifest | None:
-        """Checkpoint the current step.
+    def save(self, *, completed: bool = False, flush: bool = False) -> Manifest | None:
+        """Checkpoint the current step (once per step), the configured way.
 
-        sync: all workers write; the chief uploads and commits before returning.
-        async: the chief snapshots into the twin and persists in the background (returns
-        None); the final save (``completed``) and a preemption save wait for their commit
-        (flush) and return the manifest. Non-chief workers do nothing in async mode.
+        ``completed`` or ``flush``: return only once the checkpoint is committed (the final
+        save and a preemption save: exit 0 / 143 promise a committed step).
         """
+        self.policy.saved()
+        flush = flush or completed
         global_step = int(self.global_step.numpy())
-        flush = completed or self._flush_next_save
-        self._last_save_clock = self.clock()
-        if self.job.checkpoint_mode == "async":
-            if global_step != self._last_committed:
-                self._last_committed = global_step
-                if self._async is not None:
-                    self._async.save(self._save_request(completed), persist=self.cluster.is_chief)
-            if flush and self._async is not None:
-                return self._async.flush()
-            return None
-        if global_step == self._last_committed:
-            return None  # e.g. preempted right after a restore or an epoch-end save
-        if self.cluster.is_chief:
-            local_dir = self.work_dir / "staging" / CheckpointStore.dir_name(global_step)
-            shutil.rmtree(local_dir, ignore_errors=True)
-            local_dir.mkdir(parents=True)
-        else:
-            local_dir = Path(tempfile.mkdtemp(prefix=f"rt-rank{self.cluster.rank}-"))
-        try:
-            self.checkpoint.write(str(local_dir / "ckpt"))
-            self._last_committed = global_step
-            if not self.cluster.is_chief:
-                return None
-            return commit_checkpoint(
-                self.store,
-                local_dir,
-                self._save_request(completed),
-                run_id=self.run_id,
-                world_size=self.cluster.num_workers,
-                weights_sha256=weights_digest(self.model),
-                faults=self.faults,
-                keep=self.job.keep,
-            )
-        finally:
-            shutil.rmtree(local_dir, ignore_errors=True)
+        if global_step == self._last_saved:  # e.g. preempted right after a restore or an epoch-end save
+            return self.checkpointer.flush() if flush else None
+        self._last_saved = global_step
+        return self.checkpointer.save(self._save_request(completed), flush=flush)
 
     def _save_request(self, completed: bool) -> SaveRequest:
         return SaveRequest(
@@ -371,14 +393,15 @@ class Trainer:
                 "epochs": self.job.epochs,
                 "steps_per_epoch": self.job.steps_per_epoch,
                 "recipe": self.recipe.name,
+                "fingerprint": fingerprint_for_worker(self.job, self.recipe.source, self.params).to_dict(),
+                **self.input_check.to_extra(int(self.epoch.numpy())),
             },
         )
 
     # ----------------------------------------------------------------- train
     def drain_pending_checkpoint(self, timeout_s: float) -> None:
         """Before exiting on an error: let an in-flight background save commit (bounded)."""
-        if self._async is not None:
-            self._async.drain(timeout_s)
+        self.checkpointer.drain(timeout_s)
 
     def _local_stop_flag(self) -> float:
         if self.stop_requested():
@@ -388,106 +411,87 @@ class Trainer:
             return 1.0
         return 0.0
 
-    def _local_save_due(self) -> float:
-        """1.0 when the chief's clock says a time-based save is due (others always 0.0)."""
-        every = self.job.save_every_seconds
-        if every is None or not self.cluster.is_chief:
-            return 0.0
-        return 1.0 if self.clock() - self._last_save_clock >= every else 0.0
-
-    def _preempt(self, global_step: int) -> None:
-        """Everyone agreed to stop after ``global_step``: save it (zero lost steps) and return."""
-        self.save()
-        emit("preempted", group=True, global_step=global_step, epoch=int(self.epoch.numpy()),
+    def _preempt(self) -> None:
+        """Everyone agreed to stop after this call: save it (zero lost steps) and return."""
+        self.save(flush=True)  # exit 143 only after the save committed
+        emit("preempted", group=True, global_step=int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
              step_in_epoch=int(self.step_in_epoch.numpy()))
         return None
+
+    def _run_call(self, iterator, steps: int, global_step: int) -> tuple[bool, bool]:
+        """Train ``steps`` steps after ``global_step``; returns the agreed (stop, save) flags."""
+        self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
+        flags = np.array([self._local_stop_flag(), self.policy.time_flag()], dtype=np.float32)
+        rows = self._train_call(iterator, tf.constant(steps, tf.int32), flags).numpy()
+        stop_column, save_column = self._value_names.index(_STOP), self._value_names.index(_SAVE_DUE)
+        for row in rows:
+            self.stats.add({name: float(row[k]) for k, name in enumerate(self._value_names)
+                            if k not in (stop_column, save_column)})
+        self._marker.write(global_step + steps)
+        return bool(rows[-1, stop_column] > 0), bool(rows[-1, save_column] > 0)
+
+    def _hit_step_faults(self, first: int, last: int) -> None:
+        """Faults address single steps; one inside a call fires at the call's end (the
+        first moment the host sees that step done), in step order."""
+        for step in range(first, last + 1):
+            self.faults.hit("raise", step)
+            self.faults.hit("after_step", step)
+
+    def _train_epoch(self, epoch: int, start: int, progress: "_Progress") -> bool:
+        """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
+        job = self.job
+        steps_per_epoch = job.steps_per_epoch
+        iterator = iter(epoch_dataset(
+            self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=start,
+            steps_per_epoch=steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,
+            input_check=self.input_check,
+        ))
+        step_in_epoch, global_step = start, int(self.global_step.numpy())
+        while step_in_epoch < steps_per_epoch:
+            steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
+                                            steps_per_epoch=steps_per_epoch, max_steps=job.steps_per_execution)
+            stop, save_due = self._run_call(iterator, steps, global_step)
+            step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
+            progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
+                              means=self.stats.means())
+            self._hit_step_faults(global_step - steps + 1, global_step)
+            if stop:
+                self._stop_agreed = True
+                if step_in_epoch < steps_per_epoch:
+                    return False
+            elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
+                                        steps_per_epoch=steps_per_epoch, agreed_time_flag=save_due):
+                self.save()
+        return True
+
+    def _after_epoch_saved(self, epoch: int) -> dict[str, Any]:
+        """Epoch-end hook: runs after epoch ``epoch``'s checkpoint is saved, before
+        ``epoch_finished`` is emitted; returns extra fields for that event: the held-out
+        evaluation's results. It reads the weights only, so an async commit overlaps it."""
+        return self._evaluator.after_epoch(epoch + 1) if self._evaluator is not None else {}
+
+    def _finish_epoch(self, epoch: int) -> None:
+        means = self.stats.means()
+        self.epoch.assign_add(1)
+        self.step_in_epoch.assign(0)
+        self.stats = _EpochStats()
+        self.save(completed=epoch + 1 >= self.job.epochs)
+        extra = self._after_epoch_saved(epoch)
+        emit("epoch_finished", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
+             loss=means.pop("loss", None), metrics=means, **extra)
 
     def run(self) -> TrainResult | None:
         """Train to the end (returns the result) or until preempted (returns None)."""
         self._restore_or_start()
-        job = self.job
-        stop = False
-        steps_per_epoch, save_every = job.steps_per_epoch, job.save_every_steps
-        last_progress = self.clock()
-        steps_since, time_since = 0, self.clock()
-        first_step_pending = True
-        while int(self.epoch.numpy()) < job.epochs:
-            epoch, start = int(self.epoch.numpy()), int(self.step_in_epoch.numpy())
-            if start >= steps_per_epoch:  # checkpoint from a run with a longer epoch
-                start = steps_per_epoch
-            iterator = iter(
-                epoch_dataset(
-                    self.strategy,
-                    self.recipe,
-                    epoch=epoch,
-                    seed=job.seed,
-                    start_step=start,
-                    steps_per_epoch=steps_per_epoch,
-                    global_batch_size=job.global_batch_size,
-                    params=self.params,
-                )
-            )
-            for step in range(start, steps_per_epoch):
-                if self._async is not None:
-                    self._async.raise_if_failed()  # a background persist failed: stop with its error
-                outputs = self._train_step(
-                    iterator,
-                    tf.constant(self._local_stop_flag(), tf.float32),
-                    tf.constant(self._local_save_due(), tf.float32),
-                )
-                stop = float(outputs.pop(_STOP)) > 0
-                save_due = float(outputs.pop(_SAVE_DUE)) > 0
-                self.stats.add({name: float(value) for name, value in outputs.items()})
-                self.step_in_epoch.assign_add(1)
-                self.global_step.assign_add(1)
-                steps_since += 1
-                global_step = int(self.global_step.numpy())
-                self._marker.write(global_step)
-                if first_step_pending:  # the recovery benchmark's "training again" moment
-                    first_step_pending = False
-                    emit("first_step", group=True, global_step=global_step)
-                self.faults.hit("raise", global_step)
-                self.faults.hit("after_step", global_step)
-                if stop and step + 1 < steps_per_epoch:
-                    self._flush_next_save = True  # exit 143 only after the save committed
-                    return self._preempt(global_step)
-                now = self.clock()
-                if now - last_progress >= job.progress_every_s:
-                    emit(
-                        "train_progress",
-                        group=True,
-                        epoch=epoch,
-                        step_in_epoch=step + 1,
-                        steps_per_epoch=steps_per_epoch,
-                        global_step=global_step,
-                        steps_per_s=round(steps_since / max(now - time_since, 1e-9), 2),
-                        **{k: round(v, 6) for k, v in self.stats.means().items()},
-                    )
-                    last_progress, steps_since, time_since = now, 0, now
-                step_due = bool(save_every) and global_step % save_every == 0
-                if step + 1 < steps_per_epoch and (step_due or save_due):
-                    self.save()
-            means = self.stats.means()
-            self.epoch.assign_add(1)
-            self.step_in_epoch.assign(0)
-            self.stats = _EpochStats()
-            self.save(completed=int(self.epoch.numpy()) >= job.epochs)
-            # Evaluation reads the weights only; after the save, so an async commit overlaps it.
-            validation = self._evaluator.after_epoch(epoch + 1) if self._evaluator is not None else {}
-            emit(
-                "epoch_finished",
-                group=True,
-                epoch=epoch,
-                global_step=int(self.global_step.numpy()),
-                loss=means.pop("loss", None),
-                metrics=means,
-                **validation,
-            )
-            if stop:
-                self._flush_next_save = True
-                return self._preempt(int(self.global_step.numpy()))
-        if self._async is not None:
-            self._async.flush()  # the completed checkpoint is committed before exit 0
+        progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.clock)
+        while (epoch := int(self.epoch.numpy())) < self.job.epochs:
+            start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
+            if not self._train_epoch(epoch, start, progress):
+                return self._preempt()
+            self._finish_epoch(epoch)
+            if self._stop_agreed:
+                return self._preempt()
+        self.checkpointer.flush()  # the completed checkpoint is committed before exit 0
         result = TrainResult(
             global_step=int(self.global_step.numpy()),
             epoch=int(self.epoch.numpy()),
@@ -501,6 +505,39 @@ class Trainer:
             weights_sha256=result.weights_sha256,
         )
         return result
+
+
+class _Progress:
+    """``first_step`` once per attempt, then ``train_progress`` at most every ``every_s``."""
+
+    def __init__(self, every_s: float, steps_per_epoch: int, clock: Callable[[], float]) -> None:
+        self.every_s = every_s
+        self.steps_per_epoch = steps_per_epoch
+        self.clock = clock
+        self.first_pending = True
+        self.last = self.window_start = clock()
+        self.window_steps = 0
+
+    def advanced(self, steps: int, *, epoch: int, step_in_epoch: int, global_step: int, means: dict[str, float]) -> None:
+        if self.first_pending:  # the recovery benchmark's "training again" moment
+            self.first_pending = False
+            emit("first_step", group=True, global_step=global_step)
+        self.window_steps += steps
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return
+        emit(
+            "train_progress",
+            group=True,
+            epoch=epoch,
+            step_in_epoch=step_in_epoch,
+            steps_per_epoch=self.steps_per_epoch,
+            global_step=global_step,
+            steps_per_s=round(self.window_steps / max(now - self.window_start, 1e-9), 2),
+            **{k: round(v, 6) for k, v in means.items()},
+        )
+        self.last = self.window_start = now
+        self.window_steps = 0
 
 
 def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:

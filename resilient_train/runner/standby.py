@@ -50,12 +50,14 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
-__all__ = ["main", "prewarm", "READY_FD_ENV"]
+__all__ = ["main", "prewarm", "run_at_low_priority", "READY_FD_ENV"]
 
 READY_FD_ENV = "RT_STANDBY_READY_FD"
+PREWARM_NICE = 19  # the import thread's nice value: it only uses CPU training leaves idle
 
 
 def prewarm(recipe: str | None) -> str | None:
@@ -77,6 +79,34 @@ def prewarm(recipe: str | None) -> str | None:
         load_recipe(recipe)  # its imports; worker.main loads it again (cheap, same result)
     tf.config.list_physical_devices()  # safe: does not create the eager context
     return _context_problem()
+
+
+def run_at_low_priority(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a helper thread at nice ``PREWARM_NICE``; its result or exception.
+
+    Standbys import TensorFlow (seconds of CPU each) while the first attempt trains on the
+    same cores. Linux nice values are per thread, so only the importing thread is demoted:
+    the main thread, which later becomes the worker, keeps its priority (an unprivileged
+    process could not raise a lowered process priority back).
+    """
+    outcome: dict[str, Any] = {}
+
+    def demoted() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PREWARM_NICE)
+        except (AttributeError, OSError):
+            pass  # not Linux, or not allowed: import at normal priority
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # re-raised on the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=demoted, name="rt-standby-prewarm")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _context_problem() -> str | None:
@@ -131,7 +161,7 @@ def main(argv: list[str]) -> int:
     ready_fd = int(os.environ[READY_FD_ENV]) if os.environ.get(READY_FD_ENV) else None
     started = time.monotonic()
     try:
-        problem = prewarm(args.recipe)
+        problem = run_at_low_priority(prewarm, args.recipe)
     except Exception as exc:  # a recipe that fails to import: the worker will report it properly
         problem = _context_problem()
         print(f"resilient-train standby: pre-warm of {args.recipe}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -90,11 +90,13 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
     trainer = None
     try:
         from resilient_train.checkpoint import CheckpointStore
+        from resilient_train.fingerprint import fingerprint_for_worker
         from resilient_train.recipe import load_recipe, resolve_params
 
         recipe = load_recipe(job.recipe)
         job = job.with_recipe_defaults(recipe.defaults)
         params = resolve_params(recipe.params, job.params)
+        fingerprint_for_worker(job, recipe.source, params)  # hashes the source as imported (cached)
         # The host cache (checkpoint/cache.py): the chief's commits are written through to
         # this host's disk, and every rank restores from there before shared storage.
         store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir / "local" / "host-cache")
@@ -147,6 +149,14 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         print(f"resilient-train worker {cluster.rank}: fatal storage error: {exc}", file=sys.stderr)
         return EXIT_FATAL
     except Exception as exc:  # the recipe's or TensorFlow's: record it for the root-cause report
+        from resilient_train.recipe import recipe_name
+        from resilient_train.runner.diagnose import explain
+
+        fatal = explain(exc, recipe_name=recipe_name(job.recipe), trainer=trainer, steps_per_epoch=job.steps_per_epoch)
+        if fatal is not None:  # a recipe bug that every restart would hit again
+            _record(attempt_dir, cluster.rank, fatal, trainer)
+            print(f"resilient-train worker {cluster.rank}: fatal: {fatal}", file=sys.stderr)
+            return EXIT_FATAL
         _record(attempt_dir, cluster.rank, exc, trainer)
         if trainer is not None:
             trainer.drain_pending_checkpoint(_DRAIN_ON_ERROR_S)

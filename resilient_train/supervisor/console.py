@@ -38,8 +38,12 @@ _PROGRESS_KEYS = {
 }
 
 
-def render_event(record: dict[str, Any]) -> str | None:
-    """A readable line for ``record``, or None for events not worth a line."""
+def render_event(record: dict[str, Any], *, rejected: int = 0) -> str | None:
+    """A readable line for ``record``, or None for events not worth a line.
+
+    ``rejected``: checkpoints rejected since the last restore decision, so a fresh start
+    after rejecting every checkpoint does not read as "no checkpoint found".
+    """
     event = record.get("event")
     ts = str(record.get("ts", ""))[11:19]
     r = record
@@ -65,6 +69,9 @@ def render_event(record: dict[str, Any]) -> str | None:
             f"{ts}  restored global step {r['global_step']} (epoch {r['epoch']}, "
             f"step_in_epoch {r['step_in_epoch']}) from {r['checkpoint']}"
         )
+    if event == "fresh_start" and rejected:
+        noun = "checkpoint was" if rejected == 1 else "checkpoints were"
+        return f"{ts}  no restorable checkpoint: {rejected} {noun} rejected (see above); starting from step 0"
     if event == "fresh_start":
         return f"{ts}  no checkpoint found: starting from step 0"
     if event == "worker_started":
@@ -78,12 +85,21 @@ class EventTail:
     def __init__(self, path: Path, out: TextIO, *, start_at_end: bool = True) -> None:
         self.reader = EventReader(path, start_at_end=start_at_end)
         self.out = out
+        self._rejected = 0
+
+    def _count_rejections(self, record: dict[str, Any]) -> None:
+        event = record.get("event")
+        if event == "checkpoint_rejected":
+            self._rejected += 1
+        elif event in ("fresh_start", "restored"):
+            self._rejected = 0
 
     def pump(self) -> list[dict[str, Any]]:
         """Print and return the records appended since the last call."""
         new = self.reader.read_new()
         for record in new:
-            text = render_event(record)
+            text = render_event(record, rejected=self._rejected)
+            self._count_rejections(record)
             if text:
                 self.out.write(text + "\n")
         if new:

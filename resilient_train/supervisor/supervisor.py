@@ -46,7 +46,7 @@ from typing import Any, Callable, TextIO
 from resilient_train import events
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.config import JobConfig
-from resilient_train.errorfile import choose_root_cause, read_errors, tail_lines
+from resilient_train.errorfile import choose_root_cause, log_tail, read_errors
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
@@ -54,6 +54,7 @@ from resilient_train.errors import (
     EXIT_PREEMPTED,
 )
 from resilient_train.events import emit, read_events
+from resilient_train.fingerprint import guard_job
 from resilient_train.recipe import recipe_name
 from resilient_train.stepmarker import highest_step
 from resilient_train.supervisor.console import EventTail
@@ -111,6 +112,7 @@ class Worker:
     state: WorkerState = WorkerState.RUNNING
     returncode: int | None = None
     exit_time: float | None = None
+    stopped: bool = False  # SIGSTOPped (or otherwise stopped) when we had to SIGKILL it
 
 
 @dataclass
@@ -134,8 +136,10 @@ class Supervisor:
         sleep: Callable[[float], None] = time.sleep,
         teardown_grace_s: float = 3.0,
         backoff_initial_s: float = 0.25,
+        accept_changes: bool = False,
     ) -> None:
         self.job = job
+        self.accept_changes = accept_changes
         self.out = out
         self.launcher = launcher or make_launcher(job)
         self.clock = clock
@@ -171,6 +175,9 @@ class Supervisor:
         events.configure(self.events_path, console=None, run_id=self.run_id, role="supervisor")
         tail = EventTail(self.events_path, self.out)
         self.store.check()
+        changed = guard_job(self.job, _newest_extra(self.store), accept_changes=self.accept_changes)  # issue 11
+        if changed is not None:
+            emit("job_changed", **changed)
         claim_storage(self.store, run_id=self.run_id, run_dir=str(self.run_dir), force=self.job.force_storage)
 
         done = self._completed_manifest()
@@ -288,6 +295,7 @@ class Supervisor:
                     kill_at = now if self._chief_failed(workers) else now + self.teardown_grace_s
             if kill_at is not None and now >= kill_at:
                 for worker in alive:
+                    worker.stopped = worker.stopped or _is_stopped(worker.process.pid)
                     worker.state = WorkerState.KILLED
                     _signal(worker, signal.SIGKILL)
             self.sleep(POLL_S)
@@ -341,7 +349,8 @@ class Supervisor:
             return self._exited_without_completing(attempt)
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
         root = choose_root_cause(
-            exits, read_errors(attempt_dir), lambda rank: tail_lines(attempt_dir / f"worker-{rank}.log", 15)
+            exits, read_errors(attempt_dir), lambda rank: log_tail(attempt_dir / f"worker-{rank}.log", 15),
+            exit_notes={w.rank: _STOPPED_NOTE for w in workers if w.stopped},
         )
         reached = self._reached(attempt)
         if reached is not None:
@@ -509,6 +518,21 @@ def _final_validation(events_path: Path) -> dict[str, Any]:
     if last is None:
         return {}
     return {"val_epoch": last["epoch"] + 1, **{k: last.get(k) for k in ("val_loss", "val_metrics", "val_examples")}}
+_STOPPED_NOTE = "stopped responding (process stopped, e.g. SIGSTOP; the supervisor SIGKILLed it)"
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether a local process is stopped (state T/t in /proc); False when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(") ", 1)[1][:1] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def _newest_extra(store: CheckpointStore) -> dict[str, Any] | None:
+    manifest = store.latest_manifest()
+    return manifest.extra if manifest is not None else None
 
 
 def _signal(worker: Worker, sig: int) -> None:

@@ -76,7 +76,7 @@ def test_store_over_a_faulty_url_crashes_where_told(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize("options, message", [
     ({"fail_write_k": 0}, "fail_write_k=0"),
-    ({"fail_kind": "sometimes"}, "fail_kind='sometimes'"),
+    ({"fail_kind": "sometimes"}, "fail_kind='sometimes'; expected 'transient', 'permanent' or 'nospace'"),
     ({"transient_rate": 1.5}, "transient_rate=1.5"),
 ])
 def test_bad_options_are_named(options: dict, message: str) -> None:

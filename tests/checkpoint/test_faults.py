@@ -129,6 +129,20 @@ def test_permanent_write_failure_is_not_retried(backend: Backend) -> None:
     assert backend.events.named("storage_retry") == []
 
 
+def test_a_full_disk_mid_upload_removes_the_partial_checkpoint(backend: Backend) -> None:
+    store = backend.store()
+    backend.commit(store, 1)
+    full = backend.store(store.url, faults={"fail_write_k": 2, "fail_kind": "nospace"})
+    with pytest.raises(StorageError) as raised:
+        backend.commit(full, 2)
+    message = str(raised.value)
+    assert message.startswith(f"cannot commit checkpoint ckpt-000000000002 to {store.url}")
+    assert "No space left on device" in message and message.endswith("(the partial upload was removed)")
+    assert backend.events.named("storage_retry") == []  # ENOSPC is permanent
+    # no file of step 2 is left (an uncommitted leftover would be listed as step 2)
+    assert [(i.global_step, i.status) for i in backend.store(store.url).verify()] == [(1, Status.OK)]
+
+
 @pytest.mark.parametrize("url, cause", [
     ("nope://x", "Protocol not known: nope"),
     ("s3://", "the URL names no bucket or directory"),

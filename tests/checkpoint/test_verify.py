@@ -71,10 +71,55 @@ def test_table_names_the_damage_and_the_newest_restorable(memory_backend: Backen
     assert "newest restorable: global_step 3" in out2.getvalue()
 
 
-def test_empty_root_passes(memory_backend: Backend) -> None:
-    code, out, _ = run(memory_backend.new_url(), {}, as_json=False, hash=True)
-    assert code == EXIT_OK
-    assert out.splitlines()[1:] == ["no checkpoints", "newest restorable: none"]
+def test_empty_root_fails_with_no_committed_checkpoint(memory_backend: Backend) -> None:
+    url = memory_backend.new_url()
+    code, out, _ = run(url, {}, as_json=False, hash=True)
+    assert code == EXIT_FAILURE
+    assert out.splitlines()[1:] == ["no checkpoints", "newest restorable: none", f"no committed checkpoint under {url}"]
+
+
+def test_only_uncommitted_leftovers_fail_with_no_committed_checkpoint(memory_backend: Backend) -> None:
+    store = memory_backend.store()
+    fs, root = memory_backend.raw_fs(store)
+    fs.pipe_file(f"{root}/ckpt-000000000030/ckpt.index", b"half an upload")
+    code, out, _ = run(store.url, {}, as_json=False, hash=True)
+    assert code == EXIT_FAILURE
+    assert out.splitlines()[-1] == f"no committed checkpoint under {store.url}"
+
+
+def test_a_truncated_manifest_is_a_corrupt_manifest_and_fails(memory_backend: Backend) -> None:
+    store = memory_backend.store()
+    memory_backend.commit(store, 4)
+    memory_backend.commit(store, 8)
+    fs, root = memory_backend.raw_fs(store)
+    path = f"{root}/ckpt-000000000008/{MANIFEST_NAME}"
+    fs.pipe_file(path, fs.cat_file(path)[:40])
+    code, out, _ = run(store.url, {}, as_json=False, hash=True)
+    assert code == EXIT_FAILURE
+    lines = out.splitlines()
+    assert lines[3].split()[:5] == ["8", "-", "-", "20.8", "KiB"]
+    assert "corrupt manifest: " in lines[3]
+    assert lines[4] == f"newest restorable: global_step 4 ({store.url}/ckpt-000000000004)"
+    assert lines[5] == "1 committed checkpoint failed verification"
+
+
+def test_paths_that_are_not_checkpoint_roots_exit_2(tmp_path) -> None:
+    missing = tmp_path / "nope"
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    run_dir = tmp_path / "runs" / "r"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "run.json").write_text('{"run_id": "abc"}')
+    for url, fragment in (
+        (str(missing), f"{missing} does not exist; expected a checkpoint root"),
+        (str(a_file), f"{a_file} is a file; expected a checkpoint root directory"),
+        (str(run_dir), f"{run_dir} is a run directory, not a checkpoint root; its checkpoints are in {run_dir / 'checkpoints'}"),
+    ):
+        code, out, err = run(url, {}, as_json=False, hash=True)
+        assert (code, out) == (EXIT_USAGE, "")
+        assert err == f"error: {fragment}" + err[len("error: ") + len(fragment):]
+        assert len(err.splitlines()) == 1
+    assert not missing.exists()
 
 
 def test_storage_error_exits_2_with_a_short_message() -> None:
@@ -94,4 +139,5 @@ def test_format_rows_of_an_unreadable_manifest(memory_backend: Backend) -> None:
     infos = store.list()
     assert [(i.status, i.detail) for i in infos] == [
         (Status.UNCOMMITTED, "manifest unreadable: unsupported schema_version 7 (this reader knows 1)")]
-    assert format_rows(infos).splitlines()[1].split() == ["4", "-", "-", "20.8", "KiB", "uncommitted"]
+    assert format_rows(infos).splitlines()[1].endswith(
+        "corrupt manifest: unsupported schema_version 7 (this reader knows 1)")

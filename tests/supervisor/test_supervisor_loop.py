@@ -222,3 +222,30 @@ def test_workers_exiting_0_without_a_completed_checkpoint_is_not_success(tmp_pat
     assert (summary["status"], summary["weights_sha256"], summary["root_cause"]["type"]) == ("failed", None, "IncompleteRun")
     assert "workers exited 0 but no completed checkpoint is in storage" in out.getvalue()
     assert "Run completed" not in out.getvalue()
+
+
+def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, monkeypatch):
+    """SIGSTOP on worker 1: the chief fails out of its collective (secondary), the supervisor
+    SIGKILLs the stopped worker, and the root cause says it stopped responding (issue 11 pt 8)."""
+    from resilient_train.errorfile import record_exception
+
+    class UnavailableError(Exception):
+        pass
+
+    monkeypatch.setattr("resilient_train.supervisor.supervisor._is_stopped", lambda pid: pid == 4001)
+    scripts = [{"exit_at": 0.5, "exit_code": EXIT_FAILURE}, {"exit_at": None}]
+    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=0)
+    spawn = spawner.__call__
+
+    def spawn_and_record_the_chiefs_peer_error(argv, env, log_path):
+        process = spawn(argv, env, log_path)
+        if len(spawner.processes) == 1:  # the chief fails out of its collective
+            record_exception(log_path.parent, 0, UnavailableError("Collective ops is aborted by: peer"), global_step=7)
+        return process
+
+    supervisor.launcher.spawner = spawn_and_record_the_chiefs_peer_error
+    assert supervisor.run() == EXIT_FAILURE
+    assert "root cause: worker 1 (pid 4001) stopped responding (process stopped, e.g. SIGSTOP; " \
+           "the supervisor SIGKILLed it) at global_step 7" in out.getvalue()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["root_cause"]["exit"].startswith("stopped responding")

@@ -1,0 +1,117 @@
+"""Exact resume where the runner can give it, and a check where it cannot.
+
+Two things make a recipe's input differ between an uninterrupted run and a resumed one:
+
+* **TensorFlow's op-seed counter.** An unseeded ``shuffle()`` (or ``tf.random.*`` op) takes
+  its seed from the global seed and a counter of ops created so far in the process. A
+  resumed worker has created a different number of ops before building epoch ``e`` than
+  an uninterrupted one, so the "same" shuffle differs. :func:`seed_input_rng` resets the
+  global seed to a function of ``(seed, epoch)`` immediately before every call of
+  ``recipe.dataset()``: unseeded ops become a function of the epoch, whatever ran before.
+* **Anything else** (numpy or Python ``random`` without a seed, the clock, a file listing
+  that changed). The runner cannot fix these, but it can notice: the chief hashes the
+  first batch of each epoch's input (:func:`first_batch_digest`, on a separate build of
+  the dataset so training's iterator is untouched) and records it in each checkpoint's
+  manifest (``extra["input_digest"]``). After a restore, re-entering that epoch hashes it
+  again; a different digest is an ``input_mismatch`` event and a warning naming the likely
+  cause, or, with ``--strict-resume``, a fatal error (exit 3).
+
+The check compares like with like only: the chief's shard (input pipeline 0) with the
+same number of workers as the checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Any, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from resilient_train.errors import RecipeError
+from resilient_train.events import emit
+
+__all__ = ["seed_input_rng", "input_seed", "batch_digest", "first_batch_digest", "InputCheck"]
+
+_EXTRA_KEY = "input_digest"
+
+
+def input_seed(seed: int, epoch: int) -> int:
+    """The global TensorFlow seed for building epoch ``epoch``'s input (a 31-bit int)."""
+    digest = hashlib.sha256(f"resilient-train input {seed} {epoch}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def seed_input_rng(seed: int, epoch: int) -> None:
+    """Reset TensorFlow's global seed and op-seed counter for epoch ``epoch``'s input."""
+    tf.random.set_seed(input_seed(seed, epoch))
+
+
+def batch_digest(batch: Any) -> str:
+    """SHA-256 over every tensor of a batch (structure, dtype, shape and bytes)."""
+    digest = hashlib.sha256()
+    for path, value in _flatten_with_paths(batch):
+        array = np.ascontiguousarray(np.asarray(value))
+        digest.update(f"{path}|{array.dtype.str}|{array.shape}\n".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _flatten_with_paths(batch: Any) -> list[tuple[str, Any]]:
+    values = tf.nest.flatten(batch)
+    return [(str(i), value.numpy() if hasattr(value, "numpy") else value) for i, value in enumerate(values)]
+
+
+def first_batch_digest(dataset: tf.data.Dataset) -> str | None:
+    """The digest of ``dataset``'s first element; None when it is empty."""
+    for batch in dataset.take(1):
+        return batch_digest(batch)
+    return None
+
+
+class InputCheck:
+    """Records the chief's first-batch digest per epoch and compares it after a restore."""
+
+    def __init__(self, *, strict: bool = False, recipe_name: str = "recipe") -> None:
+        self.strict = strict
+        self.recipe_name = recipe_name
+        self._observed: dict[int, str] = {}
+        self._expected: tuple[int, str, str] | None = None  # epoch, sha256, checkpoint
+
+    def expect(self, extra: Mapping[str, Any], *, checkpoint: str, same_world_size: bool) -> None:
+        """After a restore: the digest the checkpoint recorded for the epoch it was in."""
+        recorded = extra.get(_EXTRA_KEY)
+        if same_world_size and isinstance(recorded, Mapping) and "epoch" in recorded and "sha256" in recorded:
+            self._expected = (int(recorded["epoch"]), str(recorded["sha256"]), checkpoint)
+
+    def observe(self, epoch: int, digest: str | None) -> None:
+        """The chief built epoch ``epoch``'s input; compare when a restore recorded it."""
+        if digest is None:
+            return
+        self._observed[epoch] = digest
+        if self._expected is None or self._expected[0] != epoch:
+            return
+        _, expected, checkpoint = self._expected
+        self._expected = None
+        if expected != digest:
+            self._mismatch(epoch, expected, digest, checkpoint)
+
+    def to_extra(self, epoch: int) -> dict[str, Any]:
+        """What a checkpoint taken in ``epoch`` records (nothing before its input was built)."""
+        digest = self._observed.get(epoch)
+        return {_EXTRA_KEY: {"epoch": epoch, "sha256": digest}} if digest is not None else {}
+
+    def _mismatch(self, epoch: int, expected: str, found: str, checkpoint: str) -> None:
+        message = (
+            f"recipe {self.recipe_name}: after restoring {checkpoint}, the first batch of epoch {epoch} "
+            f"differs from the one recorded when it was saved (sha256 {expected[:12]} -> {found[:12]}); "
+            "dataset() is not a pure function of (input_context, epoch, seed): likely numpy/Python random "
+            "without a seed, the clock, or input files that changed; the weights will not be bit-identical "
+            "to an uninterrupted run"
+        )
+        emit("input_mismatch", group=True, epoch=epoch, checkpoint=checkpoint, expected_sha256=expected,
+             found_sha256=found, strict=self.strict)
+        if self.strict:
+            raise RecipeError(message + " (--strict-resume)")
+        print(f"resilient-train: warning: {message}", file=sys.stderr)

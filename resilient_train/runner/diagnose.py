@@ -1,0 +1,64 @@
+"""Deterministic recipe errors, recognised and explained so the supervisor stops at once.
+
+Some failures come from the recipe and happen again identically on every restart: a
+dataset shorter than ``steps_per_epoch``, a TensorFlow op run at import time (the strategy
+then cannot configure collectives). Retrying them burns the restart budget and ends with
+a raw TensorFlow error. :func:`explain` turns such an exception into a
+:class:`~resilient_train.errors.RecipeError` whose message names the fix; the worker
+records it and exits ``EXIT_FATAL`` (3), which the restart policy never retries
+(``supervisor/policy.py``). Anything not recognised is returned as ``None`` and handled
+as before (a transient failure).
+
+Batch-structure and loss-shape mistakes are raised as RecipeError directly where the step
+is traced (``runner/batches.py``).
+
+Recognition is by exception type name and message, without importing TensorFlow, so the
+module stays cheap to import and to test.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from resilient_train.errors import RecipeError
+
+__all__ = ["explain"]
+
+_IMPORT_OP = "Collective ops must be configured at program startup"
+# autograph turns an exception raised while tracing into a StagingError ("in user code:
+# ... RecipeError: <message>"); the message is ours, so take it back out.
+_RAISED_WHILE_TRACING = re.compile(r"^\s*RecipeError: (.+)$", re.MULTILINE)
+
+
+def explain(exc: BaseException, *, recipe_name: str, trainer: Any | None, steps_per_epoch: int | None) -> RecipeError | None:
+    """A RecipeError with the fix for a known deterministic recipe failure, else None."""
+    type_name = type(exc).__name__
+    message = str(exc)
+    traced = _RAISED_WHILE_TRACING.search(message)
+    if traced:  # runner/batches.py raised it inside tf.function; autograph re-wrapped it
+        return RecipeError(traced.group(1).strip())
+    if _IMPORT_OP in message:
+        return RecipeError(
+            f"recipe {recipe_name} runs a TensorFlow op at import (before the distribution strategy "
+            "starts, TensorFlow says: Collective ops must be configured at program startup); move module-level "
+            "TensorFlow calls (tf.constant, tf.config.*, building layers) into build_model() or dataset()"
+        )
+    if trainer is not None and steps_per_epoch and (
+        type_name == "OutOfRangeError" or "End of sequence" in message
+    ):
+        epoch, yielded = _position(trainer)
+        if epoch is not None and yielded is not None and yielded < steps_per_epoch:
+            return RecipeError(
+                f"recipe {recipe_name}: dataset() yielded {yielded} batches for epoch {epoch}; "
+                f"steps_per_epoch is {steps_per_epoch}: add .repeat() (or lower --steps-per-epoch)"
+            )
+    return None
+
+
+def _position(trainer: Any) -> tuple[int | None, int | None]:
+    """(epoch, batches consumed in it) from the trainer's counters; Nones if unreadable."""
+    try:
+        return int(trainer.epoch.numpy()), int(trainer.step_in_epoch.numpy())
+    except Exception:  # a failure report must not fail: the counters may not exist yet
+        return None, None

@@ -1,0 +1,53 @@
+"""Issue 12 item 3: re-entering an epoch mid-way without replaying its input.
+
+tests/recipes/input_bound.py positions its dataset itself (``start_step``); its twin
+input_bound_skip.py does not, so the runner skip()s. Both must resume bit-exactly after a
+kill mid-epoch, and the start_step path must really have been taken.
+"""
+
+import pytest
+
+from tests.integration.harness import run_job
+
+INPUT_BOUND = "tests/recipes/input_bound.py"
+INPUT_BOUND_SKIP = "tests/recipes/input_bound_skip.py"
+# 2 epochs x 12 steps, a save every 4: the kill after the commit of 8 is mid-epoch 0.
+FLAGS = ("--epochs", "2", "--steps-per-epoch", "12", "--global-batch-size", "8", "--save-every-steps", "4",
+         "--no-warm-standby")
+KILL_CHIEF_AFTER_COMMIT_8 = [{"point": "after_commit", "global_step": 8, "rank": 0}]
+
+
+@pytest.fixture(scope="module")
+def input_bound_reference(tmp_path_factory):
+    job = run_job(INPUT_BOUND, tmp_path_factory.mktemp("reference") / "run", *FLAGS)
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == 24
+    return job.summary["weights_sha256"]
+
+
+def start_positions(path):
+    """(epoch, start_step) of every dataset() call, both workers of every attempt."""
+    return sorted(tuple(line.split()) for line in path.read_text().splitlines())
+
+
+@pytest.mark.parametrize("steps_per_execution", ["1", "3"])
+def test_start_step_recipe_resumes_mid_epoch_exactly(tmp_path, input_bound_reference, steps_per_execution):
+    log = tmp_path / "starts.txt"
+    job = run_job(INPUT_BOUND, tmp_path / "run", *FLAGS, "--steps-per-execution", steps_per_execution,
+                  "--set", f"start_log={log}", faults=KILL_CHIEF_AFTER_COMMIT_8)
+    assert job.returncode == 0, job.output
+    restored = job.named("restored")
+    assert [(r["global_step"], r["epoch"], r["step_in_epoch"]) for r in restored] == [(8, 0, 8)]
+    # attempt 1: epoch 0 from 0 (killed in it); attempt 2: epoch 0 from 8, epoch 1 from 0
+    assert start_positions(log) == sorted([("0", "0")] * 2 + [("0", "8")] * 2 + [("1", "0")] * 2)
+    assert job.summary["weights_sha256"] == input_bound_reference
+
+
+def test_recipe_without_start_step_is_skipped_to_the_same_weights(tmp_path, input_bound_reference):
+    log = tmp_path / "starts.txt"
+    job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS, "--set", f"start_log={log}",
+                  faults=KILL_CHIEF_AFTER_COMMIT_8)
+    assert job.returncode == 0, job.output
+    assert [r["step_in_epoch"] for r in job.named("restored")] == [8]
+    assert {start for _, start in start_positions(log)} == {"None"}  # never told where to start
+    assert job.summary["weights_sha256"] == input_bound_reference

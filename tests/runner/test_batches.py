@@ -1,0 +1,49 @@
+"""Batch structure, loss shape and sample weights (issue 11 pt 5), checked in-process."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resilient_train.errors import RecipeError
+from resilient_train.recipe import Recipe
+from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
+
+
+def recipe_with_loss(loss):
+    return Recipe(name="r", source="r.py", build_model=None, build_optimizer=None, loss=loss, dataset=None)
+
+
+def test_two_and_three_element_batches_unpack():
+    assert unpack_batch(("x", "y")) == ("x", "y", None)
+    assert unpack_batch(("x", "y", "w")) == ("x", "y", "w")
+
+
+@pytest.mark.parametrize("batch, what", [
+    (("x", "y", "w", "z"), "a tuple of 4 elements"),
+    ({"image": 1, "label": 2}, "a dict with keys ['image', 'label']"),
+    ("x", "a single str"),
+])
+def test_other_structures_name_the_accepted_ones(batch, what):
+    with pytest.raises(RecipeError) as raised:
+        unpack_batch(batch, "digits")
+    assert str(raised.value) == (
+        f"recipe digits: dataset() yielded {what}; "
+        "batches must be (features, labels) or (features, labels, sample_weight)"
+    )
+
+
+def test_a_scalar_loss_is_refused():
+    recipe = recipe_with_loss(lambda y, p: tf.reduce_mean(tf.square(y - p)))
+    with pytest.raises(RecipeError, match=r"^recipe r: loss\(\) must return one value per example, got shape \(\)"):
+        per_example_loss(recipe, tf.zeros([4, 1]), tf.ones([4, 1]))
+
+
+def test_sample_weights_scale_each_example_and_divide_by_the_global_batch():
+    per_example = tf.constant([1.0, 2.0, 3.0, 4.0])
+    assert float(average_loss(per_example, None, 8)) == pytest.approx(10.0 / 8)
+    weights = tf.constant([1.0, 0.0, 2.0, 0.5])
+    assert float(average_loss(per_example, weights, 8)) == pytest.approx((1 + 0 + 6 + 2) / 8)
+    # a [batch, 1] loss with [batch] weights: weights broadcast per example, not across
+    column = tf.reshape(per_example, [4, 1])
+    assert float(average_loss(column, weights, 8)) == pytest.approx(9.0 / 8)
+    assert np.isfinite(float(average_loss(column, tf.constant([1, 1, 1, 1]), 4)))

@@ -1,0 +1,62 @@
+"""The resume check's bookkeeping and the input seeding (issue 11 pt 2), in-process."""
+
+import pytest
+import tensorflow as tf
+
+from resilient_train.errors import RecipeError
+from resilient_train.runner.determinism import InputCheck, batch_digest, first_batch_digest, seed_input_rng
+
+
+def unseeded_first_batch() -> str:
+    return first_batch_digest(tf.data.Dataset.range(100).shuffle(100).batch(5))
+
+
+def test_seeding_makes_an_unseeded_shuffle_independent_of_earlier_ops():
+    seed_input_rng(3, 1)
+    fresh = unseeded_first_batch()
+    for _ in range(7):  # a resumed process created other ops before building the epoch
+        tf.random.uniform([1])
+    seed_input_rng(3, 1)
+    assert unseeded_first_batch() == fresh
+    seed_input_rng(3, 2)
+    assert unseeded_first_batch() != fresh
+
+
+def test_batch_digest_covers_values_and_structure():
+    a = (tf.constant([[1.0, 2.0]]), tf.constant([1]))
+    assert batch_digest(a) == batch_digest((tf.constant([[1.0, 2.0]]), tf.constant([1])))
+    assert batch_digest(a) != batch_digest((tf.constant([[1.0, 2.5]]), tf.constant([1])))
+    assert batch_digest(a) != batch_digest((tf.constant([1.0, 2.0]), tf.constant([1])))
+
+
+def test_a_checkpoint_records_the_digest_of_its_epoch_only():
+    check = InputCheck()
+    check.observe(0, "a" * 64)
+    assert check.to_extra(0) == {"input_digest": {"epoch": 0, "sha256": "a" * 64}}
+    assert check.to_extra(1) == {}  # saved at the end of epoch 0, before epoch 1's input exists
+
+
+def test_same_digest_after_restore_is_silent_and_a_different_one_is_reported(capsys, monkeypatch):
+    emitted = []
+    monkeypatch.setattr("resilient_train.runner.determinism.emit", lambda name, **f: emitted.append((name, f)))
+    extra = {"input_digest": {"epoch": 1, "sha256": "a" * 64}}
+    check = InputCheck(recipe_name="r")
+    check.expect(extra, checkpoint="ckpt-000000000015", same_world_size=True)
+    check.observe(1, "a" * 64)
+    assert emitted == []
+    check.expect(extra, checkpoint="ckpt-000000000015", same_world_size=True)
+    check.observe(1, "b" * 64)
+    assert [name for name, _ in emitted] == ["input_mismatch"]
+    assert emitted[0][1]["epoch"] == 1 and emitted[0][1]["found_sha256"] == "b" * 64
+    assert "the first batch of epoch 1 differs" in capsys.readouterr().err
+
+    strict = InputCheck(strict=True, recipe_name="r")
+    strict.expect(extra, checkpoint="ckpt-000000000015", same_world_size=True)
+    with pytest.raises(RecipeError, match=r"\(--strict-resume\)$"):
+        strict.observe(1, "b" * 64)
+
+
+def test_another_world_size_is_not_compared():
+    check = InputCheck(strict=True)
+    check.expect({"input_digest": {"epoch": 1, "sha256": "a" * 64}}, checkpoint="c", same_world_size=False)
+    check.observe(1, "b" * 64)  # other sharding: a different first batch is expected
