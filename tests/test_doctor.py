@@ -138,3 +138,17 @@ def test_real_storage_roundtrip_on_local_disk(tmp_path):
     found = {f.check: f for f in run_checks(Probes(tf_versions=lambda: CPU_TF, devices=lambda: []), storage=str(tmp_path))}
     assert found["storage"].status == OK
     assert list(tmp_path.iterdir()) == []  # the probe object is deleted again
+
+
+def test_the_real_command_on_this_machine(capsys, monkeypatch, tmp_path):
+    from resilient_train.cli import main
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    code = main(["doctor", "--json", "--storage", str(tmp_path)])
+    report = json.loads(capsys.readouterr().out)
+    assert [c["check"] for c in report["checks"]] == [
+        "python", "tensorflow", "tf_build", "devices", "gpu_memory", "cuda_visible_devices", "tf_config",
+        "loopback_ports", "storage",
+    ]
+    assert code == (0 if report["ok"] else 1)
+    assert all(c["status"] in (OK, WARN) for c in report["checks"]), report  # nothing fails on a CPU test machine
