@@ -28,6 +28,7 @@ chaos: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_overhead.py
 	$(BIN)/python benchmarks/recovery.py
+	$(BIN)/python benchmarks/ray_recovery.py
 
 clean:
 	rm -rf runs .pytest_cache
