@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/reentry.py
+	$(BIN)/python benchmarks/ray_recovery.py
 
 clean:
 	rm -rf runs .pytest_cache
