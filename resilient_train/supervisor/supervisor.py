@@ -426,11 +426,12 @@ class Supervisor:
         """Steps executed that a later restore discarded, over the run's whole history.
 
         For every ``restored`` event of attempt ``a``, the steps attempt ``a-1`` reached
-        (its step markers survive any kill, even of the supervisor) beyond the restored step.
+        (its step markers survive any kill, even of the supervisor) beyond the restored step;
+        a ``fresh_start`` (nothing was committed before the kill) restores step 0.
         """
         lost = 0
         for record in read_events(self.events_path):
-            if record.get("event") == "restored" and isinstance(record.get("attempt"), int):
+            if record.get("event") in ("restored", "fresh_start") and isinstance(record.get("attempt"), int):
                 reached = self._reached(record["attempt"] - 1)
                 if reached is not None:
                     lost += max(0, reached - record["global_step"])

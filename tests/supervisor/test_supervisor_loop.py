@@ -249,3 +249,18 @@ def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, mo
            "the supervisor SIGKILLed it) at global_step 7" in out.getvalue()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["root_cause"]["exit"].startswith("stopped responding")
+
+
+def test_steps_of_an_attempt_killed_before_its_first_commit_count_as_lost(tmp_path):
+    supervisor, _, _, _ = make(tmp_path, [])
+    run_dir = tmp_path / "run"
+    (run_dir / "attempt-1").mkdir(parents=True)
+    (run_dir / "attempt-1" / "step-0.txt").write_text("7\n")
+    (run_dir / "attempt-2").mkdir()
+    (run_dir / "attempt-2" / "step-0.txt").write_text("12\n")
+    (run_dir / "events.jsonl").write_text(
+        json.dumps({"event": "fresh_start", "attempt": 2, "global_step": 0}) + "\n"
+        + json.dumps({"event": "restored", "attempt": 3, "global_step": 10}) + "\n"
+    )
+    supervisor._count_lost_steps()
+    assert supervisor.totals.lost_steps == 7 + 2
