@@ -24,7 +24,7 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
   garbage_collected, storage_retry
 * supervisor policy: gang_restart, restart_budget_exhausted, crash_loop_detected, fatal_error
 * warm standby: standby_started, standby_ready, standby_lost, standby_disabled
-* Ray launcher: ray_connected, placement_ready, node_lost
+* Ray launcher: ray_connected, placement_ready, placement_lost, node_lost
 """
 
 from __future__ import annotations
