@@ -25,7 +25,8 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
 * supervisor policy: gang_restart, restart_budget_exhausted, crash_loop_detected, fatal_error
 * warm standby: standby_started, standby_ready, standby_lost, standby_disabled
 * outputs: model_exported, model_export_failed
-* Ray launcher: ray_connected, placement_ready, node_lost
+* Ray launcher: ray_connected, placement_ready, placement_lost, node_lost
+* also: attempt_incomplete (every worker exited 0 without a completed checkpoint)
 """
 
 from __future__ import annotations

@@ -121,3 +121,77 @@ def test_replaced_chunk_overwrites_and_appended_chunk_appends(tmp_path):
                             FileChunk("attempt-2/worker-1.log", b"b")])
     assert (tmp_path / "attempt-2" / "error-1.json").read_text() == '{"x": 1}'
     assert (tmp_path / "attempt-2" / "worker-1.log").read_text() == "ab"
+
+
+class _ActorDied(Exception):
+    pass
+
+
+class _FakeRay:
+    """Just enough of the ray module for RayLauncher.start: refs are thunks."""
+
+    class exceptions:
+        RayActorError = _ActorDied
+
+    def get(self, refs, timeout=None):
+        return [ref() for ref in refs] if isinstance(refs, list) else refs()
+
+    def kill(self, actor, no_restart=True):
+        actor.killed = True
+
+
+class _Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        return lambda: self.fn(*args)
+
+
+class _FakeSlotActor:
+    def __init__(self, dead: bool, port: int):
+        self.killed = False
+        self.free_port = _Method(lambda host: self._alive() or port)
+        self.start = _Method(lambda job_json, rank, attempt, env: self._alive() or {"pid": 100 + rank, "standby": False})
+        self.close = _Method(lambda: self._alive())
+        self.dead = dead
+
+    def _alive(self):
+        if self.dead:
+            raise _ActorDied("The actor died because its node has died.")
+
+
+def test_a_slot_that_died_between_attempts_is_placed_anew_once(tmp_path):
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+    from resilient_train.supervisor.launchers.api import WorkerSpec
+
+    launcher = ray_launcher.RayLauncher(job(storage="s3://b/p"), ray_module=_FakeRay())
+    placements = [[_FakeSlotActor(False, 5000), _FakeSlotActor(True, 5001)],
+                  [_FakeSlotActor(False, 5002), _FakeSlotActor(False, 5003)]]
+    placed = []
+
+    def place(count, *, run_id):
+        actors = placements[len(placed)]
+        placed.append(actors)
+        launcher._slots = [ray_launcher._SlotState(a, f"node-{i}", "127.0.0.1") for i, a in enumerate(actors)]
+
+    launcher._place = place
+    specs = [WorkerSpec(rank, 2, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
+    handles = launcher.start(specs)
+    assert [h.pid for h in handles] == [100, 101]
+    assert len(placed) == 2 and all(a.killed for a in placed[0]) and not any(a.killed for a in placed[1])
+
+
+def test_slots_dying_on_both_placements_is_a_clean_error(tmp_path):
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+    from resilient_train.supervisor.launchers.api import WorkerSpec
+
+    launcher = ray_launcher.RayLauncher(job(storage="s3://b/p"), ray_module=_FakeRay())
+
+    def place(count, *, run_id):
+        launcher._slots = [ray_launcher._SlotState(_FakeSlotActor(True, 5000 + i), f"n{i}", "127.0.0.1") for i in range(2)]
+
+    launcher._place = place
+    specs = [WorkerSpec(rank, 1, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
+    with pytest.raises(ConfigError, match="Ray slot actors died twice while starting workers: The actor died"):
+        launcher.start(specs)

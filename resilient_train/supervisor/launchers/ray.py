@@ -191,10 +191,26 @@ class RayLauncher(Launcher):
         events.emit("ray_connected", address=address, nodes=sum(1 for n in ray.nodes() if n.get("Alive")))
 
     def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
-        ray = self._ray
-        if not self._slots or any(self._dead(i) for i in range(len(self._slots))):
-            self._release()
-            self._place(len(specs), run_id=specs[0].env.get("RT_RUN_ID", "run"))
+        """Start the attempt on the slots, placing new ones when a slot is gone.
+
+        A slot can also die between attempts (its node lost during the backoff): then
+        starting on it fails, and the attempt is placed anew once.
+        """
+        run_id = specs[0].env.get("RT_RUN_ID", "run")
+        for tries_left in (1, 0):
+            if not self._slots or any(self._dead(i) for i in range(len(self._slots))):
+                self._release()
+                self._place(len(specs), run_id=run_id)
+            try:
+                return self._start_on_slots(specs)
+            except self._ray.exceptions.RayActorError as exc:
+                events.emit("placement_lost", error=type(exc).__name__, retry=bool(tries_left))
+                self._release()
+                if not tries_left:
+                    raise LauncherError(f"Ray slot actors died twice while starting workers: {_first_line(exc)}") from None
+        raise AssertionError("unreachable")
+
+    def _start_on_slots(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
         ports = self._ports()
         addresses = [f"{s.node_ip}:{p}" for s, p in zip(self._slots, ports)]
         job_json = self.node_job.to_json()
@@ -202,7 +218,7 @@ class RayLauncher(Launcher):
         for spec, slot in zip(specs, self._slots):
             env = {**spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
             refs.append(slot.actor.start.remote(job_json, spec.rank, spec.attempt, env))
-        started = ray.get(refs, timeout=PLACEMENT_TIMEOUT_S)
+        started = self._ray.get(refs, timeout=PLACEMENT_TIMEOUT_S)
         self._handles = {}
         self._prestarted = False
         for index, info in enumerate(started):
