@@ -5,6 +5,9 @@ from tests.s3server import s3_server  # noqa: F401  (session fixture, started on
 import pytest
 import structlog
 
+from tests.integration.conftest import DIGITS, DIGITS_FLAGS
+from tests.integration.harness import run_job
+
 
 @pytest.fixture(autouse=True)
 def _fresh_event_context():
@@ -12,3 +15,19 @@ def _fresh_event_context():
     structlog.contextvars.clear_contextvars()
     yield
     structlog.contextvars.clear_contextvars()
+
+
+@pytest.fixture(scope="session")
+def digits_reference_run(tmp_path_factory):
+    """The uninterrupted run every interrupted one must match bit for bit (its Job)."""
+    job = run_job(DIGITS, tmp_path_factory.mktemp("reference") / "run", *DIGITS_FLAGS)
+    assert job.returncode == 0, job.output
+    summary = job.summary
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", 20, 0)
+    return job
+
+
+@pytest.fixture(scope="session")
+def digits_reference(digits_reference_run):
+    """The uninterrupted run's final weights digest (computed, never hard-coded)."""
+    return digits_reference_run.summary["weights_sha256"]
