@@ -38,12 +38,14 @@ def test_start_step_recipe_resumes_mid_epoch_exactly(tmp_path, input_bound_refer
     assert job.returncode == 0, job.output
     restored = job.named("restored")
     assert [(r["global_step"], r["epoch"], r["step_in_epoch"]) for r in restored] == [(8, 0, 8)]
-    # attempt 1: epoch 0 from 0 (killed in it); attempt 2: epoch 0 from 8, epoch 1 from 0;
-    # plus, on the chief, the resume check's own build of each epoch it enters, from 0
-    # (runner/determinism.py hashes that epoch's first batch)
-    trained = [("0", "0")] * 2 + [("0", "8")] * 2 + [("1", "0")] * 2
-    checked = [("0", "0"), ("0", "0"), ("1", "0")]
-    assert start_positions(log) == sorted(trained + checked)
+    # Attempt 2 re-enters epoch 0 at 8 on both workers through start_step. Every other
+    # call starts an epoch at 0: both workers' epoch 0 of attempt 1 and epoch 1 of attempt
+    # 2, the chief's resume-check build of each epoch it enters (runner/determinism.py), and
+    # perhaps attempt 1's non-chief entering epoch 1 before the supervisor stops it (it
+    # needs no collective to build its input), so how many of those is timing, not asserted.
+    starts = start_positions(log)
+    assert starts.count(("0", "8")) == 2
+    assert set(starts) == {("0", "0"), ("0", "8"), ("1", "0")}
     assert job.summary["weights_sha256"] == input_bound_reference
 
 
