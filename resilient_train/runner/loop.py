@@ -158,6 +158,9 @@ class Trainer:
         self.clock = clock
         self.stats = _EpochStats()
         self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
+        # Once, at start: the recipe file read and hashed as this process imported it (not on
+        # every save, and not an edit made to the file while the run goes on).
+        self._fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
         self._stop_noticed = False
         self._stop_agreed = False
         self._last_saved: int | None = None
@@ -393,7 +396,7 @@ class Trainer:
                 "epochs": self.job.epochs,
                 "steps_per_epoch": self.job.steps_per_epoch,
                 "recipe": self.recipe.name,
-                "fingerprint": fingerprint_for_worker(self.job, self.recipe.source, self.params).to_dict(),
+                "fingerprint": self._fingerprint,
                 **self.input_check.to_extra(int(self.epoch.numpy())),
             },
         )
