@@ -39,6 +39,15 @@ class Job:
         return [e for e in self.events if e["event"] == name]
 
 
+def recipe_variant(tmp_path: Path, name: str, old: str, new: str, base: str = "recipes/linear_regression.py") -> str:
+    """A copy of a shipped recipe with one exact edit (``old`` must be in it), as a user would make."""
+    source = (REPO / base).read_text()
+    assert old in source, f"{old!r} is not in {base}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(source.replace(old, new))
+    return str(path)
+
+
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return _read_event_file(Path(run_dir) / "events.jsonl")
 

@@ -6,24 +6,12 @@ cannot make deterministic (numpy's global RNG) is detected after the restore: an
 input_mismatch event and a warning, or exit 3 with --strict-resume.
 """
 
-from pathlib import Path
+from tests.integration.harness import recipe_variant as variant, run_job
 
-import pytest
-
-from tests.integration.harness import run_job
-
-BASE = Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py"
 FLAGS = ("--workers", "1", "--epochs", "3", "--steps-per-epoch", "10", "--global-batch-size", "4",
          "--save-every-steps", "5", "--max-restarts", "2")
 KILL_IN_EPOCH_1 = [{"point": "after_commit", "global_step": 15, "rank": 0}]  # epoch 1, step_in_epoch 5
 
-
-def variant(tmp_path: Path, name: str, old: str, new: str) -> str:
-    source = BASE.read_text()
-    assert old in source
-    path = tmp_path / f"{name}.py"
-    path.write_text(source.replace(old, new))
-    return str(path)
 
 
 def unseeded_shuffle(tmp_path):

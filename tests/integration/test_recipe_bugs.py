@@ -1,22 +1,12 @@
 """Recipe bugs that every restart would hit again are fatal at once (issue 11 pt 5): exit 3
 after one attempt, the root cause naming the fix, no restart spent."""
 
-from pathlib import Path
-
 import pytest
 
-from tests.integration.harness import run_job
+from tests.integration.harness import recipe_variant as variant, run_job
 
-BASE = Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py"
 FLAGS = ("--workers", "1", "--epochs", "1", "--steps-per-epoch", "10", "--global-batch-size", "4", "--no-warm-standby")
 
-
-def variant(tmp_path: Path, name: str, old: str, new: str) -> str:
-    source = BASE.read_text()
-    assert old in source
-    path = tmp_path / f"{name}.py"
-    path.write_text(source.replace(old, new))
-    return str(path)
 
 
 CASES = {
