@@ -61,7 +61,7 @@ class JobConfig:
     ray_strategy: str = "spread"
     cpus_per_worker: float = 1.0
     storage_shared: bool = False  # a local storage path is a mount every node shares
-    steps_per_execution: int = 1
+    steps_per_execution: int | str = "auto"  # or a fixed N >= 1 (runner/call_size.py)
     eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
     eval_steps: int | None = None  # None: the whole eval_dataset
     strict_resume: bool = False
@@ -81,7 +81,11 @@ class JobConfig:
         if self.max_preemptions is not None:
             _check_int("max_preemptions", self.max_preemptions, minimum=0)
         _check_int("gpus_per_worker", self.gpus_per_worker, minimum=0)
-        _check_int("steps_per_execution", self.steps_per_execution, minimum=1)
+        if self.steps_per_execution != "auto":
+            if isinstance(self.steps_per_execution, bool) or not isinstance(self.steps_per_execution, int) \
+                    or self.steps_per_execution < 1:
+                raise ConfigError(f"Received steps_per_execution={self.steps_per_execution!r}; "
+                                  "expected 'auto' or an integer >= 1")
         if self.eval_every_epochs is not None:
             _check_int("eval_every_epochs", self.eval_every_epochs, minimum=0)
         if self.eval_steps is not None:
@@ -200,6 +204,10 @@ def _positive_or_zero_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
+def _steps_per_execution(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive_or_zero_int(text)
+
+
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by ``run`` and ``worker`` (all default to None = config file / recipe)."""
     add = parser.add_argument
@@ -223,8 +231,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
     add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
     add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
-    add("--steps-per-execution", type=_positive_or_zero_int, metavar="N",
-        help="training steps per compiled call; saves, stop requests and progress happen between calls (default 1)")
+    add("--steps-per-execution", type=_steps_per_execution, metavar="N",
+        help="training steps per compiled call, or auto: as many as take ~0.1 s; saves, stop requests and "
+        "progress happen between calls (default auto)")
     add("--eval-every-epochs", type=_positive_or_zero_int, metavar="N",
         help="evaluate on the recipe's eval_dataset every N epochs (default 1 when it has one; 0: never)")
     add("--eval-steps", type=_positive_or_zero_int, metavar="S", help="evaluate at most S batches (default: all)")

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import hashlib
 import os
 import posixpath
@@ -53,6 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from resilient_train import events
 from resilient_train.checkpoint._files import abandon_write
@@ -162,6 +164,9 @@ class CheckpointStore:
         self.fs = fs
         self._root = root.rstrip("/") or root
         self._local = bool(getattr(fs, "local_file", False))
+        # Plain local disk (not a wrapper such as the fault-injecting one, whose faults
+        # must fire): files move in and out by hard link where the filesystem allows.
+        self._linkable = type(fs) is LocalFileSystem
         self._fence: GenerationFence | None = None
         if not self._local and not self._root.strip("/"):
             raise StorageError(f"cannot use checkpoint storage {self.url}: the URL names no bucket or directory")
@@ -514,8 +519,13 @@ class CheckpointStore:
         return None
 
     def _upload(self, src: Path, rel: str) -> FileEntry:
-        """Stream one local file to ``rel``, hashing the bytes as they are read."""
+        """Stream one local file to ``rel``, hashing the bytes as they are read (on the
+        same local disk: a hard link and one hashing read, no copy)."""
         remote = self._remote(rel)
+        if self._linkable:
+            linked = _link_and_hash(Path(src), Path(remote))
+            if linked is not None:
+                return linked
 
         def attempt() -> FileEntry:
             digest, size = hashlib.sha256(), 0
@@ -661,8 +671,17 @@ class CheckpointStore:
         )
 
     def _download(self, name: str, rel: str, dst: Path) -> FileEntry:
-        """Stream ``name/rel`` to ``dst`` (each remote byte read once), hashing it on the way."""
+        """Stream ``name/rel`` to ``dst`` (each remote byte read once), hashing it on the way
+        (on the same local disk: a hard link and one hashing read, no copy)."""
         remote = self._remote(name, rel)
+        if self._linkable:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                linked = _link_and_hash(Path(remote), dst)
+            except FileNotFoundError:
+                raise CheckpointCorruptError(f"{self._url(name)}: missing file {rel}") from None
+            if linked is not None:
+                return linked
 
         def attempt() -> FileEntry:
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -754,6 +773,27 @@ class CheckpointStore:
                 pass
         except OSError as exc:
             raise self._fail(f"delete {name} from", exc) from None
+
+
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+def _link_and_hash(src: Path, dst: Path) -> FileEntry | None:
+    """Make ``dst`` a hard link to ``src`` and hash it; None where links are impossible
+    (another filesystem, or one without hard links): the caller copies instead.
+
+    Checkpoint files are never modified after they are written, so sharing the inode is
+    safe; ``dst`` is unlinked first so that a file a reader already linked elsewhere is
+    never written into.
+    """
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno in _NO_LINK:
+            return None
+        raise
+    return sha256_file(dst)
 
 
 def _strip_prefix(message: str, path: str) -> str:

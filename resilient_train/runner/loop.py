@@ -14,9 +14,10 @@
 # 4. Train epoch by epoch. The input of epoch e is rebuilt from (seed, e, shard) and
 #    positioned at step_in_epoch (runner/data.py: the recipe's start_step, else skip()),
 #    so re-entering mid-epoch sees exactly the batches an uninterrupted run would have.
-# 5. Each tf.function call runs up to --steps-per-execution steps (_make_train_call): per
-#    step ONE packed all-reduce besides the gradients' carries loss, metrics, the stop
-#    flag and the chief's time-based save vote; the counters advance in-graph; the host
+# 5. Each tf.function call runs up to --steps-per-execution steps (_make_train_call; auto:
+#    the chief sizes calls to ~0.1 s, runner/call_size.py): per step ONE packed all-reduce
+#    besides the gradients' carries loss, metrics, the stop flag, the chief's time-based
+#    save vote and its size of the next call; the counters advance in-graph; the host
 #    reads one [steps, values] tensor per call. Everything else happens between calls:
 #    SavePolicy (runner/save_policy.py) ends a call at every step-count save point and at
 #    the epoch end, so the committed steps are the same for every N; stop agreement,
@@ -70,6 +71,7 @@ from resilient_train.runner.checkpointing import (
     twin_rng_state,
 )
 from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
+from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.data import epoch_dataset
 from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.determinism import InputCheck
@@ -81,6 +83,7 @@ __all__ = ["Trainer", "TrainResult", "weights_digest"]
 
 _STOP = "__stop_requested__"
 _SAVE_DUE = "__save_due__"
+_NEXT_CALL = "__next_call_steps__"
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -94,7 +97,7 @@ def weights_digest(model: keras.Model) -> str:
     for variable in sorted(model.weights, key=lambda v: v.path):
         array = np.ascontiguousarray(variable.numpy())
         digest.update(f"{variable.path}|{array.dtype.str}|{tuple(array.shape)}\n".encode())
-        digest.update(array.tobytes())
+        digest.update(memoryview(array))  # the raw C-order bytes, without a copy
     return digest.hexdigest()
 
 
@@ -171,6 +174,8 @@ class Trainer:
             is_chief=cluster.is_chief,
             clock=clock,
         )
+        self.sizer = CallSizer(job.steps_per_execution)
+        self._call_steps = self.sizer.initial  # the agreed maximum of the next call
         self._marker = StepMarker(attempt_dir / f"step-{cluster.rank}.txt") if attempt_dir else StepMarker(None)
         self._setup()
 
@@ -269,9 +274,11 @@ class Trainer:
         """One compiled call: ``steps`` training steps, counters advanced in-graph.
 
         Per step, besides the gradients' all-reduce, ONE packed all-reduce carries
-        [loss, metric means..., stop flag, save flag] (every replica adds its worker's stop
-        request and the chief's time-based save vote; the SUM tells every worker whether
-        anyone asked). The call returns the reduced rows stacked, shape [steps, values]: the
+        [loss, metric means..., stop flag, save flag, next call's steps] (every replica adds
+        its worker's stop request and the chief's time-based save vote, so the SUM tells
+        every worker whether anyone asked; only the chief's first replica adds its proposed
+        size of the next call, runner/call_size.py, so the SUM is that number). The call
+        returns the reduced rows stacked, shape [steps, values]: the
         host reads one small tensor per call and sums the epoch's loss per step exactly as
         a one-step-per-call loop would (bit-identical epoch means for every N).
         """
@@ -295,7 +302,9 @@ class Trainer:
                     values[name] = tf.nn.compute_average_loss(
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
-            names[:] = list(values) + [_STOP, _SAVE_DUE]  # fixed at trace time
+            names[:] = list(values) + [_STOP, _SAVE_DUE, _NEXT_CALL]  # fixed at trace time
+            first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
+            flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags], axis=0)
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, packed)
 
@@ -422,16 +431,24 @@ class Trainer:
         return None
 
     def _run_call(self, iterator, steps: int, global_step: int) -> tuple[bool, bool]:
-        """Train ``steps`` steps after ``global_step``; returns the agreed (stop, save) flags."""
+        """Train ``steps`` steps after ``global_step``; returns the agreed (stop, save) flags
+        and sets the agreed maximum steps of the next call."""
         self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
-        flags = np.array([self._local_stop_flag(), self.policy.time_flag()], dtype=np.float32)
+        chief = self.cluster.is_chief
+        flags = np.array([self._local_stop_flag(), self.policy.time_flag(),
+                          self.sizer.proposal() if chief else 0.0], dtype=np.float32)
+        started = time.perf_counter()
         rows = self._train_call(iterator, tf.constant(steps, tf.int32), flags).numpy()
-        stop_column, save_column = self._value_names.index(_STOP), self._value_names.index(_SAVE_DUE)
+        if chief:
+            self.sizer.observed(steps, time.perf_counter() - started)
+        names = self._value_names
+        flag_columns = [names.index(_STOP), names.index(_SAVE_DUE), names.index(_NEXT_CALL)]
         for row in rows:
-            self.stats.add({name: float(row[k]) for k, name in enumerate(self._value_names)
-                            if k not in (stop_column, save_column)})
+            self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
         self._marker.write(global_step + steps)
-        return bool(rows[-1, stop_column] > 0), bool(rows[-1, save_column] > 0)
+        stop, save_due, next_call = (rows[-1, k] for k in flag_columns)
+        self._call_steps = max(1, int(round(next_call)))
+        return bool(stop > 0), bool(save_due > 0)
 
     def _hit_step_faults(self, first: int, last: int) -> None:
         """Faults address single steps; one inside a call fires at the call's end (the
@@ -452,11 +469,11 @@ class Trainer:
         step_in_epoch, global_step = start, int(self.global_step.numpy())
         while step_in_epoch < steps_per_epoch:
             steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
-                                            steps_per_epoch=steps_per_epoch, max_steps=job.steps_per_execution)
+                                            steps_per_epoch=steps_per_epoch, max_steps=self._call_steps)
             stop, save_due = self._run_call(iterator, steps, global_step)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
-                              means=self.stats.means())
+                              means=self.stats.means(), steps_per_call=self._call_steps)
             self._hit_step_faults(global_step - steps + 1, global_step)
             if stop:
                 self._stop_agreed = True
@@ -521,7 +538,8 @@ class _Progress:
         self.last = self.window_start = clock()
         self.window_steps = 0
 
-    def advanced(self, steps: int, *, epoch: int, step_in_epoch: int, global_step: int, means: dict[str, float]) -> None:
+    def advanced(self, steps: int, *, epoch: int, step_in_epoch: int, global_step: int, means: dict[str, float],
+                 steps_per_call: int) -> None:
         if self.first_pending:  # the recovery benchmark's "training again" moment
             self.first_pending = False
             emit("first_step", group=True, global_step=global_step)
@@ -537,6 +555,7 @@ class _Progress:
             steps_per_epoch=self.steps_per_epoch,
             global_step=global_step,
             steps_per_s=round(self.window_steps / max(now - self.window_start, 1e-9), 2),
+            steps_per_call=steps_per_call,
             **{k: round(v, 6) for k, v in means.items()},
         )
         self.last = self.window_start = now

@@ -140,9 +140,10 @@ class TensorBoardLog:
 
     def _on_train_progress(self, r: dict[str, Any]) -> None:
         skip = {"event", "ts", "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s",
-                "attempt", "rank", "role", "run_id", "level"}
+                "steps_per_call", "attempt", "rank", "role", "run_id", "level"}
         values = {f"train/{k}": v for k, v in r.items() if k not in skip and _is_number(v)}
         values["perf/steps_per_s"] = r.get("steps_per_s")
+        values["perf/steps_per_call"] = r.get("steps_per_call")
         self._write(r["global_step"], values)
 
     def _on_epoch_finished(self, r: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ def _validation_text(record: dict[str, Any]) -> str:
 
 
 _PROGRESS_KEYS = {
-    "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s", "attempt", "rank",
+    "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s", "steps_per_call", "attempt", "rank",
 }
 
 

@@ -36,7 +36,9 @@ def killed_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("outputs") / "run"
     config = run_dir.parent / "progress.toml"
     config.write_text("progress_every_s = 0\n")  # a train_progress event (and scalar) at every step
-    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, "--config", str(config),
+    # One step per call: a progress event (and scalar) at every step, and the fault at step
+    # 15 fires right after it (with longer calls both happen at call ends only).
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, "--config", str(config), "--steps-per-execution", "1",
                   faults=[{"point": "after_step", "global_step": 15, "rank": 0}])
     assert job.returncode == 0, job.output
     assert (job.summary["restarts"], job.summary["attempts"]) == (1, 2)

@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/linear_regression.py"
 FLAGS = ("--epochs", "3", "--steps-per-epoch", "10", "--global-batch-size", "4", "--save-every-steps", "5")
 TOTAL_STEPS = 30
+# A time-based save is due after every call; one step per call makes that every step.
+EVERY_STEP_DUE = ("--save-every-seconds", "0.001", "--steps-per-execution", "1")
 
 
 class Job:
@@ -117,14 +119,14 @@ def manifests(storage: Path) -> dict[int, str]:
 def sync_reference(tmp_path_factory):
     """Sync mode, a checkpoint at every step (time-based saving with T = 1 ms), all kept."""
     run_dir = tmp_path_factory.mktemp("sync") / "run"
-    job = run_job(run_dir, "--checkpoint-mode", "sync", "--save-every-seconds", "0.001", "--keep", "100")
+    job = run_job(run_dir, "--checkpoint-mode", "sync", *EVERY_STEP_DUE, "--keep", "100")
     assert job.returncode == 0, job.output
     assert (job.summary["status"], job.summary["global_step"]) == ("completed", TOTAL_STEPS)
     return job
 
 
 def test_async_commits_the_same_checkpoints_as_sync(tmp_path, sync_reference):
-    job = run_job(tmp_path / "run", "--save-every-seconds", "0.001", "--keep", "100")  # async is the default
+    job = run_job(tmp_path / "run", *EVERY_STEP_DUE, "--keep", "100")  # async is the default
     assert job.returncode == 0, job.output
     every_step = list(range(1, TOTAL_STEPS + 1))
     assert committed(job) == committed(sync_reference) == every_step

@@ -8,7 +8,7 @@ from resilient_train.runner.tensorboard import TensorBoardLog, read_scalars, tru
 
 def progress(step, loss):
     return {"event": "train_progress", "epoch": 0, "step_in_epoch": step, "steps_per_epoch": 10,
-            "global_step": step, "steps_per_s": 5.0, "loss": loss, "accuracy": 0.5, "attempt": 1, "rank": 0}
+            "global_step": step, "steps_per_s": 5.0, "steps_per_call": 4, "loss": loss, "accuracy": 0.5, "attempt": 1, "rank": 0}
 
 
 def test_scalars_come_from_the_events(tmp_path):
@@ -25,6 +25,7 @@ def test_scalars_come_from_the_events(tmp_path):
         "train/loss": [(1, 2.0)],
         "train/accuracy": [(1, 0.5)],
         "perf/steps_per_s": [(1, 5.0)],
+        "perf/steps_per_call": [(1, 4.0)],
         "checkpoint/commit_s": [(1, 0.25)],
         "checkpoint/blocked_ms": [(1, 3.0)],
         "epoch/loss": [(2, 1.5)],
