@@ -195,3 +195,49 @@ def test_slots_dying_on_both_placements_is_a_clean_error(tmp_path):
     specs = [WorkerSpec(rank, 1, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
     with pytest.raises(ConfigError, match="Ray slot actors died twice while starting workers: The actor died"):
         launcher.start(specs)
+
+
+def _launcher_placing(tmp_path, placements):
+    """A RayLauncher whose ``_place`` hands out ``placements`` in order (an exception: raised)."""
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+    from resilient_train.supervisor.launchers.api import WorkerSpec
+
+    launcher = ray_launcher.RayLauncher(job(storage="s3://b/p"), ray_module=_FakeRay())
+
+    def place(count, *, run_id):
+        placement = placements.pop(0)
+        if isinstance(placement, Exception):
+            raise placement
+        launcher._slots = [ray_launcher._SlotState(a, f"node-{i}", "127.0.0.1") for i, a in enumerate(placement)]
+
+    launcher._place = place
+
+    def specs(attempt):
+        return [WorkerSpec(rank, attempt, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
+
+    return launcher, specs
+
+
+def test_no_placement_for_the_first_attempt_is_a_usage_error(tmp_path):
+    from resilient_train.supervisor.launchers.ray import LauncherError
+
+    reason = LauncherError("Ray could not place 2 workers with {'CPU': 64.0} each (spread) within 3 s")
+    launcher, specs = _launcher_placing(tmp_path, [reason])
+    with pytest.raises(LauncherError, match="with {'CPU': 64.0} each"):
+        launcher.start(specs(1))
+
+
+def test_no_placement_for_a_restart_is_a_launch_error_naming_rays_reason(tmp_path):
+    from resilient_train.errors import LaunchError
+    from resilient_train.supervisor.launchers.ray import LauncherError
+
+    reason = LauncherError("Ray could not place 2 workers with {'CPU': 2.0} each (spread) within 3 s; cluster resources: {}")
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first, reason])
+    handles = launcher.start(specs(1))
+    handles[1].lost, handles[1].returncode = "node lost", -9  # what pump() records for a lost node
+    with pytest.raises(LaunchError) as raised:
+        launcher.start(specs(2))
+    assert not isinstance(raised.value, ConfigError)
+    assert str(raised.value) == f"could not place 2 workers: {reason}"
+    assert all(a.killed for a in first)

@@ -50,7 +50,7 @@ from urllib.parse import urlparse
 from resilient_train import events
 from resilient_train.cluster import build_tf_config
 from resilient_train.config import JobConfig
-from resilient_train.errors import ConfigError
+from resilient_train.errors import ConfigError, LaunchError
 from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 
@@ -66,7 +66,8 @@ class LauncherError(ConfigError):
     """The cluster cannot give what the job asks (no placement in time).
 
     A ConfigError, so the CLI ends with its one-line message and exit 2 instead of a
-    traceback: more CPUs/GPUs per worker than the cluster has is the usual cause.
+    traceback: more CPUs/GPUs per worker than the cluster has is the usual cause. Only
+    before the first attempt: later, ``start`` turns it into a ``LaunchError`` (run failed).
     """
 
 
@@ -167,6 +168,7 @@ class RayLauncher(Launcher):
         self._slots: list[_SlotState] = []
         self._handles: dict[int, RayHandle] = {}
         self._prestarted = False
+        self._started = False  # an attempt of this run started: placement failures are run failures
 
     # ------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -194,8 +196,21 @@ class RayLauncher(Launcher):
         """Start the attempt on the slots, placing new ones when a slot is gone.
 
         A slot can also die between attempts (its node lost during the backoff): then
-        starting on it fails, and the attempt is placed anew once.
+        starting on it fails, and the attempt is placed anew once. No placement for the
+        first attempt is the request's fault (LauncherError, exit 2); for a later one (a
+        lost node and no spare) it is a run failure (LaunchError; the supervisor writes
+        summary.json and exits 1).
         """
+        try:
+            handles = self._place_and_start(specs)
+        except LauncherError as exc:
+            if not self._started:
+                raise
+            raise LaunchError(f"could not place {len(specs)} workers: {exc}") from None
+        self._started = True
+        return handles
+
+    def _place_and_start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
         run_id = specs[0].env.get("RT_RUN_ID", "run")
         for tries_left in (1, 0):
             if not self._slots or any(self._dead(i) for i in range(len(self._slots))):
