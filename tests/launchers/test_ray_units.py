@@ -152,8 +152,8 @@ class _FakeSlotActor:
     def __init__(self, dead: bool, port: int):
         self.killed = False
         self.free_port = _Method(lambda host: self._alive() or port)
-        self.start = _Method(lambda job_json, rank, attempt, env: self._alive() or {"pid": 100 + rank, "standby": False})
-        self.close = _Method(lambda: self._alive())
+        self.start = _Method(lambda job_json, rank, attempt, env, seed: self._alive() or {"pid": 100 + rank, "standby": False})
+        self.close = _Method(lambda final: self._alive() or ())
         self.dead = dead
 
     def _alive(self):
@@ -241,3 +241,82 @@ def test_no_placement_for_a_restart_is_a_launch_error_naming_rays_reason(tmp_pat
     assert not isinstance(raised.value, ConfigError)
     assert str(raised.value) == f"could not place 2 workers: {reason}"
     assert all(a.killed for a in first)
+
+
+def _rewrite(path, data: bytes) -> None:
+    """What runner/tensorboard.py does to truncate an event file: a new file renamed over it."""
+    tmp = path.with_name(path.name + ".rewrite")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def test_pump_brings_back_tensorboard_appended_or_rewritten_and_the_model_but_no_temp_files(tmp_path):
+    node, home = tmp_path / "node", tmp_path / "home"
+    board = node / "tensorboard" / "events.out.tfevents.100.host"
+    board.parent.mkdir(parents=True)
+    board.write_bytes(b"r1r2")
+    (node / "tensorboard" / "events.out.tfevents.100.host.rewrite").write_bytes(b"half")
+    (node / "model" / "saved_model" / "variables").mkdir(parents=True)
+    (node / "model" / "saved_model" / "variables" / "variables.data").write_bytes(b"weights")
+    (node / "model" / "export.json").write_text("{}")
+    (node / ".model.partial-x").mkdir()
+    (node / ".model.partial-x" / "model.keras").write_bytes(b"half an export")
+    pump = _Pump(node)
+    first = pump.collect()
+    assert sorted((c.path, c.replace) for c in first) == [
+        ("model/export.json", True),
+        ("model/saved_model/variables/variables.data", True),
+        ("tensorboard/events.out.tfevents.100.host", False),
+    ]
+    apply_chunks(home, first)
+
+    with open(board, "ab") as handle:
+        handle.write(b"r3")
+    appended = pump.collect()
+    assert [(c.path, c.data, c.replace) for c in appended] == [("tensorboard/events.out.tfevents.100.host", b"r3", False)]
+    apply_chunks(home, appended)
+    assert (home / "tensorboard" / "events.out.tfevents.100.host").read_bytes() == b"r1r2r3"
+
+    _rewrite(board, b"r1r2")  # a resumed chief dropped the step past its restore point
+    apply_chunks(home, pump.collect())
+    assert (home / "tensorboard" / "events.out.tfevents.100.host").read_bytes() == b"r1r2"
+    assert pump.collect() == ()
+    assert (home / "model" / "saved_model" / "variables" / "variables.data").read_bytes() == b"weights"
+    assert sorted(p.name for p in home.iterdir()) == ["model", "tensorboard"]
+    assert [p.name for p in (home / "tensorboard").iterdir()] == ["events.out.tfevents.100.host"]
+
+
+def test_a_new_chief_slot_is_seeded_with_the_supervisors_tensorboard_and_does_not_send_it_back(tmp_path):
+    from resilient_train.supervisor.launchers._slot import Slot, seed_chunks
+
+    home = tmp_path / "home"
+    (home / "tensorboard").mkdir(parents=True)
+    (home / "tensorboard" / "events.out.tfevents.100.host").write_bytes(b"r1r2r3")
+    slot = Slot(str(tmp_path / "node"), 0, python="/bin/true")  # the "worker" exits 0 at once
+    slot.start(job(storage="s3://b/p").to_json(), 0, 2, {}, seed_chunks(home))
+    seeded = slot.run_dir / "tensorboard" / "events.out.tfevents.100.host"
+    assert seeded.read_bytes() == b"r1r2r3"
+    assert [c.path for c in slot.poll().chunks if c.path.startswith("tensorboard/")] == []
+    _rewrite(seeded, b"r1")  # the chief truncates to its restore point
+    assert [(c.path, c.data, c.replace) for c in slot.poll().chunks] == [
+        ("tensorboard/events.out.tfevents.100.host", b"r1", True)
+    ]
+    slot.close()
+
+
+def test_closing_slots_returns_unsent_files_and_the_last_one_removes_the_nodes_run_dir(tmp_path):
+    from resilient_train.supervisor.launchers._slot import Slot
+
+    base = tmp_path / "resilient-train-ray" / "run-id"
+    slots = [Slot(str(base), index, python="/bin/true") for index in (0, 1)]
+    (base / "local" / "host-cache").mkdir()
+    (slots[0].run_dir / "model").mkdir()
+    (slots[0].run_dir / "model" / "export.json").write_text("{}")
+    rest = slots[0].close(final=True)
+    assert [(c.path, c.data) for c in rest] == [("model/export.json", b"{}")]
+    assert sorted(p.name for p in base.iterdir()) == ["local", "slot-1"]  # slot 1 still uses the node dir
+    slots[1].close()
+    assert (base / "local" / "host-cache").is_dir()  # between attempts: the host cache stays
+    slots = [Slot(str(base), 1, python="/bin/true")]
+    assert slots[0].close(final=True) == ()
+    assert not base.exists()

@@ -51,7 +51,7 @@ from resilient_train import events
 from resilient_train.cluster import build_tf_config
 from resilient_train.config import JobConfig
 from resilient_train.errors import ConfigError, LaunchError
-from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks
+from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks, seed_chunks
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 
 __all__ = ["RayLauncher", "RayHandle", "LauncherError", "check_storage", "ray_address", "placement_strategy"]
@@ -131,6 +131,7 @@ class _SlotState:
     pending: Any = None  # the ObjectRef of an outstanding poll
     last_poll: float = 0.0
     standby_ready: bool = False
+    started: bool = False  # a worker was started here (else a new slot: seed the chief's)
 
 
 class RayHandle:
@@ -232,8 +233,11 @@ class RayLauncher(Launcher):
         refs = []
         for spec, slot in zip(specs, self._slots):
             env = {**spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
-            refs.append(slot.actor.start.remote(job_json, spec.rank, spec.attempt, env))
+            seed = seed_chunks(Path(self.job.run_dir)) if spec.rank == 0 and not slot.started else ()
+            refs.append(slot.actor.start.remote(job_json, spec.rank, spec.attempt, env, seed))
         started = self._ray.get(refs, timeout=PLACEMENT_TIMEOUT_S)
+        for slot in self._slots:
+            slot.started = True
         self._handles = {}
         self._prestarted = False
         for index, info in enumerate(started):
@@ -249,7 +253,7 @@ class RayLauncher(Launcher):
                 slot.actor.prestart_standby.remote(self.node_job.recipe)
 
     def close(self) -> None:
-        self._release()
+        self._release(final=True)
         if self._ray is not None and self._ray.is_initialized():
             self._ray.shutdown()
 
@@ -356,12 +360,16 @@ class RayLauncher(Launcher):
         handle = self._handles.get(index)
         return handle is not None and handle.lost is not None
 
-    def _release(self) -> None:
-        """Kill the slot actors (their workers and standbys die with them) and the group."""
+    def _release(self, *, final: bool = False) -> None:
+        """Kill the slot actors (their workers and standbys die with them) and the group.
+
+        Each live slot first hands back what its pump had not sent (then removes its
+        node-local files; ``final``: the node's run directory too, see _slot.Slot.close).
+        """
         ray = self._ray
         for slot in self._slots:
             try:
-                ray.get(slot.actor.close.remote(), timeout=10)
+                apply_chunks(Path(self.job.run_dir), ray.get(slot.actor.close.remote(final), timeout=30))
             except Exception:  # noqa: BLE001 - a dead or stuck actor is killed below either way
                 pass
             ray.kill(slot.actor, no_restart=True)
