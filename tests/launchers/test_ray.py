@@ -118,8 +118,14 @@ def test_losing_a_whole_node_moves_the_job_to_the_spare(tmp_path, ray_cluster, d
     assert [e["node"] for e in node_lost] == [lost["node"]]
     exits = [e for e in job.named("worker_exited") if e["attempt"] == 1 and e["rank"] == 1]
     assert exits[0]["reason"] == "node lost"
-    later = nodes_of(job.events, max(e["attempt"] for e in job.named("worker_started")))
+    last = max(e["attempt"] for e in job.named("worker_started"))
+    later = nodes_of(job.events, last)
     assert lost["node"] not in later.values() and len(set(later.values())) == 2
+    # only the lost slot was replaced: the chief stayed on its node, in its warm standby
+    assert later[0] == nodes_of(job.events, 1)[0]
+    chief = [e for e in job.named("worker_started") if e["attempt"] == last and e["rank"] == 0]
+    assert chief[0]["standby"] is True
+    assert [e.get("replaced") for e in job.named("placement_ready")] == [None, [1]]
     summary = job.summary
     assert summary["status"] == "completed" and summary["restarts"] >= 1
     assert summary["weights_sha256"] == digits_reference

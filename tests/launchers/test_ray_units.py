@@ -152,9 +152,15 @@ class _FakeSlotActor:
     def __init__(self, dead: bool, port: int):
         self.killed = False
         self.free_port = _Method(lambda host: self._alive() or port)
-        self.start = _Method(lambda job_json, rank, attempt, env, seed: self._alive() or {"pid": 100 + rank, "standby": False})
+        self.starts = []  # (attempt, seed) of each start
+        self.start = _Method(lambda job_json, rank, attempt, env, seed: self._alive() or self._start(rank, attempt, seed))
+        self.where = _Method(lambda: ("node-new", "127.0.0.2"))
         self.close = _Method(lambda final: self._alive() or ())
         self.dead = dead
+
+    def _start(self, rank, attempt, seed):
+        self.starts.append((attempt, seed))
+        return {"pid": 100 * attempt + rank, "standby": attempt > 1}
 
     def _alive(self):
         if self.dead:
@@ -178,7 +184,7 @@ def test_a_slot_that_died_between_attempts_is_placed_anew_once(tmp_path):
     launcher._place = place
     specs = [WorkerSpec(rank, 2, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
     handles = launcher.start(specs)
-    assert [h.pid for h in handles] == [100, 101]
+    assert [h.pid for h in handles] == [200, 201]
     assert len(placed) == 2 and all(a.killed for a in placed[0]) and not any(a.killed for a in placed[1])
 
 
@@ -231,16 +237,37 @@ def test_no_placement_for_a_restart_is_a_launch_error_naming_rays_reason(tmp_pat
     from resilient_train.errors import LaunchError
     from resilient_train.supervisor.launchers.ray import LauncherError
 
-    reason = LauncherError("Ray could not place 2 workers with {'CPU': 2.0} each (spread) within 3 s; cluster resources: {}")
+    reason = LauncherError("Ray could not place 2 workers with {'CPU': 2.0} each (spread) within 3 s: no node took ...")
     first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
-    launcher, specs = _launcher_placing(tmp_path, [first, reason])
+    launcher, specs = _launcher_placing(tmp_path, [first])
     handles = launcher.start(specs(1))
     handles[1].lost, handles[1].returncode = "node lost", -9  # what pump() records for a lost node
+
+    def replace(indices, *, run_id):
+        assert indices == [1]
+        raise reason
+
+    launcher._replace = replace
     with pytest.raises(LaunchError) as raised:
         launcher.start(specs(2))
     assert not isinstance(raised.value, ConfigError)
     assert str(raised.value) == f"could not place 2 workers: {reason}"
-    assert all(a.killed for a in first)
+
+
+def test_a_lost_slot_is_replaced_alone_and_the_survivor_keeps_its_actor(tmp_path):
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first])
+    handles = launcher.start(specs(1))
+    handles[1].lost, handles[1].returncode = "node lost", -9
+    new = _FakeSlotActor(False, 5002)
+    launcher._group = object()
+    launcher._new_actor = lambda index, run_id: new if index == 1 else pytest.fail(f"slot {index} replaced")
+    handles = launcher.start(specs(2))
+    assert [s.actor for s in launcher._slots] == [first[0], new]
+    assert (first[0].killed, first[1].killed, new.killed) == (False, True, False)
+    assert [(h.pid, h.standby) for h in handles] == [(200, True), (201, True)]
+    assert [launcher.describe(h)["node"] for h in handles] == ["node-0", "node-new"]
+    assert [attempt for attempt, _ in first[0].starts] == [1, 2] and new.starts == [(2, ())]
 
 
 def _rewrite(path, data: bytes) -> None:

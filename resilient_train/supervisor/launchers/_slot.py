@@ -198,6 +198,9 @@ class Slot:
         self.base = Path(base)
         self.run_dir = self.base / f"slot-{index}"
         self.python = python
+        # A new slot never inherits files: a predecessor here sent its files and removed
+        # them, or died (lost) with them; a fresh pump would send them a second time.
+        shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.base / "local").mkdir(parents=True, exist_ok=True)
         local = self.run_dir / "local"

@@ -20,12 +20,14 @@ What the supervisor learns, and how:
   How fast Ray knows a node is gone is Ray's health check (``health_check_period_ms``,
   ``health_check_failure_threshold``; README "Ray").
 
-Either way the supervisor does its usual gang restart. The next attempt reuses the slot
-actors when every one of them is alive (each may hold a warm standby: a process that
-imported TensorFlow and the recipe, started once the attempt trained), and otherwise
-removes them with their placement group and asks Ray for a new one, which may land on
-other nodes (a spare). Ray does not reschedule the old group's bundles by itself here:
-the actors are created with ``max_restarts=0``.
+Either way the supervisor does its usual gang restart. The next attempt reuses every slot
+actor that is alive (each may hold a warm standby: a process that imported TensorFlow and
+the recipe, started once the attempt trained) and replaces only the lost ones: Ray
+reschedules a dead node's bundles of the placement group onto other nodes (a spare), and
+a new actor (``max_restarts=0``: Ray never restarts one by itself) waits for its bundle
+there. No bundle within the placement timeout means no node can take the lost worker: the
+run fails (``LaunchError``). A slot that dies while an attempt starts makes the launcher
+remove every slot and the group and place the attempt anew, once.
 
 Loopback: when the Ray address is on 127.0.0.1/localhost (a test cluster on one machine),
 the driver must say so too: Ray resolves "127.0.0.1" to the machine's interface address
@@ -214,9 +216,12 @@ class RayLauncher(Launcher):
     def _place_and_start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
         run_id = specs[0].env.get("RT_RUN_ID", "run")
         for tries_left in (1, 0):
-            if not self._slots or any(self._dead(i) for i in range(len(self._slots))):
+            lost = [i for i in range(len(self._slots)) if self._dead(i)]
+            if len(self._slots) != len(specs):
                 self._release()
                 self._place(len(specs), run_id=run_id)
+            elif lost:
+                self._replace(lost, run_id=run_id)
             try:
                 return self._start_on_slots(specs)
             except self._ray.exceptions.RayActorError as exc:
@@ -320,11 +325,8 @@ class RayLauncher(Launcher):
     def _place(self, count: int, *, run_id: str) -> None:
         ray = self._ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle: dict[str, float] = {"CPU": float(self.job.cpus_per_worker)}
-        if self.job.gpus_per_worker:
-            bundle["GPU"] = float(self.job.gpus_per_worker)
+        bundle = self._bundle()
         group = placement_group([dict(bundle) for _ in range(count)], strategy=placement_strategy(self.job.ray_strategy))
         self._group = group
         ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
@@ -333,20 +335,58 @@ class RayLauncher(Launcher):
                 f"Ray could not place {count} workers with {bundle} each ({self.job.ray_strategy}) within "
                 f"{PLACEMENT_TIMEOUT_S:.0f} s; cluster resources: {ray.available_resources()}"
             )
-        actors = []
-        for index in range(count):
-            options = {
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
-                "num_cpus": float(self.job.cpus_per_worker),
-                "num_gpus": float(self.job.gpus_per_worker),
-            }
-            actors.append(self._slot_actor.options(**options).remote(run_id, index))
+        actors = [self._new_actor(index, run_id) for index in range(count)]
         try:
             where = ray.get([a.where.remote() for a in actors], timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise LauncherError(f"Ray placed the workers but their actors did not start within {PLACEMENT_TIMEOUT_S:.0f} s") from None
         self._slots = [_SlotState(actor, node_id, node_ip) for actor, (node_id, node_ip) in zip(actors, where)]
         events.emit("placement_ready", strategy=self.job.ray_strategy, nodes=[s.node_id for s in self._slots])
+
+    def _replace(self, indices: list[int], *, run_id: str) -> None:
+        """New slot actors for the lost slots ``indices`` only, in the same placement group.
+
+        The surviving slots stay, with their warm standbys and their node's host cache. Ray
+        reschedules a dead node's bundles onto other nodes by itself (the group stays);
+        each new actor waits for its bundle, so no bundle within the timeout means no node
+        can take the lost worker.
+        """
+        ray = self._ray
+        for index in indices:
+            _kill_quietly(ray, self._slots[index].actor)
+        actors = {index: self._new_actor(index, run_id) for index in indices}
+        try:
+            where = ray.get([actors[i].where.remote() for i in indices], timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            for actor in actors.values():
+                _kill_quietly(ray, actor)
+            raise LauncherError(
+                f"Ray could not place {len(self._slots)} workers with {self._bundle()} each ({self.job.ray_strategy}) "
+                f"within {PLACEMENT_TIMEOUT_S:.0f} s: no node took the bundles {indices} of the lost slots; "
+                f"cluster resources: {ray.available_resources()}"
+            ) from None
+        for index, (node_id, node_ip) in zip(indices, where):
+            self._slots[index] = _SlotState(actors[index], node_id, node_ip)
+        self._handles = {}
+        events.emit("placement_ready", strategy=self.job.ray_strategy, nodes=[s.node_id for s in self._slots],
+                    replaced=indices)
+
+    def _bundle(self) -> dict[str, float]:
+        bundle: dict[str, float] = {"CPU": float(self.job.cpus_per_worker)}
+        if self.job.gpus_per_worker:
+            bundle["GPU"] = float(self.job.gpus_per_worker)
+        return bundle
+
+    def _new_actor(self, index: int, run_id: str) -> Any:
+        """A slot actor in bundle ``index`` of the current group (it waits for the bundle)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index),
+            "num_cpus": float(self.job.cpus_per_worker),
+            "num_gpus": float(self.job.gpus_per_worker),
+        }
+        return self._slot_actor.options(**options).remote(run_id, index)
 
     def _ports(self) -> list[int]:
         ips = [s.node_ip for s in self._slots]
@@ -411,6 +451,13 @@ class _RaySlot(Slot):
         import ray
 
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+
+def _kill_quietly(ray: Any, actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already dead (its node is gone): nothing to kill
+        pass
 
 
 def _node_base(run_id: str) -> str:
