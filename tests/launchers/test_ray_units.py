@@ -133,6 +133,9 @@ class _FakeRay:
     class exceptions:
         RayActorError = _ActorDied
 
+        class GetTimeoutError(TimeoutError):
+            pass
+
     def get(self, refs, timeout=None):
         return [ref() for ref in refs] if isinstance(refs, list) else refs()
 
@@ -347,3 +350,18 @@ def test_closing_slots_returns_unsent_files_and_the_last_one_removes_the_nodes_r
     slots = [Slot(str(base), 1, python="/bin/true")]
     assert slots[0].close(final=True) == ()
     assert not base.exists()
+
+
+def test_slots_that_do_not_answer_on_a_restart_fail_the_run_not_the_cli(tmp_path):
+    from resilient_train.errors import LaunchError
+
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first])
+    launcher.start(specs(1))
+
+    def no_answer(host):
+        raise _FakeRay.exceptions.GetTimeoutError("Get timed out")
+
+    first[1].free_port = _Method(no_answer)
+    with pytest.raises(LaunchError, match=r"^could not place 2 workers: Ray slot actors did not answer within \d+ s"):
+        launcher.start(specs(2))

@@ -229,6 +229,10 @@ class RayLauncher(Launcher):
                 self._release()
                 if not tries_left:
                     raise LauncherError(f"Ray slot actors died twice while starting workers: {_first_line(exc)}") from None
+            except self._ray.exceptions.GetTimeoutError:
+                raise LauncherError(
+                    f"Ray slot actors did not answer within {PLACEMENT_TIMEOUT_S:.0f} s while starting workers"
+                ) from None
         raise AssertionError("unreachable")
 
     def _start_on_slots(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
