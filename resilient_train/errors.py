@@ -65,3 +65,13 @@ class StaleWriterError(RuntimeError):
     Raised on the commit path (upload, manifest, delete) of a chief whose attempt was
     superseded; never retried (the worker exits ``EXIT_FATAL``).
     """
+
+
+class LaunchError(RuntimeError):
+    """The launcher could not start a restart's workers (no node can take a lost slot).
+
+    Raised by ``Launcher.start`` only once an attempt of this run has started; the
+    supervisor ends the run as failed (``EXIT_FAILURE``, ``summary.json`` with this as the
+    root cause), and a re-run resumes from the last commit. The same problem before the
+    first attempt is a ``ConfigError`` (exit 2): nothing ran, the request is the likely cause.
+    """

@@ -52,6 +52,7 @@ from resilient_train.errors import (
     EXIT_FATAL,
     EXIT_OK,
     EXIT_PREEMPTED,
+    LaunchError,
 )
 from resilient_train.events import emit, read_events
 from resilient_train.fingerprint import guard_job
@@ -205,7 +206,10 @@ class Supervisor:
             self.launcher.prepare()
             while True:
                 self.state = RunState.STARTING
-                workers = self._start(attempt)
+                try:
+                    workers = self._start(attempt)
+                except LaunchError as exc:
+                    return self._not_started(attempt, exc, started, tail)
                 self.state = RunState.RUNNING
                 self._watch(workers, tail)
                 outcome = self._outcome(attempt, workers)
@@ -258,6 +262,22 @@ class Supervisor:
             emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path),
                  **self.launcher.describe(handle))
         return workers
+
+    def _not_started(self, attempt: int, exc: LaunchError, started: float, tail: EventTail) -> int:
+        """The launcher could not start a restart (e.g. no node for a lost slot): the run fails.
+
+        Like an exhausted budget: root cause, ``launch_failed``, ``summary.json`` naming the
+        last commit, ``EXIT_FAILURE``; a re-run (once the cluster can place it) resumes there.
+        """
+        self.state = RunState.FAILED
+        self.totals.root_cause = {
+            "rank": None, "pid": None, "exit": "not started", "type": type(exc).__name__,
+            "message": str(exc), "global_step": self._reached(attempt - 1), "attempt": attempt,
+        }
+        emit("launch_failed", attempt=attempt, launcher=self.launcher.name, reason=str(exc))
+        tail.pump()
+        self.out.write(f"Stopping: attempt {attempt} could not start: {exc}\n")
+        return self._finish("failed", started, tail)
 
     def _watch(self, workers: list[Worker], tail: EventTail) -> None:
         kill_at: float | None = None

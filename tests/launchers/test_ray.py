@@ -6,11 +6,14 @@ weights digest of the uninterrupted local run (``digits_reference``).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import tempfile
 import time
+from pathlib import Path
 
-from resilient_train.errors import EXIT_PREEMPTED, EXIT_USAGE
+from resilient_train.errors import EXIT_FAILURE, EXIT_PREEMPTED, EXIT_USAGE
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import alive, run_job, run_job_until, worker_pids
 
@@ -20,6 +23,13 @@ RAY = ("--launcher", "ray", "--storage-shared")  # the test nodes share this mac
 
 def after_first_commit(events):
     return any(e["event"] == "checkpoint_committed" for e in events)
+
+
+def scalar_steps(run_dir):
+    """tag -> steps of the TensorBoard log in the supervisor's run dir (train/* is time-based)."""
+    from resilient_train.runner.tensorboard import read_scalars  # imports TensorFlow
+
+    return {tag: [step for step, _ in values] for tag, values in read_scalars(run_dir / "tensorboard").items()}
 
 
 def nodes_of(events, attempt):
@@ -39,6 +49,13 @@ def test_two_workers_on_two_nodes_match_the_local_run(tmp_path, ray_cluster, dig
     assert (tmp_path / "run" / "attempt-1" / "step-1.txt").read_text().strip() == "20"
     assert "training_completed" in {e["event"] for e in job.events if e.get("role") == "chief"}
     assert (tmp_path / "run" / "attempt-1" / "worker-1.log").stat().st_size > 0
+    # so did the chief's TensorBoard log and export, and the nodes' run dirs are gone
+    steps = scalar_steps(tmp_path / "run")
+    assert (steps["epoch/loss"], steps["run/restarts"]) == ([10, 20], [0])
+    assert steps["checkpoint/commit_s"] == [e["global_step"] for e in job.named("checkpoint_committed")]
+    export = json.loads((tmp_path / "run" / "model" / "export.json").read_text())
+    assert (export["weights_sha256"], export["global_step"]) == (digits_reference, 20)
+    assert not (Path(tempfile.gettempdir()) / "resilient-train-ray" / summary["run_id"]).exists()
 
 
 def test_kill_9_of_a_worker_on_another_node_gang_restarts_exactly(tmp_path, ray_cluster, digits_reference):
@@ -101,11 +118,64 @@ def test_losing_a_whole_node_moves_the_job_to_the_spare(tmp_path, ray_cluster, d
     assert [e["node"] for e in node_lost] == [lost["node"]]
     exits = [e for e in job.named("worker_exited") if e["attempt"] == 1 and e["rank"] == 1]
     assert exits[0]["reason"] == "node lost"
-    later = nodes_of(job.events, max(e["attempt"] for e in job.named("worker_started")))
+    last = max(e["attempt"] for e in job.named("worker_started"))
+    later = nodes_of(job.events, last)
     assert lost["node"] not in later.values() and len(set(later.values())) == 2
+    # only the lost slot was replaced: the chief stayed on its node, in its warm standby
+    assert later[0] == nodes_of(job.events, 1)[0]
+    chief = [e for e in job.named("worker_started") if e["attempt"] == last and e["rank"] == 0]
+    assert chief[0]["standby"] is True
+    assert [e.get("replaced") for e in job.named("placement_ready")] == [None, [1]]
     summary = job.summary
     assert summary["status"] == "completed" and summary["restarts"] >= 1
     assert summary["weights_sha256"] == digits_reference
+    # the new chief resumed the supervisor's TensorBoard log: each tag's steps once, in order
+    steps = scalar_steps(tmp_path / "run")
+    assert steps["epoch/loss"] == [10, 20] and len(steps["run/restarts"]) >= 2
+    assert {tag: s for tag, s in steps.items() if s != sorted(set(s))} == {}
+
+
+def test_losing_a_node_with_no_spare_fails_the_run_and_a_rerun_loses_no_commit(
+    tmp_path, ray_cluster, digits_reference, monkeypatch
+):
+    """2 nodes of 2 CPUs, a worker of 2 CPUs on each: after one node dies, no placement is left."""
+    monkeypatch.setenv("RT_RAY_PLACEMENT_TIMEOUT_S", "5")  # the jobs inherit this process's environment
+    run_dir = tmp_path / "run"
+    spare = ray_cluster.workers[-1].node_id
+    ray_cluster.remove(spare)
+    lost: dict[str, str] = {}
+
+    def remove_node_of_rank_1(proc, events):
+        lost["node"] = nodes_of(events, 1)[1]
+        ray_cluster.remove(lost["node"])
+
+    try:
+        job = run_job_until(
+            SLOW_DIGITS, run_dir, *DIGITS_FLAGS, *RAY, "--cpus-per-worker", "2",
+            when=after_first_commit, action=remove_node_of_rank_1,
+        )
+    finally:
+        ray_cluster.add_worker()
+        ray_cluster.add_worker()  # back to 3 nodes for the tests after this one
+    assert job.returncode == EXIT_FAILURE, job.output
+    assert "Traceback" not in job.output
+    assert [e["node"] for e in job.named("node_lost")] == [lost["node"]]
+    failed = job.named("launch_failed")
+    assert [(e["attempt"], e["launcher"]) for e in failed] == [(2, "ray")]
+    assert failed[0]["reason"].startswith("could not place 2 workers: Ray could not place 2 workers with {'CPU': 2.0} each")
+    committed = [e["global_step"] for e in job.named("checkpoint_committed")]
+    summary = job.summary
+    assert (summary["status"], summary["attempts"], summary["global_step"]) == ("failed", 2, committed[-1])
+    root = summary["root_cause"]
+    assert (root["type"], root["exit"], root["attempt"], root["message"]) == (
+        "LaunchError", "not started", 2, failed[0]["reason"])
+    assert [e["status"] for e in job.named("run_finished")] == ["failed"]
+
+    monkeypatch.setenv("RT_RAY_PLACEMENT_TIMEOUT_S", "60")
+    rerun = run_job(SLOW_DIGITS, run_dir, *DIGITS_FLAGS, *RAY, "--set", "step_delay_s=0")
+    assert rerun.returncode == 0, rerun.output
+    assert {r["global_step"] for r in rerun.named("restored") if r["attempt"] == 3} == {committed[-1]}
+    assert rerun.summary["weights_sha256"] == digits_reference
 
 
 def test_more_cpus_than_the_cluster_has_is_a_clean_error(tmp_path, ray_cluster):

@@ -133,6 +133,9 @@ class _FakeRay:
     class exceptions:
         RayActorError = _ActorDied
 
+        class GetTimeoutError(TimeoutError):
+            pass
+
     def get(self, refs, timeout=None):
         return [ref() for ref in refs] if isinstance(refs, list) else refs()
 
@@ -152,9 +155,15 @@ class _FakeSlotActor:
     def __init__(self, dead: bool, port: int):
         self.killed = False
         self.free_port = _Method(lambda host: self._alive() or port)
-        self.start = _Method(lambda job_json, rank, attempt, env: self._alive() or {"pid": 100 + rank, "standby": False})
-        self.close = _Method(lambda: self._alive())
+        self.starts = []  # (attempt, seed) of each start
+        self.start = _Method(lambda job_json, rank, attempt, env, seed: self._alive() or self._start(rank, attempt, seed))
+        self.where = _Method(lambda: ("node-new", "127.0.0.2"))
+        self.close = _Method(lambda final: self._alive() or ())
         self.dead = dead
+
+    def _start(self, rank, attempt, seed):
+        self.starts.append((attempt, seed))
+        return {"pid": 100 * attempt + rank, "standby": attempt > 1}
 
     def _alive(self):
         if self.dead:
@@ -178,7 +187,7 @@ def test_a_slot_that_died_between_attempts_is_placed_anew_once(tmp_path):
     launcher._place = place
     specs = [WorkerSpec(rank, 2, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
     handles = launcher.start(specs)
-    assert [h.pid for h in handles] == [100, 101]
+    assert [h.pid for h in handles] == [200, 201]
     assert len(placed) == 2 and all(a.killed for a in placed[0]) and not any(a.killed for a in placed[1])
 
 
@@ -195,3 +204,164 @@ def test_slots_dying_on_both_placements_is_a_clean_error(tmp_path):
     specs = [WorkerSpec(rank, 1, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
     with pytest.raises(ConfigError, match="Ray slot actors died twice while starting workers: The actor died"):
         launcher.start(specs)
+
+
+def _launcher_placing(tmp_path, placements):
+    """A RayLauncher whose ``_place`` hands out ``placements`` in order (an exception: raised)."""
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+    from resilient_train.supervisor.launchers.api import WorkerSpec
+
+    launcher = ray_launcher.RayLauncher(job(storage="s3://b/p"), ray_module=_FakeRay())
+
+    def place(count, *, run_id):
+        placement = placements.pop(0)
+        if isinstance(placement, Exception):
+            raise placement
+        launcher._slots = [ray_launcher._SlotState(a, f"node-{i}", "127.0.0.1") for i, a in enumerate(placement)]
+
+    launcher._place = place
+
+    def specs(attempt):
+        return [WorkerSpec(rank, attempt, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
+
+    return launcher, specs
+
+
+def test_no_placement_for_the_first_attempt_is_a_usage_error(tmp_path):
+    from resilient_train.supervisor.launchers.ray import LauncherError
+
+    reason = LauncherError("Ray could not place 2 workers with {'CPU': 64.0} each (spread) within 3 s")
+    launcher, specs = _launcher_placing(tmp_path, [reason])
+    with pytest.raises(LauncherError, match="with {'CPU': 64.0} each"):
+        launcher.start(specs(1))
+
+
+def test_no_placement_for_a_restart_is_a_launch_error_naming_rays_reason(tmp_path):
+    from resilient_train.errors import LaunchError
+    from resilient_train.supervisor.launchers.ray import LauncherError
+
+    reason = LauncherError("Ray could not place 2 workers with {'CPU': 2.0} each (spread) within 3 s: no node took ...")
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first])
+    handles = launcher.start(specs(1))
+    handles[1].lost, handles[1].returncode = "node lost", -9  # what pump() records for a lost node
+
+    def replace(indices, *, run_id):
+        assert indices == [1]
+        raise reason
+
+    launcher._replace = replace
+    with pytest.raises(LaunchError) as raised:
+        launcher.start(specs(2))
+    assert not isinstance(raised.value, ConfigError)
+    assert str(raised.value) == f"could not place 2 workers: {reason}"
+
+
+def test_a_lost_slot_is_replaced_alone_and_the_survivor_keeps_its_actor(tmp_path):
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first])
+    handles = launcher.start(specs(1))
+    handles[1].lost, handles[1].returncode = "node lost", -9
+    new = _FakeSlotActor(False, 5002)
+    launcher._group = object()
+    launcher._new_actor = lambda index, run_id: new if index == 1 else pytest.fail(f"slot {index} replaced")
+    handles = launcher.start(specs(2))
+    assert [s.actor for s in launcher._slots] == [first[0], new]
+    assert (first[0].killed, first[1].killed, new.killed) == (False, True, False)
+    assert [(h.pid, h.standby) for h in handles] == [(200, True), (201, True)]
+    assert [launcher.describe(h)["node"] for h in handles] == ["node-0", "node-new"]
+    assert [attempt for attempt, _ in first[0].starts] == [1, 2] and new.starts == [(2, ())]
+
+
+def _rewrite(path, data: bytes) -> None:
+    """What runner/tensorboard.py does to truncate an event file: a new file renamed over it."""
+    tmp = path.with_name(path.name + ".rewrite")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def test_pump_brings_back_tensorboard_appended_or_rewritten_and_the_model_but_no_temp_files(tmp_path):
+    node, home = tmp_path / "node", tmp_path / "home"
+    board = node / "tensorboard" / "events.out.tfevents.100.host"
+    board.parent.mkdir(parents=True)
+    board.write_bytes(b"r1r2")
+    (node / "tensorboard" / "events.out.tfevents.100.host.rewrite").write_bytes(b"half")
+    (node / "model" / "saved_model" / "variables").mkdir(parents=True)
+    (node / "model" / "saved_model" / "variables" / "variables.data").write_bytes(b"weights")
+    (node / "model" / "export.json").write_text("{}")
+    (node / ".model.partial-x").mkdir()
+    (node / ".model.partial-x" / "model.keras").write_bytes(b"half an export")
+    pump = _Pump(node)
+    first = pump.collect()
+    assert sorted((c.path, c.replace) for c in first) == [
+        ("model/export.json", True),
+        ("model/saved_model/variables/variables.data", True),
+        ("tensorboard/events.out.tfevents.100.host", False),
+    ]
+    apply_chunks(home, first)
+
+    with open(board, "ab") as handle:
+        handle.write(b"r3")
+    appended = pump.collect()
+    assert [(c.path, c.data, c.replace) for c in appended] == [("tensorboard/events.out.tfevents.100.host", b"r3", False)]
+    apply_chunks(home, appended)
+    assert (home / "tensorboard" / "events.out.tfevents.100.host").read_bytes() == b"r1r2r3"
+
+    _rewrite(board, b"r1r2")  # a resumed chief dropped the step past its restore point
+    apply_chunks(home, pump.collect())
+    assert (home / "tensorboard" / "events.out.tfevents.100.host").read_bytes() == b"r1r2"
+    assert pump.collect() == ()
+    assert (home / "model" / "saved_model" / "variables" / "variables.data").read_bytes() == b"weights"
+    assert sorted(p.name for p in home.iterdir()) == ["model", "tensorboard"]
+    assert [p.name for p in (home / "tensorboard").iterdir()] == ["events.out.tfevents.100.host"]
+
+
+def test_a_new_chief_slot_is_seeded_with_the_supervisors_tensorboard_and_does_not_send_it_back(tmp_path):
+    from resilient_train.supervisor.launchers._slot import Slot, seed_chunks
+
+    home = tmp_path / "home"
+    (home / "tensorboard").mkdir(parents=True)
+    (home / "tensorboard" / "events.out.tfevents.100.host").write_bytes(b"r1r2r3")
+    slot = Slot(str(tmp_path / "node"), 0, python="/bin/true")  # the "worker" exits 0 at once
+    slot.start(job(storage="s3://b/p").to_json(), 0, 2, {}, seed_chunks(home))
+    seeded = slot.run_dir / "tensorboard" / "events.out.tfevents.100.host"
+    assert seeded.read_bytes() == b"r1r2r3"
+    assert [c.path for c in slot.poll().chunks if c.path.startswith("tensorboard/")] == []
+    _rewrite(seeded, b"r1")  # the chief truncates to its restore point
+    assert [(c.path, c.data, c.replace) for c in slot.poll().chunks] == [
+        ("tensorboard/events.out.tfevents.100.host", b"r1", True)
+    ]
+    slot.close()
+
+
+def test_closing_slots_returns_unsent_files_and_the_last_one_removes_the_nodes_run_dir(tmp_path):
+    from resilient_train.supervisor.launchers._slot import Slot
+
+    base = tmp_path / "resilient-train-ray" / "run-id"
+    slots = [Slot(str(base), index, python="/bin/true") for index in (0, 1)]
+    (base / "local" / "host-cache").mkdir()
+    (slots[0].run_dir / "model").mkdir()
+    (slots[0].run_dir / "model" / "export.json").write_text("{}")
+    rest = slots[0].close(final=True)
+    assert [(c.path, c.data) for c in rest] == [("model/export.json", b"{}")]
+    assert sorted(p.name for p in base.iterdir()) == ["local", "slot-1"]  # slot 1 still uses the node dir
+    slots[1].close()
+    assert (base / "local" / "host-cache").is_dir()  # between attempts: the host cache stays
+    slots = [Slot(str(base), 1, python="/bin/true")]
+    assert slots[0].close(final=True) == ()
+    assert not base.exists()
+
+
+def test_slots_that_do_not_answer_on_a_restart_fail_the_run_not_the_cli(tmp_path):
+    from resilient_train.errors import LaunchError
+
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first])
+    launcher.start(specs(1))
+
+    def no_answer(host):
+        raise _FakeRay.exceptions.GetTimeoutError("Get timed out")
+
+    first[1].free_port = _Method(no_answer)
+    with pytest.raises(LaunchError, match=r"^could not place 2 workers: Ray slot actors did not answer within \d+ s"):
+        launcher.start(specs(2))

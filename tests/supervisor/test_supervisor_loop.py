@@ -15,7 +15,7 @@ from typing import Callable
 
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.config import JobConfig
-from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
+from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED, LaunchError
 from resilient_train.recipe import recipe_name
 from resilient_train.supervisor.launchers.local import LocalLauncher
 from resilient_train.supervisor.supervisor import Supervisor
@@ -264,3 +264,47 @@ def test_steps_of_an_attempt_killed_before_its_first_commit_count_as_lost(tmp_pa
     )
     supervisor._count_lost_steps()
     assert supervisor.totals.lost_steps == 7 + 2
+
+
+class _LauncherLosingItsPlacement(LocalLauncher):
+    """A launcher whose restart finds no placement (the node is gone, no spare).
+
+    Attempt 1's chief "reaches" step 11 (its step marker) before rank 1 is killed.
+    """
+
+    def start(self, specs):
+        if specs[0].attempt > 1:
+            raise LaunchError("could not place 2 workers: no node has {'CPU': 2.0} free")
+        (specs[0].attempt_dir / "step-0.txt").write_text("11\n")
+        return super().start(specs)
+
+
+def test_a_restart_that_cannot_be_placed_fails_the_run_keeping_the_last_commit(tmp_path):
+    clock, out = FakeClock(), io.StringIO()
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), warm_standby=False)
+    storage = tmp_path / "run" / "checkpoints"
+    local = tmp_path / "ckpt"
+    local.mkdir()
+    (local / "weights").write_bytes(b"w")
+    CheckpointStore(str(storage)).commit(
+        local, run_id="fake", epoch=0, step_in_epoch=8, global_step=8, world_size=2,
+        weights_sha256="1" * 64, tf_version="fake", extra={"recipe": recipe_name(job.recipe)},
+    )
+    scripts = [{"exit_at": None, "on_sigterm": 1}, {"exit_at": 1.0, "exit_code": -signal.SIGKILL}]
+    launcher = _LauncherLosingItsPlacement(job, spawner=FakeSpawner(clock, scripts))
+    supervisor = Supervisor(job, out=out, launcher=launcher, clock=clock.time, sleep=clock.sleep)
+
+    assert supervisor.run() == EXIT_FAILURE
+    assert [e["attempt"] for e in events(tmp_path, "gang_restart")] == [2]
+    failed = events(tmp_path, "launch_failed")
+    assert [(e["attempt"], e["launcher"]) for e in failed] == [(2, "local")]
+    assert failed[0]["reason"] == "could not place 2 workers: no node has {'CPU': 2.0} free"
+    finished = events(tmp_path, "run_finished")
+    assert [(e["status"], e["global_step"]) for e in finished] == [("failed", 8)]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["global_step"], summary["weights_sha256"]) == ("failed", 8, "1" * 64)
+    assert summary["root_cause"] == {
+        "rank": None, "pid": None, "exit": "not started", "type": "LaunchError",
+        "message": "could not place 2 workers: no node has {'CPU': 2.0} free", "global_step": 11, "attempt": 2,
+    }
+    assert "Stopping: attempt 2 could not start: could not place 2 workers" in out.getvalue()

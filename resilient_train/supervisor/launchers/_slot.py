@@ -12,7 +12,16 @@ the node is shared with the supervisor but the checkpoint storage, so:
   logs are *appended* (events only up to the last complete line, so a torn line never
   travels); step markers and error files are *replaced* whenever they changed;
 * the exit code is read **before** the files in the same ``poll()``, so the reply that
-  reports an exit also carries everything the worker wrote before it exited.
+  reports an exit also carries everything the worker wrote before it exited;
+* the chief's outputs come back the same way: ``tensorboard/`` event files are appended,
+  and sent whole again when the chief rewrote one (a resumed attempt truncates the steps
+  past its restore point: a new inode or a shorter file); ``model/`` (the export, renamed
+  into place complete) is sent whole per changed file;
+* a new slot 0 (a fresh placement after a lost node) is **seeded** with the supervisor's
+  ``tensorboard/`` before its worker starts, so the chief truncates those files as it
+  would on one host instead of leaving steps past the restore point in the copy;
+* ``close()`` returns what the pump has not sent yet, then removes the slot's run dir; the
+  last slot of the run on a node (``final``) removes the node's run directory too.
 
 The worker is started exactly like a local one (``python -m resilient_train.runner --job``,
 or a warm standby that gets the same argv and environment, see runner/standby.py), with
@@ -37,9 +46,12 @@ from resilient_train.config import JobConfig
 from resilient_train.events import EventFile
 from resilient_train.supervisor._process import die_with_parent_hook
 
-__all__ = ["FileChunk", "Slot", "SlotReport", "apply_chunks"]
+__all__ = ["FileChunk", "Slot", "SlotReport", "apply_chunks", "seed_chunks"]
 
 _EVENTS = "events.jsonl"
+_TENSORBOARD = "tensorboard"
+_OUTPUT_DIRS = (_TENSORBOARD, "model")  # the chief's outputs, written under the run dir
+_TEMP_SUFFIXES = (".tmp", ".rewrite")  # written then renamed (here, runner/tensorboard.py)
 
 
 @dataclass(frozen=True)
@@ -61,16 +73,26 @@ class SlotReport:
 
 
 def _is_pumped(relative: str) -> bool:
-    """The files the supervisor reads: events, and each attempt's logs, markers, errors."""
+    """Events, each attempt's logs, markers and errors, and the chief's outputs."""
     if relative == _EVENTS:
         return True
     parts = relative.split("/")
+    if parts[-1].endswith(_TEMP_SUFFIXES):
+        return False
+    if parts[0] in _OUTPUT_DIRS:
+        return len(parts) > 1
     return len(parts) == 2 and parts[0].startswith("attempt-") and parts[1] != "job.json"
 
 
 def _replaced(relative: str) -> bool:
+    """Sent whole whenever changed: small markers, and the export (written once)."""
     name = relative.rsplit("/", 1)[-1]
-    return name.startswith(("step-", "error-"))
+    return name.startswith(("step-", "error-")) or relative.startswith("model/")
+
+
+def _rewritable(relative: str) -> bool:
+    """Appended, but sent whole again when rewritten (TensorBoard truncation on resume)."""
+    return relative.startswith(_TENSORBOARD + "/")
 
 
 class _Pump:
@@ -79,17 +101,25 @@ class _Pump:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._offsets: dict[str, int] = {}
-        self._stamps: dict[str, tuple[int, int]] = {}
+        self._inodes: dict[str, int] = {}
+        self._stamps: dict[str, tuple[int, int, int]] = {}
 
     def collect(self) -> tuple[FileChunk, ...]:
         chunks = [self._read(rel) for rel in self._files()]
         return tuple(c for c in chunks if c is not None)
 
+    def mark_sent(self, relative: str) -> None:
+        """``relative`` is already on the supervisor's side as it is here (a seeded file)."""
+        stat = (self.root / relative).stat()
+        self._offsets[relative] = stat.st_size
+        self._inodes[relative] = stat.st_ino
+
     def _files(self) -> list[str]:
+        outputs = [p for name in _OUTPUT_DIRS for p in sorted((self.root / name).rglob("*"))]
         found = []
-        for path in [self.root / _EVENTS, *sorted(self.root.glob("attempt-*/*"))]:
+        for path in [self.root / _EVENTS, *sorted(self.root.glob("attempt-*/*")), *outputs]:
             relative = path.relative_to(self.root).as_posix()
-            if _is_pumped(relative) and path.is_file() and not path.name.endswith(".tmp"):
+            if _is_pumped(relative) and path.is_file():
                 found.append(relative)
         return found
 
@@ -98,7 +128,7 @@ class _Pump:
         try:
             if _replaced(relative):
                 stat = path.stat()
-                stamp = (stat.st_mtime_ns, stat.st_size)
+                stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
                 if self._stamps.get(relative) == stamp:
                     return None
                 data = path.read_bytes()
@@ -106,8 +136,16 @@ class _Pump:
                 return FileChunk(relative, data, replace=True)
             offset = self._offsets.get(relative, 0)
             with open(path, "rb") as handle:
+                stat = os.fstat(handle.fileno())
+                if _rewritable(relative) and relative in self._inodes and (
+                    stat.st_ino != self._inodes[relative] or stat.st_size < offset
+                ):
+                    data = handle.read()
+                    self._offsets[relative], self._inodes[relative] = len(data), stat.st_ino
+                    return FileChunk(relative, data, replace=True)
                 handle.seek(offset)
                 data = handle.read()
+                self._inodes[relative] = stat.st_ino
         except OSError:
             return None
         if relative == _EVENTS:
@@ -138,6 +176,17 @@ def apply_chunks(run_dir: Path, chunks: tuple[FileChunk, ...] | list[FileChunk])
                 handle.write(chunk.data)
 
 
+def seed_chunks(run_dir: Path) -> tuple[FileChunk, ...]:
+    """Supervisor side: its ``tensorboard/`` files, whole, to seed a new chief's slot."""
+    root = Path(run_dir)
+    chunks = []
+    for path in sorted((root / _TENSORBOARD).rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if path.is_file() and _is_pumped(relative):
+            chunks.append(FileChunk(relative, path.read_bytes(), replace=True))
+    return tuple(chunks)
+
+
 class Slot:
     """A worker slot on this node; see the module docstring.
 
@@ -149,6 +198,9 @@ class Slot:
         self.base = Path(base)
         self.run_dir = self.base / f"slot-{index}"
         self.python = python
+        # A new slot never inherits files: a predecessor here sent its files and removed
+        # them, or died (lost) with them; a fresh pump would send them a second time.
+        shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.base / "local").mkdir(parents=True, exist_ok=True)
         local = self.run_dir / "local"
@@ -167,10 +219,19 @@ class Slot:
             return sock.getsockname()[1]
 
     # ------------------------------------------------------------ workers
-    def start(self, job_json: str, rank: int, attempt: int, env: Mapping[str, str]) -> dict[str, Any]:
-        """Start rank ``rank`` of ``attempt``: the warm standby when one is ready, else cold."""
+    def start(
+        self, job_json: str, rank: int, attempt: int, env: Mapping[str, str], seed: tuple[FileChunk, ...] = ()
+    ) -> dict[str, Any]:
+        """Start rank ``rank`` of ``attempt``: the warm standby when one is ready, else cold.
+
+        ``seed``: the supervisor's copy of files the worker resumes (``tensorboard/``),
+        written into this slot's run dir first and counted as already sent.
+        """
         if self._worker is not None and self._worker.poll() is None:
             raise RuntimeError(f"slot {self.run_dir} still runs a worker (pid {self._worker.pid})")
+        apply_chunks(self.run_dir, seed)
+        for chunk in seed:
+            self._pump.mark_sent(chunk.path)
         job = JobConfig.from_json(job_json)
         job = dataclasses.replace(job, run_dir=str(self.run_dir))
         attempt_dir = self.run_dir / f"attempt-{attempt}"
@@ -246,8 +307,12 @@ class Slot:
         return None
 
     # ------------------------------------------------------------ teardown
-    def close(self) -> None:
-        """Kill what is left and remove this slot's run dir (the supervisor has its copy)."""
+    def close(self, final: bool = False) -> tuple[FileChunk, ...]:
+        """Kill what is left, return what was not sent yet, and remove this slot's run dir.
+
+        ``final`` (the launcher is closing): also remove the node's run directory (the host
+        cache in ``local/``) once no other slot of this run is left in it on this node.
+        """
         if self._standby is not None:
             self._standby.release()
             self._standby = None
@@ -258,4 +323,8 @@ class Slot:
             worker.wait()
         elif worker is not None:  # a standby that became the worker
             worker.release()
+        rest = self._pump.collect()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        if final and not any(self.base.glob("slot-*")):
+            shutil.rmtree(self.base, ignore_errors=True)  # best effort: a slot closing beside us may race
+        return rest

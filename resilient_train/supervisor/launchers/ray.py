@@ -20,12 +20,14 @@ What the supervisor learns, and how:
   How fast Ray knows a node is gone is Ray's health check (``health_check_period_ms``,
   ``health_check_failure_threshold``; README "Ray").
 
-Either way the supervisor does its usual gang restart. The next attempt reuses the slot
-actors when every one of them is alive (each may hold a warm standby: a process that
-imported TensorFlow and the recipe, started once the attempt trained), and otherwise
-removes them with their placement group and asks Ray for a new one, which may land on
-other nodes (a spare). Ray does not reschedule the old group's bundles by itself here:
-the actors are created with ``max_restarts=0``.
+Either way the supervisor does its usual gang restart. The next attempt reuses every slot
+actor that is alive (each may hold a warm standby: a process that imported TensorFlow and
+the recipe, started once the attempt trained) and replaces only the lost ones: Ray
+reschedules a dead node's bundles of the placement group onto other nodes (a spare), and
+a new actor (``max_restarts=0``: Ray never restarts one by itself) waits for its bundle
+there. No bundle within the placement timeout means no node can take the lost worker: the
+run fails (``LaunchError``). A slot that dies while an attempt starts makes the launcher
+remove every slot and the group and place the attempt anew, once.
 
 Loopback: when the Ray address is on 127.0.0.1/localhost (a test cluster on one machine),
 the driver must say so too: Ray resolves "127.0.0.1" to the machine's interface address
@@ -50,8 +52,8 @@ from urllib.parse import urlparse
 from resilient_train import events
 from resilient_train.cluster import build_tf_config
 from resilient_train.config import JobConfig
-from resilient_train.errors import ConfigError
-from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks
+from resilient_train.errors import ConfigError, LaunchError
+from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks, seed_chunks
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 
 __all__ = ["RayLauncher", "RayHandle", "LauncherError", "check_storage", "ray_address", "placement_strategy"]
@@ -66,7 +68,8 @@ class LauncherError(ConfigError):
     """The cluster cannot give what the job asks (no placement in time).
 
     A ConfigError, so the CLI ends with its one-line message and exit 2 instead of a
-    traceback: more CPUs/GPUs per worker than the cluster has is the usual cause.
+    traceback: more CPUs/GPUs per worker than the cluster has is the usual cause. Only
+    before the first attempt: later, ``start`` turns it into a ``LaunchError`` (run failed).
     """
 
 
@@ -130,6 +133,7 @@ class _SlotState:
     pending: Any = None  # the ObjectRef of an outstanding poll
     last_poll: float = 0.0
     standby_ready: bool = False
+    started: bool = False  # a worker was started here (else a new slot: seed the chief's)
 
 
 class RayHandle:
@@ -167,6 +171,7 @@ class RayLauncher(Launcher):
         self._slots: list[_SlotState] = []
         self._handles: dict[int, RayHandle] = {}
         self._prestarted = False
+        self._started = False  # an attempt of this run started: placement failures are run failures
 
     # ------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -194,13 +199,29 @@ class RayLauncher(Launcher):
         """Start the attempt on the slots, placing new ones when a slot is gone.
 
         A slot can also die between attempts (its node lost during the backoff): then
-        starting on it fails, and the attempt is placed anew once.
+        starting on it fails, and the attempt is placed anew once. No placement for the
+        first attempt is the request's fault (LauncherError, exit 2); for a later one (a
+        lost node and no spare) it is a run failure (LaunchError; the supervisor writes
+        summary.json and exits 1).
         """
+        try:
+            handles = self._place_and_start(specs)
+        except LauncherError as exc:
+            if not self._started:
+                raise
+            raise LaunchError(f"could not place {len(specs)} workers: {exc}") from None
+        self._started = True
+        return handles
+
+    def _place_and_start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
         run_id = specs[0].env.get("RT_RUN_ID", "run")
         for tries_left in (1, 0):
-            if not self._slots or any(self._dead(i) for i in range(len(self._slots))):
+            lost = [i for i in range(len(self._slots)) if self._dead(i)]
+            if len(self._slots) != len(specs):
                 self._release()
                 self._place(len(specs), run_id=run_id)
+            elif lost:
+                self._replace(lost, run_id=run_id)
             try:
                 return self._start_on_slots(specs)
             except self._ray.exceptions.RayActorError as exc:
@@ -208,6 +229,10 @@ class RayLauncher(Launcher):
                 self._release()
                 if not tries_left:
                     raise LauncherError(f"Ray slot actors died twice while starting workers: {_first_line(exc)}") from None
+            except self._ray.exceptions.GetTimeoutError:
+                raise LauncherError(
+                    f"Ray slot actors did not answer within {PLACEMENT_TIMEOUT_S:.0f} s while starting workers"
+                ) from None
         raise AssertionError("unreachable")
 
     def _start_on_slots(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
@@ -217,8 +242,11 @@ class RayLauncher(Launcher):
         refs = []
         for spec, slot in zip(specs, self._slots):
             env = {**spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
-            refs.append(slot.actor.start.remote(job_json, spec.rank, spec.attempt, env))
+            seed = seed_chunks(Path(self.job.run_dir)) if spec.rank == 0 and not slot.started else ()
+            refs.append(slot.actor.start.remote(job_json, spec.rank, spec.attempt, env, seed))
         started = self._ray.get(refs, timeout=PLACEMENT_TIMEOUT_S)
+        for slot in self._slots:
+            slot.started = True
         self._handles = {}
         self._prestarted = False
         for index, info in enumerate(started):
@@ -234,7 +262,7 @@ class RayLauncher(Launcher):
                 slot.actor.prestart_standby.remote(self.node_job.recipe)
 
     def close(self) -> None:
-        self._release()
+        self._release(final=True)
         if self._ray is not None and self._ray.is_initialized():
             self._ray.shutdown()
 
@@ -301,11 +329,8 @@ class RayLauncher(Launcher):
     def _place(self, count: int, *, run_id: str) -> None:
         ray = self._ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle: dict[str, float] = {"CPU": float(self.job.cpus_per_worker)}
-        if self.job.gpus_per_worker:
-            bundle["GPU"] = float(self.job.gpus_per_worker)
+        bundle = self._bundle()
         group = placement_group([dict(bundle) for _ in range(count)], strategy=placement_strategy(self.job.ray_strategy))
         self._group = group
         ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
@@ -314,20 +339,58 @@ class RayLauncher(Launcher):
                 f"Ray could not place {count} workers with {bundle} each ({self.job.ray_strategy}) within "
                 f"{PLACEMENT_TIMEOUT_S:.0f} s; cluster resources: {ray.available_resources()}"
             )
-        actors = []
-        for index in range(count):
-            options = {
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
-                "num_cpus": float(self.job.cpus_per_worker),
-                "num_gpus": float(self.job.gpus_per_worker),
-            }
-            actors.append(self._slot_actor.options(**options).remote(run_id, index))
+        actors = [self._new_actor(index, run_id) for index in range(count)]
         try:
             where = ray.get([a.where.remote() for a in actors], timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise LauncherError(f"Ray placed the workers but their actors did not start within {PLACEMENT_TIMEOUT_S:.0f} s") from None
         self._slots = [_SlotState(actor, node_id, node_ip) for actor, (node_id, node_ip) in zip(actors, where)]
         events.emit("placement_ready", strategy=self.job.ray_strategy, nodes=[s.node_id for s in self._slots])
+
+    def _replace(self, indices: list[int], *, run_id: str) -> None:
+        """New slot actors for the lost slots ``indices`` only, in the same placement group.
+
+        The surviving slots stay, with their warm standbys and their node's host cache. Ray
+        reschedules a dead node's bundles onto other nodes by itself (the group stays);
+        each new actor waits for its bundle, so no bundle within the timeout means no node
+        can take the lost worker.
+        """
+        ray = self._ray
+        for index in indices:
+            _kill_quietly(ray, self._slots[index].actor)
+        actors = {index: self._new_actor(index, run_id) for index in indices}
+        try:
+            where = ray.get([actors[i].where.remote() for i in indices], timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            for actor in actors.values():
+                _kill_quietly(ray, actor)
+            raise LauncherError(
+                f"Ray could not place {len(self._slots)} workers with {self._bundle()} each ({self.job.ray_strategy}) "
+                f"within {PLACEMENT_TIMEOUT_S:.0f} s: no node took the bundles {indices} of the lost slots; "
+                f"cluster resources: {ray.available_resources()}"
+            ) from None
+        for index, (node_id, node_ip) in zip(indices, where):
+            self._slots[index] = _SlotState(actors[index], node_id, node_ip)
+        self._handles = {}
+        events.emit("placement_ready", strategy=self.job.ray_strategy, nodes=[s.node_id for s in self._slots],
+                    replaced=indices)
+
+    def _bundle(self) -> dict[str, float]:
+        bundle: dict[str, float] = {"CPU": float(self.job.cpus_per_worker)}
+        if self.job.gpus_per_worker:
+            bundle["GPU"] = float(self.job.gpus_per_worker)
+        return bundle
+
+    def _new_actor(self, index: int, run_id: str) -> Any:
+        """A slot actor in bundle ``index`` of the current group (it waits for the bundle)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index),
+            "num_cpus": float(self.job.cpus_per_worker),
+            "num_gpus": float(self.job.gpus_per_worker),
+        }
+        return self._slot_actor.options(**options).remote(run_id, index)
 
     def _ports(self) -> list[int]:
         ips = [s.node_ip for s in self._slots]
@@ -341,12 +404,16 @@ class RayLauncher(Launcher):
         handle = self._handles.get(index)
         return handle is not None and handle.lost is not None
 
-    def _release(self) -> None:
-        """Kill the slot actors (their workers and standbys die with them) and the group."""
+    def _release(self, *, final: bool = False) -> None:
+        """Kill the slot actors (their workers and standbys die with them) and the group.
+
+        Each live slot first hands back what its pump had not sent (then removes its
+        node-local files; ``final``: the node's run directory too, see _slot.Slot.close).
+        """
         ray = self._ray
         for slot in self._slots:
             try:
-                ray.get(slot.actor.close.remote(), timeout=10)
+                apply_chunks(Path(self.job.run_dir), ray.get(slot.actor.close.remote(final), timeout=30))
             except Exception:  # noqa: BLE001 - a dead or stuck actor is killed below either way
                 pass
             ray.kill(slot.actor, no_restart=True)
@@ -388,6 +455,13 @@ class _RaySlot(Slot):
         import ray
 
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+
+def _kill_quietly(ray: Any, actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already dead (its node is gone): nothing to kill
+        pass
 
 
 def _node_base(run_id: str) -> str:
