@@ -519,8 +519,14 @@ class CheckpointStore:
         return None
 
     def _upload(self, src: Path, rel: str) -> FileEntry:
-        """Stream one local file to ``rel``, hashing the bytes as they are read (on the
-        same local disk: a hard link and one hashing read, no copy)."""
+        """Stream one local file to ``rel``, hashing the bytes as they are read.
+
+        A store on the staging files' own disk gets a hard link and one hashing read
+        instead: no copy. The staged file, the committed one and the host cache's copy
+        (also links, checkpoint/cache.py) are then one inode under three names, which is
+        safe because checkpoint files are never written after they are staged (a byte
+        flipped on that disk reads wrong under every name, and the manifest's sha256
+        rejects the checkpoint)."""
         remote = self._remote(rel)
         if self._linkable:
             linked = _link_and_hash(Path(src), Path(remote))
@@ -671,17 +677,11 @@ class CheckpointStore:
         )
 
     def _download(self, name: str, rel: str, dst: Path) -> FileEntry:
-        """Stream ``name/rel`` to ``dst`` (each remote byte read once), hashing it on the way
-        (on the same local disk: a hard link and one hashing read, no copy)."""
+        """Stream ``name/rel`` to ``dst`` (each remote byte read once), hashing it on the way.
+
+        Always a copy, also from a local store (this path serves when the host cache cannot):
+        the private cache is then an independent copy of the store's bytes."""
         remote = self._remote(name, rel)
-        if self._linkable:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                linked = _link_and_hash(Path(remote), dst)
-            except FileNotFoundError:
-                raise CheckpointCorruptError(f"{self._url(name)}: missing file {rel}") from None
-            if linked is not None:
-                return linked
 
         def attempt() -> FileEntry:
             dst.parent.mkdir(parents=True, exist_ok=True)

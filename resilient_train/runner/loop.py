@@ -313,15 +313,15 @@ class Trainer:
             rows = tf.TensorArray(tf.float32, size=steps)
             for i in tf.range(steps):
                 reduced = strategy.run(step_fn, args=(next(iterator), flags))
-                rows = rows.write(i, strategy.experimental_local_results(reduced)[0])
-            stacked = rows.stack()
-            # Only after the steps ran: a step that fails must leave the counters at the
-            # last finished step (auto control deps would not order these two resources).
-            with tf.control_dependencies([stacked]):
-                advanced = tf.cast(steps, tf.int64)
-                self.global_step.assign_add(advanced)
-                self.step_in_epoch.assign_add(advanced)
-            return stacked
+                row = strategy.experimental_local_results(reduced)[0]
+                rows = rows.write(i, row)
+                # Step by step, each after its step's result: a call that fails part-way
+                # (e.g. the dataset ran out) leaves the counters at the last finished step,
+                # which is what the failure report reads (runner/diagnose.py).
+                with tf.control_dependencies([row]):
+                    self.global_step.assign_add(1)
+                    self.step_in_epoch.assign_add(1)
+            return rows.stack()
 
         return train_call
 

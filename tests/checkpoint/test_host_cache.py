@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,12 @@ def _commit(store: CheckpointStore, root: Path, step: int):
 def stores(tmp_path):
     events: list[tuple[str, dict[str, Any]]] = []
     emit = lambda event, **fields: events.append((event, fields))  # noqa: E731
-    shared = tmp_path / "shared"
-    chief = CheckpointStore(str(shared), host_cache=tmp_path / "host-cache", emit=emit)
-    reader = CheckpointStore(str(shared), host_cache=tmp_path / "host-cache", emit=emit)
+    # Shared storage that is not the staging disk (as S3 or an NFS mount would be): the
+    # fault-injecting filesystem, with no faults, in front of a local directory. (A store on
+    # the staging disk itself gets hard links: the last tests.)
+    shared = f"faulty://{tmp_path / 'shared'}"
+    chief = CheckpointStore(shared, host_cache=tmp_path / "host-cache", emit=emit)
+    reader = CheckpointStore(shared, host_cache=tmp_path / "host-cache", emit=emit)
     return chief, reader, events, tmp_path
 
 
@@ -108,3 +112,34 @@ def test_without_a_host_cache_nothing_is_written_locally(tmp_path):
     store = CheckpointStore(str(tmp_path / "shared"), emit=lambda *a, **k: None)
     _commit(store, tmp_path, 3)
     assert not (tmp_path / "host-cache").exists()
+
+
+def test_a_store_on_the_staging_disk_gets_links_not_copies(tmp_path):
+    store = CheckpointStore(str(tmp_path / "shared"), host_cache=tmp_path / "host-cache", emit=lambda *a, **k: None)
+    manifest = _commit(store, tmp_path, 10)
+    staged = tmp_path / "staging" / "ckpt-000000000010"
+    for rel in FILES:
+        names = [staged / rel, tmp_path / "shared" / "ckpt-000000000010" / rel,
+                 tmp_path / "host-cache" / "ckpt-000000000010" / rel]
+        assert len({(p.stat().st_dev, p.stat().st_ino) for p in names}) == 1, rel  # one inode, three names
+    assert manifest.files == {rel: sha256_file(staged / rel) for rel in FILES}
+    assert {rel: sha256_file(tmp_path / "shared" / "ckpt-000000000010" / rel) for rel in FILES} == manifest.files
+
+
+def test_a_linked_recommit_never_writes_into_the_inode_other_names_share(tmp_path):
+    store = CheckpointStore(str(tmp_path / "shared"), emit=lambda *a, **k: None)
+    _commit(store, tmp_path, 10)
+    committed = tmp_path / "shared" / "ckpt-000000000010" / "ckpt.index"
+    kept = tmp_path / "kept-name"
+    os.link(committed, kept)  # e.g. a reader's cache linked to the committed file
+    before = kept.read_bytes()
+    shutil.rmtree(tmp_path / "staging")
+    staging = tmp_path / "staging" / "ckpt-000000000010"
+    staging.mkdir(parents=True)
+    for rel, data in FILES.items():
+        (staging / rel).write_bytes(b"other " + data)
+    manifest = store.commit(staging, run_id="r", epoch=0, step_in_epoch=10, global_step=10, world_size=2,
+                            weights_sha256="0" * 64, tf_version="x")
+    assert kept.read_bytes() == before  # the re-commit replaced the name, not the bytes behind it
+    assert committed.read_bytes() == b"other " + FILES["ckpt.index"]
+    assert manifest.files["ckpt.index"] == sha256_file(committed)

@@ -50,15 +50,19 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
 
 
 def test_a_corrupt_host_cache_copy_is_rejected_and_shared_storage_used(tmp_path, cold_restart):
+    """Shared storage that is not the run dir's disk (a store on that disk shares the host
+    cache's inodes: one flipped byte there is the store's too): the fault-injecting
+    filesystem with no faults, in front of a local directory."""
     run_dir = tmp_path / "run"
-    first = run_job(RECIPE, run_dir, "--epochs", "2")
+    storage = ("--storage", f"faulty://{tmp_path / 'shared'}")
+    first = run_job(RECIPE, run_dir, "--epochs", "2", *storage)
     assert first.returncode == 0, first.output
     data = next((run_dir / "local" / "host-cache" / "ckpt-000000000020").glob("ckpt.data-*"))
     raw = bytearray(data.read_bytes())
     raw[-1] ^= 0xFF
     data.write_bytes(bytes(raw))
 
-    more = run_job(RECIPE, run_dir, "--epochs", "3")
+    more = run_job(RECIPE, run_dir, "--epochs", "3", *storage)
     assert more.returncode == 0, more.output
     rejected = [e for e in more.named("cache_rejected") if e["attempt"] == 2]
     assert sorted((e["rank"], e["reason"]) for e in rejected) == [

@@ -41,7 +41,10 @@ def test_kill_chief_mid_epoch_then_rerun_resumes_exactly(tmp_path, digits_refere
 
 
 def test_kill_non_chief_gang_restart_is_exact(tmp_path, digits_reference):
-    job = run_job(DIGITS, tmp_path / "run", *DIGITS_FLAGS, faults=[{"point": "after_step", "global_step": 13, "rank": 1}])
+    # One step per call, so the kill lands right after step 13 (a longer call would end at
+    # the save point 16 first, which the chief may commit before it is stopped).
+    job = run_job(DIGITS, tmp_path / "run", *DIGITS_FLAGS, "--steps-per-execution", "1",
+                  faults=[{"point": "after_step", "global_step": 13, "rank": 1}])
     assert job.returncode == 0, job.output
     assert [g["attempt"] for g in job.named("gang_restart")] == [2]
     assert job.named("gang_restart")[0]["root_cause_rank"] == 1
