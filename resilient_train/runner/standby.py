@@ -57,7 +57,7 @@ from typing import Any, Callable, TextIO
 __all__ = ["main", "prewarm", "run_at_low_priority", "READY_FD_ENV"]
 
 READY_FD_ENV = "RT_STANDBY_READY_FD"
-PREWARM_NICE = 19  # the import thread's nice value: it only uses CPU training leaves idle
+PREWARM_NICE = 19  # the import thread's nice value where SCHED_IDLE is not available
 
 
 def prewarm(recipe: str | None) -> str | None:
@@ -82,7 +82,7 @@ def prewarm(recipe: str | None) -> str | None:
 
 
 def run_at_low_priority(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` on a helper thread at nice ``PREWARM_NICE``; its result or exception.
+    """``fn(*args)`` on a helper thread at idle priority; its result or exception.
 
     Standbys import TensorFlow (seconds of CPU each) while the first attempt trains on the
     same cores. Linux nice values are per thread, so only the importing thread is demoted:
@@ -92,10 +92,7 @@ def run_at_low_priority(fn: Callable[..., Any], *args: Any) -> Any:
     outcome: dict[str, Any] = {}
 
     def demoted() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PREWARM_NICE)
-        except (AttributeError, OSError):
-            pass  # not Linux, or not allowed: import at normal priority
+        _demote_this_thread()
         try:
             outcome["value"] = fn(*args)
         except BaseException as exc:  # re-raised on the caller's thread
@@ -107,6 +104,23 @@ def run_at_low_priority(fn: Callable[..., Any], *args: Any) -> Any:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def _demote_this_thread() -> None:
+    """SCHED_IDLE for the calling thread (and the threads it starts): it runs only on a CPU
+    no normal thread wants and yields at once when one wakes. nice 19 was not enough: it
+    still takes a share of a busy CPU, and training's threads, which sleep and wake many
+    times per step (collectives), waited behind it (issue 12: 0.82x of the same run without
+    standbys). Where SCHED_IDLE is unavailable, nice PREWARM_NICE."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread (Linux)
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PREWARM_NICE)
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: import at normal priority
 
 
 def _context_problem() -> str | None:

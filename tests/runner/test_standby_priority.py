@@ -15,7 +15,32 @@ def own_nice() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
-def test_the_work_runs_at_the_prewarm_nice_and_the_caller_keeps_its_own():
+def own_policy() -> int:
+    return os.sched_getscheduler(0)  # 0: the calling thread
+
+
+def test_the_work_runs_at_idle_priority_and_the_caller_keeps_its_own():
+    before = own_policy(), own_nice()
+    assert run_at_low_priority(own_policy) == os.SCHED_IDLE
+    assert (own_policy(), own_nice()) == before
+
+
+def test_threads_the_work_starts_are_idle_too():
+    def start_a_thread():
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(own_policy()))
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    assert run_at_low_priority(start_a_thread) == os.SCHED_IDLE
+
+
+def test_without_sched_idle_the_work_runs_at_the_prewarm_nice(monkeypatch):
+    def refused(*args):
+        raise PermissionError("not allowed")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refused)
     before = own_nice()
     assert run_at_low_priority(own_nice) == max(before, PREWARM_NICE)
     assert own_nice() == before
