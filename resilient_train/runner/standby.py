@@ -101,6 +101,7 @@ def run_at_low_priority(fn: Callable[..., Any], *args: Any) -> Any:
     thread = threading.Thread(target=demoted, name="rt-standby-prewarm")
     thread.start()
     thread.join()
+    _promote_leftover_threads()
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -121,6 +122,23 @@ def _demote_this_thread() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PREWARM_NICE)
     except (AttributeError, OSError):
         pass  # not Linux, or not allowed: import at normal priority
+
+
+def _promote_leftover_threads() -> None:
+    """Threads the import started and left running (TensorFlow starts a few) inherited the
+    idle policy; the worker this process becomes must not depend on idle-priority threads,
+    so put them back to SCHED_OTHER. Where that is not permitted (an unprivileged process
+    whose RLIMIT_NICE forbids it) they stay idle, as nice-19 threads stayed nice 19 before."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return  # not Linux
+    for tid in tids:
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass  # gone meanwhile, or not permitted
 
 
 def _context_problem() -> str | None:

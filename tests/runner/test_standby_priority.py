@@ -52,3 +52,23 @@ def test_an_exception_of_the_work_reaches_the_caller():
 
     with pytest.raises(ImportError, match="no module named nope"):
         run_at_low_priority(fail, "nope")
+
+
+def test_threads_the_work_leaves_running_are_promoted_back():
+    """TensorFlow's import leaves threads running; the worker must not inherit idle ones."""
+    release = threading.Event()
+    policies = []
+
+    def start_a_lingering_thread():
+        def linger():
+            release.wait()
+            policies.append(own_policy())
+
+        thread = threading.Thread(target=linger)
+        thread.start()
+        return thread
+
+    thread = run_at_low_priority(start_a_lingering_thread)
+    release.set()
+    thread.join()
+    assert policies == [os.SCHED_OTHER]
