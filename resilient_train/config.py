@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from resilient_train.errors import ConfigError
+from resilient_train.runner.call_size import check_setting as check_steps_per_execution
 from resilient_train.recipe import recipe_name
 
 __all__ = ["JobConfig", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
@@ -81,11 +82,10 @@ class JobConfig:
         if self.max_preemptions is not None:
             _check_int("max_preemptions", self.max_preemptions, minimum=0)
         _check_int("gpus_per_worker", self.gpus_per_worker, minimum=0)
-        if self.steps_per_execution != "auto":
-            if isinstance(self.steps_per_execution, bool) or not isinstance(self.steps_per_execution, int) \
-                    or self.steps_per_execution < 1:
-                raise ConfigError(f"Received steps_per_execution={self.steps_per_execution!r}; "
-                                  "expected 'auto' or an integer >= 1")
+        try:
+            check_steps_per_execution(self.steps_per_execution)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.eval_every_epochs is not None:
             _check_int("eval_every_epochs", self.eval_every_epochs, minimum=0)
         if self.eval_steps is not None:

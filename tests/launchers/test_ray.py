@@ -98,7 +98,9 @@ def test_sigterm_to_the_supervisor_exits_143_and_rerun_loses_nothing(tmp_path, r
     assert rerun.summary["weights_sha256"] == digits_reference
 
 
-def test_losing_a_whole_node_moves_the_job_to_the_spare(tmp_path, ray_cluster, digits_reference):
+def run_losing_the_node_of_rank_1(ray_cluster, run_dir, *flags, nodes_to_add):
+    """Run the slow recipe on Ray, remove rank 1's node after the first commit, then add
+    ``nodes_to_add`` fresh nodes back whatever happened; (job, the removed node's id)."""
     lost: dict[str, str] = {}
 
     def remove_node_of_rank_1(proc, events):
@@ -106,21 +108,25 @@ def test_losing_a_whole_node_moves_the_job_to_the_spare(tmp_path, ray_cluster, d
         ray_cluster.remove(lost["node"])
 
     try:
-        job = run_job_until(
-            SLOW_DIGITS, tmp_path / "run", *DIGITS_FLAGS, *RAY,
-            when=after_first_commit,
-            action=remove_node_of_rank_1,
-        )
+        job = run_job_until(SLOW_DIGITS, run_dir, *DIGITS_FLAGS, *RAY, *flags,
+                            when=after_first_commit, action=remove_node_of_rank_1)
     finally:
-        ray_cluster.add_worker()  # the next test module gets its own cluster; this keeps 3 here
+        for _ in range(nodes_to_add):
+            ray_cluster.add_worker()
+    return job, lost.get("node")
+
+
+def test_losing_a_whole_node_moves_the_job_to_the_spare(tmp_path, ray_cluster, digits_reference):
+    # the next test module gets its own cluster; adding one back keeps 3 here
+    job, lost_node = run_losing_the_node_of_rank_1(ray_cluster, tmp_path / "run", nodes_to_add=1)
     assert job.returncode == 0, job.output
     node_lost = job.named("node_lost")
-    assert [e["node"] for e in node_lost] == [lost["node"]]
+    assert [e["node"] for e in node_lost] == [lost_node]
     exits = [e for e in job.named("worker_exited") if e["attempt"] == 1 and e["rank"] == 1]
     assert exits[0]["reason"] == "node lost"
     last = max(e["attempt"] for e in job.named("worker_started"))
     later = nodes_of(job.events, last)
-    assert lost["node"] not in later.values() and len(set(later.values())) == 2
+    assert lost_node not in later.values() and len(set(later.values())) == 2
     # only the lost slot was replaced: the chief stayed on its node, in its warm standby
     assert later[0] == nodes_of(job.events, 1)[0]
     chief = [e for e in job.named("worker_started") if e["attempt"] == last and e["rank"] == 0]
@@ -143,23 +149,11 @@ def test_losing_a_node_with_no_spare_fails_the_run_and_a_rerun_loses_no_commit(
     run_dir = tmp_path / "run"
     spare = ray_cluster.workers[-1].node_id
     ray_cluster.remove(spare)
-    lost: dict[str, str] = {}
-
-    def remove_node_of_rank_1(proc, events):
-        lost["node"] = nodes_of(events, 1)[1]
-        ray_cluster.remove(lost["node"])
-
-    try:
-        job = run_job_until(
-            SLOW_DIGITS, run_dir, *DIGITS_FLAGS, *RAY, "--cpus-per-worker", "2",
-            when=after_first_commit, action=remove_node_of_rank_1,
-        )
-    finally:
-        ray_cluster.add_worker()
-        ray_cluster.add_worker()  # back to 3 nodes for the tests after this one
+    # two nodes added back: 3 again for the tests after this one
+    job, lost_node = run_losing_the_node_of_rank_1(ray_cluster, run_dir, "--cpus-per-worker", "2", nodes_to_add=2)
     assert job.returncode == EXIT_FAILURE, job.output
     assert "Traceback" not in job.output
-    assert [e["node"] for e in job.named("node_lost")] == [lost["node"]]
+    assert [e["node"] for e in job.named("node_lost")] == [lost_node]
     failed = job.named("launch_failed")
     assert [(e["attempt"], e["launcher"]) for e in failed] == [(2, "ray")]
     assert failed[0]["reason"].startswith("could not place 2 workers: Ray could not place 2 workers with {'CPU': 2.0} each")
