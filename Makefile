@@ -28,7 +28,7 @@ slurm-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurm-wlm munge
 
 chaos: $(STAMP)
-	$(BIN)/python -m chaos run --all
+	$(BIN)/python -m resilient_train.chaos run --all
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_overhead.py

@@ -40,7 +40,7 @@ def main() -> int:
 
     import tensorflow as tf
 
-    from resilient_train.recipe import load_recipe, resolve_params
+    from resilient_train.job.recipe import load_recipe, resolve_params
     from resilient_train.runner.data import RecipeInputContext
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

@@ -54,7 +54,7 @@ import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
-from resilient_train.recipe import load_recipe  # noqa: E402
+from resilient_train.job.recipe import load_recipe  # noqa: E402
 from resilient_train.runner.checkpointing import (  # noqa: E402
     AsyncCheckpointer,
     SaveRequest,
@@ -63,7 +63,7 @@ from resilient_train.runner.checkpointing import (  # noqa: E402
     persist_twin,
 )
 from resilient_train.runner.faults import FaultPlan  # noqa: E402
-from resilient_train.runner.loop import weights_digest  # noqa: E402
+from resilient_train.runner.model_state import weights_digest  # noqa: E402
 
 MODES = ("async", "sync", "tf_checkpoint_manager", "tf_enable_async", "keras_backup_and_restore")
 INTERVALS = (10, 50)
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     s3 = None
     if not args.no_s3:
         try:
-            from tests.s3server import SeaweedS3
+            from tests.support.s3server import SeaweedS3
 
             s3 = SeaweedS3(work / "seaweed").start()
         except Exception as exc:

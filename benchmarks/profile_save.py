@@ -6,15 +6,15 @@ One process, no training beside it: snapshot + persist_twin (TF write, weights d
 CheckpointStore.commit into a local store with a host cache) three times after a warm-up;
 prints the cProfile (cumulative) and the mean persist time and peak extra RSS.
 """
-import cProfile, io, os, pstats, re, shutil, sys, tempfile, time, json, threading
+import cProfile, io, os, pstats, shutil, sys, tempfile, time, json, threading
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import psutil, keras, tensorflow as tf
+import psutil, tensorflow as tf
 from resilient_train.checkpoint import CheckpointStore
-from resilient_train.recipe import load_recipe, resolve_params
-from resilient_train.runner.checkpointing import TwinState, SaveRequest, persist_twin, twin_rng_state
+from resilient_train.job.recipe import load_recipe, resolve_params
+from resilient_train.runner.checkpointing import TwinState, SaveRequest, persist_twin
 from resilient_train.runner.faults import FaultPlan
-from resilient_train.runner.loop import weights_digest
+from resilient_train.runner.model_state import weights_digest
 
 recipe = load_recipe("recipes/wide_mlp.py"); params = resolve_params(recipe.params, {})
 def build():

@@ -1,6 +1,6 @@
 """Recovery on a Ray cluster: a worker killed on another node, and a whole node lost.
 
-Measured on the loopback Ray cluster the tests use (tests/launchers/raycluster.py: a head
+Measured on the loopback Ray cluster the tests use (tests/support/raycluster.py: a head
 without CPUs and 3 worker nodes of 2 CPUs, Ray's health check every 500 ms, node declared
 dead after 3 misses of 500 ms), with the real CLI (``--launcher ray``) in a subprocess:
 
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.recovery import Events, env, ts  # noqa: E402
-from tests.launchers.raycluster import HEALTH_CHECK, RayTestCluster, start_cluster  # noqa: E402
+from tests.support.raycluster import HEALTH_CHECK, RayTestCluster, start_cluster  # noqa: E402
 
 RECIPE = "recipes/linear_regression.py"
 JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-steps", "20",

@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
-from resilient_train.cluster import build_tf_config, free_ports  # noqa: E402
-from resilient_train.events import EventReader  # noqa: E402
+from resilient_train.cluster.tf_config import build_tf_config, free_ports  # noqa: E402
+from resilient_train.rundir.events import EventReader  # noqa: E402
 
 RECIPE = "recipes/linear_regression.py"
 JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-steps", "20"]
@@ -169,7 +169,7 @@ def tf_timeout(work: Path, index: int, train_s: float, timeout: float) -> float:
 
 def restore_times(work: Path, mb: int, repeats: int) -> dict[str, Any]:
     from benchmarks.storage_throughput import make_checkpoint
-    from tests.s3server import SeaweedS3
+    from tests.support.s3server import SeaweedS3
 
     staging = work / "restore-staging" / "ckpt-000000000001"
     staging.mkdir(parents=True)
@@ -242,7 +242,7 @@ def main() -> int:
         "setup": {
             "recipe": RECIPE, "workers": 2, "flags": JOB_FLAGS, "kills_per_mode": args.kills,
             "train_s_before_kill": args.train_s, "restore_mb": args.restore_mb,
-            "shared_storage_for_restore": "SeaweedFS S3 on loopback (tests/s3server.py)",
+            "shared_storage_for_restore": "SeaweedFS S3 on loopback (tests/support/s3server.py)",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, SHARED with other engineers' TF jobs and tests",
             "python": platform.python_version(),
             "loadavg_before": [round(x, 2) for x in load_before],

@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from resilient_train.events import read_events  # noqa: E402
+from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 RECIPES = {"start_step": "tests/recipes/input_bound.py", "skip": "tests/recipes/input_bound_skip.py"}

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import fsspec  # noqa: E402
 
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
-from tests.s3server import SeaweedS3  # noqa: E402
+from tests.support.s3server import SeaweedS3  # noqa: E402
 
 
 def make_checkpoint(path: Path, total_mb: int) -> int:

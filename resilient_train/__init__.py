@@ -6,7 +6,7 @@ importing this package does not import TensorFlow.
 """
 
 from resilient_train.checkpoint import CheckpointStore, Manifest
-from resilient_train.config import JobConfig
+from resilient_train.job.config import JobConfig
 from resilient_train.errors import ConfigError, RecipeError, StorageError
 
 __all__ = ["CheckpointStore", "ConfigError", "JobConfig", "Manifest", "RecipeError", "StorageError"]

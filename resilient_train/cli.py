@@ -18,9 +18,9 @@ import argparse
 import os
 import sys
 
-from resilient_train.config import add_job_arguments, job_from_args
+from resilient_train.job.config import add_job_arguments, job_from_args
 from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, RunDirLockedError, StorageError
-from resilient_train.slurm import add_tf_config_arguments
+from resilient_train.cluster.slurm import add_tf_config_arguments
 
 __all__ = ["main"]
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("verify", "ls"):
             from resilient_train.checkpoint import parse_storage_options
-            from resilient_train.checkpoint.verify import verify_command
+            from resilient_train.commands.verify import verify_command
 
             options = parse_storage_options(args.storage_option)
             return verify_command(args.url, options, as_json=args.json, hash=args.command == "verify")
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             return _export(args)
         if args.command == "doctor":
             from resilient_train.checkpoint import parse_storage_options
-            from resilient_train.doctor import doctor_command
+            from resilient_train.commands.doctor import doctor_command
 
             return doctor_command(as_json=args.json, storage=args.storage,
                                   storage_options=parse_storage_options(args.storage_option),
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             from resilient_train.runner.worker import main as worker_main
 
             return worker_main(argv[1:])
-        from resilient_train.preflight import preflight
+        from resilient_train.job.preflight import preflight
         from resilient_train.supervisor.supervisor import Supervisor
 
         preflight(job)
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from resilient_train.checkpoint import parse_storage_options
-    from resilient_train.config import parse_set_pairs
-    from resilient_train.export import FORMATS, export_command
+    from resilient_train.job.config import parse_set_pairs
+    from resilient_train.runner.export import FORMATS, export_command
 
     return export_command(
         args.url,
@@ -121,8 +121,8 @@ def _export(args: argparse.Namespace) -> int:
         overrides=parse_set_pairs(args.set),
     )
 def _check(args: argparse.Namespace) -> int:
-    from resilient_train.config import parse_set_pairs
-    from resilient_train.recipe import check_recipe_source
+    from resilient_train.job.config import parse_set_pairs
+    from resilient_train.job.recipe import check_recipe_source
     from resilient_train.runner.check_input import check_command
 
     check_recipe_source(args.recipe)

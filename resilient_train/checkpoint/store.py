@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterator, Mapping
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from resilient_train import events
+from resilient_train.rundir import events
 from resilient_train.checkpoint._files import abandon_write
 from resilient_train.checkpoint.cache import cached_copy_problem, link_or_copy_tree, write_through
 from resilient_train.checkpoint.fence import (

@@ -19,7 +19,7 @@ from typing import Any
 import tensorflow as tf
 
 from resilient_train.errors import RecipeError
-from resilient_train.recipe import Recipe
+from resilient_train.job.recipe import Recipe
 
 __all__ = ["unpack_batch", "per_example_loss", "average_loss"]
 

@@ -25,25 +25,20 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-__all__ = ["AUTO", "CallSizer", "MAX_AUTO_STEPS", "TARGET_CALL_S", "check_setting"]
+from resilient_train.job.config import STEPS_PER_EXECUTION_AUTO as AUTO, check_steps_per_execution
 
-AUTO = "auto"
+__all__ = ["CallSizer", "MAX_AUTO_STEPS", "TARGET_CALL_S"]
+
 TARGET_CALL_S = 0.1  # host work per call <= ~1% of it; a stop request waits at most ~this long
 MAX_AUTO_STEPS = 1000
 _WINDOW = 5  # calls whose per-step time is considered (median: one slow call does not swing it)
-
-
-def check_setting(setting: object) -> None:
-    """ValueError naming ``setting`` unless it is ``"auto"`` or an integer >= 1."""
-    if setting != AUTO and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 1):
-        raise ValueError(f"Received steps_per_execution={setting!r}; expected 'auto' or an integer >= 1")
 
 
 class CallSizer:
     """``setting``: ``"auto"`` or a fixed number of steps >= 1."""
 
     def __init__(self, setting: int | str, *, target_s: float = TARGET_CALL_S, max_steps: int = MAX_AUTO_STEPS) -> None:
-        check_setting(setting)
+        check_steps_per_execution(setting)
         self.auto = setting == AUTO
         self.fixed = 0 if self.auto else int(setting)
         self.target_s = target_s

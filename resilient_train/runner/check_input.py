@@ -86,8 +86,8 @@ def _probe(recipe_spec: str, order: list[int], *, seed: int, overrides: Mapping[
     import keras
     import tensorflow as tf
 
-    from resilient_train.config import FALLBACK_DEFAULTS
-    from resilient_train.recipe import load_recipe, resolve_params
+    from resilient_train.job.config import FALLBACK_DEFAULTS
+    from resilient_train.job.recipe import load_recipe, resolve_params
     from resilient_train.runner.data import RecipeInputContext
     from resilient_train.runner.determinism import batch_digest, seed_input_rng
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--global-batch-size", type=int)
     parser.add_argument("--set", action="append", default=[])
     args = parser.parse_args(argv)
-    from resilient_train.config import parse_set_pairs
+    from resilient_train.job.config import parse_set_pairs
 
     try:
         result = _probe(args.recipe, [int(e) for e in args.order.split(",")], seed=args.seed,

@@ -46,25 +46,24 @@ in parallel; setup refuses to continue if any name, shape or dtype differs.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import queue
-import random
 import shutil
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from resilient_train.runner.model_state import preserved_rng
 from resilient_train.checkpoint import CheckpointStore, Manifest
-from resilient_train.events import emit as _default_emit
+from resilient_train.rundir.events import emit as _default_emit
 
 __all__ = [
     "CHECKPOINT_MODES",
@@ -72,7 +71,6 @@ __all__ = [
     "TwinState",
     "AsyncCheckpointer",
     "commit_checkpoint",
-    "preserved_rng",
     "Checkpointer",
     "SyncCheckpointer",
     "BackgroundCheckpointer",
@@ -148,31 +146,6 @@ def commit_checkpoint(
 
 
 # --------------------------------------------------------------------------- twin
-
-
-@contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Run a block without moving any global RNG the training run draws from.
-
-    Building the twin model runs the recipe's initializers again; they draw seeds from
-    Python's ``random`` and Keras' global SeedGenerator. Without this guard an async run
-    would start training from different global RNG states than a sync run of the same job.
-    """
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    gen = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
-    gen_state = gen.state.numpy() if gen is not None else None
-    try:
-        yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, gen)
-        if gen is not None:
-            gen.state.assign(gen_state)
 
 
 def _is_variable(obj: Any) -> bool:

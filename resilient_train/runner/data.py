@@ -30,7 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from resilient_train.recipe import Recipe
+from resilient_train.job.recipe import Recipe
 from resilient_train.runner.determinism import InputCheck, first_batch_digest, seed_input_rng
 
 __all__ = ["RecipeInputContext", "epoch_dataset", "accepts_start_step"]

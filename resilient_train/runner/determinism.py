@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from resilient_train.errors import RecipeError
-from resilient_train.events import emit
+from resilient_train.rundir.events import emit
 
 __all__ = ["seed_input_rng", "input_seed", "batch_digest", "first_batch_digest", "InputCheck"]
 

@@ -24,9 +24,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from resilient_train.config import JobConfig
+from resilient_train.job.config import JobConfig
 from resilient_train.errors import RecipeError
-from resilient_train.recipe import Recipe
+from resilient_train.job.recipe import Recipe
 from resilient_train.runner.data import RecipeInputContext
 
 __all__ = ["Evaluator", "Validation", "eval_every_epochs"]

@@ -41,7 +41,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from dataclasses import dataclass
@@ -53,12 +52,12 @@ import numpy as np
 import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore, Manifest
-from resilient_train.cluster import ClusterInfo
-from resilient_train.config import JobConfig
+from resilient_train.cluster.tf_config import ClusterInfo
+from resilient_train.job.config import JobConfig
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
-from resilient_train.events import emit
-from resilient_train.fingerprint import fingerprint_for_worker
-from resilient_train.recipe import Recipe
+from resilient_train.rundir.events import emit
+from resilient_train.job.fingerprint import fingerprint_for_worker
+from resilient_train.job.recipe import Recipe
 from resilient_train.runner.checkpointing import (
     AsyncCheckpointer,
     BackgroundCheckpointer,
@@ -77,28 +76,14 @@ from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.runner.save_policy import SavePolicy
-from resilient_train.stepmarker import StepMarker
+from resilient_train.rundir.stepmarker import StepMarker
+from resilient_train.runner.model_state import weights_digest
 
-__all__ = ["Trainer", "TrainResult", "weights_digest"]
+__all__ = ["Trainer", "TrainResult"]
 
 _STOP = "__stop_requested__"
 _SAVE_DUE = "__save_due__"
 _NEXT_CALL = "__next_call_steps__"
-
-
-def weights_digest(model: keras.Model) -> str:
-    """SHA-256 over the model's weights, in a fixed, documented order.
-
-    Variables are taken from ``model.weights`` (trainable and non-trainable, not the
-    optimizer, not RNG state), sorted by ``variable.path``; for each one the digest is fed
-    ``"<path>|<numpy dtype str>|<shape tuple>\\n"`` followed by the raw C-order bytes.
-    """
-    digest = hashlib.sha256()
-    for variable in sorted(model.weights, key=lambda v: v.path):
-        array = np.ascontiguousarray(variable.numpy())
-        digest.update(f"{variable.path}|{array.dtype.str}|{tuple(array.shape)}\n".encode())
-        digest.update(memoryview(array))  # the raw C-order bytes, without a copy
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,10 @@ import threading
 import time
 from typing import Any, Callable, TextIO
 
-__all__ = ["main", "prewarm", "run_at_low_priority", "READY_FD_ENV"]
+from resilient_train.cluster.environment import STANDBY_READY_FD
 
-READY_FD_ENV = "RT_STANDBY_READY_FD"
+__all__ = ["main", "prewarm", "run_at_low_priority"]
+
 PREWARM_NICE = 19  # the import thread's nice value where SCHED_IDLE is not available
 
 
@@ -74,7 +75,7 @@ def prewarm(recipe: str | None) -> str | None:
     import resilient_train.runner.worker  # noqa: F401
 
     if recipe:
-        from resilient_train.recipe import load_recipe
+        from resilient_train.job.recipe import load_recipe
 
         load_recipe(recipe)  # its imports; worker.main loads it again (cheap, same result)
     tf.config.list_physical_devices()  # safe: does not create the eager context
@@ -190,7 +191,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.standby")
     parser.add_argument("--recipe", help="recipe to import ahead (its imports only)")
     args = parser.parse_args(argv)
-    ready_fd = int(os.environ[READY_FD_ENV]) if os.environ.get(READY_FD_ENV) else None
+    ready_fd = int(os.environ[STANDBY_READY_FD]) if os.environ.get(STANDBY_READY_FD) else None
     started = time.monotonic()
     try:
         problem = run_at_low_priority(prewarm, args.recipe)

@@ -14,10 +14,10 @@ import threading
 from pathlib import Path
 from typing import Mapping
 
-from resilient_train import events
-from resilient_train.cluster import parse_tf_config
-from resilient_train.config import JobConfig, add_job_arguments, job_from_args
-from resilient_train.slurm import add_tf_config_arguments, environ_with_tf_config
+from resilient_train.rundir import events
+from resilient_train.cluster.tf_config import parse_tf_config
+from resilient_train.job.config import JobConfig, add_job_arguments, job_from_args
+from resilient_train.cluster.slurm import add_tf_config_arguments, environ_with_tf_config
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
@@ -90,8 +90,8 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
     trainer = None
     try:
         from resilient_train.checkpoint import CheckpointStore
-        from resilient_train.fingerprint import fingerprint_for_worker
-        from resilient_train.recipe import load_recipe, resolve_params
+        from resilient_train.job.fingerprint import fingerprint_for_worker
+        from resilient_train.job.recipe import load_recipe, resolve_params
 
         recipe = load_recipe(job.recipe)
         job = job.with_recipe_defaults(recipe.defaults)
@@ -132,7 +132,7 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if result is not None and cluster.is_chief:
-            from resilient_train.export import export_completed
+            from resilient_train.runner.export import export_completed
 
             export_completed(trainer, result, run_dir / "model")
         return EXIT_PREEMPTED if result is None else EXIT_OK
@@ -149,7 +149,7 @@ def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
         print(f"resilient-train worker {cluster.rank}: fatal storage error: {exc}", file=sys.stderr)
         return EXIT_FATAL
     except Exception as exc:  # the recipe's or TensorFlow's: record it for the root-cause report
-        from resilient_train.recipe import recipe_name
+        from resilient_train.job.recipe import recipe_name
         from resilient_train.runner.diagnose import explain
 
         fatal = explain(exc, recipe_name=recipe_name(job.recipe), trainer=trainer, steps_per_epoch=job.steps_per_epoch)
@@ -179,7 +179,7 @@ def _generation(environ: Mapping[str, str]) -> int | None:
 
 def _record(attempt_dir: Path, rank: int, exc: BaseException, trainer) -> None:
     try:
-        from resilient_train.errorfile import record_exception
+        from resilient_train.rundir.errorfile import record_exception
     except ImportError:  # pragma: no cover - until the error-file module lands
         return
     global_step = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TextIO
 
-from resilient_train.events import EventReader, render_line
+from resilient_train.rundir.events import EventReader, render_line
 
 __all__ = ["EventTail", "render_event"]
 

@@ -20,7 +20,7 @@ import json
 import socket
 from typing import Any, Callable
 
-from resilient_train import events
+from resilient_train.rundir import events
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.errors import StorageOwnedError
 

@@ -44,7 +44,7 @@ import tenacity
 from tenacity.stop import stop_after_attempt, stop_base, stop_never
 from tenacity.wait import wait_base, wait_exponential
 
-from resilient_train.errorfile import describe_exit
+from resilient_train.rundir.errorfile import describe_exit
 from resilient_train.errors import EXIT_FATAL, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 
 __all__ = [

@@ -46,7 +46,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from resilient_train import events
+from resilient_train.cluster.environment import STANDBY_READY_FD
+from resilient_train.rundir import events
 from resilient_train.supervisor._process import die_with_parent_hook
 
 __all__ = ["StandbyPool", "StandbyState", "PopenStandbySpawner", "MAX_LOST_PER_SLOT"]
@@ -90,11 +91,10 @@ class PopenStandby:
     """A real standby process: assignment pipe on its stdin, status pipe on a passed fd."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
-        from resilient_train.runner.standby import READY_FD_ENV
 
         log_path.parent.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
-        env = {**env, READY_FD_ENV: str(write_fd)}
+        env = {**env, STANDBY_READY_FD: str(write_fd)}
         try:
             with open(log_path, "ab") as log:
                 self.popen = subprocess.Popen(

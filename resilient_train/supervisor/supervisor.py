@@ -43,10 +43,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from resilient_train import events
+from resilient_train.rundir import events
 from resilient_train.checkpoint import CheckpointStore, Manifest
-from resilient_train.config import JobConfig
-from resilient_train.errorfile import choose_root_cause, log_tail, read_errors
+from resilient_train.job.config import JobConfig
+from resilient_train.rundir.errorfile import choose_root_cause, log_tail, read_errors
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
@@ -54,10 +54,10 @@ from resilient_train.errors import (
     EXIT_PREEMPTED,
     LaunchError,
 )
-from resilient_train.events import emit, read_events
-from resilient_train.fingerprint import guard_job
-from resilient_train.recipe import recipe_name
-from resilient_train.stepmarker import highest_step
+from resilient_train.rundir.events import emit, read_events
+from resilient_train.job.fingerprint import guard_job
+from resilient_train.job.recipe import recipe_name
+from resilient_train.rundir.stepmarker import highest_step
 from resilient_train.supervisor.console import EventTail
 from resilient_train.supervisor.launchers import Launcher, WorkerHandle, WorkerSpec, make_launcher
 from resilient_train.supervisor.policy import (
@@ -68,7 +68,7 @@ from resilient_train.supervisor.policy import (
     classify,
 )
 from resilient_train.supervisor.ownership import claim_storage, generation_for
-from resilient_train.supervisor.rundir_lock import RunDirLock
+from resilient_train.rundir.lock import RunDirLock
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]
 

@@ -1,4 +1,4 @@
-"""chaos.check on hand-built run directories: each invariant, passing and violated."""
+"""resilient_train.chaos.check on hand-built run directories: each invariant, passing and violated."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chaos.check import check_run, inner_storage_url, load_events
+from resilient_train.chaos.check import check_run, inner_storage_url, load_events
 from resilient_train.checkpoint import CheckpointStore
 
 DIGEST = "ab" * 32
@@ -207,7 +207,7 @@ def test_load_events_skips_a_torn_last_line(tmp_path: Path) -> None:
 
 
 def test_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from chaos.__main__ import main
+    from resilient_train.chaos.__main__ import main
 
     run = RunDir(tmp_path).attempt(1, 10).commit(10, 1).write()
     assert main(["check", str(run), "--reference", DIGEST]) == 0

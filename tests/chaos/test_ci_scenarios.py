@@ -1,11 +1,11 @@
-"""The CI subset: real 2-worker jobs under real faults, checked by chaos.check.
+"""The CI subset: real 2-worker jobs under real faults, checked by resilient_train.chaos.check.
 
 One reference run (cached for the session) and two scenarios on the small
 linear-regression recipe, all with a checkpoint every step so they share the reference:
 the seeds' own experiment (kill -9 the chief right after it committed step 7; the run
 must continue from exactly 7) and a SIGTERM to a worker (zero lost steps). About a
 minute or two on 2 cores. The rest of the catalogue runs with RT_SLOW=1 (one test per
-scenario), and all of it with ``python -m chaos run --all``.
+scenario), and all of it with ``python -m resilient_train.chaos run --all``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.harness import JobSpec, ensure_reference, run_scenario
-from chaos.scenarios import CATALOGUE, by_name
+from resilient_train.chaos.harness import JobSpec, ensure_reference, run_scenario
+from resilient_train.chaos.scenarios import CATALOGUE, by_name
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py")
 CI_SPEC = JobSpec(RECIPE, workers=2, save_every_steps=1, seed=0)

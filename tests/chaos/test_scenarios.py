@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.harness import SITE_DIR, JobSpec, _fault_env
-from chaos.nemesis import EventReader, FaultState, Nemesis, corrupt_newest
-from chaos.scenarios import (
+from resilient_train.chaos.harness import SITE_DIR, JobSpec, _fault_env
+from resilient_train.chaos.nemesis import EventReader, FaultState, Nemesis, corrupt_newest
+from resilient_train.chaos.scenarios import (
     CATALOGUE, ExternalFault, StorageFaults, Trigger, WorkerFault, by_name, plan, random_scenario,
 )
 from resilient_train.checkpoint import CheckpointStore

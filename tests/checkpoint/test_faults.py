@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from resilient_train.checkpoint import CheckpointStore, RetryPolicy, Status
-from resilient_train.checkpoint.faultfs import SimulatedCrash
-from resilient_train.checkpoint.verify import verify_command
+from resilient_train.chaos.faultfs import SimulatedCrash
+from resilient_train.commands.verify import verify_command
 from resilient_train.errors import EXIT_FAILURE, StorageError
 
-from .conftest import DATA_FILE, FILES, Backend, Events, FakeSleep
+from tests.support.storage import DATA_FILE, FILES, Backend, Events, FakeSleep
 
 N_FILES = len(FILES)
 

@@ -7,7 +7,6 @@ exists; claims and manifests are create-only where the backend has conditional w
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from resilient_train.checkpoint import CheckpointStore, Status
 from resilient_train.checkpoint.fence import write_create_only
 from resilient_train.errors import StaleWriterError, StorageError
-from tests.checkpoint.conftest import WEIGHTS, Backend, write_ckpt_dir
+from tests.support.storage import WEIGHTS, Backend, write_ckpt_dir
 
 
 def commit(backend: Backend, store: CheckpointStore, step: int, *, seed: int | None = None,

@@ -9,10 +9,10 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
 from resilient_train.checkpoint import RetryPolicy, is_transient
-from resilient_train.checkpoint.faultfs import SimulatedCrash
+from resilient_train.chaos.faultfs import SimulatedCrash
 from resilient_train.errors import StorageError, StorageUnavailableError
 
-from .conftest import Events, FakeSleep
+from tests.support.storage import Events, FakeSleep
 
 
 def client_error(code: str, status: int) -> ClientError:

@@ -11,7 +11,7 @@ from resilient_train.checkpoint import CheckpointStore, Manifest, Status
 from resilient_train.checkpoint.manifest import MANIFEST_NAME, sha256_file
 from resilient_train.errors import CheckpointCorruptError
 
-from .conftest import DATA_FILE, FILES, WEIGHTS, Backend, write_ckpt_dir
+from tests.support.storage import DATA_FILE, FILES, WEIGHTS, Backend, write_ckpt_dir
 
 
 def steps(store: CheckpointStore) -> list[tuple[int, Status]]:
@@ -175,7 +175,7 @@ def test_recommit_with_other_bytes_is_never_torn(backend: Backend) -> None:
     backend.commit(store, 6, seed=1)
     backend.commit(store, 8, seed=1)
     crashing = backend.store(store.url, faults={"stop_after_files": 1})
-    from resilient_train.checkpoint.faultfs import SimulatedCrash
+    from resilient_train.chaos.faultfs import SimulatedCrash
 
     with pytest.raises(SimulatedCrash):
         backend.commit(crashing, 8, seed=2)  # different bytes, killed after one file

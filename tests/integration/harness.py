@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from resilient_train.events import read_events as _read_event_file
+from resilient_train.rundir.events import read_events as _read_event_file
 
 REPO = Path(__file__).resolve().parents[2]
 

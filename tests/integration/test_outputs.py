@@ -81,8 +81,8 @@ def test_exported_model_matches_the_checkpoint_and_predicts_like_it(killed_run, 
 
     from resilient_train.checkpoint import CheckpointStore
 
-    from resilient_train.export import exported_weights_sha256
-    from resilient_train.recipe import load_recipe
+    from resilient_train.runner.export import exported_weights_sha256
+    from resilient_train.job.recipe import load_recipe
 
     model_dir = killed_run.run_dir / "model"
     info = json.loads((model_dir / "export.json").read_text())

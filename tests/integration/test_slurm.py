@@ -1,4 +1,4 @@
-"""Issue 10, Slurm: real slurmctld + slurmd + munged on localhost (tests/slurm_cluster.py).
+"""Issue 10, Slurm: real slurmctld + slurmd + munged on localhost (tests/support/slurm_cluster.py).
 
 Every job is submitted with ``sbatch`` from deploy/slurm/ exactly as a user would, on one
 node with two tasks; the workers' TF_CONFIG comes from their Slurm environment. The final
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from resilient_train.cluster import free_ports
+from resilient_train.cluster.ports import free_ports
 from resilient_train.errors import EXIT_PREEMPTED
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import REPO, read_events
-from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
+from tests.support.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
 
 pytestmark = [
     pytest.mark.slow,

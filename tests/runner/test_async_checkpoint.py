@@ -25,9 +25,9 @@ import structlog  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
-from resilient_train.config import JobConfig  # noqa: E402
+from resilient_train.job.config import JobConfig  # noqa: E402
 from resilient_train.errors import ConfigError, StorageError  # noqa: E402
-from resilient_train.recipe import load_recipe  # noqa: E402
+from resilient_train.job.recipe import load_recipe  # noqa: E402
 from resilient_train.runner.checkpointing import (  # noqa: E402
     AsyncCheckpointer,
     SaveRequest,
@@ -37,7 +37,7 @@ from resilient_train.runner.checkpointing import (  # noqa: E402
     twin_rng_state,
 )
 from resilient_train.runner.faults import FaultPlan  # noqa: E402
-from resilient_train.runner.loop import weights_digest  # noqa: E402
+from resilient_train.runner.model_state import weights_digest  # noqa: E402
 
 RECIPE = load_recipe(str(Path(__file__).resolve().parents[2] / "recipes" / "digits_cnn.py"))
 PARAMS = dict(RECIPE.params)
@@ -328,7 +328,7 @@ def test_job_config_validates_the_new_fields():
 
 def test_cli_flags_reach_the_job_config():
     from resilient_train.cli import _parser
-    from resilient_train.config import job_from_args
+    from resilient_train.job.config import job_from_args
 
     args = _parser().parse_args(["run", "recipes/digits_cnn.py", "--checkpoint-mode", "sync",
                                  "--save-every-seconds", "30"])

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from resilient_train.errors import RecipeError
-from resilient_train.recipe import Recipe
+from resilient_train.job.recipe import Recipe
 from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from resilient_train.config import JobConfig
+from resilient_train.job.config import JobConfig
 from resilient_train.errors import RecipeError
-from resilient_train.recipe import Recipe
+from resilient_train.job.recipe import Recipe
 from resilient_train.supervisor.console import render_event
 
 pytest.importorskip("tensorflow")

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Callable
 
 from resilient_train.checkpoint import CheckpointStore
-from resilient_train.config import JobConfig
+from resilient_train.job.config import JobConfig
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED, LaunchError
-from resilient_train.recipe import recipe_name
+from resilient_train.job.recipe import recipe_name
 from resilient_train.supervisor.launchers.local import LocalLauncher
 from resilient_train.supervisor.supervisor import Supervisor
 
@@ -227,7 +227,7 @@ def test_workers_exiting_0_without_a_completed_checkpoint_is_not_success(tmp_pat
 def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, monkeypatch):
     """SIGSTOP on worker 1: the chief fails out of its collective (secondary), the supervisor
     SIGKILLs the stopped worker, and the root cause says it stopped responding (issue 11 pt 8)."""
-    from resilient_train.errorfile import record_exception
+    from resilient_train.rundir.errorfile import record_exception
 
     class UnavailableError(Exception):
         pass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resilient_train.config import LAUNCHERS, JobConfig
+from resilient_train.job.config import LAUNCHERS, JobConfig
 from resilient_train.errors import ConfigError
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 

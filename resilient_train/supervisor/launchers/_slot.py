@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from resilient_train.config import JobConfig
-from resilient_train.events import EventFile
+from resilient_train.job.config import JobConfig
+from resilient_train.rundir.events import EventFile
 from resilient_train.supervisor._process import die_with_parent_hook
 
 __all__ = ["FileChunk", "Slot", "SlotReport", "apply_chunks", "seed_chunks"]

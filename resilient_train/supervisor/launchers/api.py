@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Protocol
 
-from resilient_train.config import JobConfig
+from resilient_train.job.config import JobConfig
 
 __all__ = ["Launcher", "WorkerHandle", "WorkerSpec"]
 

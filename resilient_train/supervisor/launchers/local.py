@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-from resilient_train import events
-from resilient_train.cluster import build_tf_config, free_ports
-from resilient_train.config import JobConfig
+from resilient_train.rundir import events
+from resilient_train.cluster.ports import free_ports
+from resilient_train.cluster.tf_config import build_tf_config
+from resilient_train.job.config import JobConfig
 from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 from resilient_train.supervisor.standby import PopenStandbySpawner, StandbyPool, StandbySpawner
@@ -74,7 +75,7 @@ class LocalLauncher(Launcher):
         self.pool = self._standby_pool()
 
     def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
-        addresses = [f"{self.host}:{port}" for port in free_ports(len(specs), self.host)]
+        addresses = [f"{self.host}:{port}" for port in free_ports(len(specs))]
         handles: list[WorkerHandle] = []
         for spec in specs:
             env = {**os.environ, **spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}

@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from resilient_train import events
-from resilient_train.cluster import build_tf_config
-from resilient_train.config import JobConfig
+from resilient_train.rundir import events
+from resilient_train.cluster.tf_config import build_tf_config
+from resilient_train.job.config import JobConfig
 from resilient_train.errors import ConfigError, LaunchError
 from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks, seed_chunks
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec

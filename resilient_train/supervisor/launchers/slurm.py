@@ -7,7 +7,7 @@
          --output=<attempt_dir>/worker-%t.log python -m ...launchers.slurm_task <attempt_dir> --
          python -m resilient_train.runner --job <attempt_dir>/job.json --tf-config-from slurm
 
-so each task builds its TF_CONFIG from its Slurm environment (resilient_train/slurm.py) and
+so each task builds its TF_CONFIG from its Slurm environment (resilient_train/cluster/slurm.py) and
 rank = SLURM_PROCID. The supervisor keeps its one restart loop: a new attempt is a new step in
 the same allocation.
 
@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Protocol
 
-from resilient_train import events
-from resilient_train.config import JobConfig
+from resilient_train.rundir import events
+from resilient_train.job.config import JobConfig
 from resilient_train.errors import ConfigError
-from resilient_train.slurm import DEFAULT_PORT_BASE, expand_hostlist
+from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, expand_hostlist
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 from resilient_train.supervisor.launchers.slurm_task import exit_path, term_path
 

@@ -1,0 +1,372 @@
+"""The invariants a fault-tolerant run must keep, checked from what the run left behind.
+
+Usable on any run directory, not only the chaos suite's (``python -m resilient_train.chaos check RUN_DIR
+--reference DIGEST``): everything is read from ``events.jsonl``, ``summary.json``,
+``attempt-<n>/`` and the checkpoint storage. The invariants:
+
+1. ``exit``: the job completed (``summary.json`` status ``completed``; exit code 0 when
+   the caller knows it).
+2. ``digest``: the final ``weights_sha256`` equals the reference (uninterrupted) run's.
+3. ``restore``: every ``restored`` step is a step committed earlier
+   (``checkpoint_committed`` before it in the event stream) and is the newest committed
+   one that verifies: the newest committed step minus those this attempt rejected
+   (``checkpoint_rejected``). A rejection is itself a violation unless the step was
+   corrupted on purpose (a ``chaos_fault_injected`` event with ``op="corrupt_newest"``).
+   A ``fresh_start`` after something was committed is a violation.
+4. ``lost_steps``: for each restart, the steps the crashed attempt finished past its last
+   commit are at most ``save_every_steps`` when it crashed (SIGKILL, exception); twice that
+   with ``checkpoint_mode="async"``, where one save may still be uploading when the kill
+   lands; and 0 when it was preempted (the chief emitted ``preempted``: SIGTERM to a worker or to the
+   supervisor). Steps thrown away because a corrupt checkpoint was skipped are counted in
+   the total but are explained by invariant 3, not by the kill.
+5. ``verify``: ``resilient-train verify`` on the storage exits 0, or reports exactly the
+   corruption that was injected (and only while no later commit of that step claimed it
+   good again).
+6. ``orphans``: no worker process (pids from ``worker_started``) is still alive.
+
+Why from artefacts: a checker that asks the supervisor how it did would trust the thing
+under test. The attempt's reached step comes from ``attempt_reached`` or, when the
+supervisor was SIGKILLed and never wrote it, from the workers' step markers
+(``attempt-<n>/step-<rank>.txt``), so kills of the supervisor are counted too.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from resilient_train.rundir.events import read_events
+from resilient_train.rundir.stepmarker import highest_step
+
+__all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url"]
+
+INJECTED_EVENT = "chaos_fault_injected"
+
+
+@dataclass(frozen=True)
+class RestartRecord:
+    """One attempt boundary: how attempt ``attempt - 1`` ended and what ``attempt`` restored."""
+
+    attempt: int
+    ended_by: str  # "crash" | "preemption"
+    reached: int
+    newest_committed: int | None
+    restored: int | None
+    lost: int
+    allowed: int
+
+    def __post_init__(self) -> None:
+        if self.ended_by not in ("crash", "preemption"):
+            raise ValueError(f"Received ended_by={self.ended_by!r}; expected 'crash' or 'preemption'")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    run_dir: str
+    violations: tuple[str, ...]
+    restarts: int
+    lost_steps: int
+    digest: str | None
+    digest_match: bool
+    checkpoints_verified: int
+    checkpoints_bad: tuple[str, ...]
+    restored_steps: tuple[int, ...]
+    restart_records: tuple[RestartRecord, ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+    def to_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["passed"] = self.passed
+        return record
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+load_events = read_events  # the checker's public name for the shared reader
+
+
+def inner_storage_url(url: str) -> str:
+    """``faulty:///x`` -> ``/x``; ``faulty://s3://b/p`` -> ``s3://b/p``; others unchanged.
+
+    The end-of-run verification must read the storage itself, not through fault injection.
+    """
+    if url.startswith("faulty://"):
+        return url[len("faulty://"):]  # "/abs", "rel/path" (cwd-relative, as the job saw it) or "s3://..."
+    return url
+
+
+def _job_value(run_dir: Path, key: str) -> Any:
+    """``key`` from the newest attempt's job.json (None when unset there)."""
+    jobs = sorted(run_dir.glob("attempt-*/job.json"), key=lambda p: _attempt_number(p.parent.name))
+    for path in reversed(jobs):
+        try:
+            value = json.loads(path.read_text()).get(key)
+        except (OSError, ValueError):
+            continue
+        if value is not None:
+            return value
+    return None
+
+
+def _attempt_number(name: str) -> int:
+    suffix = name.split("-", 1)[-1]
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def recipe_default(recipe_path: str | None, key: str) -> int | None:
+    """``DEFAULTS[key]`` of a recipe file, read without importing it (no TensorFlow)."""
+    if not recipe_path or not Path(recipe_path).is_file():
+        return None
+    tree = ast.parse(Path(recipe_path).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DEFAULTS" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return value.get(key) if isinstance(value, dict) else None
+    return None
+
+
+# ----------------------------------------------------------------------------- invariants
+
+
+def _restore_checks(
+    records: list[dict[str, Any]], corrupted: set[int], save_every: int, reached_of: Mapping[int, int | None],
+    violations: list[str],
+) -> tuple[list[int], list[RestartRecord]]:
+    committed: set[int] = set()
+    rejected_by_attempt: dict[int, set[int]] = {}
+    preempted_attempts: set[int] = set()
+    restored_steps: list[int] = []
+    restarts: list[RestartRecord] = []
+    for record in records:
+        event = record["event"]
+        attempt = record.get("attempt")
+        if event == "checkpoint_committed":
+            committed.add(record["global_step"])
+        elif event == "checkpoint_rejected":
+            step = record.get("global_step")
+            rejected_by_attempt.setdefault(attempt, set()).add(step)
+            if step not in corrupted:
+                violations.append(
+                    f"restore: attempt {attempt} rejected checkpoint {step} ({record.get('reason')}), "
+                    "which was not corrupted on purpose"
+                )
+        elif event == "preempted" and record.get("role") == "chief":
+            preempted_attempts.add(attempt)
+        elif event == "fresh_start" and (attempt or 1) > 1:
+            if committed:
+                violations.append(
+                    f"restore: attempt {attempt} started from step 0 although steps {sorted(committed)} were committed"
+                )
+            else:  # the previous attempt died before its first commit: everything it did is lost
+                previous = attempt - 1
+                reached = reached_of.get(previous) or 0
+                ended_by, allowed = ("preemption", 0) if previous in preempted_attempts else ("crash", save_every)
+                restarts.append(RestartRecord(attempt, ended_by, reached, None, 0, reached, allowed))
+                if reached > allowed:
+                    violations.append(
+                        f"lost_steps: attempt {previous} ended by {ended_by} at step {reached} before any commit; "
+                        f"{reached} steps were lost, allowed {allowed}"
+                    )
+        elif event == "restored":
+            step = record["global_step"]
+            restored_steps.append(step)
+            if step not in committed:
+                violations.append(
+                    f"restore: attempt {attempt} restored step {step}, never committed before "
+                    f"(committed: {sorted(committed)})"
+                )
+            usable = committed - rejected_by_attempt.get(attempt, set())
+            newest = max(usable) if usable else None
+            if newest is not None and step != newest:
+                violations.append(
+                    f"restore: attempt {attempt} restored step {step}, but the newest committed checkpoint "
+                    f"that verifies is {newest}"
+                )
+            newest_any = max(committed) if committed else None
+            previous = (attempt or 1) - 1
+            reached = reached_of.get(previous)
+            reached = step if reached is None else max(reached, step)
+            ended_by, allowed = ("preemption", 0) if previous in preempted_attempts else ("crash", save_every)
+            # What the kill itself cost: steps past the newest commit. A skipped corrupt
+            # checkpoint costs more, but that is invariant 3's business, not the kill's.
+            kill_loss = reached - (newest_any if newest_any is not None else 0)
+            restarts.append(RestartRecord(attempt or 0, ended_by, reached, newest_any, step, reached - step, allowed))
+            if kill_loss > allowed:
+                violations.append(
+                    f"lost_steps: attempt {previous} ended by {ended_by} at step {reached}; "
+                    f"{kill_loss} steps past the last commit were lost, allowed {allowed}"
+                )
+    return restored_steps, restarts
+
+
+def verify_storage(url: str, storage_options: Mapping[str, Any] | None) -> tuple[int, list[dict[str, Any]], str]:
+    """``resilient-train verify --json`` in-process: (exit code, checkpoint rows, stderr)."""
+    from resilient_train.commands.verify import verify_command
+
+    out, err = io.StringIO(), io.StringIO()
+    code = verify_command(url, storage_options, as_json=True, hash=True, out=out, err=err)
+    try:
+        checkpoints = json.loads(out.getvalue())["checkpoints"]
+    except (ValueError, KeyError):
+        checkpoints = []
+    return code, checkpoints, err.getvalue().strip()
+
+
+def _survivors(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    import psutil
+
+    alive = []
+    for record in records:
+        if record.get("event") != "worker_started":
+            continue
+        pid = record["pid"]
+        try:
+            process = psutil.Process(pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            started = dt.datetime.fromisoformat(record["ts"]).timestamp()
+            # A pid reused by a process born later is not our worker.
+            if process.create_time() > started + 2.0:
+                continue
+            cmdline = " ".join(process.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError):
+            continue
+        if "resilient_train" in cmdline:
+            alive.append(f"rank {record.get('rank')} attempt {record.get('attempt')} pid {pid}")
+    return alive
+
+
+def check_run(
+    run_dir: str | Path,
+    reference: str | None,
+    *,
+    exit_code: int | None = None,
+    save_every: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    check_orphans: bool = True,
+) -> CheckResult:
+    """Check every invariant of the module docstring on ``run_dir``; never raises for a bad run."""
+    run_dir = Path(run_dir)
+    violations: list[str] = []
+    records = load_events(run_dir / "events.jsonl")
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+
+    # 1. exit
+    if exit_code is not None and exit_code != 0:
+        violations.append(f"exit: the job exited {exit_code}, expected 0")
+    if summary.get("status") != "completed":
+        violations.append(f"exit: summary.json status is {summary.get('status')!r}, expected 'completed'")
+
+    # 2. digest
+    digest = summary.get("weights_sha256")
+    digest_match = reference is not None and digest == reference
+    if reference is not None and not digest_match:
+        violations.append(f"digest: final weights_sha256 {digest} != reference {reference}")
+
+    # 3 + 4. restores and lost steps
+    if save_every is None:
+        save_every = _job_value(run_dir, "save_every_steps")
+    if save_every is None:
+        save_every = recipe_default(_job_value(run_dir, "recipe"), "save_every_steps") or 10
+    steps_per_epoch = _job_value(run_dir, "steps_per_epoch") or recipe_default(
+        _job_value(run_dir, "recipe"), "steps_per_epoch")
+    if save_every == 0 or (steps_per_epoch and save_every > steps_per_epoch):
+        save_every = steps_per_epoch or save_every  # only epoch-end saves
+    # Async checkpointing (the default since the async runner landed) keeps training while
+    # the previous save uploads; one save may be in flight when the kill lands, so a crash
+    # may lose up to two intervals. Sync mode keeps the issue's bound of one interval.
+    mode = _job_value(run_dir, "checkpoint_mode") or "sync"
+    crash_allowance = save_every * (2 if mode == "async" else 1)
+    reached_of: dict[int, int | None] = {}
+    for attempt_dir in run_dir.glob("attempt-*"):
+        reached_of[_attempt_number(attempt_dir.name)] = highest_step(attempt_dir)
+    for record in records:
+        if record["event"] == "attempt_reached":
+            reached_of[record["attempt"]] = max(record["global_step"], reached_of.get(record["attempt"]) or 0)
+    corrupted_at: dict[int, int] = {}  # step -> index of the injection event
+    for index, record in enumerate(records):
+        if record["event"] == INJECTED_EVENT and record.get("op") == "corrupt_newest" and record.get("global_step") is not None:
+            corrupted_at[record["global_step"]] = index
+    restored_steps, restarts = _restore_checks(records, set(corrupted_at), crash_allowance, reached_of, violations)
+    lost = sum(r.lost for r in restarts)
+
+    # 5. verify
+    storage = summary.get("storage") or _job_value(run_dir, "storage")
+    verified, bad = 0, []
+    if storage:
+        code, checkpoints, error = verify_storage(inner_storage_url(storage), storage_options)
+        if code == 2:
+            violations.append(f"verify: storage {storage} could not be read: {error}")
+        verified = sum(1 for c in checkpoints if c["status"] == "ok")
+        if not checkpoints and any(r["event"] == "checkpoint_committed" for r in records):
+            violations.append(f"verify: no checkpoints at {inner_storage_url(storage)}, but the run committed some")
+        for c in checkpoints:
+            if c["status"] not in ("torn", "corrupt"):
+                continue
+            step = c["global_step"]
+            bad.append(f"{step}: {c['status']}: {c['detail']}")
+            injected = corrupted_at.get(step)
+            recommitted = injected is not None and any(
+                r["event"] == "checkpoint_committed" and r.get("global_step") == step for r in records[injected:]
+            )
+            if injected is None:
+                violations.append(f"verify: checkpoint {step} is {c['status']} ({c['detail']}) and nothing injected that")
+            elif recommitted:
+                violations.append(
+                    f"verify: checkpoint {step} is {c['status']} ({c['detail']}) although it was committed "
+                    "again after the injected corruption (the re-commit kept the corrupt bytes)"
+                )
+    else:
+        violations.append("verify: no storage URL in summary.json or job.json")
+
+    # 6. orphans
+    if check_orphans:
+        for survivor in _survivors(records):
+            violations.append(f"orphans: worker still alive after the run: {survivor}")
+
+    attempts = {r.get("attempt") for r in records if r["event"] == "worker_started"}
+    return CheckResult(
+        run_dir=str(run_dir),
+        violations=tuple(violations),
+        restarts=max(0, len(attempts) - 1),
+        lost_steps=lost,
+        digest=digest,
+        digest_match=digest_match,
+        checkpoints_verified=verified,
+        checkpoints_bad=tuple(bad),
+        restored_steps=tuple(restored_steps),
+        restart_records=tuple(restarts),
+    )
+
+
+def render(result: CheckResult) -> str:
+    lines = [
+        f"run: {result.run_dir}",
+        f"restarts: {result.restarts}  restored: {list(result.restored_steps)}  lost steps: {result.lost_steps}",
+        f"digest: {result.digest} ({'matches' if result.digest_match else 'DOES NOT match'} the reference)",
+        f"checkpoints verified: {result.checkpoints_verified}"
+        + (f"  bad: {'; '.join(result.checkpoints_bad)}" if result.checkpoints_bad else ""),
+    ]
+    for r in result.restart_records:
+        lines.append(
+            f"  attempt {r.attempt}: previous ended by {r.ended_by} at step {r.reached}, newest commit "
+            f"{r.newest_committed}, restored {r.restored}, lost {r.lost} (allowed past last commit: {r.allowed})"
+        )
+    lines.append("PASS" if result.passed else "FAIL")
+    lines.extend(f"  - {v}" for v in result.violations)
+    return "\n".join(lines)

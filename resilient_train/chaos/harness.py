@@ -1,0 +1,324 @@
+"""Run jobs for the chaos suite: the cached reference run, and a job under a scenario's faults.
+
+Every job is a real ``python -m resilient_train run`` process (so the supervisor itself
+can be SIGTERMed or SIGKILLed) with real worker processes. The harness arms in-worker
+faults through ``RT_FAULTS``, storage faults through ``faulty://`` plus an attempt-scoped
+``RT_CHAOS_FAULTFS`` (see ``chaos/_site/sitecustomize.py``), ticks the :class:`Nemesis`
+every ``TICK_S`` while the job runs, runs the job again when a fault took its supervisor
+down, and finally checks the invariants (:mod:`resilient_train.chaos.check`).
+
+The reference run (same recipe, workers, epochs, steps, save interval, seed; no faults)
+is cached under ``<root>/reference-<key>/`` where ``<key>`` hashes those parameters and
+the recipe file's bytes, so repeating scenarios, or the whole catalogue, runs it once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resilient_train.chaos.check import CheckResult, check_run, recipe_default
+from resilient_train.chaos.nemesis import Nemesis
+from resilient_train.chaos.scenarios import ExternalFault, Scenario, StorageFaults, WorkerFault, plan
+
+__all__ = ["JobSpec", "ScenarioResult", "ensure_reference", "run_scenario"]
+
+TICK_S = 0.01
+SITE_DIR = Path(__file__).resolve().parent / "_site"
+ORPHAN_WAIT_S = 5.0
+FALLBACKS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The job parameters a reference digest depends on (plus where storage lives)."""
+
+    recipe: str
+    workers: int = 2
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
+    save_every_steps: int | None = None
+    seed: int = 0
+    storage_base: str | None = None  # None: <run_dir>/checkpoints
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"Received workers={self.workers}; expected >= 1")
+
+    def resolved(self) -> "JobSpec":
+        """Unset values from the recipe's DEFAULTS (read without importing TensorFlow)."""
+        updates = {}
+        for key in ("epochs", "steps_per_epoch", "save_every_steps"):
+            if getattr(self, key) is None:
+                updates[key] = recipe_default(self.recipe, key) or FALLBACKS[key]
+        return dataclasses.replace(self, **updates)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "JobSpec":
+        return dataclasses.replace(self, **overrides) if overrides else self
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.epochs) * int(self.steps_per_epoch)
+
+    def key(self) -> str:
+        spec = self.resolved()
+        recipe_bytes = Path(spec.recipe).read_bytes() if Path(spec.recipe).is_file() else spec.recipe.encode()
+        text = json.dumps({
+            "recipe": spec.recipe, "recipe_sha256": hashlib.sha256(recipe_bytes).hexdigest(),
+            "workers": spec.workers, "epochs": spec.epochs, "steps_per_epoch": spec.steps_per_epoch,
+            "save_every_steps": spec.save_every_steps, "seed": spec.seed,
+        }, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def argv(self, run_dir: Path, storage: str) -> list[str]:
+        spec = self.resolved()
+        return [
+            sys.executable, "-m", "resilient_train", "run", spec.recipe,
+            "--run-dir", str(run_dir), "--storage", storage, "--workers", str(spec.workers),
+            "--epochs", str(spec.epochs), "--steps-per-epoch", str(spec.steps_per_epoch),
+            "--save-every-steps", str(spec.save_every_steps), "--seed", str(spec.seed),
+        ]
+
+    def storage_for(self, run_dir: Path) -> str:
+        if self.storage_base is None:
+            return str(Path(run_dir).resolve() / "checkpoints")
+        return f"{self.storage_base.rstrip('/')}/{run_dir.name}"
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    scenario: str
+    seed: int
+    run_dir: str
+    faults: tuple[dict[str, Any], ...]
+    faults_injected: int
+    faults_planned: int
+    exit_codes: tuple[int, ...]
+    check: CheckResult
+    problems: tuple[str, ...]  # scenario-level: a fault that missed, an expectation not met
+    wall_s: float
+
+    @property
+    def passed(self) -> bool:
+        return self.check.passed and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario, "seed": self.seed, "run_dir": self.run_dir,
+            "verdict": "PASS" if self.passed else "FAIL",
+            "faults": list(self.faults), "faults_injected": self.faults_injected,
+            "faults_planned": self.faults_planned, "exit_codes": list(self.exit_codes),
+            "restarts": self.check.restarts, "lost_steps": self.check.lost_steps,
+            "digest_match": self.check.digest_match, "checkpoints_verified": self.check.checkpoints_verified,
+            "problems": list(self.problems), "check": self.check.to_dict(), "wall_s": round(self.wall_s, 1),
+        }
+
+
+def _run_quiet(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+
+
+def ensure_reference(spec: JobSpec, root: Path, *, log: Any = None) -> str:
+    """The uninterrupted run's weights_sha256, running it once per parameter set."""
+    spec = spec.resolved()
+    ref_dir = Path(root) / f"reference-{spec.key()}"
+    cached = ref_dir / "reference.json"
+    if cached.exists():
+        return json.loads(cached.read_text())["weights_sha256"]
+    shutil.rmtree(ref_dir, ignore_errors=True)
+    ref_dir.mkdir(parents=True)
+    if log:
+        log(f"reference run {ref_dir.name} ({spec.recipe}, {spec.workers} workers, "
+            f"{spec.epochs}x{spec.steps_per_epoch} steps, save every {spec.save_every_steps}, seed {spec.seed})")
+    started = time.monotonic()
+    proc = _run_quiet(spec.argv(ref_dir, spec.storage_for(ref_dir)), ref_dir / "supervisor.log")
+    code = proc.wait()
+    summary = json.loads((ref_dir / "summary.json").read_text()) if (ref_dir / "summary.json").exists() else {}
+    if code != 0 or summary.get("status") != "completed" or not summary.get("weights_sha256"):
+        raise RuntimeError(f"reference run in {ref_dir} failed (exit {code}); see {ref_dir / 'supervisor.log'}")
+    record = {"weights_sha256": summary["weights_sha256"], "params": dataclasses.asdict(spec),
+              "key": spec.key(), "wall_s": round(time.monotonic() - started, 1)}
+    cached.write_text(json.dumps(record, indent=2) + "\n")
+    return record["weights_sha256"]
+
+
+def _fault_env(faults: tuple[Any, ...], base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.pop("RT_FAULTS", None)
+    env.pop("RT_FAULTFS", None)
+    in_worker = [dataclasses.asdict(f) for f in faults if isinstance(f, WorkerFault)]
+    if in_worker:
+        env["RT_FAULTS"] = json.dumps(in_worker)
+    storage: dict[str, Any] = {}
+    for fault in faults:
+        if isinstance(fault, StorageFaults):
+            for attempt in (fault.attempts or ("*",)):
+                storage.setdefault(str(attempt), {}).update(dict(fault.spec))
+    if storage:
+        env["RT_CHAOS_FAULTFS"] = json.dumps(storage)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), base.get("PYTHONPATH")]))
+    return env
+
+
+def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Did the worker pull its own trigger? (its process exited as the fault says)."""
+    pid = next((r["pid"] for r in records if r.get("event") == "worker_started"
+                and r.get("attempt") == fault.attempt and r.get("rank") == fault.rank), None)
+    exit_record = next((r for r in records if r.get("event") == "worker_exited" and r.get("pid") == pid), None)
+    if exit_record is None:
+        fired = False  # e.g. the supervisor was SIGKILLed and never saw the exit
+    elif fault.point == "raise":
+        fired = exit_record.get("exit_code") == 1
+    else:
+        fired = exit_record.get("signal") == fault.signal
+    return {"fault": fault.describe(), "op": f"rt_faults:{fault.point}", "state": "done" if fired else "missed",
+            "pid": pid, "global_step": fault.global_step, "attempt": fault.attempt}
+
+
+def _storage_fault_fired(fault: StorageFaults, records: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
+    spec = dict(fault.spec)
+    if spec.get("transient_rate"):
+        retries = sum(1 for r in records if r.get("event") == "storage_retry")
+        fired, detail = retries > 0, {"storage_retries": retries}
+    elif spec.get("stop_after_files") is not None:
+        logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("attempt-*/worker-0.log"))
+        fired, detail = "SimulatedCrash" in logs, {}
+    else:
+        fired, detail = True, {}  # latency: always in effect
+    return {"fault": fault.describe(), "op": "faulty_storage", "state": "done" if fired else "missed", **detail}
+
+
+def run_scenario(
+    scenario: Scenario,
+    spec: JobSpec,
+    *,
+    seed: int,
+    root: Path,
+    reference: str,
+    max_invocations: int = 4,
+    timeout_s: float = 600.0,
+) -> ScenarioResult:
+    """Run ``scenario`` once (seeded), check it, return the result (never raises for a bad run)."""
+    planned = plan(scenario, seed, spec.workers)
+    job = spec.with_overrides(planned.overrides).resolved()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(root) / f"{planned.name}-s{seed}-{stamp}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    has_storage_faults = any(isinstance(f, StorageFaults) for f in planned.faults)
+    plain_storage = job.storage_for(run_dir)
+    storage = ("faulty://" + plain_storage) if has_storage_faults else plain_storage
+    (run_dir / "chaos-plan.json").write_text(json.dumps({
+        "scenario": planned.name, "seed": seed, "summary": planned.summary,
+        "faults": [f.describe() for f in planned.faults], "job": dataclasses.asdict(job), "storage": storage,
+    }, indent=2) + "\n")
+    env = _fault_env(planned.faults, dict(os.environ))
+    external = [f for f in planned.faults if isinstance(f, ExternalFault)]
+    supervisor: dict[str, subprocess.Popen | None] = {"proc": None}
+    nemesis = Nemesis(
+        run_dir, external, storage_url=plain_storage, steps_per_epoch=int(job.steps_per_epoch),
+        rng=random.Random(f"nemesis:{planned.name}:{seed}"),
+        supervisor_pid=lambda: supervisor["proc"].pid if supervisor["proc"] else None,
+    )
+    problems: list[str] = []
+    exit_codes: list[int] = []
+    started = time.monotonic()
+    deadline = started + timeout_s
+    for invocation in range(1, max_invocations + 1):
+        proc = _run_quiet(job.argv(run_dir, storage), run_dir / f"supervisor-{invocation}.log", env)
+        supervisor["proc"] = proc
+        supervisor_faults_before = nemesis.armed_supervisor_faults()
+        while proc.poll() is None:
+            nemesis.poll()
+            if time.monotonic() > deadline:
+                problems.append(f"timeout: the job ran past {timeout_s:.0f} s; killed")
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(TICK_S)
+        nemesis.poll()
+        exit_codes.append(proc.returncode)
+        if problems:
+            break
+        supervisor_killed = nemesis.armed_supervisor_faults() and not supervisor_faults_before
+        if supervisor_killed and proc.returncode not in (143, -signal.SIGKILL):
+            problems.append(f"supervisor invocation {invocation} exited {proc.returncode} after being signalled; "
+                            "expected 143 (SIGTERM) or -9 (SIGKILL)")
+        if proc.returncode == 0 or not supervisor_killed:
+            break
+        _wait_workers_gone(run_dir, ORPHAN_WAIT_S, problems)
+    nemesis.finish()
+    wall = time.monotonic() - started
+
+    from resilient_train.chaos.check import load_events
+
+    records = load_events(run_dir / "events.jsonl")
+    faults = nemesis.results()
+    for fault in planned.faults:
+        if isinstance(fault, WorkerFault):
+            faults.append(_worker_fault_fired(fault, records))
+        elif isinstance(fault, StorageFaults):
+            faults.append(_storage_fault_fired(fault, records, run_dir))
+    for fault in faults:
+        if fault["state"] != "done":
+            problems.append(f"fault not injected: {fault['fault']} ({fault['state']})")
+        if fault.get("op") == "corrupt_newest" and fault.get("state") == "done" and not fault.get("verify_exact"):
+            problems.append(
+                f"verify after corrupting checkpoint {fault.get('global_step')} ({fault.get('file')}) reported "
+                f"exit {fault.get('verify_exit')}, bad {fault.get('verify_bad')}; expected exactly that corruption"
+            )
+    check = check_run(run_dir, reference, exit_code=exit_codes[-1] if exit_codes else None,
+                      save_every=job.save_every_steps)
+    if planned.expect_restored is not None and check.restored_steps != planned.expect_restored:
+        problems.append(f"expected restored steps {list(planned.expect_restored)}, got {list(check.restored_steps)}")
+    result = ScenarioResult(
+        scenario=planned.name, seed=seed, run_dir=str(run_dir), faults=tuple(faults),
+        faults_injected=sum(1 for f in faults if f["state"] == "done"), faults_planned=len(faults),
+        exit_codes=tuple(exit_codes), check=check, problems=tuple(problems), wall_s=wall,
+    )
+    (run_dir / "chaos-result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    return result
+
+
+def _wait_workers_gone(run_dir: Path, wait_s: float, problems: list[str]) -> None:
+    """After the supervisor died: its workers must follow it (parent-death signal)."""
+    import psutil
+
+    from resilient_train.chaos.check import load_events
+
+    pids = [r["pid"] for r in load_events(run_dir / "events.jsonl") if r.get("event") == "worker_started"]
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [pid for pid in pids if _is_live_worker(pid, psutil)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if alive:
+        problems.append(f"orphans: workers {alive} outlived their supervisor by {wait_s:.0f} s; killed them")
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _is_live_worker(pid: int, psutil: Any) -> bool:
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE and "resilient_train" in " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False

@@ -1,0 +1,321 @@
+"""The scenario catalogue: which faults, where, and what to expect.
+
+A scenario is data (frozen dataclasses), so the catalogue reads as a table and the soak
+run can compose new ones. Three kinds of fault, chosen by how exactly they must land:
+
+* :class:`WorkerFault` is pulled by the worker itself (``RT_FAULTS``: after a step,
+  before or after a commit, an exception) at an exact global step of an exact attempt.
+  The signal is real (``os.kill`` on its own pid), so the supervisor sees a real death.
+* :class:`ExternalFault` is done to the job from outside by the nemesis (SIGKILL/SIGTERM
+  a worker or the supervisor, corrupt the newest checkpoint, kill the chief while an
+  upload is in flight). It fires on a :class:`Trigger` read from the job's own event
+  stream ("after the 2nd ``checkpoint_committed`` of attempt 1, once a step past it has
+  finished mid-epoch"), so it lands at the same point on a slow or a fast machine.
+* :class:`StorageFaults` configures the fault-injecting filesystem (``faulty://``) per
+  attempt: transient errors at a rate, a torn upload, latency.
+
+Random choices (which worker, which commit) are symbolic here (``rank="random"``) and
+resolved by :func:`plan` from ``random.Random(seed)``: one seed, one fault plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+__all__ = [
+    "WorkerFault", "ExternalFault", "StorageFaults", "Trigger", "Scenario", "CATALOGUE",
+    "plan", "by_name", "random_scenario",
+]
+
+SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP")
+WORKER_POINTS = ("after_step", "before_commit", "after_commit", "raise")
+EXTERNAL_OPS = (
+    "sigkill_worker",       # kill -9 one worker (rank given, "chief" = 0, or "random")
+    "sigterm_worker",       # graceful preemption of one worker
+    "sigkill_supervisor",   # kill -9 the supervisor (workers die by parent-death signal), then re-run
+    "sigterm_supervisor",   # graceful preemption of the whole job (exit 143), then re-run
+    "corrupt_newest",       # flip one byte in a data file of the newest committed checkpoint
+    "sigkill_during_upload",  # kill -9 the chief while a checkpoint directory has files but no manifest
+)
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """When an external fault fires, from the job's event stream.
+
+    After the ``nth`` ``event`` (counting only events of ``attempt``, or of any attempt
+    when None); with ``mid_epoch``, additionally wait until a worker of that attempt has
+    finished a step past the event's ``global_step`` that is not an epoch end.
+    """
+
+    event: str = "checkpoint_committed"
+    nth: int | str = 1  # an int, or "random" (1..max_nth)
+    attempt: int | None = 1
+    mid_epoch: bool = True
+    max_nth: int = 3
+
+    def __post_init__(self) -> None:
+        if not (self.nth == "random" or (isinstance(self.nth, int) and self.nth >= 1)):
+            raise ValueError(f"Received nth={self.nth!r}; expected an int >= 1 or 'random'")
+
+    def describe(self) -> str:
+        where = f" of attempt {self.attempt}" if self.attempt is not None else ""
+        mid = ", mid-epoch" if self.mid_epoch else ""
+        return f"after {_ordinal(self.nth)} {self.event}{where}{mid}"
+
+
+@dataclass(frozen=True)
+class WorkerFault:
+    point: str
+    global_step: int
+    rank: int | str = 0
+    attempt: int = 1
+    signal: str = "SIGKILL"
+
+    def __post_init__(self) -> None:
+        if self.point not in WORKER_POINTS:
+            raise ValueError(f"Received point={self.point!r}; expected one of {WORKER_POINTS}")
+        if self.signal not in SIGNALS:
+            raise ValueError(f"Received signal={self.signal!r}; expected one of {SIGNALS}")
+
+    def describe(self) -> str:
+        what = "raise" if self.point == "raise" else self.signal
+        return f"{what} rank {self.rank} at {self.point} step {self.global_step} (attempt {self.attempt})"
+
+
+@dataclass(frozen=True)
+class ExternalFault:
+    op: str
+    trigger: Trigger = field(default_factory=Trigger)
+    rank: int | str = 0
+
+    def __post_init__(self) -> None:
+        if self.op not in EXTERNAL_OPS:
+            raise ValueError(f"Received op={self.op!r}; expected one of {EXTERNAL_OPS}")
+
+    @property
+    def reruns(self) -> bool:
+        """The job's supervisor dies by this fault, so the harness runs the job again."""
+        return self.op in ("sigkill_supervisor", "sigterm_supervisor")
+
+    def describe(self) -> str:
+        target = {"sigkill_supervisor": "supervisor", "sigterm_supervisor": "supervisor",
+                  "corrupt_newest": "newest checkpoint", "sigkill_during_upload": "chief"}.get(
+            self.op, f"rank {self.rank}")
+        return f"{self.op} {target} {self.trigger.describe()}"
+
+
+@dataclass(frozen=True)
+class StorageFaults:
+    """Options of the fault-injecting filesystem (see resilient_train.chaos.faultfs).
+
+    ``attempts``: the attempts (of the workers) that see the faults; None = all. The
+    supervisor never does: its storage check runs before any attempt.
+    """
+
+    spec: tuple[tuple[str, Any], ...]
+    attempts: tuple[int, ...] | None = (1,)
+
+    @classmethod
+    def of(cls, attempts: tuple[int, ...] | None = (1,), **spec: Any) -> "StorageFaults":
+        from resilient_train.chaos.faultfs import FaultSpec
+
+        FaultSpec(**spec)  # validates names and values now, not in a worker
+        return cls(tuple(sorted(spec.items())), attempts)
+
+    def describe(self) -> str:
+        options = ", ".join(f"{k}={v}" for k, v in self.spec)
+        scope = "all attempts" if self.attempts is None else "attempt " + ",".join(map(str, self.attempts))
+        return f"faulty storage ({options}) in {scope}"
+
+
+Fault = Union[WorkerFault, ExternalFault, StorageFaults]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named set of faults plus what the job must look like under them.
+
+    ``job`` overrides job parameters (e.g. ``save_every_steps``); ``expect_restored``
+    pins the exact restored steps (the seeds' experiment: ``(7,)``).
+    """
+
+    name: str
+    summary: str
+    faults: tuple[Fault, ...]
+    job: tuple[tuple[str, Any], ...] = ()
+    expect_restored: tuple[int, ...] | None = None
+    ci: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").isalnum():
+            raise ValueError(f"Received name={self.name!r}; expected lowercase words joined by '-'")
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.job)
+
+
+def _ordinal(n: int | str) -> str:
+    if not isinstance(n, int):
+        return str(n)
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+CATALOGUE: tuple[Scenario, ...] = (
+    Scenario(
+        "seed-kill-chief-at-7",
+        "the seeds' experiment: checkpoint every step, kill -9 the chief at global step 7; resumes from 7",
+        (WorkerFault("after_commit", 7, rank=0),),
+        job=(("save_every_steps", 1),),
+        expect_restored=(7,),
+        ci=True,
+    ),
+    Scenario(
+        "kill-chief-mid-epoch",
+        "kill -9 the chief from outside after the 2nd commit, mid-epoch",
+        (ExternalFault("sigkill_worker", Trigger(nth=2), rank="chief"),),
+        ci=True,
+    ),
+    Scenario(
+        "kill-random-worker",
+        "kill -9 a seeded-random worker after a seeded-random commit (1st-3rd), mid-epoch",
+        (ExternalFault("sigkill_worker", Trigger(nth="random"), rank="random"),),
+    ),
+    Scenario(
+        "kill-before-commit",
+        "the chief is killed -9 with step 13's checkpoint written locally, nothing uploaded",
+        (WorkerFault("before_commit", 13, rank=0),),
+        job=(("save_every_steps", 1),),
+    ),
+    Scenario(
+        "kill-during-slow-upload",
+        "slow storage (50 ms/op); kill -9 the chief while the 3rd checkpoint's files are half uploaded",
+        (StorageFaults.of(attempts=(1,), latency_s=0.05),
+         ExternalFault("sigkill_during_upload", Trigger(nth=2, mid_epoch=False))),
+    ),
+    Scenario(
+        "sigterm-worker",
+        "SIGTERM rank 1 after the 1st commit, mid-epoch: agreed save, zero lost steps",
+        (ExternalFault("sigterm_worker", Trigger(nth=1), rank=1),),
+        ci=True,
+    ),
+    Scenario(
+        "sigterm-supervisor-rerun",
+        "SIGTERM the supervisor after the 2nd commit, mid-epoch (exit 143), then run the job again",
+        (ExternalFault("sigterm_supervisor", Trigger(nth=2)),),
+    ),
+    Scenario(
+        "sigkill-supervisor-rerun",
+        "kill -9 the supervisor after the 2nd commit, mid-epoch; workers must die with it; run again",
+        (ExternalFault("sigkill_supervisor", Trigger(nth=2)),),
+    ),
+    Scenario(
+        "storage-transient-errors",
+        "every storage operation of every attempt fails transiently with probability 0.1 (seeded)",
+        (StorageFaults.of(attempts=None, transient_rate=0.1),),
+    ),
+    Scenario(
+        "storage-torn-upload",
+        "the chief's uploads stop after 5 files (SimulatedCrash): ckpt-10 is left without its manifest; restore skips it",
+        (StorageFaults.of(attempts=(1,), stop_after_files=5),),
+    ),
+    Scenario(
+        "storage-slow",
+        "slow storage (30 ms per operation) in every attempt, plus one kill -9 of the chief",
+        (StorageFaults.of(attempts=None, latency_s=0.03), WorkerFault("after_step", 17, rank=0)),
+    ),
+    Scenario(
+        "corrupt-newest-between-attempts",
+        "kill -9 the chief right after committing step 25; flip a byte in ckpt-25 before attempt 2 restores",
+        (WorkerFault("after_commit", 25, rank=0),
+         ExternalFault("corrupt_newest", Trigger(event="gang_restart", nth=1, attempt=None, mid_epoch=False))),
+    ),
+    Scenario(
+        "raise-in-step",
+        "an exception in the chief's step 12 (a recipe bug that happens once)",
+        (WorkerFault("raise", 12, rank=0),),
+    ),
+    Scenario(
+        "multi-fault",
+        "transient storage errors (p=0.1) + kill -9 the chief at step 8 + SIGTERM a random worker in attempt 2",
+        (StorageFaults.of(attempts=None, transient_rate=0.1),
+         WorkerFault("after_step", 8, rank=0),
+         ExternalFault("sigterm_worker", Trigger(nth=2, attempt=2), rank="random")),
+    ),
+)
+
+
+def by_name(name: str) -> Scenario:
+    for scenario in CATALOGUE:
+        if scenario.name == name:
+            return scenario
+    raise KeyError(f"Unknown scenario {name!r}; expected one of {[s.name for s in CATALOGUE]}")
+
+
+def plan(scenario: Scenario, seed: int, workers: int) -> Scenario:
+    """``scenario`` with every random choice resolved from ``random.Random(seed)``."""
+    rng = random.Random(f"{scenario.name}:{seed}")
+
+    def rank(value: int | str) -> int:
+        if value == "random":
+            return rng.randrange(workers)
+        if value == "chief":
+            return 0
+        if not isinstance(value, int) or not 0 <= value < workers:
+            raise ValueError(f"Received rank={value!r} with workers={workers}; expected 0..{workers - 1}")
+        return value
+
+    resolved: list[Fault] = []
+    for fault in scenario.faults:
+        if isinstance(fault, WorkerFault):
+            resolved.append(dataclasses.replace(fault, rank=rank(fault.rank)))
+        elif isinstance(fault, ExternalFault):
+            trigger = fault.trigger
+            if trigger.nth == "random":
+                trigger = dataclasses.replace(trigger, nth=rng.randint(1, trigger.max_nth))
+            resolved.append(dataclasses.replace(fault, trigger=trigger, rank=rank(fault.rank)))
+        elif "seed" not in dict(fault.spec):
+            # The fault stream (which operations fail) follows the scenario's seed too.
+            spec = dict(fault.spec, seed=rng.randrange(2**31))
+            resolved.append(dataclasses.replace(fault, spec=tuple(sorted(spec.items()))))
+        else:
+            resolved.append(fault)
+    return dataclasses.replace(scenario, faults=tuple(resolved))
+
+
+def random_scenario(rng: random.Random, index: int, *, total_steps: int, save_every: int) -> Scenario:
+    """A soak scenario: 1-3 faults drawn from the whole catalogue's kinds, at random points.
+
+    At most one fault per attempt kills something (so triggers stay reachable), storage
+    faults are transient or slow (a torn upload in every attempt would never finish).
+    """
+    faults: list[Fault] = []
+    if rng.random() < 0.4:
+        faults.append(rng.choice([
+            StorageFaults.of(attempts=None, transient_rate=round(rng.uniform(0.02, 0.1), 3), seed=rng.randrange(1000)),
+            StorageFaults.of(attempts=None, latency_s=round(rng.uniform(0.005, 0.03), 3)),
+            StorageFaults.of(attempts=(1,), stop_after_files=rng.randint(1, 8)),
+        ]))
+    killing = rng.randint(1, 2)
+    for attempt in range(1, killing + 1):
+        latest = max(2, total_steps - 2 * save_every)
+        kind = rng.choice(["worker", "external", "external"])
+        if kind == "worker" and not any(isinstance(f, StorageFaults) and dict(f.spec).get("stop_after_files") for f in faults):
+            point = rng.choice(WORKER_POINTS)
+            step = rng.randint(1, latest)
+            if point in ("before_commit", "after_commit"):
+                step = max(save_every, step - step % save_every)
+            faults.append(WorkerFault(point, step, rank=rng.choice([0, "random"]), attempt=attempt))
+        else:
+            op = rng.choice(["sigkill_worker", "sigkill_worker", "sigterm_worker", "sigterm_supervisor",
+                             "sigkill_supervisor"])
+            # Attempt numbers keep counting across a supervisor re-run, so attempt 2 is always
+            # the attempt after the first fault, whichever kind it was.
+            faults.append(ExternalFault(op, Trigger(nth=rng.randint(1, 2), attempt=attempt), rank="random"))
+    if rng.random() < 0.25 and not any(isinstance(f, ExternalFault) and f.reruns for f in faults):
+        faults.append(ExternalFault("corrupt_newest", Trigger(event="gang_restart", nth=1, attempt=None, mid_epoch=False)))
+    return Scenario(f"soak-{index}", "random faults: " + "; ".join(f.describe() for f in faults), tuple(faults))

@@ -1,0 +1,282 @@
+"""JobConfig: everything a run needs, from flags and an optional TOML file, validated once.
+
+The supervisor resolves the config, writes it to ``<run_dir>/attempt-<n>/job.json`` and
+hands that file to every worker, so all workers of an attempt train with one config.
+A worker launched by another engine (Kubernetes, Slurm) builds the same JobConfig from the
+same flags.
+
+Values a recipe can default (epochs, steps_per_epoch, global_batch_size, save_every_steps)
+are ``None`` here until :meth:`JobConfig.with_recipe_defaults` fills them in on the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from resilient_train.errors import ConfigError
+from resilient_train.job.recipe import recipe_name
+
+__all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
+
+LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
+RAY_STRATEGIES = ("spread", "pack")
+
+FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
+
+
+STEPS_PER_EXECUTION_AUTO = "auto"  # the runner sizes calls by time (runner/call_size.py)
+
+
+def check_steps_per_execution(setting: object) -> None:
+    """ValueError naming ``setting`` unless it is ``"auto"`` or an integer >= 1."""
+    if setting != STEPS_PER_EXECUTION_AUTO and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 1):
+        raise ValueError(f"Received steps_per_execution={setting!r}; expected 'auto' or an integer >= 1")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    recipe: str
+    workers: int = 2
+    run_dir: str = ""
+    storage: str = ""
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
+    global_batch_size: int | None = None
+    save_every_steps: int | None = None
+    seed: int = 0
+    params: Mapping[str, str] = field(default_factory=dict)
+    keep: int = 3
+    max_restarts: int = 3
+    max_preemptions: int | None = None
+    grace_period: float = 30.0
+    gpus_per_worker: int = 0
+    progress_every_s: float = 1.0
+    checkpoint_mode: str = "async"
+    save_every_seconds: float | None = None
+    warm_standby: bool = True
+    launcher: str = "local"
+    force_storage: bool = False
+    ray_address: str | None = None  # None: RAY_ADDRESS, else "auto"
+    ray_strategy: str = "spread"
+    cpus_per_worker: float = 1.0
+    storage_shared: bool = False  # a local storage path is a mount every node shares
+    steps_per_execution: int | str = "auto"  # or a fixed N >= 1 (runner/call_size.py)
+    eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
+    eval_steps: int | None = None  # None: the whole eval_dataset
+    strict_resume: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.recipe:
+            raise ConfigError("No recipe given; expected a recipe file or module, e.g. recipes/digits_cnn.py")
+        _check_int("workers", self.workers, minimum=1)
+        for name in ("epochs", "steps_per_epoch", "global_batch_size"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=1)
+        if self.save_every_steps is not None:
+            _check_int("save_every_steps", self.save_every_steps, minimum=0)
+        _check_int("seed", self.seed, minimum=0)
+        _check_int("keep", self.keep, minimum=1)
+        _check_int("max_restarts", self.max_restarts, minimum=0)
+        if self.max_preemptions is not None:
+            _check_int("max_preemptions", self.max_preemptions, minimum=0)
+        _check_int("gpus_per_worker", self.gpus_per_worker, minimum=0)
+        try:
+            check_steps_per_execution(self.steps_per_execution)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.eval_every_epochs is not None:
+            _check_int("eval_every_epochs", self.eval_every_epochs, minimum=0)
+        if self.eval_steps is not None:
+            _check_int("eval_steps", self.eval_steps, minimum=1)
+        if not isinstance(self.grace_period, (int, float)) or self.grace_period <= 0:
+            raise ConfigError(f"Received grace_period={self.grace_period!r}; expected a number of seconds > 0")
+        if self.global_batch_size is not None and self.global_batch_size % self.workers:
+            raise ConfigError(
+                f"Received global_batch_size={self.global_batch_size} with workers={self.workers}; "
+                "expected a global batch size divisible by the number of workers"
+            )
+        if self.checkpoint_mode not in ("async", "sync"):
+            raise ConfigError(f"Received checkpoint_mode={self.checkpoint_mode!r}; expected 'async' or 'sync'")
+        if self.save_every_seconds is not None and (
+            isinstance(self.save_every_seconds, bool)
+            or not isinstance(self.save_every_seconds, (int, float))
+            or not self.save_every_seconds > 0
+        ):
+            raise ConfigError(
+                f"Received save_every_seconds={self.save_every_seconds!r}; expected a number of seconds > 0"
+            )
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"Received launcher={self.launcher!r}; expected one of {list(LAUNCHERS)}")
+        _check_ray_fields(self)
+        if not isinstance(self.warm_standby, bool):
+            raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
+        if not isinstance(self.force_storage, bool):
+            raise ConfigError(f"Received force_storage={self.force_storage!r}; expected true or false")
+        if not self.run_dir:
+            object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
+        if not self.storage:
+            object.__setattr__(self, "storage", str(Path(self.run_dir) / "checkpoints"))
+
+    def with_recipe_defaults(self, defaults: Mapping[str, int]) -> "JobConfig":
+        """Fill the values left unset from the recipe's DEFAULTS, then the fallbacks."""
+        updates = {
+            key: defaults.get(key, FALLBACK_DEFAULTS[key])
+            for key in FALLBACK_DEFAULTS
+            if getattr(self, key) is None
+        }
+        return dataclasses.replace(self, **updates)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, default=dict)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobConfig":
+        return cls.from_mapping(json.loads(text), source="job file")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, source: str) -> "JobConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        normalised = {key.replace("-", "_"): value for key, value in values.items()}
+        unknown = sorted(set(normalised) - names)
+        if unknown:
+            raise ConfigError(f"Unknown key(s) {unknown} in {source}; accepted: {sorted(names)}")
+        return cls(**normalised)
+
+
+def _check_ray_fields(job: "JobConfig") -> None:
+    if job.ray_strategy not in RAY_STRATEGIES:
+        raise ConfigError(f"Received ray_strategy={job.ray_strategy!r}; expected one of {list(RAY_STRATEGIES)}")
+    cpus = job.cpus_per_worker
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus > 0:
+        raise ConfigError(f"Received cpus_per_worker={cpus!r}; expected a number of CPUs > 0")
+    if job.ray_address is not None and (not isinstance(job.ray_address, str) or not job.ray_address):
+        raise ConfigError(f"Received ray_address={job.ray_address!r}; expected host:port, ray://host:port or auto")
+    if not isinstance(job.storage_shared, bool):
+        raise ConfigError(f"Received storage_shared={job.storage_shared!r}; expected true or false")
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"Received {name}={value!r}; expected an integer >= {minimum}")
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"Config file {path!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"Config file {path!r} is not valid TOML: {exc}") from None
+
+
+def parse_set_pairs(pairs: list[str], *, flag: str = "--set") -> dict[str, str]:
+    """``["lr=0.1", "path=/x"]`` -> ``{"lr": "0.1", "path": "/x"}``."""
+    result: dict[str, str] = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"Received {flag} {item!r}; expected key=value")
+        result[key.strip()] = value
+    return result
+
+
+# ------------------------------------------------------------ the job's flags
+# Shared by `resilient-train run`, `resilient-train worker` and the worker process
+# (python -m resilient_train.runner), so they live with JobConfig, not in the CLI.
+
+_JOB_FLAGS = (
+    "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
+    "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
+    "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
+    "warm_standby", "launcher", "steps_per_execution",
+    "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
+    "eval_every_epochs", "eval_steps", "strict_resume",
+)
+
+
+def _positive_or_zero_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _steps_per_execution(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive_or_zero_int(text)
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by ``run`` and ``worker`` (all default to None = config file / recipe)."""
+    add = parser.add_argument
+    add("--config", metavar="FILE", help="TOML file with the same keys as the flags")
+    add("--workers", type=_positive_or_zero_int, help="worker processes (default 2)")
+    add("--run-dir", help="where logs, events and summary go (default runs/<recipe>)")
+    add("--storage", metavar="URL", help="checkpoint storage: path, file://, s3://, gs://, memory:// (default <run-dir>/checkpoints)")
+    add("--storage-option", action="append", default=[], metavar="KEY=VALUE", help="passed to the fsspec filesystem")
+    add("--epochs", type=_positive_or_zero_int)
+    add("--steps-per-epoch", type=_positive_or_zero_int)
+    add("--global-batch-size", type=_positive_or_zero_int)
+    add("--save-every-steps", type=_positive_or_zero_int, metavar="K", help="checkpoint every K global steps (0: only at epoch ends)")
+    add("--save-every-seconds", type=float, metavar="T",
+        help="also checkpoint when T seconds passed since the last save (the chief's clock; all workers agree on the step)")
+    add("--checkpoint-mode", choices=("async", "sync"),
+        help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on")
+    add("--seed", type=_positive_or_zero_int)
+    add("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter")
+    add("--keep", type=_positive_or_zero_int, help="committed checkpoints to keep (default 3)")
+    add("--max-restarts", type=_positive_or_zero_int, help="gang restarts after failures (default 3)")
+    add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
+    add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
+    add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
+    add("--steps-per-execution", type=_steps_per_execution, metavar="N",
+        help="training steps per compiled call, or auto: as many as take ~0.1 s; saves, stop requests and "
+        "progress happen between calls (default auto)")
+    add("--eval-every-epochs", type=_positive_or_zero_int, metavar="N",
+        help="evaluate on the recipe's eval_dataset every N epochs (default 1 when it has one; 0: never)")
+    add("--eval-steps", type=_positive_or_zero_int, metavar="S", help="evaluate at most S batches (default: all)")
+    add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
+    add("--force-storage", action="store_true", default=None,
+        help="take over a storage that another run (another run id) owns; its OWNER.json is rewritten")
+    add("--ray-address", metavar="ADDR", help="--launcher ray: the cluster to join (default RAY_ADDRESS, else auto)")
+    add("--ray-strategy", choices=RAY_STRATEGIES,
+        help="--launcher ray: spread (default) puts workers on different nodes, pack fills nodes first")
+    add("--cpus-per-worker", type=float, metavar="N", help="--launcher ray: CPUs each worker's bundle reserves (default 1)")
+    add("--storage-shared", action="store_true", default=None,
+        help="--launcher ray: the local --storage path is a mount every node shares (otherwise refused)")
+    add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
+        help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
+    add("--strict-resume", action="store_true", default=None,
+        help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
+
+
+def job_from_args(args: argparse.Namespace) -> JobConfig:
+    values: dict[str, Any] = load_toml(args.config) if args.config else {}
+    values = {key.replace("-", "_"): value for key, value in values.items()}
+    for name in _JOB_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    if args.recipe:
+        values["recipe"] = args.recipe
+    if "recipe" not in values:
+        raise ConfigError("No recipe given; expected `resilient-train run RECIPE` (e.g. recipes/digits_cnn.py)")
+    params = dict(values.pop("params", {}) or {})
+    params.update(parse_set_pairs(args.set))
+    values["params"] = params
+    from resilient_train.checkpoint import parse_storage_options
+
+    options = dict(values.pop("storage_options", {}) or {})
+    options.update(parse_storage_options(args.storage_option))
+    values["storage_options"] = options
+    return JobConfig.from_mapping(values, source=args.config or "flags")

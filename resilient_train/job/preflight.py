@@ -1,0 +1,137 @@
+"""Pre-flight: every mistake knowable without TensorFlow, caught before any worker starts.
+
+Starting a worker costs seconds (TensorFlow import, strategy start-up), and a mistake found
+there ends as exit 3 with a traceback in a worker log. The README promises exit 2 and one
+line before anything runs, so the supervisor (``cli.py``) calls :func:`preflight` first.
+
+What it checks, reading the recipe's *source* (never importing it: an import may run
+TensorFlow ops, which must not happen in the supervisor):
+
+* the recipe parses and defines the required functions (``recipe.check_recipe_source``);
+* ``DEFAULTS`` / ``PARAMS`` when they are literal dicts (a computed value is left to the
+  worker, which checks the imported recipe the same way): unknown ``DEFAULTS`` keys,
+  unknown ``--set`` / ``[params]`` keys, values that do not fit the type of the default;
+* the effective global batch size (flag, recipe default, fallback) divides by ``--workers``;
+* ``--run-dir`` is (or can become) a directory, not a file;
+* ``--storage`` is not ``memory://``: each worker process has its own memory filesystem,
+  so every checkpoint would be lost with the process that wrote it.
+
+Each failure raises :class:`~resilient_train.errors.ConfigError` or
+:class:`~resilient_train.errors.RecipeError` naming the bad value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any, Mapping
+
+from resilient_train.job.config import FALLBACK_DEFAULTS, JobConfig
+from resilient_train.errors import ConfigError, RecipeError
+from resilient_train.job.recipe import DEFAULT_KEYS, check_recipe_source, resolve_params
+
+__all__ = ["preflight", "literal_recipe_dicts"]
+
+_PROCESS_LOCAL_SCHEMES = ("memory://", "faulty://memory://")
+
+
+def preflight(job: JobConfig) -> None:
+    """Raise ``ConfigError`` / ``RecipeError`` for the first mistake found in ``job``."""
+    path = check_recipe_source(job.recipe, eval_every_epochs=job.eval_every_epochs)
+    literals = literal_recipe_dicts(path)
+    defaults = literals.get("DEFAULTS")
+    if defaults is not None:
+        _check_defaults(path, defaults)
+    _check_batch_divisibility(job, defaults)
+    recipe_params = literals.get("PARAMS")
+    if recipe_params is not None:
+        _check_params(path, recipe_params, job.params)
+    _check_run_dir(Path(job.run_dir))
+    _check_storage(job)
+
+
+def literal_recipe_dicts(path: Path) -> dict[str, dict[str, Any] | None]:
+    """``DEFAULTS`` and ``PARAMS`` from the recipe's source, where they are literal dicts.
+
+    A name that is absent maps to ``{}`` (the recipe has none); one assigned something that
+    is not a literal dict maps to ``None`` (unknown before import; the worker checks it).
+    """
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: dict[str, dict[str, Any] | None] = {"DEFAULTS": {}, "PARAMS": {}}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in found:
+                found[target.id] = _literal_dict(value)
+    return found
+
+
+def _literal_dict(node: ast.AST | None) -> dict[str, Any] | None:
+    if node is None:
+        return None
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _check_defaults(path: Path, defaults: Mapping[str, Any]) -> None:
+    unknown = sorted(set(defaults) - set(DEFAULT_KEYS))
+    if unknown:
+        raise RecipeError(f"Recipe {path}: DEFAULTS has unknown keys {unknown}; accepted: {list(DEFAULT_KEYS)}")
+
+
+def _check_batch_divisibility(job: JobConfig, defaults: Mapping[str, Any] | None) -> None:
+    if job.global_batch_size is not None:
+        return  # JobConfig already checked the flag's value
+    if defaults is None:
+        return  # computed DEFAULTS: the worker checks after import
+    batch = defaults.get("global_batch_size", FALLBACK_DEFAULTS["global_batch_size"])
+    if isinstance(batch, int) and not isinstance(batch, bool) and batch % job.workers:
+        source = "the recipe's DEFAULTS" if "global_batch_size" in defaults else "the default"
+        raise ConfigError(
+            f"global_batch_size={batch} (from {source}) is not divisible by workers={job.workers}; "
+            "pass --global-batch-size with a multiple of --workers, or change --workers"
+        )
+
+
+def _check_params(path: Path, recipe_params: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+    resolve_params(recipe_params, overrides)  # unknown keys, strings that do not parse
+    for key, value in overrides.items():
+        if isinstance(value, str):
+            continue  # --set values: resolve_params coerced (or refused) them
+        default = recipe_params[key]
+        if not _same_kind(value, default):
+            raise ConfigError(
+                f"Recipe parameter {key}={value!r} in [params] is a {type(value).__name__}; "
+                f"recipe {path.name} expects type {type(default).__name__} (its PARAMS default is {default!r})"
+            )
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    """A TOML value fits a default of the same type; an int also fits a float default."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return default is None or isinstance(value, type(default))
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    for candidate in (run_dir, *run_dir.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ConfigError(
+                    f"--run-dir {run_dir}: {candidate} is a file; expected a directory (created if missing)"
+                )
+            return
+
+
+def _check_storage(job: JobConfig) -> None:
+    if job.storage.startswith(_PROCESS_LOCAL_SCHEMES):
+        raise ConfigError(
+            f"--storage {job.storage}: memory:// lives inside one process and every worker is its own "
+            "process, so no checkpoint would survive a restart; use a directory, file:// or s3://"
+        )

@@ -1,0 +1,242 @@
+"""The recipe contract and its loader.
+
+A recipe is a Python file (``recipes/digits_cnn.py``) or an importable module
+(``mypkg.my_recipe``) that says *what* to train; resilient-train decides *how* (strategy,
+checkpoints, resume). A recipe author needs to know nothing about checkpoints or TF_CONFIG,
+and about sharding only what TensorFlow's ``input_context`` says.
+
+Required functions::
+
+    def build_model(params) -> keras.Model        # built (use keras.Input), inside strategy scope
+    def build_optimizer(params) -> keras.optimizers.Optimizer
+    def loss(labels, predictions) -> Tensor        # PER-EXAMPLE loss, shape [batch]
+    def dataset(input_context, epoch, seed) -> tf.data.Dataset  # per-replica batches (x, y) or (x, y, w)
+
+Optional::
+
+    DEFAULTS = {"epochs": 3, "steps_per_epoch": 50, "global_batch_size": 64}
+    PARAMS = {"learning_rate": 0.01}                # recipe parameters, set with --set key=value
+    def metrics(labels, predictions) -> dict[str, Tensor]   # per-example values, averaged per epoch
+    def dataset(input_context, epoch, seed, start_step=0)    # may take start_step: the epoch from
+                                                           # batch start_step on (cheap re-entry)
+    def eval_dataset(input_context, seed) -> tf.data.Dataset  # FINITE held-out per-replica batches (x, y)
+
+``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
+never shuffled into the training data. When a recipe defines it the runner evaluates the
+model on it at every epoch end (``--eval-every-epochs``), on all workers, and reports
+``val_loss`` and ``val_<metric>`` over every held-out example.
+
+``input_context`` is a ``tf.distribute.InputContext`` (shard with ``num_input_pipelines`` /
+``input_pipeline_id``) that also carries ``global_batch_size``, ``per_replica_batch_size``
+and ``params``.
+
+Exact resume (bit-identical weights after any number of kills) needs the recipe to keep
+three rules; the runner does the rest (op determinism, RNG state in the checkpoint,
+mid-epoch re-entry by skipping batches):
+
+1. ``dataset`` is a pure function of ``(input_context, epoch, seed)``: seed every shuffle
+   and random op from ``seed`` and ``epoch`` (``shuffle(n, seed=seed * 1000 + epoch)``),
+   never from the clock, and yield at least ``steps_per_epoch`` batches (``repeat()`` is fine).
+2. Random layers (Dropout, noise) draw from Keras seed generators (``seed=...`` or the
+   global seed the runner sets); their state is checkpointed.
+3. No Python-side state that changes during training outside the model and optimizer.
+
+The runner resets TensorFlow's global seed from ``(seed, epoch)`` right before each
+``dataset`` call (an unseeded ``shuffle()`` resumes exactly) and checks after a restore that
+the resumed epoch's first batch is the one recorded with the checkpoint
+(runner/determinism.py; ``resilient-train check RECIPE`` runs the same check up front).
+
+This module does not import TensorFlow: the supervisor checks a recipe's shape (it parses,
+defines the required functions) before it spends seconds starting workers.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+from resilient_train.errors import RecipeError
+
+__all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DEFAULT_KEYS"]
+
+REQUIRED = ("build_model", "build_optimizer", "loss", "dataset")
+# Optional functions and how many positional parameters each must accept.
+OPTIONAL_ARITY = {"metrics": 2, "eval_dataset": 2}
+DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_steps")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    source: str
+    build_model: Callable[[dict], Any]
+    build_optimizer: Callable[[dict], Any]
+    loss: Callable[[Any, Any], Any]
+    dataset: Callable[[Any, int, int], Any]
+    metrics: Callable[[Any, Any], dict] | None = None
+    eval_dataset: Callable[[Any, int], Any] | None = None
+    defaults: Mapping[str, int] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+def recipe_name(spec: str) -> str:
+    """``recipes/digits_cnn.py`` -> ``digits_cnn``; ``pkg.mod`` -> ``mod``."""
+    if _is_path(spec):
+        return Path(spec).stem
+    return spec.rsplit(".", 1)[-1]
+
+
+def _is_path(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec or Path(spec).is_file()
+
+
+def _source_path(spec: str) -> Path:
+    if _is_path(spec):
+        path = Path(spec)
+        if not path.is_file():
+            raise RecipeError(
+                f"Recipe file {spec!r} does not exist; expected a .py file (e.g. recipes/digits_cnn.py) "
+                "or an importable module name"
+            )
+        return path
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError) as exc:
+        found = None
+        cause = f" ({exc})"
+    else:
+        cause = ""
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        raise RecipeError(f"Recipe module {spec!r} cannot be found{cause}; expected a .py file or an importable module")
+    return Path(found.origin)
+
+
+def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None) -> Path:
+    """Check a recipe without importing it: the file parses and defines the required functions.
+
+    ``eval_every_epochs > 0`` also requires ``eval_dataset`` (the run would evaluate it).
+    """
+    path = _source_path(spec)
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as exc:
+        raise RecipeError(f"Recipe {path} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    defined = {
+        node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    } | {
+        target.id
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.ImportFrom))
+        for target in (node.targets if isinstance(node, ast.Assign) else [])
+        if isinstance(target, ast.Name)
+    } | {
+        alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+    missing = [name for name in REQUIRED if name not in defined]
+    if missing:
+        raise RecipeError(
+            f"Recipe {path} does not define {', '.join(missing)}; a recipe must define "
+            f"{', '.join(REQUIRED)} (see resilient_train/job/recipe.py)"
+        )
+    _check_optional_arity(path, tree)
+    if eval_every_epochs and "eval_dataset" not in defined:
+        raise RecipeError(
+            f"Received eval_every_epochs={eval_every_epochs} but recipe {path} defines no "
+            "eval_dataset(input_context, seed); add one or pass --eval-every-epochs 0"
+        )
+    return path
+
+
+def _check_optional_arity(path: Path, tree: ast.Module) -> None:
+    """An optional function defined with the wrong parameters fails here, not mid-run."""
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.name not in OPTIONAL_ARITY:
+            continue
+        args = node.args
+        positional = len(args.posonlyargs) + len(args.args)
+        required = positional - len(args.defaults)
+        expected = OPTIONAL_ARITY[node.name]
+        if args.vararg is None and positional < expected or required > expected:
+            signature = "(input_context, seed)" if node.name == "eval_dataset" else "(labels, predictions)"
+            raise RecipeError(
+                f"Recipe {path}: {node.name} takes {positional} positional parameter(s) at line "
+                f"{node.lineno}; expected {node.name}{signature}"
+            )
+
+
+def load_recipe(spec: str) -> Recipe:
+    """Import a recipe and check it against the contract."""
+    path = check_recipe_source(spec)
+    module = _import(spec, path)
+    missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
+    if missing:
+        raise RecipeError(f"Recipe {path}: {', '.join(missing)} must be functions")
+    defaults = dict(getattr(module, "DEFAULTS", {}) or {})
+    unknown = sorted(set(defaults) - set(DEFAULT_KEYS))
+    if unknown:
+        raise RecipeError(f"Recipe {path}: DEFAULTS has unknown keys {unknown}; accepted: {list(DEFAULT_KEYS)}")
+    metrics = getattr(module, "metrics", None)
+    eval_dataset = getattr(module, "eval_dataset", None)
+    return Recipe(
+        name=recipe_name(spec),
+        source=str(path),
+        build_model=module.build_model,
+        build_optimizer=module.build_optimizer,
+        loss=module.loss,
+        dataset=module.dataset,
+        metrics=metrics if callable(metrics) else None,
+        eval_dataset=eval_dataset if callable(eval_dataset) else None,
+        defaults=defaults,
+        params=dict(getattr(module, "PARAMS", {}) or {}),
+    )
+
+
+def _import(spec: str, path: Path) -> ModuleType:
+    try:
+        if _is_path(spec):
+            name = f"resilient_train_recipe_{path.stem}"
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            assert loader_spec is not None and loader_spec.loader is not None  # a .py path always has one
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            loader_spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(spec)
+    except RecipeError:
+        raise
+    except Exception as exc:  # a recipe's own import error: report it, not a traceback wall
+        raise RecipeError(f"Recipe {path} failed to import: {type(exc).__name__}: {exc}") from exc
+
+
+def resolve_params(defaults: Mapping[str, Any], overrides: Mapping[str, str]) -> dict[str, Any]:
+    """Apply ``--set key=value`` overrides, coerced to the type of each default."""
+    params = dict(defaults)
+    for key, raw in overrides.items():
+        if key not in defaults:
+            accepted = ", ".join(sorted(defaults)) or "none (the recipe defines no PARAMS)"
+            raise RecipeError(f"Unknown recipe parameter {key!r} in --set {key}={raw}; accepted: {accepted}")
+        params[key] = _coerce(key, raw, defaults[key])
+    return params
+
+
+def _coerce(key: str, raw: str, default: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    kind = type(default)
+    try:
+        if kind is bool:
+            lowered = raw.lower()
+            if lowered not in {"true", "false", "1", "0", "yes", "no"}:
+                raise ValueError(raw)
+            return lowered in {"true", "1", "yes"}
+        if kind in (int, float):
+            return kind(raw)
+    except ValueError:
+        raise RecipeError(f"Recipe parameter {key}={raw!r} is not a valid {kind.__name__}") from None
+    return raw

@@ -1,0 +1,158 @@
+"""The run directory: every file name in it, defined once.
+
+``RunDir(path)`` is the one way any part of resilient-train (supervisor, workers,
+launchers, the chaos checker, tests) names a file of a run. Nothing else spells
+``events.jsonl`` or ``attempt-<n>/worker-<rank>.log``::
+
+    runs/<recipe>/                 RunDir(path)
+      run.json                     .run_file         run id, kept across re-runs
+      fingerprint.json             .fingerprint      the job's fingerprint (job/fingerprint.py)
+      supervisor.lock              .lock             flock of the live supervisor (rundir/lock.py)
+      events.jsonl                 .events           the event log (rundir/events.py)
+      summary.json                 .summary          the run's outcome (supervisor/summary.py)
+      attempt-<n>/                 .attempt(n)       AttemptDir
+        job.json                   .job              the resolved config of every worker
+        worker-<rank>.log          .log(rank)        stdout/stderr
+        error-<rank>.json          .error(rank)      uncaught exception (rundir/errorfile.py)
+        step-<rank>.txt            .step_marker(rank) last finished global step (rundir/stepmarker.py)
+        exit-<rank>.json           .exit_report(rank) Slurm task's exit (launchers/slurm_task.py)
+        term-<rank>                .term_flag(rank)  Slurm task got SIGTERM
+      local/                       .local            per-host scratch, never shared
+        host-cache/                .host_cache       verified checkpoint copies (checkpoint/cache.py)
+        rank-<rank>/               .work_dir(rank)   worker staging and restore cache
+      tensorboard/                 .tensorboard      the chief's scalars
+      model/                       .model            the exported final model
+      checkpoints/                 (default --storage; the storage layout is checkpoint/store.py's)
+
+Pure paths: constructing one touches nothing on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["RunDir", "AttemptDir", "attempt_number", "EVENTS", "SUMMARY", "RUN_FILE", "FINGERPRINT", "LOCK", "TENSORBOARD",
+           "MODEL", "LOCAL", "JOB", "CHECKPOINTS"]
+
+EVENTS = "events.jsonl"
+SUMMARY = "summary.json"
+RUN_FILE = "run.json"
+FINGERPRINT = "fingerprint.json"
+LOCK = "supervisor.lock"
+TENSORBOARD = "tensorboard"
+MODEL = "model"
+LOCAL = "local"
+CHECKPOINTS = "checkpoints"
+JOB = "job.json"
+_ATTEMPT = re.compile(r"attempt-(\d+)")
+
+
+@dataclass(frozen=True)
+class AttemptDir:
+    """``attempt-<n>/``: what the workers of one attempt leave behind."""
+
+    path: Path
+    number: int
+
+    @property
+    def job(self) -> Path:
+        return self.path / JOB
+
+    def log(self, rank: int) -> Path:
+        return self.path / f"worker-{rank}.log"
+
+    def error(self, rank: int) -> Path:
+        return self.path / f"error-{rank}.json"
+
+    def step_marker(self, rank: int) -> Path:
+        return self.path / f"step-{rank}.txt"
+
+    def step_markers(self) -> list[Path]:
+        return sorted(self.path.glob("step-*.txt"))
+
+    def errors(self) -> list[Path]:
+        return sorted(self.path.glob("error-*.json"))
+
+    def exit_report(self, rank: int) -> Path:
+        return self.path / f"exit-{rank}.json"
+
+    def term_flag(self, rank: int) -> Path:
+        return self.path / f"term-{rank}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def events(self) -> Path:
+        return self.path / EVENTS
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def run_file(self) -> Path:
+        return self.path / RUN_FILE
+
+    @property
+    def fingerprint(self) -> Path:
+        return self.path / FINGERPRINT
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD
+
+    @property
+    def model(self) -> Path:
+        return self.path / MODEL
+
+    @property
+    def local(self) -> Path:
+        return self.path / LOCAL
+
+    @property
+    def host_cache(self) -> Path:
+        return self.local / "host-cache"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    def work_dir(self, rank: int) -> Path:
+        return self.local / f"rank-{rank}"
+
+    def attempt(self, number: int) -> AttemptDir:
+        if number < 1:
+            raise ValueError(f"Received attempt={number}; expected >= 1")
+        return AttemptDir(self.path / f"attempt-{number}", number)
+
+    def attempts(self) -> list[AttemptDir]:
+        """The attempt directories present, oldest first."""
+        found = []
+        for child in self.path.glob("attempt-*"):
+            number = attempt_number(child.name)
+            if number is not None and child.is_dir():
+                found.append(AttemptDir(child, number))
+        return sorted(found, key=lambda a: a.number)
+
+    def next_attempt_number(self) -> int:
+        attempts = self.attempts()
+        return attempts[-1].number + 1 if attempts else 1
+
+
+def attempt_number(name: str) -> int | None:
+    """``7`` for ``attempt-7``; None for any other name."""
+    match = _ATTEMPT.fullmatch(name)
+    return int(match.group(1)) if match else None

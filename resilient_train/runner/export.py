@@ -1,0 +1,198 @@
+"""The trained model as files: ``model.keras``, a SavedModel for serving, and ``export.json``.
+
+Two ways in, one way out (:func:`export_model`):
+
+* at completion the chief exports ``<run-dir>/model/`` from the final weights
+  (:func:`export_completed`, called by the worker after ``Trainer.run`` returned), and
+* ``resilient-train export STORAGE_URL --recipe R [--step N] --out DIR`` exports any
+  committed checkpoint (:func:`export_command`): the checkpoint is fetched with every file
+  hash-checked, restored into the recipe's model, and its weights digest must equal the
+  manifest's ``weights_sha256`` before anything is written.
+
+Why ``export.json`` records the weight paths: ``weights_sha256`` hashes each weight under
+its Keras variable path (``sequential/conv2d/kernel``), and Keras names variables when a
+model is built, so a model built twice in one process, or loaded back from
+``model.keras``, has other paths (``conv2d/kernel``) for the same weights in the same
+order. The export writes the training model's paths in ``model.weights`` order; pairing
+them with a reloaded model's weights by position (:func:`exported_weights_sha256`) gives
+back exactly the checkpoint's digest.
+
+An export is written to a sibling temp directory and renamed into place, so ``DIR``
+holds a complete export or the previous one, never half of one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from resilient_train.runner.model_state import digest_with_paths, preserved_rng, weight_paths
+from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError, CheckpointIncompatibleError
+
+__all__ = ["FORMATS", "export_model", "export_completed", "export_command", "exported_weights_sha256"]
+
+FORMATS = ("keras", "saved_model")
+EXPORT_FILE = "export.json"
+
+
+def exported_weights_sha256(model: Any, export_dir: Path) -> str:
+    """The checkpoint-comparable digest of a model loaded back from ``export_dir``."""
+    info = json.loads((Path(export_dir) / EXPORT_FILE).read_text())
+    return digest_with_paths(model, info["weight_paths"])
+
+
+def export_model(
+    model: Any,
+    out_dir: Path,
+    *,
+    paths: Sequence[str],
+    weights_sha256: str,
+    formats: Sequence[str] = FORMATS,
+    info: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``model`` to ``out_dir`` in ``formats`` plus export.json; returns export.json's content.
+
+    ``model`` must be a plain (strategy-free) Keras model; its digest under ``paths``
+    must equal ``weights_sha256`` (raises CheckpointIncompatibleError otherwise).
+    """
+    unknown = [name for name in formats if name not in FORMATS]
+    if unknown or not formats:
+        raise ValueError(f"Received formats={list(formats)}; expected some of {list(FORMATS)}")
+    digest = digest_with_paths(model, paths)
+    if digest != weights_sha256:
+        raise CheckpointIncompatibleError(
+            f"the model to export has weights_sha256 {digest[:16]}..., the checkpoint {weights_sha256[:16]}..."
+        )
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared
+    try:
+        files = {}
+        if "keras" in formats:
+            model.save(staging / "model.keras")
+            files["keras"] = "model.keras"
+        if "saved_model" in formats:
+            model.export(str(staging / "saved_model"), format="tf_saved_model", verbose=False)
+            files["saved_model"] = "saved_model"
+        record = {
+            **(info or {}),
+            "weights_sha256": digest,
+            "weight_paths": list(paths),
+            "files": files,
+            "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        (staging / EXPORT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        _replace_dir(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return record
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    if target.exists():
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _strategy_free_copy(recipe: Any, params: dict[str, Any], source: Any) -> Any:
+    """A fresh model from the recipe, outside any strategy, holding ``source``'s weights."""
+
+    with preserved_rng():
+        model = recipe.build_model(params)
+    model.set_weights([np.asarray(variable.numpy()) for variable in source.weights])
+    return model
+
+
+def export_completed(trainer: Any, result: Any, out_dir: Path) -> dict[str, Any] | None:
+    """The chief's export at completion; a failure is an event, never a failed run.
+
+    The checkpoint is committed already, so ``resilient-train export`` can retry later.
+    """
+    from resilient_train.rundir.events import emit
+
+    try:
+        model = _strategy_free_copy(trainer.recipe, trainer.params, trainer.model)
+        record = export_model(
+            model,
+            out_dir,
+            paths=weight_paths(trainer.model),
+            weights_sha256=result.weights_sha256,
+            info={"recipe": trainer.recipe.name, "global_step": result.global_step, "epoch": result.epoch,
+                  "source": "completed run"},
+        )
+    except Exception as exc:  # the run succeeded; say why there is no model and go on
+        emit("model_export_failed", group=True, path=str(out_dir), error=f"{type(exc).__name__}: {exc}")
+        return None
+    emit("model_exported", group=True, path=str(out_dir), global_step=result.global_step,
+         weights_sha256=record["weights_sha256"], files=record["files"])
+    return record
+
+
+def export_command(
+    url: str,
+    *,
+    recipe_spec: str,
+    out: str,
+    step: int | None,
+    formats: Sequence[str],
+    storage_options: Mapping[str, Any],
+    overrides: Mapping[str, str],
+) -> int:
+    """``resilient-train export``: verify checkpoint ``step`` (default newest), then export it."""
+    from resilient_train.rundir import events
+    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.job.recipe import load_recipe, resolve_params
+
+    events.configure(None, console=None)  # the store's progress events are not this command's output
+    recipe = load_recipe(recipe_spec)
+    params = resolve_params(recipe.params, overrides)
+    store = CheckpointStore(url, storage_options)
+    if step is None:
+        manifest = store.latest_manifest()
+        if manifest is None:
+            print(f"resilient-train export: no committed checkpoint under {url}", file=sys.stderr)
+            return EXIT_USAGE
+        step = manifest.global_step
+    with tempfile.TemporaryDirectory(prefix="rt-export-") as scratch:
+        try:
+            manifest, local_dir = store.fetch(step, Path(scratch))
+            model = _restore_weights(recipe, params, local_dir / "ckpt", f"{url}/{CheckpointStore.dir_name(step)}")
+            record = export_model(
+                model,
+                Path(out),
+                paths=weight_paths(model),
+                weights_sha256=manifest.weights_sha256,
+                formats=formats,
+                info={"recipe": recipe.name, "global_step": manifest.global_step, "epoch": manifest.epoch,
+                      "source": f"{url}/{CheckpointStore.dir_name(step)}"},
+            )
+        except (CheckpointCorruptError, CheckpointIncompatibleError) as exc:
+            print(f"resilient-train export: checkpoint step {step}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    print(f"Exported global step {record['global_step']} (weights_sha256 {record['weights_sha256']}) "
+          f"to {out}: {', '.join(record['files'].values())}, {EXPORT_FILE}")
+    return EXIT_OK
+
+
+def _restore_weights(recipe: Any, params: dict[str, Any], prefix: Path, where: str) -> Any:
+    """The recipe's model with the checkpoint's weights (optimizer and counters ignored)."""
+    import tensorflow as tf
+
+    model = recipe.build_model(params)
+    try:
+        tf.train.Checkpoint(model=model).read(str(prefix)).expect_partial().assert_existing_objects_matched()
+    except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointIncompatibleError(f"{where} does not fit recipe {recipe.name}'s model: {first}") from None
+    return model

@@ -1,0 +1,83 @@
+"""Bad input: one or two lines naming the bad value, a non-zero exit, nothing started."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resilient_train.cli import main
+from resilient_train.errors import EXIT_USAGE
+from resilient_train.runner.worker import main as worker_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.err.strip()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "recipes/linear_regression.py", "--workers", "0"], "Received workers=0; expected an integer >= 1"),
+        (["run", "recipes/linear_regression.py", "--steps-per-epoch", "-5"], "Received steps_per_epoch=-5; expected an integer >= 1"),
+        (["run", "recipes/missing.py"], "Recipe file 'recipes/missing.py' does not exist"),
+        (["run", "recipes/linear_regression.py", "--set", "oops"], "Received --set 'oops'; expected key=value"),
+        (["run", "recipes/linear_regression.py", "--storage", "nope://x"], "nope://x"),
+        (["run"], "No recipe given"),
+        (["run", "tests/recipes/slow_digits.py", "--eval-every-epochs", "1"], "defines no eval_dataset(input_context, seed)"),
+        (["run", "recipes/linear_regression.py", "--eval-steps", "0"], "Received eval_steps=0; expected an integer >= 1"),
+    ],
+)
+def test_bad_run_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
+    code, err = run_cli(capsys, *argv, "--run-dir", str(tmp_path / "run"))
+    assert code == EXIT_USAGE
+    assert message in err
+    assert len(err.splitlines()) <= 2 and "Traceback" not in err
+    assert not (tmp_path / "run" / "attempt-1").exists()
+
+
+def test_recipe_without_required_function(capsys, tmp_path):
+    recipe = tmp_path / "partial.py"
+    recipe.write_text("def build_model(params):\n    return None\n")
+    code, err = run_cli(capsys, "run", str(recipe), "--run-dir", str(tmp_path / "run"))
+    assert code == EXIT_USAGE
+    assert err == (
+        f"resilient-train: error: Recipe {recipe} does not define build_optimizer, loss, dataset; "
+        "a recipe must define build_model, build_optimizer, loss, dataset (see resilient_train/job/recipe.py)"
+    )
+
+
+def test_unwritable_storage_is_named_and_nothing_committed_is_touched(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code, err = run_cli(capsys, "run", "recipes/linear_regression.py", "--run-dir", str(tmp_path / "run"), "--storage", str(blocker / "ckpts"))
+    assert code == EXIT_USAGE
+    assert str(blocker / "ckpts") in err and "Traceback" not in err
+    assert blocker.read_text() == "not a directory"
+
+
+def test_malformed_tf_config_for_a_worker(capsys, tmp_path):
+    code = worker_main(["recipes/linear_regression.py", "--run-dir", str(tmp_path)], environ={"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 4}}'})
+    err = capsys.readouterr().err.strip()
+    assert code == EXIT_USAGE
+    assert err == "resilient-train worker: TF_CONFIG task index 4 is out of range; cluster['worker'] has 1 entries"
+
+
+def test_console_script_and_module_are_the_same_entry_point():
+    out = subprocess.run([sys.executable, "-m", "resilient_train", "--help"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and "run" in out.stdout and "verify" in out.stdout
+    script = Path(sys.executable).parent / "resilient-train"
+    assert script.exists()
+    out2 = subprocess.run([str(script), "--help"], capture_output=True, text=True, cwd=REPO)
+    assert out2.returncode == 0 and out2.stdout == out.stdout
+
+
+def test_export_without_a_committed_checkpoint_is_one_line_and_exit_2(capsys, tmp_path):
+    code, err = run_cli(capsys, "export", str(tmp_path / "empty"), "--recipe", "recipes/linear_regression.py",
+                        "--out", str(tmp_path / "out"))
+    assert (code, err) == (EXIT_USAGE, f"resilient-train export: no committed checkpoint under {tmp_path / 'empty'}")
+    assert not (tmp_path / "out").exists()

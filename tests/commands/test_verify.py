@@ -1,0 +1,143 @@
+"""The ``verify`` / ``ls`` commands: table, JSON and exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from resilient_train.checkpoint import Status
+from resilient_train.checkpoint.manifest import MANIFEST_NAME
+from resilient_train.commands.verify import format_rows, ls_command, verify_command
+from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+
+from tests.support.storage import DATA_FILE, FILES, Backend
+
+
+def run(url: str, options: dict, *, as_json: bool, hash: bool) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = verify_command(url, options, as_json=as_json, hash=hash, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_all_good_exits_0_and_json_lists_every_directory(memory_backend: Backend) -> None:
+    backend = memory_backend
+    store = backend.store()
+    backend.commit(store, 11)
+    backend.commit(store, 25)
+    fs, root = backend.raw_fs(store)
+    fs.pipe_file(f"{root}/ckpt-000000000030/ckpt.index", b"half an upload")
+
+    code, out, err = run(store.url, {}, as_json=True, hash=True)
+    assert (code, err) == (EXIT_OK, "")
+    record = json.loads(out)
+    assert record["url"] == store.url
+    assert record["newest_restorable"] == 25
+    assert record["checkpoints"] == [
+        {"global_step": 11, "epoch": 1, "step_in_epoch": 1, "size": sum(FILES.values()), "status": "ok",
+         "detail": "", "path": f"{store.url}/ckpt-000000000011"},
+        {"global_step": 25, "epoch": 2, "step_in_epoch": 5, "size": sum(FILES.values()), "status": "ok",
+         "detail": "", "path": f"{store.url}/ckpt-000000000025"},
+        {"global_step": 30, "epoch": None, "step_in_epoch": None, "size": 14, "status": "uncommitted",
+         "detail": "no manifest", "path": f"{store.url}/ckpt-000000000030"},
+    ]
+
+
+def test_table_names_the_damage_and_the_newest_restorable(memory_backend: Backend) -> None:
+    backend = memory_backend
+    store = backend.store()
+    for gs in (1, 2, 3):
+        backend.commit(store, gs)
+    fs, root = backend.raw_fs(store)
+    data = bytearray(fs.cat_file(f"{root}/ckpt-000000000003/{DATA_FILE}"))
+    data[0] ^= 0xFF
+    fs.pipe_file(f"{root}/ckpt-000000000003/{DATA_FILE}", bytes(data))
+    fs.rm_file(f"{root}/ckpt-000000000002/ckpt.index")
+
+    code, out, _ = run(store.url, {}, as_json=False, hash=True)
+    assert code == EXIT_FAILURE
+    lines = out.splitlines()
+    assert lines[0] == store.url
+    assert lines[1].split() == ["global_step", "epoch", "step_in_epoch", "size", "status"]
+    assert lines[2].split() == ["1", "0", "1", "20.8", "KiB", "ok"]
+    assert lines[3].endswith("torn: missing file ckpt.index")
+    assert lines[4].endswith(f"corrupt: sha256 mismatch in {DATA_FILE}")
+    assert lines[5] == f"newest restorable: global_step 1 ({store.url}/ckpt-000000000001)"
+    assert lines[6] == "2 committed checkpoints failed verification"
+
+    # ls does not hash: the flipped byte is invisible to it, the missing file is not
+    out2 = io.StringIO()
+    assert ls_command(store.url, {}, as_json=False, out=out2) == EXIT_FAILURE
+    assert "corrupt" not in out2.getvalue()
+    assert "newest restorable: global_step 3" in out2.getvalue()
+
+
+def test_empty_root_fails_with_no_committed_checkpoint(memory_backend: Backend) -> None:
+    url = memory_backend.new_url()
+    code, out, _ = run(url, {}, as_json=False, hash=True)
+    assert code == EXIT_FAILURE
+    assert out.splitlines()[1:] == ["no checkpoints", "newest restorable: none", f"no committed checkpoint under {url}"]
+
+
+def test_only_uncommitted_leftovers_fail_with_no_committed_checkpoint(memory_backend: Backend) -> None:
+    store = memory_backend.store()
+    fs, root = memory_backend.raw_fs(store)
+    fs.pipe_file(f"{root}/ckpt-000000000030/ckpt.index", b"half an upload")
+    code, out, _ = run(store.url, {}, as_json=False, hash=True)
+    assert code == EXIT_FAILURE
+    assert out.splitlines()[-1] == f"no committed checkpoint under {store.url}"
+
+
+def test_a_truncated_manifest_is_a_corrupt_manifest_and_fails(memory_backend: Backend) -> None:
+    store = memory_backend.store()
+    memory_backend.commit(store, 4)
+    memory_backend.commit(store, 8)
+    fs, root = memory_backend.raw_fs(store)
+    path = f"{root}/ckpt-000000000008/{MANIFEST_NAME}"
+    fs.pipe_file(path, fs.cat_file(path)[:40])
+    code, out, _ = run(store.url, {}, as_json=False, hash=True)
+    assert code == EXIT_FAILURE
+    lines = out.splitlines()
+    assert lines[3].split()[:5] == ["8", "-", "-", "20.8", "KiB"]
+    assert "corrupt manifest: " in lines[3]
+    assert lines[4] == f"newest restorable: global_step 4 ({store.url}/ckpt-000000000004)"
+    assert lines[5] == "1 committed checkpoint failed verification"
+
+
+def test_paths_that_are_not_checkpoint_roots_exit_2(tmp_path) -> None:
+    missing = tmp_path / "nope"
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    run_dir = tmp_path / "runs" / "r"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "run.json").write_text('{"run_id": "abc"}')
+    for url, fragment in (
+        (str(missing), f"{missing} does not exist; expected a checkpoint root"),
+        (str(a_file), f"{a_file} is a file; expected a checkpoint root directory"),
+        (str(run_dir), f"{run_dir} is a run directory, not a checkpoint root; its checkpoints are in {run_dir / 'checkpoints'}"),
+    ):
+        code, out, err = run(url, {}, as_json=False, hash=True)
+        assert (code, out) == (EXIT_USAGE, "")
+        assert err == f"error: {fragment}" + err[len("error: ") + len(fragment):]
+        assert len(err.splitlines()) == 1
+    assert not missing.exists()
+
+
+def test_storage_error_exits_2_with_a_short_message() -> None:
+    code, out, err = run("nope://bucket/run", {}, as_json=False, hash=True)
+    assert code == EXIT_USAGE
+    assert out == ""
+    assert len(err.splitlines()) == 1
+    assert "nope://bucket/run" in err
+
+
+def test_format_rows_of_an_unreadable_manifest(memory_backend: Backend) -> None:
+    backend = memory_backend
+    store = backend.store()
+    backend.commit(store, 4)
+    fs, root = backend.raw_fs(store)
+    fs.pipe_file(f"{root}/ckpt-000000000004/{MANIFEST_NAME}", b'{"schema_version": 7}')
+    infos = store.list()
+    assert [(i.status, i.detail) for i in infos] == [
+        (Status.UNCOMMITTED, "manifest unreadable: unsupported schema_version 7 (this reader knows 1)")]
+    assert format_rows(infos).splitlines()[1].endswith(
+        "corrupt manifest: unsupported schema_version 7 (this reader knows 1)")

@@ -1,0 +1,61 @@
+import pytest
+
+from resilient_train.job.config import JobConfig, load_toml, parse_set_pairs
+from resilient_train.errors import ConfigError
+
+
+def test_defaults_derive_run_dir_and_storage_from_recipe_name():
+    job = JobConfig(recipe="recipes/digits_cnn.py")
+    assert (job.workers, job.run_dir, job.storage, job.keep) == (2, "runs/digits_cnn", "runs/digits_cnn/checkpoints", 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"workers": 0}, "Received workers=0; expected an integer >= 1"),
+        ({"steps_per_epoch": -3}, "Received steps_per_epoch=-3; expected an integer >= 1"),
+        ({"epochs": 0}, "Received epochs=0; expected an integer >= 1"),
+        ({"save_every_steps": -1}, "Received save_every_steps=-1; expected an integer >= 0"),
+        ({"keep": 0}, "Received keep=0; expected an integer >= 1"),
+        ({"eval_steps": 0}, "Received eval_steps=0; expected an integer >= 1"),
+        ({"eval_every_epochs": -1}, "Received eval_every_epochs=-1; expected an integer >= 0"),
+        ({"grace_period": 0}, "Received grace_period=0; expected a number of seconds > 0"),
+        ({"workers": 3, "global_batch_size": 8}, "global_batch_size=8 with workers=3"),
+    ],
+)
+def test_bad_values_are_named(kwargs, message):
+    with pytest.raises(ConfigError) as info:
+        JobConfig(recipe="r.py", **kwargs)
+    assert message in str(info.value)
+
+
+def test_recipe_defaults_fill_only_unset_values():
+    job = JobConfig(recipe="r.py", epochs=7).with_recipe_defaults({"epochs": 2, "steps_per_epoch": 9})
+    assert (job.epochs, job.steps_per_epoch, job.global_batch_size, job.save_every_steps) == (7, 9, 32, 10)
+
+
+def test_json_round_trip():
+    job = JobConfig(recipe="r.py", params={"a": "1"}, storage_options={"anon": True}, epochs=2)
+    assert JobConfig.from_json(job.to_json()) == job
+
+
+def test_unknown_toml_key_is_rejected(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('recipe = "r.py"\nwokers = 3\n')
+    with pytest.raises(ConfigError, match=r"Unknown key\(s\) \['wokers'\]"):
+        JobConfig.from_mapping(load_toml(str(path)), source=str(path))
+
+
+def test_broken_toml_and_missing_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("recipe = \n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_toml(str(path))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_toml(str(tmp_path / "missing.toml"))
+
+
+def test_set_pairs():
+    assert parse_set_pairs(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(ConfigError, match=r"Received --set 'novalue'; expected key=value"):
+        parse_set_pairs(["novalue"])

@@ -1,0 +1,80 @@
+"""Pre-flight (issue 11 points 3, 6, 8): mistakes knowable without TensorFlow end in exit 2
+and one or two lines before any worker starts (no attempt directory is created)."""
+
+import pytest
+
+from resilient_train.cli import main
+from resilient_train.errors import EXIT_USAGE
+
+RECIPE = "recipes/linear_regression.py"  # DEFAULTS global_batch_size 4, PARAMS learning_rate 0.05
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    return code, capsys.readouterr().err.strip()
+
+
+def assert_refused(code, err, run_dir, fragment):
+    assert code == EXIT_USAGE
+    assert fragment in err
+    assert len(err.splitlines()) <= 2 and "Traceback" not in err
+    assert not (run_dir / "attempt-1").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--set", "learning_rat=0.1"], "Unknown recipe parameter 'learning_rat' in --set learning_rat=0.1; accepted: fail_at_step, learning_rate"),
+        (["--set", "learning_rate=fast"], "Recipe parameter learning_rate='fast' is not a valid float"),
+        (["--workers", "3"], "global_batch_size=4 (from the recipe's DEFAULTS) is not divisible by workers=3"),
+        (["--storage", "memory://bucket/ckpts"], "--storage memory://bucket/ckpts: memory:// lives inside one process"),
+    ],
+)
+def test_flag_mistakes_exit_2_before_any_worker(capsys, tmp_path, extra, fragment):
+    run_dir = tmp_path / "run"
+    code, err = run_cli(capsys, "run", RECIPE, "--run-dir", str(run_dir), *extra)
+    assert_refused(code, err, run_dir, fragment)
+
+
+@pytest.mark.parametrize(
+    "toml, fragment",
+    [
+        ("[params]\nlearnig_rate = 0.1\n", "Unknown recipe parameter 'learnig_rate'"),
+        ("[params]\nlearning_rate = true\n", "Recipe parameter learning_rate=True in [params] is a bool; recipe linear_regression.py expects type float"),
+        ("[params]\nfail_at_step = 1.5\n", "Recipe parameter fail_at_step=1.5 in [params] is a float; recipe linear_regression.py expects type int"),
+    ],
+)
+def test_config_file_param_mistakes_exit_2(capsys, tmp_path, toml, fragment):
+    config = tmp_path / "job.toml"
+    config.write_text(toml)
+    run_dir = tmp_path / "run"
+    code, err = run_cli(capsys, "run", RECIPE, "--run-dir", str(run_dir), "--config", str(config))
+    assert_refused(code, err, run_dir, fragment)
+
+
+def test_run_dir_that_is_a_file_is_named(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.write_text("not a directory")
+    code, err = run_cli(capsys, "run", RECIPE, "--run-dir", str(run_dir))
+    assert code == EXIT_USAGE
+    assert err == f"resilient-train: error: --run-dir {run_dir}: {run_dir} is a file; expected a directory (created if missing)"
+    assert run_dir.read_text() == "not a directory"
+
+
+def test_recipe_defaults_with_unknown_key_found_from_source(capsys, tmp_path):
+    recipe = tmp_path / "r.py"
+    recipe.write_text(
+        'DEFAULTS = {"epochs": 1, "batch_size": 8}\n'
+        "def build_model(p): ...\ndef build_optimizer(p): ...\ndef loss(y, p): ...\ndef dataset(c, e, s): ...\n"
+    )
+    run_dir = tmp_path / "run"
+    code, err = run_cli(capsys, "run", str(recipe), "--run-dir", str(run_dir))
+    assert_refused(code, err, run_dir, "DEFAULTS has unknown keys ['batch_size']")
+
+
+def test_computed_defaults_are_left_to_the_worker(tmp_path):
+    from resilient_train.job.preflight import literal_recipe_dicts
+
+    recipe = tmp_path / "r.py"
+    recipe.write_text("BASE = 8\nDEFAULTS = {'global_batch_size': BASE * 2}\nPARAMS: dict = {'lr': 0.1}\n")
+    assert literal_recipe_dicts(recipe) == {"DEFAULTS": None, "PARAMS": {"lr": 0.1}}

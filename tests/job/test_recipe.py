@@ -1,0 +1,87 @@
+import pytest
+
+from resilient_train.errors import RecipeError
+from resilient_train.job.recipe import check_recipe_source, load_recipe, recipe_name, resolve_params
+
+GOOD = """
+DEFAULTS = {"epochs": 2}
+PARAMS = {"lr": 0.1, "name": "x", "flag": False, "n": 3}
+def build_model(params): return None
+def build_optimizer(params): return None
+def loss(labels, predictions): return None
+def dataset(input_context, epoch, seed): return None
+"""
+
+
+def write(tmp_path, text, name="r.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_load_good_recipe_without_tensorflow_work(tmp_path):
+    recipe = load_recipe(write(tmp_path, GOOD))
+    assert (recipe.name, dict(recipe.defaults), recipe.metrics) == ("r", {"epochs": 2}, None)
+
+
+def test_missing_file_names_path():
+    with pytest.raises(RecipeError, match=r"Recipe file 'nope/r.py' does not exist"):
+        check_recipe_source("nope/r.py")
+
+
+def test_syntax_error_names_line(tmp_path):
+    path = write(tmp_path, "def build_model(:\n")
+    with pytest.raises(RecipeError, match=r"syntax error at line 1"):
+        check_recipe_source(path)
+
+
+def test_missing_function_named(tmp_path):
+    path = write(tmp_path, GOOD.replace("def loss(labels, predictions): return None\n", ""))
+    with pytest.raises(RecipeError, match=r"does not define loss; a recipe must define build_model, build_optimizer, loss, dataset"):
+        check_recipe_source(path)
+
+
+def test_import_error_is_reported_not_raised_raw(tmp_path):
+    path = write(tmp_path, "import no_such_module_xyz\n" + GOOD)
+    with pytest.raises(RecipeError, match=r"failed to import: ModuleNotFoundError: No module named 'no_such_module_xyz'"):
+        load_recipe(path)
+
+
+def test_unknown_module():
+    with pytest.raises(RecipeError, match=r"Recipe module 'no.such.recipe' cannot be found"):
+        check_recipe_source("no.such.recipe")
+
+
+def test_bundled_recipes_pass_the_shape_check():
+    for name in ("recipes/digits_cnn.py", "recipes/mnist_cnn.py", "recipes/linear_regression.py"):
+        assert check_recipe_source(name).name == name.split("/")[1]
+    assert recipe_name("recipes/digits_cnn.py") == "digits_cnn"
+    assert recipe_name("pkg.mod_x") == "mod_x"
+
+
+def test_params_are_coerced_to_default_types():
+    defaults = {"lr": 0.1, "name": "x", "flag": False, "n": 3}
+    assert resolve_params(defaults, {"lr": "0.5", "flag": "true", "n": "7"}) == {"lr": 0.5, "name": "x", "flag": True, "n": 7}
+    with pytest.raises(RecipeError, match=r"Unknown recipe parameter 'lrr' in --set lrr=1; accepted: flag, lr, n, name"):
+        resolve_params(defaults, {"lrr": "1"})
+    with pytest.raises(RecipeError, match=r"Recipe parameter n='many' is not a valid int"):
+        resolve_params(defaults, {"n": "many"})
+
+
+def test_eval_dataset_is_optional_and_loaded(tmp_path):
+    recipe = load_recipe(write(tmp_path, GOOD + "def eval_dataset(input_context, seed): return None\n"))
+    assert recipe.eval_dataset is not None
+    assert load_recipe(write(tmp_path, GOOD, name="plain.py")).eval_dataset is None
+
+
+def test_eval_dataset_with_the_wrong_parameters_is_named(tmp_path):
+    path = write(tmp_path, GOOD + "def eval_dataset(input_context, epoch, seed): return None\n")
+    with pytest.raises(RecipeError, match=r"eval_dataset takes 3 positional parameter\(s\) at line 8; expected eval_dataset\(input_context, seed\)"):
+        check_recipe_source(path)
+
+
+def test_evaluation_asked_of_a_recipe_without_eval_dataset_is_refused_before_any_worker(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert check_recipe_source(path, eval_every_epochs=0) == tmp_path / "r.py"
+    with pytest.raises(RecipeError, match=r"Received eval_every_epochs=2 but recipe .*r\.py defines no eval_dataset"):
+        check_recipe_source(path, eval_every_epochs=2)

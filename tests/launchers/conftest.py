@@ -1,1 +1,0 @@
-from tests.launchers.raycluster import ray_cluster  # noqa: F401

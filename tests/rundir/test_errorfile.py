@@ -1,0 +1,361 @@
+"""Error files (worker side) and the root-cause choice (supervisor side)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from resilient_train.rundir.errorfile import (
+    RootCause,
+    WorkerError,
+    choose_root_cause,
+    errors_recorded,
+    is_secondary,
+    read_errors,
+    record_exception,
+    tail_lines,
+)
+
+T0 = 1_700_000_000.5  # 2023-11-14T22:13:20.500Z
+
+
+class UnavailableError(Exception):
+    """Stands in for tf.errors.UnavailableError: matched by name, TF never imported."""
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:
+        return caught
+
+
+def worker_error(
+    rank: int,
+    time: float,
+    *,
+    type: str = "ValueError",
+    message: str = "boom",
+    secondary: bool = False,
+    global_step: int | None = 7,
+) -> WorkerError:
+    return WorkerError(
+        rank=rank,
+        pid=1000 + rank,
+        type=type,
+        message=message,
+        traceback=(
+            "Traceback (most recent call last):\n"
+            '  File "train.py", line 3, in step\n'
+            "    raise thing\n"
+            f"{type}: {message}\n"
+        ),
+        global_step=global_step,
+        time=time,
+        time_iso="",
+        secondary=secondary,
+    )
+
+
+def no_log(rank: int) -> list[str]:
+    return []
+
+
+# --- worker side ------------------------------------------------------------------------
+
+
+def test_record_exception_writes_every_field(tmp_path: Path) -> None:
+    exc = _raised(ValueError("boom"))
+    path = record_exception(tmp_path / "attempt-0", 1, exc, global_step=7, clock=lambda: T0)
+
+    assert path == tmp_path / "attempt-0" / "error-1.json"
+    data = json.loads(path.read_text())
+    traceback_text = data.pop("traceback")
+    assert data == {
+        "rank": 1,
+        "pid": os.getpid(),
+        "type": "ValueError",
+        "message": "boom",
+        "global_step": 7,
+        "time": T0,
+        "time_iso": "2023-11-14T22:13:20.500+00:00",
+        "secondary": False,
+    }
+    assert traceback_text.startswith("Traceback (most recent call last):\n")
+    assert "raise exc" in traceback_text
+    assert traceback_text.endswith("ValueError: boom\n")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["error-1.json"]  # no temp left
+
+
+def test_record_exception_names_the_qualified_type_and_flags_peer_failures(
+    tmp_path: Path,
+) -> None:
+    exc = _raised(UnavailableError("Socket closed"))
+    path = record_exception(tmp_path, 0, exc, global_step=None, clock=lambda: T0)
+    data = json.loads(path.read_text())
+    assert data["type"] == f"{__name__}.UnavailableError"
+    assert data["secondary"] is True
+    assert data["global_step"] is None
+
+
+def test_record_exception_replaces_an_earlier_file(tmp_path: Path) -> None:
+    record_exception(tmp_path, 0, _raised(ValueError("first")), global_step=1, clock=lambda: T0)
+    record_exception(tmp_path, 0, _raised(KeyError("second")), global_step=2, clock=lambda: T0)
+    [error] = read_errors(tmp_path)
+    assert (error.type, error.message, error.global_step) == ("KeyError", "'second'", 2)
+
+
+@pytest.mark.parametrize(
+    ("type_name", "message", "expected"),
+    [
+        ("tensorflow.python.framework.errors_impl.UnavailableError", "anything", True),
+        ("tensorflow.python.framework.errors_impl.CancelledError", "", True),
+        ("tensorflow.python.framework.errors_impl.DeadlineExceededError", "", True),
+        (
+            "tensorflow.python.framework.errors_impl.InternalError",
+            "Collective ops is aborted by: failed to connect to all addresses\n"
+            "The error could be from a previous operation. Restart your program to reset.",
+            True,
+        ),
+        ("UnknownError", "Connection reset by peer", True),
+        ("InternalError", "RecvBuf failed: failed to connect to all addresses", True),
+        (
+            "InternalError",
+            "Task /job:worker/replica:0/task:0 heartbeat timeout. This indicates that the "
+            "remote task has failed, got preempted, or crashed unexpectedly.",
+            True,
+        ),
+        ("AbortedError", "The coordination service has stopped.", True),
+        ("ValueError", "loss is NaN at step 7", False),
+        ("tensorflow.python.framework.errors_impl.InvalidArgumentError", "bad shape", False),
+        ("OSError", "[Errno 2] No such file or directory: 'data.npz'", False),
+        ("RuntimeError", "collective op failed", False),
+    ],
+)
+def test_is_secondary(type_name: str, message: str, expected: bool) -> None:
+    assert is_secondary(type_name, message) is expected
+
+
+def test_errors_recorded_records_and_reraises(tmp_path: Path) -> None:
+    with pytest.raises(ZeroDivisionError):
+        with errors_recorded(tmp_path, 2, lambda: 11, clock=lambda: T0):
+            1 / 0
+    [error] = read_errors(tmp_path)
+    assert (error.rank, error.type, error.global_step, error.time) == (
+        2,
+        "ZeroDivisionError",
+        11,
+        T0,
+    )
+
+
+def test_errors_recorded_survives_an_unreadable_step(tmp_path: Path) -> None:
+    def broken_step() -> int:
+        raise UnavailableError("step variable gone")
+
+    with pytest.raises(KeyError):
+        with errors_recorded(tmp_path, 0, broken_step):
+            raise KeyError("x")
+    [error] = read_errors(tmp_path)
+    assert (error.type, error.global_step) == ("KeyError", None)
+
+
+def test_errors_recorded_ignores_requested_exits(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        with errors_recorded(tmp_path, 0, None):
+            raise SystemExit(143)
+    with errors_recorded(tmp_path, 0, None):
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+def test_read_errors_skips_torn_and_foreign_files_with_a_note(tmp_path: Path) -> None:
+    good = record_exception(tmp_path, 1, _raised(ValueError("ok")), global_step=3)
+    whole = good.read_text()
+    (tmp_path / "error-0.json").write_text(whole[: len(whole) // 2])  # torn mid-write
+    (tmp_path / "error-2.json").write_text('{"rank": 2}')
+    (tmp_path / "error-3.json").write_text("[1, 2]")
+    (tmp_path / ".error-4.json.tmp-99").write_text("{")  # a writer's temp: not an error file
+    notes: list[str] = []
+
+    errors = read_errors(tmp_path, note=notes.append)
+
+    assert [(e.rank, e.message) for e in errors] == [(1, "ok")]
+    assert len(notes) == 3
+    assert notes[0].startswith(f"skipped unreadable error file {tmp_path / 'error-0.json'}: ")
+    assert notes[1].startswith(f"skipped unreadable error file {tmp_path / 'error-2.json'}: ")
+    assert "Missing field 'pid'" in notes[1]
+    assert notes[2].endswith("Received a list; expected a JSON object")
+
+
+def test_read_errors_of_a_missing_directory_is_empty(tmp_path: Path) -> None:
+    assert read_errors(tmp_path / "nope") == []
+
+
+def test_from_json_names_the_bad_field() -> None:
+    data = json.loads(json.dumps(worker_error(0, T0).__dict__))
+    data["global_step"] = "7"
+    with pytest.raises(ValueError) as info:
+        WorkerError.from_json(data)
+    assert str(info.value) == "Received global_step='7'; expected int or NoneType"
+    data["global_step"] = True
+    with pytest.raises(ValueError, match=r"Received global_step=True"):
+        WorkerError.from_json(data)
+
+
+def test_from_json_round_trip() -> None:
+    error = worker_error(3, T0, global_step=None, secondary=True)
+    assert WorkerError.from_json(json.dumps(error.__dict__)) == error
+
+
+# --- root cause -------------------------------------------------------------------------
+
+
+def test_primary_sigkill_beats_an_earlier_secondary_error() -> None:
+    exits = {0: (1000, -9, T0 + 1.0), 1: (1001, 1, T0 + 2.0)}
+    errors = [
+        worker_error(1, T0, type="tensorflow.UnavailableError", message="peer gone", secondary=True)
+    ]
+    asked: list[int] = []
+
+    def log_tail(rank: int) -> list[str]:
+        asked.append(rank)
+        return ["step 7 loss=0.1"]
+
+    root = choose_root_cause(exits, errors, log_tail)
+
+    assert root is not None
+    assert (root.rank, root.pid, root.exit_description, root.error) == (
+        0,
+        1000,
+        "killed by SIGKILL",
+        None,
+    )
+    assert (root.returncode, root.global_step, root.secondary_ranks) == (-9, 7, [1])
+    assert root.last_log_lines == ["step 7 loss=0.1"]
+    assert root.signature == "killed by SIGKILL"
+    assert asked == [0]
+    assert root.render() == (
+        "root cause: worker 0 (pid 1000) killed by SIGKILL at global_step 7\n"
+        "  log of worker 0 (last 1 lines):\n"
+        "    step 7 loss=0.1\n"
+        "worker 1: (pid 1001) exit code 1: UnavailableError: peer gone "
+        "(secondary: peer failure)"
+    )
+
+
+def test_earliest_primary_error_wins_and_renders_its_traceback() -> None:
+    exits = {0: (1000, 1, T0 + 5.0), 1: (1001, 1, T0 + 4.0), 2: (1002, -15, T0 + 6.0)}
+    errors = [
+        worker_error(0, T0 + 3.0, message="second"),
+        worker_error(1, T0 + 2.0, type="KeyError", message="'first'", global_step=12),
+    ]
+
+    root = choose_root_cause(exits, errors, no_log)
+
+    assert root is not None
+    assert (root.rank, root.global_step, root.secondary_ranks) == (1, 12, [0, 2])
+    assert root.error == errors[1]
+    assert root.signature == "KeyError: 'first'"
+    assert root.render() == (
+        "root cause: worker 1 (pid 1001) exit code 1 at global_step 12\n"
+        "  KeyError: 'first'\n"
+        "  traceback (last 4 lines):\n"
+        "    Traceback (most recent call last):\n"
+        '      File "train.py", line 3, in step\n'
+        "        raise thing\n"
+        "    KeyError: 'first'\n"
+        "worker 0: (pid 1000) exit code 1: ValueError: second (failed after the root cause)\n"
+        "worker 2: (pid 1002) killed by SIGTERM (failed after the root cause)"
+    )
+
+
+def test_only_secondary_failures_earliest_wins() -> None:
+    exits = {0: (1000, 1, T0 + 9.0), 1: (1001, 1, T0 + 9.0)}
+    errors = [
+        worker_error(0, T0 + 2.0, type="CancelledError", message="b", secondary=True),
+        worker_error(1, T0 + 1.0, type="UnavailableError", message="a", secondary=True),
+    ]
+    root = choose_root_cause(exits, errors, no_log)
+    assert root is not None
+    assert (root.rank, root.secondary_ranks) == (1, [0])
+
+
+def test_signal_death_without_file_is_primary_at_exit_time() -> None:
+    # The OOM-killed worker 1 dies after worker 0 failed on its own: worker 0 came first.
+    exits = {0: (1000, 1, T0 + 3.0), 1: (1001, -9, T0 + 2.5)}
+    errors = [worker_error(0, T0 + 2.0)]
+    root = choose_root_cause(exits, errors, no_log)
+    assert root is not None
+    assert (root.rank, root.secondary_ranks) == (0, [1])
+
+
+def test_equal_times_break_ties_by_rank() -> None:
+    exits = {2: (1002, -9, T0), 1: (1001, -9, T0)}
+    root = choose_root_cause(exits, [], no_log)
+    assert root is not None
+    assert (root.rank, root.global_step, root.secondary_ranks) == (1, None, [2])
+    assert root.render().splitlines()[0] == "root cause: worker 1 (pid 1001) killed by SIGKILL"
+
+
+def test_clean_and_preempted_exits_have_no_root_cause() -> None:
+    exits = {0: (1000, 0, T0), 1: (1001, 143, T0), 2: (1002, 0, T0)}
+    assert choose_root_cause(exits, [], no_log) is None
+    assert choose_root_cause({}, [], no_log) is None
+
+
+def test_error_of_a_worker_not_yet_reaped_still_counts() -> None:
+    errors = [worker_error(3, T0)]
+    root = choose_root_cause({0: (1000, -15, T0 + 1.0)}, errors, no_log)
+    assert root is not None
+    assert (root.rank, root.exit_description, root.returncode) == (3, "still running", None)
+
+
+def test_render_without_error_or_log() -> None:
+    root = RootCause(0, 42, "killed by SIGKILL", None, [], [])
+    assert root.render() == "root cause: worker 0 (pid 42) killed by SIGKILL"
+
+
+# --- log tails --------------------------------------------------------------------------
+
+
+def test_tail_lines_reads_the_end_across_blocks(tmp_path: Path) -> None:
+    log = tmp_path / "worker-0.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    expected = [f"line {i}" for i in range(95, 100)]
+    assert tail_lines(log, 5, block_size=7) == expected
+    assert tail_lines(log, 5) == expected
+    assert tail_lines(log, 500) == [f"line {i}" for i in range(100)]
+    assert tail_lines(log, 0) == []
+
+
+def test_tail_lines_edge_cases(tmp_path: Path) -> None:
+    assert tail_lines(tmp_path / "missing.log") == []
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    assert tail_lines(empty) == []
+    partial = tmp_path / "partial.log"
+    partial.write_bytes(b"a\nb\n\xff half a line")
+    assert tail_lines(partial, 2, block_size=3) == ["b", "\ufffd half a line"]
+
+
+def test_root_cause_log_tail_drops_tensorflow_startup_noise(tmp_path):
+    from resilient_train.rundir.errorfile import log_tail
+
+    log = tmp_path / "worker-0.log"
+    log.write_text(
+        "I0000 00:00:1732 cpu_feature_guard.cc:210] This TensorFlow binary is optimized to use available CPU instructions\n"
+        "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with the appropriate compiler flags.\n"
+        "2026-11-23 10:00:00 I tensorflow/core/util/port.cc:153] oneDNN custom operations are on.\n"
+        "2026-11-23 10:00:00 I external/local_xla/xla/tsl/cuda/cudart_stub.cc:32] Could not find cuda drivers on your machine\n"
+        "E0000 00:00:1732 cuda_blas.cc:1418] Unable to register cuBLAS factory\n"
+        "training step 3\n"
+        "ValueError: the real problem\n"
+    )
+    assert log_tail(log, 15) == ["training step 3", "ValueError: the real problem"]

@@ -1,0 +1,1 @@
+from tests.support.raycluster import ray_cluster  # noqa: F401

@@ -1,0 +1,367 @@
+"""The Ray launcher's pure logic, without Ray: storage rule, addresses, the file pump."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from resilient_train.cli import main as cli_main
+from resilient_train.job.config import JobConfig
+from resilient_train.errors import EXIT_USAGE, ConfigError
+from resilient_train.rundir.events import read_events
+from resilient_train.supervisor.launchers._slot import FileChunk, _Pump, apply_chunks
+from resilient_train.supervisor.launchers.ray import (
+    check_storage,
+    is_loopback,
+    job_for_nodes,
+    placement_strategy,
+    ray_address,
+    unique_addresses,
+)
+
+
+def job(**values) -> JobConfig:
+    return JobConfig(recipe="recipes/digits_cnn.py", run_dir="runs/x", launcher="ray", **values)
+
+
+@pytest.mark.parametrize("storage", ["runs/x/checkpoints", "/mnt/ckpt", "file:///mnt/ckpt"])
+def test_local_storage_is_refused_unless_shared(storage):
+    with pytest.raises(ConfigError, match="not reachable from other nodes.*s3://.*--storage-shared"):
+        check_storage(job(storage=storage))
+    check_storage(job(storage=storage, storage_shared=True))
+
+
+def test_memory_storage_is_refused_even_when_called_shared():
+    with pytest.raises(ConfigError, match="memory:// lives in one process"):
+        check_storage(job(storage="memory://ckpt", storage_shared=True))
+
+
+def test_object_storage_needs_no_flag():
+    check_storage(job(storage="s3://bucket/prefix"))
+
+
+def test_nodes_get_absolute_recipe_and_storage_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.py").write_text("")
+    node_job = job_for_nodes(JobConfig(recipe="r.py", run_dir="run", storage="ck", storage_shared=True))
+    assert (node_job.recipe, node_job.storage) == (str(tmp_path / "r.py"), str(tmp_path / "ck"))
+    assert job_for_nodes(job(storage="s3://b/p")).storage == "s3://b/p"
+    assert job_for_nodes(JobConfig(recipe="some.module", storage="s3://b/p")).recipe == "some.module"
+
+
+def test_ray_address_flag_then_environment_then_auto():
+    assert ray_address(job(ray_address="10.0.0.1:6379"), {"RAY_ADDRESS": "x:1"}) == "10.0.0.1:6379"
+    assert ray_address(job(), {"RAY_ADDRESS": "x:1"}) == "x:1"
+    assert ray_address(job(), {}) == "auto"
+
+
+@pytest.mark.parametrize(
+    "address, loopback",
+    [("127.0.0.1:6379", True), ("localhost:1", True), ("ray://127.0.0.1:10001", True),
+     ("10.1.2.3:6379", False), ("auto", False)],
+)
+def test_loopback_addresses(address, loopback):
+    assert is_loopback(address) is loopback
+
+
+def test_strategies_and_config_validation():
+    assert (placement_strategy("spread"), placement_strategy("pack")) == ("SPREAD", "PACK")
+    with pytest.raises(ConfigError, match=r"ray_strategy='strict'; expected one of \['spread', 'pack'\]"):
+        job(ray_strategy="strict")
+    with pytest.raises(ConfigError, match="cpus_per_worker=0; expected a number of CPUs > 0"):
+        job(cpus_per_worker=0)
+
+
+def test_duplicate_addresses_are_detected():
+    assert unique_addresses(["127.0.0.1", "127.0.0.1"], [5000, 5001])
+    assert not unique_addresses(["127.0.0.1", "127.0.0.1"], [5000, 5000])
+    assert unique_addresses(["10.0.0.1", "10.0.0.2"], [5000, 5000])
+
+
+def test_cli_refuses_local_storage_before_any_worker(tmp_path, capsys):
+    code = cli_main(["run", "recipes/digits_cnn.py", "--launcher", "ray", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert err.startswith("resilient-train: error: Received storage=") and len(err.strip().splitlines()) == 1
+    assert "--storage-shared" in err and "Traceback" not in err
+    assert [e["event"] for e in read_events(tmp_path / "run" / "events.jsonl")] == ["storage_claimed", "run_started"]
+
+
+def test_pump_sends_only_new_bytes_whole_event_lines_and_replaced_markers(tmp_path):
+    node, home = tmp_path / "node", tmp_path / "home"
+    (node / "attempt-1").mkdir(parents=True)
+    pump = _Pump(node)
+    first = {"event": "first_step", "global_step": 1}
+    (node / "events.jsonl").write_text(json.dumps(first) + "\n" + '{"event": "tor')
+    (node / "attempt-1" / "worker-0.log").write_text("hello\n")
+    (node / "attempt-1" / "step-0.txt").write_text("3   \n")
+    (node / "attempt-1" / "job.json").write_text("{}")
+    chunks = pump.collect()
+    assert sorted(c.path for c in chunks) == ["attempt-1/step-0.txt", "attempt-1/worker-0.log", "events.jsonl"]
+    apply_chunks(home, chunks)
+
+    with open(node / "events.jsonl", "a") as handle:
+        handle.write('n"}\n')
+    with open(node / "attempt-1" / "worker-0.log", "a") as handle:
+        handle.write("world\n")
+    (node / "attempt-1" / "step-0.txt").write_text("10  \n")
+    apply_chunks(home, pump.collect())
+    assert pump.collect() == ()  # nothing new
+
+    assert [e["event"] for e in read_events(home / "events.jsonl")] == ["first_step", "torn"]
+    assert (home / "attempt-1" / "worker-0.log").read_text() == "hello\nworld\n"
+    assert (home / "attempt-1" / "step-0.txt").read_text() == "10  \n"
+    assert not (home / "attempt-1" / "job.json").exists()
+
+
+def test_replaced_chunk_overwrites_and_appended_chunk_appends(tmp_path):
+    apply_chunks(tmp_path, [FileChunk("attempt-2/error-1.json", b"{}"), FileChunk("attempt-2/worker-1.log", b"a")])
+    apply_chunks(tmp_path, [FileChunk("attempt-2/error-1.json", b"{\"x\": 1}", replace=True),
+                            FileChunk("attempt-2/worker-1.log", b"b")])
+    assert (tmp_path / "attempt-2" / "error-1.json").read_text() == '{"x": 1}'
+    assert (tmp_path / "attempt-2" / "worker-1.log").read_text() == "ab"
+
+
+class _ActorDied(Exception):
+    pass
+
+
+class _FakeRay:
+    """Just enough of the ray module for RayLauncher.start: refs are thunks."""
+
+    class exceptions:
+        RayActorError = _ActorDied
+
+        class GetTimeoutError(TimeoutError):
+            pass
+
+    def get(self, refs, timeout=None):
+        return [ref() for ref in refs] if isinstance(refs, list) else refs()
+
+    def kill(self, actor, no_restart=True):
+        actor.killed = True
+
+
+class _Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        return lambda: self.fn(*args)
+
+
+class _FakeSlotActor:
+    def __init__(self, dead: bool, port: int):
+        self.killed = False
+        self.free_port = _Method(lambda host: self._alive() or port)
+        self.starts = []  # (attempt, seed) of each start
+        self.start = _Method(lambda job_json, rank, attempt, env, seed: self._alive() or self._start(rank, attempt, seed))
+        self.where = _Method(lambda: ("node-new", "127.0.0.2"))
+        self.close = _Method(lambda final: self._alive() or ())
+        self.dead = dead
+
+    def _start(self, rank, attempt, seed):
+        self.starts.append((attempt, seed))
+        return {"pid": 100 * attempt + rank, "standby": attempt > 1}
+
+    def _alive(self):
+        if self.dead:
+            raise _ActorDied("The actor died because its node has died.")
+
+
+def test_a_slot_that_died_between_attempts_is_placed_anew_once(tmp_path):
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+    from resilient_train.supervisor.launchers.api import WorkerSpec
+
+    launcher = ray_launcher.RayLauncher(job(storage="s3://b/p"), ray_module=_FakeRay())
+    placements = [[_FakeSlotActor(False, 5000), _FakeSlotActor(True, 5001)],
+                  [_FakeSlotActor(False, 5002), _FakeSlotActor(False, 5003)]]
+    placed = []
+
+    def place(count, *, run_id):
+        actors = placements[len(placed)]
+        placed.append(actors)
+        launcher._slots = [ray_launcher._SlotState(a, f"node-{i}", "127.0.0.1") for i, a in enumerate(actors)]
+
+    launcher._place = place
+    specs = [WorkerSpec(rank, 2, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
+    handles = launcher.start(specs)
+    assert [h.pid for h in handles] == [200, 201]
+    assert len(placed) == 2 and all(a.killed for a in placed[0]) and not any(a.killed for a in placed[1])
+
+
+def test_slots_dying_on_both_placements_is_a_clean_error(tmp_path):
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+    from resilient_train.supervisor.launchers.api import WorkerSpec
+
+    launcher = ray_launcher.RayLauncher(job(storage="s3://b/p"), ray_module=_FakeRay())
+
+    def place(count, *, run_id):
+        launcher._slots = [ray_launcher._SlotState(_FakeSlotActor(True, 5000 + i), f"n{i}", "127.0.0.1") for i in range(2)]
+
+    launcher._place = place
+    specs = [WorkerSpec(rank, 1, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
+    with pytest.raises(ConfigError, match="Ray slot actors died twice while starting workers: The actor died"):
+        launcher.start(specs)
+
+
+def _launcher_placing(tmp_path, placements):
+    """A RayLauncher whose ``_place`` hands out ``placements`` in order (an exception: raised)."""
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+    from resilient_train.supervisor.launchers.api import WorkerSpec
+
+    launcher = ray_launcher.RayLauncher(job(storage="s3://b/p"), ray_module=_FakeRay())
+
+    def place(count, *, run_id):
+        placement = placements.pop(0)
+        if isinstance(placement, Exception):
+            raise placement
+        launcher._slots = [ray_launcher._SlotState(a, f"node-{i}", "127.0.0.1") for i, a in enumerate(placement)]
+
+    launcher._place = place
+
+    def specs(attempt):
+        return [WorkerSpec(rank, attempt, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in (0, 1)]
+
+    return launcher, specs
+
+
+def test_no_placement_for_the_first_attempt_is_a_usage_error(tmp_path):
+    from resilient_train.supervisor.launchers.ray import LauncherError
+
+    reason = LauncherError("Ray could not place 2 workers with {'CPU': 64.0} each (spread) within 3 s")
+    launcher, specs = _launcher_placing(tmp_path, [reason])
+    with pytest.raises(LauncherError, match="with {'CPU': 64.0} each"):
+        launcher.start(specs(1))
+
+
+def test_no_placement_for_a_restart_is_a_launch_error_naming_rays_reason(tmp_path):
+    from resilient_train.errors import LaunchError
+    from resilient_train.supervisor.launchers.ray import LauncherError
+
+    reason = LauncherError("Ray could not place 2 workers with {'CPU': 2.0} each (spread) within 3 s: no node took ...")
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first])
+    handles = launcher.start(specs(1))
+    handles[1].lost, handles[1].returncode = "node lost", -9  # what pump() records for a lost node
+
+    def replace(indices, *, run_id):
+        assert indices == [1]
+        raise reason
+
+    launcher._replace = replace
+    with pytest.raises(LaunchError) as raised:
+        launcher.start(specs(2))
+    assert not isinstance(raised.value, ConfigError)
+    assert str(raised.value) == f"could not place 2 workers: {reason}"
+
+
+def test_a_lost_slot_is_replaced_alone_and_the_survivor_keeps_its_actor(tmp_path):
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first])
+    handles = launcher.start(specs(1))
+    handles[1].lost, handles[1].returncode = "node lost", -9
+    new = _FakeSlotActor(False, 5002)
+    launcher._group = object()
+    launcher._new_actor = lambda index, run_id: new if index == 1 else pytest.fail(f"slot {index} replaced")
+    handles = launcher.start(specs(2))
+    assert [s.actor for s in launcher._slots] == [first[0], new]
+    assert (first[0].killed, first[1].killed, new.killed) == (False, True, False)
+    assert [(h.pid, h.standby) for h in handles] == [(200, True), (201, True)]
+    assert [launcher.describe(h)["node"] for h in handles] == ["node-0", "node-new"]
+    assert [attempt for attempt, _ in first[0].starts] == [1, 2] and new.starts == [(2, ())]
+
+
+def _rewrite(path, data: bytes) -> None:
+    """What runner/tensorboard.py does to truncate an event file: a new file renamed over it."""
+    tmp = path.with_name(path.name + ".rewrite")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def test_pump_brings_back_tensorboard_appended_or_rewritten_and_the_model_but_no_temp_files(tmp_path):
+    node, home = tmp_path / "node", tmp_path / "home"
+    board = node / "tensorboard" / "events.out.tfevents.100.host"
+    board.parent.mkdir(parents=True)
+    board.write_bytes(b"r1r2")
+    (node / "tensorboard" / "events.out.tfevents.100.host.rewrite").write_bytes(b"half")
+    (node / "model" / "saved_model" / "variables").mkdir(parents=True)
+    (node / "model" / "saved_model" / "variables" / "variables.data").write_bytes(b"weights")
+    (node / "model" / "export.json").write_text("{}")
+    (node / ".model.partial-x").mkdir()
+    (node / ".model.partial-x" / "model.keras").write_bytes(b"half an export")
+    pump = _Pump(node)
+    first = pump.collect()
+    assert sorted((c.path, c.replace) for c in first) == [
+        ("model/export.json", True),
+        ("model/saved_model/variables/variables.data", True),
+        ("tensorboard/events.out.tfevents.100.host", False),
+    ]
+    apply_chunks(home, first)
+
+    with open(board, "ab") as handle:
+        handle.write(b"r3")
+    appended = pump.collect()
+    assert [(c.path, c.data, c.replace) for c in appended] == [("tensorboard/events.out.tfevents.100.host", b"r3", False)]
+    apply_chunks(home, appended)
+    assert (home / "tensorboard" / "events.out.tfevents.100.host").read_bytes() == b"r1r2r3"
+
+    _rewrite(board, b"r1r2")  # a resumed chief dropped the step past its restore point
+    apply_chunks(home, pump.collect())
+    assert (home / "tensorboard" / "events.out.tfevents.100.host").read_bytes() == b"r1r2"
+    assert pump.collect() == ()
+    assert (home / "model" / "saved_model" / "variables" / "variables.data").read_bytes() == b"weights"
+    assert sorted(p.name for p in home.iterdir()) == ["model", "tensorboard"]
+    assert [p.name for p in (home / "tensorboard").iterdir()] == ["events.out.tfevents.100.host"]
+
+
+def test_a_new_chief_slot_is_seeded_with_the_supervisors_tensorboard_and_does_not_send_it_back(tmp_path):
+    from resilient_train.supervisor.launchers._slot import Slot, seed_chunks
+
+    home = tmp_path / "home"
+    (home / "tensorboard").mkdir(parents=True)
+    (home / "tensorboard" / "events.out.tfevents.100.host").write_bytes(b"r1r2r3")
+    slot = Slot(str(tmp_path / "node"), 0, python="/bin/true")  # the "worker" exits 0 at once
+    slot.start(job(storage="s3://b/p").to_json(), 0, 2, {}, seed_chunks(home))
+    seeded = slot.run_dir / "tensorboard" / "events.out.tfevents.100.host"
+    assert seeded.read_bytes() == b"r1r2r3"
+    assert [c.path for c in slot.poll().chunks if c.path.startswith("tensorboard/")] == []
+    _rewrite(seeded, b"r1")  # the chief truncates to its restore point
+    assert [(c.path, c.data, c.replace) for c in slot.poll().chunks] == [
+        ("tensorboard/events.out.tfevents.100.host", b"r1", True)
+    ]
+    slot.close()
+
+
+def test_closing_slots_returns_unsent_files_and_the_last_one_removes_the_nodes_run_dir(tmp_path):
+    from resilient_train.supervisor.launchers._slot import Slot
+
+    base = tmp_path / "resilient-train-ray" / "run-id"
+    slots = [Slot(str(base), index, python="/bin/true") for index in (0, 1)]
+    (base / "local" / "host-cache").mkdir()
+    (slots[0].run_dir / "model").mkdir()
+    (slots[0].run_dir / "model" / "export.json").write_text("{}")
+    rest = slots[0].close(final=True)
+    assert [(c.path, c.data) for c in rest] == [("model/export.json", b"{}")]
+    assert sorted(p.name for p in base.iterdir()) == ["local", "slot-1"]  # slot 1 still uses the node dir
+    slots[1].close()
+    assert (base / "local" / "host-cache").is_dir()  # between attempts: the host cache stays
+    slots = [Slot(str(base), 1, python="/bin/true")]
+    assert slots[0].close(final=True) == ()
+    assert not base.exists()
+
+
+def test_slots_that_do_not_answer_on_a_restart_fail_the_run_not_the_cli(tmp_path):
+    from resilient_train.errors import LaunchError
+
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_placing(tmp_path, [first])
+    launcher.start(specs(1))
+
+    def no_answer(host):
+        raise _FakeRay.exceptions.GetTimeoutError("Get timed out")
+
+    first[1].free_port = _Method(no_answer)
+    with pytest.raises(LaunchError, match=r"^could not place 2 workers: Ray slot actors did not answer within \d+ s"):
+        launcher.start(specs(2))

