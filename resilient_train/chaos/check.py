@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from resilient_train.rundir.events import read_events
+from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.stepmarker import highest_step
 
 __all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url"]
@@ -106,7 +107,7 @@ def inner_storage_url(url: str) -> str:
 
 def _job_value(run_dir: Path, key: str) -> Any:
     """``key`` from the newest attempt's job.json (None when unset there)."""
-    jobs = sorted(run_dir.glob("attempt-*/job.json"), key=lambda p: _attempt_number(p.parent.name))
+    jobs = [attempt.job for attempt in RunDir(run_dir).attempts() if attempt.job.exists()]
     for path in reversed(jobs):
         try:
             value = json.loads(path.read_text()).get(key)
@@ -115,11 +116,6 @@ def _job_value(run_dir: Path, key: str) -> Any:
         if value is not None:
             return value
     return None
-
-
-def _attempt_number(name: str) -> int:
-    suffix = name.split("-", 1)[-1]
-    return int(suffix) if suffix.isdigit() else -1
 
 
 def recipe_default(recipe_path: str | None, key: str) -> int | None:
@@ -260,9 +256,9 @@ def check_run(
     """Check every invariant of the module docstring on ``run_dir``; never raises for a bad run."""
     run_dir = Path(run_dir)
     violations: list[str] = []
-    records = load_events(run_dir / "events.jsonl")
+    records = load_events(RunDir(run_dir).events)
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads(RunDir(run_dir).summary.read_text())
     except (OSError, ValueError):
         summary = {}
 
@@ -293,8 +289,8 @@ def check_run(
     mode = _job_value(run_dir, "checkpoint_mode") or "sync"
     crash_allowance = save_every * (2 if mode == "async" else 1)
     reached_of: dict[int, int | None] = {}
-    for attempt_dir in run_dir.glob("attempt-*"):
-        reached_of[_attempt_number(attempt_dir.name)] = highest_step(attempt_dir)
+    for attempt in RunDir(run_dir).attempts():
+        reached_of[attempt.number] = highest_step(attempt.path)
     for record in records:
         if record["event"] == "attempt_reached":
             reached_of[record["attempt"]] = max(record["global_step"], reached_of.get(record["attempt"]) or 0)

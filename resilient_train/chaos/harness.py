@@ -31,6 +31,7 @@ from typing import Any
 from resilient_train.chaos.check import CheckResult, check_run, recipe_default
 from resilient_train.chaos.nemesis import Nemesis
 from resilient_train.chaos.scenarios import ExternalFault, Scenario, StorageFaults, WorkerFault, plan
+from resilient_train.rundir.layout import RunDir
 
 __all__ = ["JobSpec", "ScenarioResult", "ensure_reference", "run_scenario"]
 
@@ -147,7 +148,8 @@ def ensure_reference(spec: JobSpec, root: Path, *, log: Any = None) -> str:
     started = time.monotonic()
     proc = _run_quiet(spec.argv(ref_dir, spec.storage_for(ref_dir)), ref_dir / "supervisor.log")
     code = proc.wait()
-    summary = json.loads((ref_dir / "summary.json").read_text()) if (ref_dir / "summary.json").exists() else {}
+    summary_path = RunDir(ref_dir).summary
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if code != 0 or summary.get("status") != "completed" or not summary.get("weights_sha256"):
         raise RuntimeError(f"reference run in {ref_dir} failed (exit {code}); see {ref_dir / 'supervisor.log'}")
     record = {"weights_sha256": summary["weights_sha256"], "params": dataclasses.asdict(spec),
@@ -195,7 +197,7 @@ def _storage_fault_fired(fault: StorageFaults, records: list[dict[str, Any]], ru
         retries = sum(1 for r in records if r.get("event") == "storage_retry")
         fired, detail = retries > 0, {"storage_retries": retries}
     elif spec.get("stop_after_files") is not None:
-        logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("attempt-*/worker-0.log"))
+        logs = "".join(a.log(0).read_text(errors="replace") for a in RunDir(run_dir).attempts() if a.log(0).exists())
         fired, detail = "SimulatedCrash" in logs, {}
     else:
         fired, detail = True, {}  # latency: always in effect
@@ -266,7 +268,7 @@ def run_scenario(
 
     from resilient_train.chaos.check import load_events
 
-    records = load_events(run_dir / "events.jsonl")
+    records = load_events(RunDir(run_dir).events)
     faults = nemesis.results()
     for fault in planned.faults:
         if isinstance(fault, WorkerFault):
@@ -300,7 +302,7 @@ def _wait_workers_gone(run_dir: Path, wait_s: float, problems: list[str]) -> Non
 
     from resilient_train.chaos.check import load_events
 
-    pids = [r["pid"] for r in load_events(run_dir / "events.jsonl") if r.get("event") == "worker_started"]
+    pids = [r["pid"] for r in load_events(RunDir(run_dir).events) if r.get("event") == "worker_started"]
     deadline = time.monotonic() + wait_s
     while True:
         alive = [pid for pid in pids if _is_live_worker(pid, psutil)]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from resilient_train.rundir.events import EventFile, EventReader
+from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.stepmarker import highest_step
 
 from resilient_train.chaos.scenarios import ExternalFault
@@ -72,8 +73,8 @@ class Nemesis:
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.reader = EventReader(self.run_dir / "events.jsonl")
-        self.events = EventFile(self.run_dir / "events.jsonl")
+        self.reader = EventReader(RunDir(self.run_dir).events)
+        self.events = EventFile(RunDir(self.run_dir).events)
         self.pending = [_Pending(f) for f in faults]
         self.storage_url = storage_url
         self.storage_options = storage_options or {}
@@ -147,7 +148,7 @@ class Nemesis:
         return step > item.trigger_step and step % self.steps_per_epoch != 0
 
     def _reached(self, attempt: int | None) -> int | None:
-        return highest_step(self.run_dir / f"attempt-{attempt}")
+        return highest_step(RunDir(self.run_dir).attempt(attempt).path)
 
     def _upload_in_flight(self) -> str | None:
         """A ckpt directory newer than the newest commit, with files but no manifest yet."""

@@ -38,19 +38,18 @@ it is not enough (the kill may not reach it), so the storage itself says who may
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import json
 import os
 import posixpath
 import re
 import socket
-import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from resilient_train.checkpoint._files import create_or_confirm
 from resilient_train.errors import StaleWriterError
 
-__all__ = ["GENERATIONS_DIR", "GenerationRecord", "GenerationFence", "claim_generation", "write_create_only"]
+__all__ = ["GENERATIONS_DIR", "GenerationRecord", "GenerationFence", "claim_generation"]
 
 GENERATIONS_DIR = "generations"
 _GEN_RE = re.compile(r"^gen-(\d+)\.json$")
@@ -80,54 +79,6 @@ class GenerationRecord:
     @staticmethod
     def file_name(generation: int) -> str:
         return f"gen-{generation}.json"
-
-
-def write_create_only(fs: Any, path: str, data: bytes, *, local: bool) -> None:
-    """Write ``data`` to ``path`` only if nothing is there; FileExistsError otherwise.
-
-    Local disk: a temp file hard-linked to the name (``link`` fails atomically with
-    EEXIST). Elsewhere: fsspec's ``mode="create"`` (an S3 conditional PUT; a 412 becomes
-    FileExistsError). A backend that does not know the mode gets exists-then-put, which
-    is not atomic (see the module docstring).
-    """
-    if local:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
-        return
-    try:
-        fs.pipe_file(path, data, mode="create")
-    except FileExistsError:
-        raise
-    except (TypeError, NotImplementedError):  # this backend has no exclusive create
-        if fs.exists(path):
-            raise FileExistsError(errno.EEXIST, "already exists", path) from None
-        fs.pipe_file(path, data)
-    except OSError as exc:
-        if _precondition_failed(exc):
-            raise FileExistsError(errno.EEXIST, "already exists", path) from None
-        raise
-
-
-def _precondition_failed(exc: BaseException) -> bool:
-    """An S3 ``PreconditionFailed`` (HTTP 412), however the client wrapped it."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        response = getattr(seen, "response", None)
-        if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
-                return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class GenerationFence:
@@ -206,7 +157,7 @@ def claim_generation(
         path = posixpath.join(root, rel)
         data = record.to_json()
         try:
-            call("write", rel, lambda: _create_or_confirm(fs, path, data, local=local))
+            call("write", rel, lambda: create_or_confirm(fs, path, data, local=local))
         except FileExistsError:
             if generation is None:
                 continue  # another claimer took it first: go above it
@@ -218,19 +169,6 @@ def claim_generation(
         emit("generation_claimed", generation=number, attempt=attempt, path=posixpath.join(url, rel))
         return GenerationFence(fs, root, url, record, call=call, emit=emit)
     raise StaleWriterError(f"could not claim a generation in {url}: {_CLAIM_TRIES} concurrent claims won first")
-
-
-def _create_or_confirm(fs: Any, path: str, data: bytes, *, local: bool) -> None:
-    """Create-only, idempotent under retries: a retried PUT that finds OUR bytes succeeded."""
-    try:
-        write_create_only(fs, path, data, local=local)
-    except FileExistsError:
-        try:
-            existing = fs.cat_file(path)
-        except FileNotFoundError:
-            existing = None
-        if existing != data:
-            raise
 
 
 def _read_record(fs: Any, path: str) -> str:

@@ -57,14 +57,14 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from resilient_train.rundir import events
-from resilient_train.checkpoint._files import abandon_write
+from resilient_train.rundir.atomic import write_atomic
+from resilient_train.checkpoint._files import abandon_write, create_or_confirm, write_create_only
 from resilient_train.checkpoint.cache import cached_copy_problem, link_or_copy_tree, write_through
 from resilient_train.checkpoint.fence import (
     GENERATIONS_DIR,
     GenerationFence,
     claim_generation,
     newest_generation,
-    write_create_only,
 )
 from resilient_train.checkpoint.manifest import (
     CHUNK_SIZE,
@@ -559,15 +559,8 @@ class CheckpointStore:
             return
         remote = self._remote(rel)
 
-        def attempt() -> None:
-            try:
-                write_create_only(self.fs, remote, data, local=self._local)
-            except FileExistsError:
-                if self.fs.cat_file(remote) != data:  # not our own retried PUT
-                    raise
-
         try:
-            self._do("write", rel, attempt)
+            self._do("write", rel, lambda: create_or_confirm(self.fs, remote, data, local=self._local))
         except FileExistsError:
             self._check_fence("write manifest", rel)  # a newer generation committed it: fenced
             raise StorageError(f"cannot commit {self._url(name)}: another writer committed it concurrently") from None
@@ -607,7 +600,7 @@ class CheckpointStore:
         target = cache_dir / name
         started = time.monotonic()
         if self._cached_copy_ok(target, manifest):
-            _write_text_atomic(target / MANIFEST_NAME, manifest.to_json())
+            write_atomic(target / MANIFEST_NAME, manifest.to_json())
             self._fetched(manifest, "local_cache", started)
             return manifest, target
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -798,9 +791,3 @@ def _link_and_hash(src: Path, dst: Path) -> FileEntry | None:
 
 def _strip_prefix(message: str, path: str) -> str:
     return message[len(path) + 2:] if message.startswith(path + ": ") else message
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

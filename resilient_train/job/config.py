@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from resilient_train.errors import ConfigError
+from resilient_train.rundir.layout import RunDir
 from resilient_train.job.recipe import recipe_name
 
 __all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
@@ -125,7 +126,7 @@ class JobConfig:
         if not self.run_dir:
             object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
         if not self.storage:
-            object.__setattr__(self, "storage", str(Path(self.run_dir) / "checkpoints"))
+            object.__setattr__(self, "storage", str(RunDir(self.run_dir).checkpoints))
 
     def with_recipe_defaults(self, defaults: Mapping[str, int]) -> "JobConfig":
         """Fill the values left unset from the recipe's DEFAULTS, then the fallbacks."""

@@ -32,19 +32,20 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from resilient_train.job.config import FALLBACK_DEFAULTS, JobConfig
 from resilient_train.errors import ConfigError
+from resilient_train.rundir.atomic import write_atomic
+from resilient_train.rundir.layout import FINGERPRINT
 from resilient_train.job.recipe import check_recipe_source, resolve_params
 
 __all__ = ["JobFingerprint", "FINGERPRINT_FILE", "fingerprint_for_supervisor", "fingerprint_for_worker",
            "compare", "check_and_record", "guard_job"]
 
-FINGERPRINT_FILE = "fingerprint.json"
+FINGERPRINT_FILE = FINGERPRINT  # the run-dir name (rundir/layout.py)
 _SIZES = ("epochs", "steps_per_epoch", "global_batch_size")
 
 
@@ -211,7 +212,4 @@ def _read(path: Path) -> JobFingerprint | None:
 
 
 def _write(path: Path, fingerprint: JobFingerprint) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(fingerprint.to_dict(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(fingerprint.to_dict(), indent=2, sort_keys=True) + "\n")

@@ -15,8 +15,8 @@ launchers, the chaos checker, tests) names a file of a run. Nothing else spells
         worker-<rank>.log          .log(rank)        stdout/stderr
         error-<rank>.json          .error(rank)      uncaught exception (rundir/errorfile.py)
         step-<rank>.txt            .step_marker(rank) last finished global step (rundir/stepmarker.py)
-        exit-<rank>.json           .exit_report(rank) Slurm task's exit (launchers/slurm_task.py)
-        term-<rank>                .term_flag(rank)  Slurm task got SIGTERM
+        slurm-task-<rank>.json     .slurm_exit(rank) a Slurm task's exit (launchers/slurm_task.py)
+        slurm-term-<rank>          .slurm_term(rank) that Slurm task got SIGTERM
       local/                       .local            per-host scratch, never shared
         host-cache/                .host_cache       verified checkpoint copies (checkpoint/cache.py)
         rank-<rank>/               .work_dir(rank)   worker staging and restore cache
@@ -57,6 +57,14 @@ class AttemptDir:
     path: Path
     number: int
 
+    @classmethod
+    def at(cls, path: str | os.PathLike[str]) -> "AttemptDir":
+        """The attempt directory at ``path`` (named ``attempt-<n>``); ValueError otherwise."""
+        number = attempt_number(Path(path).name)
+        if number is None:
+            raise ValueError(f"Received attempt dir {str(path)!r}; expected a directory named attempt-<n>")
+        return cls(Path(path), number)
+
     @property
     def job(self) -> Path:
         return self.path / JOB
@@ -76,11 +84,11 @@ class AttemptDir:
     def errors(self) -> list[Path]:
         return sorted(self.path.glob("error-*.json"))
 
-    def exit_report(self, rank: int) -> Path:
-        return self.path / f"exit-{rank}.json"
+    def slurm_exit(self, rank: int) -> Path:
+        return self.path / f"slurm-task-{rank}.json"
 
-    def term_flag(self, rank: int) -> Path:
-        return self.path / f"term-{rank}"
+    def slurm_term(self, rank: int) -> Path:
+        return self.path / f"slurm-term-{rank}"
 
 
 @dataclass(frozen=True)

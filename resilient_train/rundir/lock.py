@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from resilient_train.errors import RunDirLockedError
+from resilient_train.rundir.layout import LOCK
 
 __all__ = ["RunDirLock", "LOCK_NAME"]
 
-LOCK_NAME = "supervisor.lock"
+LOCK_NAME = LOCK  # rundir/layout.py
 
 
 class RunDirLock:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from resilient_train.rundir.layout import AttemptDir
+
 __all__ = ["StepMarker", "highest_step"]
 
 
@@ -28,7 +30,7 @@ class StepMarker:
 def highest_step(attempt_dir: Path) -> int | None:
     """The highest global step any worker of the attempt finished; None without markers."""
     steps = []
-    for path in Path(attempt_dir).glob("step-*.txt"):
+    for path in AttemptDir.at(attempt_dir).step_markers():
         try:
             steps.append(int(path.read_text().strip() or "0"))
         except (OSError, ValueError):

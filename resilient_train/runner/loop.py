@@ -77,6 +77,7 @@ from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.runner.save_policy import SavePolicy
 from resilient_train.rundir.stepmarker import StepMarker
+from resilient_train.rundir.layout import AttemptDir
 from resilient_train.runner.model_state import weights_digest
 
 __all__ = ["Trainer", "TrainResult"]
@@ -161,7 +162,7 @@ class Trainer:
         )
         self.sizer = CallSizer(job.steps_per_execution)
         self._call_steps = self.sizer.initial  # the agreed maximum of the next call
-        self._marker = StepMarker(attempt_dir / f"step-{cluster.rank}.txt") if attempt_dir else StepMarker(None)
+        self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
         self._setup()
 
     # ----------------------------------------------------------------- setup

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 
 from resilient_train.checkpoint import CheckpointStore, Status
-from resilient_train.checkpoint.fence import write_create_only
+from resilient_train.checkpoint._files import write_create_only
 from resilient_train.errors import StaleWriterError, StorageError
 from tests.support.storage import WEIGHTS, Backend, write_ckpt_dir
 

@@ -35,7 +35,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -43,15 +42,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from resilient_train.job.config import JobConfig
+from resilient_train.cluster.ports import free_ports
+from resilient_train.rundir import layout
+from resilient_train.rundir.atomic import is_temporary, write_atomic
 from resilient_train.rundir.events import EventFile
+from resilient_train.rundir.layout import RunDir
 from resilient_train.supervisor._process import die_with_parent_hook
 
 __all__ = ["FileChunk", "Slot", "SlotReport", "apply_chunks", "seed_chunks"]
 
-_EVENTS = "events.jsonl"
-_TENSORBOARD = "tensorboard"
-_OUTPUT_DIRS = (_TENSORBOARD, "model")  # the chief's outputs, written under the run dir
-_TEMP_SUFFIXES = (".tmp", ".rewrite")  # written then renamed (here, runner/tensorboard.py)
+_EVENTS = layout.EVENTS
+_TENSORBOARD = layout.TENSORBOARD
+_OUTPUT_DIRS = (_TENSORBOARD, layout.MODEL)  # the chief's outputs, written under the run dir
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,11 @@ def _is_pumped(relative: str) -> bool:
     if relative == _EVENTS:
         return True
     parts = relative.split("/")
-    if parts[-1].endswith(_TEMP_SUFFIXES):
+    if is_temporary(parts[-1]):
         return False
     if parts[0] in _OUTPUT_DIRS:
         return len(parts) > 1
-    return len(parts) == 2 and parts[0].startswith("attempt-") and parts[1] != "job.json"
+    return len(parts) == 2 and layout.attempt_number(parts[0]) is not None and parts[1] != layout.JOB
 
 
 def _replaced(relative: str) -> bool:
@@ -117,7 +119,8 @@ class _Pump:
     def _files(self) -> list[str]:
         outputs = [p for name in _OUTPUT_DIRS for p in sorted((self.root / name).rglob("*"))]
         found = []
-        for path in [self.root / _EVENTS, *sorted(self.root.glob("attempt-*/*")), *outputs]:
+        attempts = [p for attempt in RunDir(self.root).attempts() for p in sorted(attempt.path.iterdir())]
+        for path in [self.root / _EVENTS, *attempts, *outputs]:
             relative = path.relative_to(self.root).as_posix()
             if _is_pumped(relative) and path.is_file():
                 found.append(relative)
@@ -168,9 +171,7 @@ def apply_chunks(run_dir: Path, chunks: tuple[FileChunk, ...] | list[FileChunk])
                 except ValueError:
                     continue  # not an event line; never expected (whole lines only)
         elif chunk.replace:
-            tmp = target.with_name(target.name + ".tmp")
-            tmp.write_bytes(chunk.data)
-            os.replace(tmp, target)
+            write_atomic(target, chunk.data)
         else:
             with open(target, "ab") as handle:
                 handle.write(chunk.data)
@@ -202,10 +203,11 @@ class Slot:
         # them, or died (lost) with them; a fresh pump would send them a second time.
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.base / "local").mkdir(parents=True, exist_ok=True)
-        local = self.run_dir / "local"
+        shared_local = RunDir(self.base).local  # one per node, shared by its slots
+        shared_local.mkdir(parents=True, exist_ok=True)
+        local = RunDir(self.run_dir).local
         if not local.exists():
-            local.symlink_to(self.base / "local", target_is_directory=True)
+            local.symlink_to(shared_local, target_is_directory=True)
         self._pump = _Pump(self.run_dir)
         self._worker: subprocess.Popen | Any | None = None
         self._standby: Any = None
@@ -213,10 +215,11 @@ class Slot:
 
     # ------------------------------------------------------------ placement
     def free_port(self, host: str) -> int:
-        """A port free on this node now (the worker binds it moments later)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            return sock.getsockname()[1]
+        """A port free on this node now (the worker binds it moments later).
+
+        ``host`` is the node's address; portpicker checks every interface of the node.
+        """
+        return free_ports(1)[0]
 
     # ------------------------------------------------------------ workers
     def start(
@@ -234,11 +237,11 @@ class Slot:
             self._pump.mark_sent(chunk.path)
         job = JobConfig.from_json(job_json)
         job = dataclasses.replace(job, run_dir=str(self.run_dir))
-        attempt_dir = self.run_dir / f"attempt-{attempt}"
-        attempt_dir.mkdir(parents=True, exist_ok=True)
-        job_path = attempt_dir / "job.json"
+        attempt_dir = RunDir(self.run_dir).attempt(attempt)
+        attempt_dir.path.mkdir(parents=True, exist_ok=True)
+        job_path = attempt_dir.job
         job_path.write_text(job.to_json())
-        log_path = attempt_dir / f"worker-{rank}.log"
+        log_path = attempt_dir.log(rank)
         full_env = {**os.environ, **env}
         argv = ["--job", str(job_path)]
         standby = self._take_standby()

@@ -47,10 +47,10 @@ from typing import Mapping, Protocol
 
 from resilient_train.rundir import events
 from resilient_train.job.config import JobConfig
+from resilient_train.rundir.layout import AttemptDir
 from resilient_train.errors import ConfigError
 from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, expand_hostlist
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
-from resilient_train.supervisor.launchers.slurm_task import exit_path, term_path
 
 __all__ = ["SlurmLauncher", "Commands", "SubprocessCommands"]
 
@@ -168,7 +168,7 @@ class SlurmLauncher(Launcher):
         step = self.step
         if step is None or signal.SIGTERM in step.sent:
             return False
-        return any(term_path(step.attempt_dir, rank).exists() for rank in range(self.job.workers))
+        return any(AttemptDir.at(step.attempt_dir).slurm_term(rank).exists() for rank in range(self.job.workers))
 
     def close(self) -> None:
         self._end_previous_step()
@@ -276,8 +276,8 @@ def _ended(process: subprocess.Popen, timeout: float) -> bool:
 
 def _read_exit(attempt_dir: Path, rank: int) -> int | None:
     try:
-        return int(json.loads(exit_path(attempt_dir, rank).read_text())["exit_code"])
+        return int(json.loads(AttemptDir.at(attempt_dir).slurm_exit(rank).read_text())["exit_code"])
     except FileNotFoundError:
         return None
     except (ValueError, KeyError) as exc:  # written atomically, so this is not a torn write
-        raise RuntimeError(f"Unreadable Slurm task report {exit_path(attempt_dir, rank)}: {exc}") from None
+        raise RuntimeError(f"Unreadable Slurm task report {AttemptDir.at(attempt_dir).slurm_exit(rank)}: {exc}") from None

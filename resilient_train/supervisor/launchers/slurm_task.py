@@ -25,37 +25,29 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
-__all__ = ["main", "exit_path", "term_path"]
+from resilient_train.rundir.atomic import write_atomic
+from resilient_train.rundir.layout import AttemptDir
 
-
-def exit_path(attempt_dir: Path, rank: int) -> Path:
-    return attempt_dir / f"slurm-task-{rank}.json"
-
-
-def term_path(attempt_dir: Path, rank: int) -> Path:
-    return attempt_dir / f"slurm-term-{rank}"
+__all__ = ["main"]
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m resilient_train.supervisor.launchers.slurm_task ATTEMPT_DIR -- ARGV...", file=sys.stderr)
         return 2
-    attempt_dir, command = Path(argv[0]), argv[2:]
+    attempt_dir, command = AttemptDir.at(argv[0]), argv[2:]
     rank = int(os.environ.get("SLURM_PROCID", "0"))
 
     def record_term(signum: int, frame: object) -> None:
-        term_path(attempt_dir, rank).write_text(f"{socket.gethostname()}\n")
+        attempt_dir.slurm_term(rank).write_text(f"{socket.gethostname()}\n")
 
     signal.signal(signal.SIGTERM, record_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # srun forwards Ctrl-C; the worker handles it
     child = subprocess.Popen(command)
     code = child.wait()
     report = {"rank": rank, "exit_code": code, "pid": child.pid, "host": socket.gethostname()}
-    tmp = exit_path(attempt_dir, rank).with_suffix(".tmp")
-    tmp.write_text(json.dumps(report) + "\n")
-    os.replace(tmp, exit_path(attempt_dir, rank))
+    write_atomic(attempt_dir.slurm_exit(rank), json.dumps(report) + "\n")
     return code if code >= 0 else 128 - code
 
 

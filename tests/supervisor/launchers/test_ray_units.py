@@ -285,7 +285,7 @@ def test_pump_brings_back_tensorboard_appended_or_rewritten_and_the_model_but_no
     board = node / "tensorboard" / "events.out.tfevents.100.host"
     board.parent.mkdir(parents=True)
     board.write_bytes(b"r1r2")
-    (node / "tensorboard" / "events.out.tfevents.100.host.rewrite").write_bytes(b"half")
+    (node / "tensorboard" / ".events.out.tfevents.100.host.tmp-1a2b3c4d").write_bytes(b"half")  # a replacing() temp
     (node / "model" / "saved_model" / "variables").mkdir(parents=True)
     (node / "model" / "saved_model" / "variables" / "variables.data").write_bytes(b"weights")
     (node / "model" / "export.json").write_text("{}")

@@ -18,7 +18,7 @@ from resilient_train.supervisor.launchers import make_launcher
 from resilient_train.supervisor.launchers.api import WorkerSpec
 from resilient_train.supervisor.launchers.local import LocalLauncher
 from resilient_train.supervisor.launchers.slurm import SlurmLauncher
-from resilient_train.supervisor.launchers.slurm_task import exit_path, term_path
+from resilient_train.rundir.layout import AttemptDir
 from tests.supervisor.test_supervisor_loop import events, make
 
 
@@ -85,7 +85,7 @@ def specs(job, tmp_path, attempt=1):
 
 
 def report_exit(spec: WorkerSpec, code: int) -> None:
-    exit_path(spec.attempt_dir, spec.rank).write_text(json.dumps({"rank": spec.rank, "exit_code": code}))
+    AttemptDir.at(spec.attempt_dir).slurm_exit(spec.rank).write_text(json.dumps({"rank": spec.rank, "exit_code": code}))
 
 
 def test_make_launcher_picks_slurm(tmp_path):
@@ -174,7 +174,7 @@ def test_stop_requested_only_for_a_sigterm_from_slurm(tmp_path):
     attempt = specs(job, tmp_path)
     chief, _ = slurm.start(attempt)
     assert slurm.stop_requested() is False
-    term_path(attempt[0].attempt_dir, 1).write_text("n2\n")
+    AttemptDir.at(attempt[0].attempt_dir).slurm_term(1).write_text("n2\n")
     assert slurm.stop_requested() is True
     chief.send_signal(signal.SIGTERM)  # the supervisor's own teardown: not a stop from Slurm
     assert slurm.stop_requested() is False
