@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/checkpoint_overhead.py            # ~10 min on 2 cores
     .venv/bin/python benchmarks/checkpoint_overhead.py --quick    # a smoke run (not for results)
 
-Writes benchmarks/results/checkpoint_overhead.json and .md (issue 6, sections 3-4).
+Writes benchmarks/results/checkpoint_overhead.json and .md.
 
 What is measured, on recipes/wide_mlp.py (~101 MB of model + Adam state):
 

@@ -1,4 +1,4 @@
-"""Profile the background half of an async save of recipes/wide_mlp.py (issue 12 item 4).
+"""Profile the background half of an async save of recipes/wide_mlp.py.
 
     .venv/bin/python benchmarks/profile_save.py > benchmarks/results/async_save_profile.txt
 

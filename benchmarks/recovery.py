@@ -1,6 +1,6 @@
 """Recovery time after ``kill -9`` of the chief: detection, restart to the first step, restore.
 
-What it answers (issue 7), all measured in one invocation on the same machine:
+What it answers, all measured in one invocation on the same machine:
 
 * ``detection_s_p50/p95``: ``kill -9`` of the chief -> the supervisor's ``worker_exited``
   event for it (the OS tells the supervisor; no TensorFlow timeout involved). Pooled over

@@ -10,7 +10,7 @@ right after committing that step (fault ``after_commit``); then, per repeat, a c
 checkpoint store is resumed and timed from the ``restored`` event to the ``first_step``
 event (the resumed job is killed there). Two recipes: ``start_step`` (input_bound.py,
 positions its index range before the expensive map) and ``skip`` (input_bound_skip.py, the
-runner's ``skip()``, which runs the map of every skipped batch). Target (issue 12): late
+runner's ``skip()``, which runs the map of every skipped batch). Target: late
 <= 1.2x early.
 """
 

@@ -1,4 +1,4 @@
-"""Training throughput: resilient-train against the TF tutorial's plain MWMS loop (issue 12).
+"""Training throughput: resilient-train against the TF tutorial's plain MWMS loop.
 
     .venv/bin/python benchmarks/throughput.py               # the table (~15 min on 2 cores)
     .venv/bin/python benchmarks/throughput.py --repeats 1 --recipes digits_cnn   # a smoke run

@@ -2,7 +2,7 @@
 
 Every call costs the host about a millisecond (argument conversion, the function's
 dispatch, reading the packed result, progress, fault hooks). For a model whose steps take
-milliseconds that is a large share of each step (issue 12: 0.67x of the tutorial's loop at
+milliseconds that is a large share of each step (measured: 0.67x of the tutorial's loop at
 one step per call on recipes/digits_cnn.py); for a model whose steps take a second it is
 nothing, while running many steps per call would delay the answer to a stop request by as
 many steps. So ``auto`` (the default) sizes calls by time: the chief measures its calls and

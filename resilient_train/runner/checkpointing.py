@@ -66,7 +66,6 @@ from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.rundir.events import emit as _default_emit
 
 __all__ = [
-    "CHECKPOINT_MODES",
     "SaveRequest",
     "TwinState",
     "AsyncCheckpointer",
@@ -77,7 +76,6 @@ __all__ = [
     "NoCheckpointer",
 ]
 
-CHECKPOINT_MODES = ("async", "sync")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ Two ways to get there:
 * otherwise the runner calls ``.skip(start_step)``, which runs the whole pipeline of every
   skipped batch (the recovery time then grows with the position in the epoch).
 
-Why not checkpoint the tf.data iterator (evaluated for issue 12): its state is saved by a
+Why not checkpoint the tf.data iterator (evaluated when the loop's per-step cost was cut): its state is saved by a
 synchronous op on the training thread (the async twin cannot hold a copy) and holds the
 shuffle and prefetch buffers: for recipes/digits_cnn.py one worker's iterator is 634 KB
 after 5 batches, about twice the model + optimizer state it would ride with (input_bound:

@@ -112,7 +112,7 @@ def _demote_this_thread() -> None:
     """SCHED_IDLE for the calling thread (and the threads it starts): it runs only on a CPU
     no normal thread wants and yields at once when one wakes. nice 19 was not enough: it
     still takes a share of a busy CPU, and training's threads, which sleep and wake many
-    times per step (collectives), waited behind it (issue 12: 0.82x of the same run without
+    times per step (collectives), waited behind it (measured: 0.82x of the same run without
     standbys). Where SCHED_IDLE is unavailable, nice PREWARM_NICE."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread (Linux)

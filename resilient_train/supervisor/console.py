@@ -2,6 +2,9 @@
 
 The supervisor does not print its own prose: it tails the same event stream other tools
 read, so what a person sees and what ``events.jsonl`` records cannot drift apart.
+
+One numbering for people: the console counts epochs from 1 everywhere (progress, epoch
+ends, commits, restores); the events' ``epoch`` and ``step_in_epoch`` fields stay 0-based.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ def _validation_text(record: dict[str, Any]) -> str:
     return "  " + "  ".join(parts)
 
 
+def _position(record: dict[str, Any]) -> str:
+    """``epoch 2, step 20``: the console counts epochs from 1 (events' ``epoch`` is 0-based)."""
+    return f"epoch {record['epoch'] + 1}, step {record['step_in_epoch']}"
+
+
 _PROGRESS_KEYS = {
     "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s", "steps_per_call", "attempt", "rank",
 }
@@ -62,12 +70,11 @@ def render_event(record: dict[str, Any], *, rejected: int = 0) -> str | None:
     if event == "checkpoint_committed":
         return (
             f"{ts}  checkpoint committed at global step {r['global_step']} "
-            f"(epoch {r['epoch']}, step_in_epoch {r['step_in_epoch']}) -> {r['path']}"
+            f"({_position(r)}) -> {r['path']}"
         )
     if event == "restored":
         return (
-            f"{ts}  restored global step {r['global_step']} (epoch {r['epoch']}, "
-            f"step_in_epoch {r['step_in_epoch']}) from {r['checkpoint']}"
+            f"{ts}  restored global step {r['global_step']} ({_position(r)}) from {r['checkpoint']}"
         )
     if event == "fresh_start" and rejected:
         noun = "checkpoint was" if rejected == 1 else "checkpoints were"

@@ -1,4 +1,4 @@
-"""Issue 7: the fast recovery path changes how fast a group restarts, never what it computes.
+"""The fast recovery path changes how fast a group restarts, never what it computes.
 
 Real supervisor, real MWMS workers, real standby processes (linear regression, 3 x 10 steps).
 """

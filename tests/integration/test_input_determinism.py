@@ -1,4 +1,4 @@
-"""Exact resume with an unseeded shuffle, and the resume check (issue 11 pt 2).
+"""Exact resume with an unseeded shuffle, and the resume check.
 
 The runner reseeds TensorFlow from (seed, epoch) before each dataset() call, so a
 recipe whose shuffle() has no seed resumes bit-exactly in epoch 1. Input the runner

@@ -1,4 +1,4 @@
-"""A re-run on the same run dir after a change (issue 11 pt 4): refused with exit 2 and
+"""A re-run on the same run dir after a change: refused with exit 2 and
 the change named, unless it is more epochs, which trains on and emits job_changed."""
 
 from tests.integration.harness import run_job

@@ -1,4 +1,4 @@
-"""Issue 13 end to end: held-out evaluation, TensorBoard and the exported model after a kill.
+"""Held-out evaluation, TensorBoard and the exported model after a kill.
 
 One killed-and-resumed digits run (the chief SIGKILLs itself after step 15; the supervisor
 restarts the group from the newest committed checkpoint) against the session's

@@ -1,4 +1,4 @@
-"""Recipe bugs that every restart would hit again are fatal at once (issue 11 pt 5): exit 3
+"""Recipe bugs that every restart would hit again are fatal at once: exit 3
 after one attempt, the root cause naming the fix, no restart spent."""
 
 import pytest

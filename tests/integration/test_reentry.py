@@ -1,4 +1,4 @@
-"""Issue 12 item 3: re-entering an epoch mid-way without replaying its input.
+"""Re-entering an epoch mid-way without replaying its input.
 
 tests/recipes/input_bound.py positions its dataset itself (``start_step``); its twin
 input_bound_skip.py does not, so the runner skip()s. Both must resume bit-exactly after a

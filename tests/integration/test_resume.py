@@ -1,4 +1,4 @@
-"""Issue 2: a killed run, re-run, resumes from the last committed step with exact weights."""
+"""A killed run, re-run, resumes from the last committed step with exact weights."""
 
 import signal
 

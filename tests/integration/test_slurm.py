@@ -1,4 +1,4 @@
-"""Issue 10, Slurm: real slurmctld + slurmd + munged on localhost (tests/support/slurm_cluster.py).
+"""Slurm: real slurmctld + slurmd + munged on localhost (tests/support/slurm_cluster.py).
 
 Every job is submitted with ``sbatch`` from deploy/slurm/ exactly as a user would, on one
 node with two tasks; the workers' TF_CONFIG comes from their Slurm environment. The final

@@ -1,4 +1,4 @@
-"""Issue 12: N steps per compiled call change nothing a user can observe but speed.
+"""N steps per compiled call change nothing a user can observe but speed.
 
 N=1, N=3 and auto (the default, used by the reference run) train the same weights.
 

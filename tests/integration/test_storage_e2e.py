@@ -1,4 +1,4 @@
-"""Issue 3 end to end: real jobs on a real S3 server (SeaweedFS) and on a faulty store."""
+"""Real jobs on a real S3 server (SeaweedFS) and on a faulty store."""
 
 import json
 import subprocess

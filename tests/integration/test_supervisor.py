@@ -1,4 +1,4 @@
-"""Issue 4: gang restart, graceful preemption, budgets, crash loops, root cause, orphans."""
+"""Gang restart, graceful preemption, budgets, crash loops, root cause, orphans."""
 
 import os
 import signal

@@ -1,4 +1,4 @@
-"""The job fingerprint (issue 11 pt 4): a re-run that changed what the weights depend on
+"""The job fingerprint: a re-run that changed what the weights depend on
 stops with exit 2 naming the change; more epochs is allowed and reported."""
 
 import json

@@ -1,4 +1,4 @@
-"""Pre-flight (issue 11 points 3, 6, 8): mistakes knowable without TensorFlow end in exit 2
+"""Pre-flight: mistakes knowable without TensorFlow end in exit 2
 and one or two lines before any worker starts (no attempt directory is created)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Batch structure, loss shape and sample weights (issue 11 pt 5), checked in-process."""
+"""Batch structure, loss shape and sample weights, checked in-process."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""`resilient-train check RECIPE` (issue 11 pt 2): two fresh processes, epochs built in
+"""`resilient-train check RECIPE`: two fresh processes, epochs built in
 the orders 0,1 and 1,0; exit 0 when the batches agree, 1 naming what differs."""
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""The resume check's bookkeeping and the input seeding (issue 11 pt 2), in-process."""
+"""The resume check's bookkeeping and the input seeding, in-process."""
 
 import pytest
 import tensorflow as tf

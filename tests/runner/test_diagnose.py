@@ -1,4 +1,4 @@
-"""Deterministic recipe failures become fatal RecipeErrors with the fix (issue 11 pt 5)."""
+"""Deterministic recipe failures become fatal RecipeErrors with the fix."""
 
 from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""The console's fresh-start line after every checkpoint was rejected (issue 11 pt 8)."""
+"""The console's fresh-start line after every checkpoint was rejected."""
 
 import io
 import json
@@ -26,3 +26,15 @@ def test_a_fresh_start_after_the_only_checkpoint_was_rejected_says_so(tmp_path):
     write(path, {"event": "fresh_start", "epoch": 0, "step_in_epoch": 0, "global_step": 0})
     tail.pump()
     assert out.getvalue().splitlines()[-1] == "10:00:00  no checkpoint found: starting from step 0"
+
+
+def test_progress_commit_and_restore_lines_number_the_same_epoch_the_same_way():
+    from resilient_train.supervisor.console import render_event
+
+    at = {"ts": "2026-11-23T06:55:29", "epoch": 1, "step_in_epoch": 20, "global_step": 60}
+    progress = render_event({**at, "event": "train_progress", "steps_per_epoch": 40, "steps_per_s": 20.0})
+    commit = render_event({**at, "event": "checkpoint_committed", "path": "s/ckpt-000000000060"})
+    restore = render_event({**at, "event": "restored", "checkpoint": "s/ckpt-000000000060"})
+    assert progress.startswith("06:55:29  epoch 2  step   20/40  (global 60)")
+    assert commit == "06:55:29  checkpoint committed at global step 60 (epoch 2, step 20) -> s/ckpt-000000000060"
+    assert restore == "06:55:29  restored global step 60 (epoch 2, step 20) from s/ckpt-000000000060"

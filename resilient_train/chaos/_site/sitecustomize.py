@@ -8,7 +8,7 @@ this module, which Python imports at start-up in every worker, turns the entry f
 process's ``RT_ATTEMPT`` into ``RT_FAULTFS``. The supervisor has no ``RT_ATTEMPT`` and so
 never sees faults (its storage check and summary reads stay clean).
 
-Remove once faultfs scopes faults by attempt itself (see the issue 5 note).
+Remove once faultfs scopes faults by attempt itself.
 """
 
 import json
