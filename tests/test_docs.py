@@ -68,12 +68,15 @@ def _argument_parser(module_name: str) -> argparse.ArgumentParser:
     return an ``argparse.ArgumentParser`` (``resilient_train.cli._parser`` today).
     """
     module = importlib.import_module(module_name)
-    factories = [
-        function for _, function in inspect.getmembers(module, inspect.isfunction)
-        if function.__module__ == module.__name__
-        and str(inspect.signature(function).return_annotation).endswith("ArgumentParser")
-        and all(p.default is not p.empty for p in inspect.signature(function).parameters.values())
-    ]
+
+    def builds_a_parser(function) -> bool:
+        signature = inspect.signature(function)
+        returns = signature.return_annotation  # a string under `from __future__ import annotations`
+        name = returns if isinstance(returns, str) else getattr(returns, "__name__", "")
+        return name.endswith("ArgumentParser") and all(p.default is not p.empty for p in signature.parameters.values())
+
+    factories = [function for _, function in inspect.getmembers(module, inspect.isfunction)
+                 if function.__module__ == module.__name__ and builds_a_parser(function)]
     assert len(factories) == 1, f"{module_name}: expected one ArgumentParser factory, found {[f.__name__ for f in factories]}"
     parser = factories[0]()
     assert isinstance(parser, argparse.ArgumentParser)
