@@ -1,0 +1,175 @@
+"""The documents say what the code does: links resolve, commands parse, the quickstart is the Makefile's.
+
+* every relative link in README.md, docs/*.md and benchmarks/README.md names a file or
+  directory of the repository;
+* every ``resilient-train ...`` and ``python -m resilient_train...`` line in a fenced bash
+  block is accepted by the real argument parser of the module it runs (no exit 2);
+* the README's quickstart block states exactly the commands ``make run`` and ``make test`` run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+
+# What the documents hold today. Adding a command line to a bash block changes these on purpose.
+EXPECTED_PARSED = 32
+EXPECTED_WITH_PLACEHOLDER = 1  # `chaos check --reference "$DIGEST"`: $DIGEST parsed as a stand-in value
+
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_VARIABLE = re.compile(r"\$\{?\w+\}?")
+_PLACEHOLDER = re.compile(r"<[^>]+>")
+
+
+def _blocks(path: Path, language: str) -> list[str]:
+    """The bodies of the fenced blocks tagged ``language`` (```bash ... ```)."""
+    blocks, current, in_block = [], [], None
+    for line in path.read_text().splitlines():
+        fence = _FENCE.match(line)
+        if fence and in_block is None:
+            in_block, current = fence.group(1), []
+        elif line.strip() == "```" and in_block is not None:
+            if in_block == language:
+                blocks.append("\n".join(current))
+            in_block = None
+        elif in_block is not None:
+            current.append(line)
+    assert in_block is None, f"{path.name}: unclosed code fence"
+    return blocks
+
+
+def _outside_code(path: Path) -> str:
+    """The document without fenced blocks and inline code, where links live."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _commands(block: str) -> list[str]:
+    """One string per command line: continuations joined, comments dropped."""
+    joined = block.replace("\\\n", " ")
+    return [shlex.join(shlex.split(line, comments=True)) for line in joined.splitlines() if shlex.split(line, comments=True)]
+
+
+def _argument_parser(module_name: str) -> argparse.ArgumentParser:
+    """The parser a command line module builds, found by what it returns, not by its name.
+
+    The one function of ``module_name`` that takes no arguments and is annotated to
+    return an ``argparse.ArgumentParser`` (``resilient_train.cli._parser`` today).
+    """
+    module = importlib.import_module(module_name)
+
+    def builds_a_parser(function) -> bool:
+        signature = inspect.signature(function)
+        returns = signature.return_annotation  # a string under `from __future__ import annotations`
+        name = returns if isinstance(returns, str) else getattr(returns, "__name__", "")
+        return name.endswith("ArgumentParser") and all(p.default is not p.empty for p in signature.parameters.values())
+
+    factories = [function for _, function in inspect.getmembers(module, inspect.isfunction)
+                 if function.__module__ == module.__name__ and builds_a_parser(function)]
+    assert len(factories) == 1, f"{module_name}: expected one ArgumentParser factory, found {[f.__name__ for f in factories]}"
+    parser = factories[0]()
+    assert isinstance(parser, argparse.ArgumentParser)
+    return parser
+
+
+def _parser_module(argv: list[str]) -> tuple[str, list[str]]:
+    """``resilient-train run X`` -> (``resilient_train.cli``, [run, X]); ``python -m M ...`` -> M's parser module."""
+    if argv[0] == "resilient-train":
+        return "resilient_train.cli", argv[1:]
+    assert argv[:2] == ["python", "-m"], argv
+    module = argv[2]
+    if module == "resilient_train":
+        return "resilient_train.cli", argv[3:]
+    return f"{module}.__main__", argv[3:]
+
+
+def _documented_commands() -> list[tuple[str, str]]:
+    found = []
+    for path in DOCUMENTS:
+        for block in _blocks(path, "bash"):
+            for command in _commands(block):
+                if command.startswith("resilient-train ") or command.startswith("python -m resilient_train"):
+                    found.append((path.relative_to(ROOT).as_posix(), command))
+    return found
+
+
+def test_every_relative_link_names_an_existing_path():
+    checked, broken = 0, []
+    for path in DOCUMENTS:
+        for target in _LINK.findall(_outside_code(path)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue  # http(s)://, mailto:, an anchor in the same document
+            checked += 1
+            if not (path.parent / target.split("#", 1)[0]).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert broken == []
+    assert checked > 0
+
+
+def test_every_documented_command_line_parses(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    parsed, with_placeholder, rejected = 0, 0, []
+    for document, command in _documented_commands():
+        assert not _PLACEHOLDER.search(command), f"{document}: write a real value, not a <placeholder>: {command}"
+        text, substitutions = _VARIABLE.subn("STAND_IN", command)
+        with_placeholder += substitutions > 0
+        module, argv = _parser_module(shlex.split(text))
+        try:
+            _argument_parser(module).parse_args(argv)
+        except SystemExit as exc:
+            if exc.code == 2:
+                rejected.append(f"{document}: {command}")
+                continue
+        parsed += 1
+    assert rejected == []
+    assert (parsed, with_placeholder) == (EXPECTED_PARSED, EXPECTED_WITH_PLACEHOLDER)
+
+
+def test_a_wrong_command_line_is_caught():
+    """The check above can fail: the parser it finds rejects an unknown flag with exit 2."""
+    with pytest.raises(SystemExit) as exc:
+        _argument_parser("resilient_train.cli").parse_args(["run", "recipes/digits_cnn.py", "--no-such-flag"])
+    assert exc.value.code == 2
+
+
+def _makefile_recipes() -> dict[str, list[str]]:
+    """Each target's recipe lines, with ``$(BIN)`` spelled as the path it stands for."""
+    text = (ROOT / "Makefile").read_text()
+    variables = dict(re.findall(r"^(\w+) \?= (.+)$", text, flags=re.M))
+    bin_dir = re.search(r"^BIN := (.+)$", text, flags=re.M).group(1).replace("$(VENV)", variables["VENV"])
+    recipes, target = {}, None
+    for line in text.splitlines():
+        header = re.match(r"^([\w-]+):", line)
+        if header:
+            target = header.group(1)
+            recipes[target] = []
+        elif line.startswith("\t") and target is not None:
+            recipes[target].append(line.strip().replace("$(BIN)", bin_dir))
+        elif not line.strip():
+            target = None
+    return recipes
+
+
+def test_the_quickstart_states_what_the_makefile_runs():
+    recipes = _makefile_recipes()
+    assert recipes["run"] == [".venv/bin/resilient-train run recipes/digits_cnn.py --workers 2"]
+    assert recipes["test"] == [".venv/bin/python -m pytest -q"]
+    quickstart = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    first_block = _blocks_in(quickstart)[0]
+    stated = dict(re.fullmatch(r"make (\w+)\s+# (.+)", line).groups() for line in first_block.splitlines())
+    assert stated == {"run": recipes["run"][0], "test": recipes["test"][0]}
+
+
+def _blocks_in(text: str) -> list[str]:
+    return re.findall(r"^```bash\n(.*?)\n```", text, flags=re.M | re.S)
