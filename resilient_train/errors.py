@@ -1,10 +1,10 @@
-"""The few exception types and the exit codes of resilient-train.
+"""The few exception types and the exit codes of resilient-train: both defined here, once.
 
 Exceptions subclass built-ins so callers can catch them generically; each carries a
 message that names the bad value and what would have been accepted.
 
-Exit codes are a contract with schedulers and with the supervisor (see README,
-"Exit codes"):
+Exit codes are a contract with schedulers and with the supervisor (the README's "Exit
+codes" section renders this list):
 
 * ``EXIT_OK`` (0): training completed (or was already complete).
 * ``EXIT_FAILURE`` (1): training failed; a re-run resumes from the last commit.
@@ -13,15 +13,41 @@ Exit codes are a contract with schedulers and with the supervisor (see README,
   incompatible checkpoint). The supervisor does not restart on it.
 * ``EXIT_PREEMPTED`` (143 = 128 + SIGTERM): the process was asked to stop, saved a
   checkpoint at an agreed step and exited cleanly. Schedulers treat 128-255 as retryable.
+
+How a worker's exception becomes its exit code is one table, :data:`EXIT_RULES` (first
+matching type wins, so subclasses come before their bases)::
+
+    RecipeError, ConfigError, CheckpointIncompatibleError, StaleWriterError  -> 3 "fatal"
+    StorageUnavailableError                                                  -> 1 "storage unavailable"
+    StorageError (and StorageOwnedError)                                     -> 3 "fatal storage error"
+    any other Exception (the recipe's, TensorFlow's)                         -> 1 "failed"
+
+The worker's one error path (``rundir/errorfile.py`` ``recording``) applies it after
+writing the error file; a failure before the worker knows its attempt dir and rank (bad
+flags, job file, TF_CONFIG, RT_* environment) is ``EXIT_USAGE``: nothing ran. The
+supervisor reads codes back through :data:`EXIT_DESCRIPTIONS` (``describe_exit``) and
+:data:`NOT_RESTARTABLE` (``classify``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_FATAL = 3
 EXIT_PREEMPTED = 143
+
+# How ``describe_exit`` names a code ("fatal error (exit 3)"); other codes are "exit code N".
+EXIT_DESCRIPTIONS = {
+    EXIT_OK: "completed",
+    EXIT_PREEMPTED: "preempted",
+    EXIT_FATAL: "fatal error",
+    EXIT_USAGE: "usage error",
+}
+# Codes that say a restart cannot help: the supervisor stops the run on them.
+NOT_RESTARTABLE = frozenset({EXIT_FATAL, EXIT_USAGE})
 
 
 class ConfigError(ValueError):
@@ -67,11 +93,54 @@ class StaleWriterError(RuntimeError):
     """
 
 
-class LaunchError(RuntimeError):
-    """The launcher could not start a restart's workers (no node can take a lost slot).
+class RestartNotPlacedError(RuntimeError):
+    """The launcher could not place a restart's workers (no node can take a lost slot).
 
     Raised by ``Launcher.start`` only once an attempt of this run has started; the
     supervisor ends the run as failed (``EXIT_FAILURE``, ``summary.json`` with this as the
     root cause), and a re-run resumes from the last commit. The same problem before the
-    first attempt is a ``ConfigError`` (exit 2): nothing ran, the request is the likely cause.
+    first attempt is a ``ConfigError`` (the Ray launcher's ``RayPlacementError``, exit 2):
+    nothing ran, the request is the likely cause.
     """
+
+
+# The old name, until supervisor/supervisor.py (being rewritten) imports the new one.
+LaunchError = RestartNotPlacedError
+
+
+@dataclass(frozen=True)
+class ExitRule:
+    """One row of the exit table: exceptions of type ``error`` end a worker with ``code``.
+
+    ``label`` prefixes the worker's one-line message on stderr
+    (``resilient-train worker 0: fatal storage error: ...``).
+    """
+
+    error: type[BaseException]
+    code: int
+    label: str
+
+
+# A failure none of the rows below names: the recipe's or TensorFlow's. Restartable; the
+# worker prints its traceback (and first asks runner/diagnose.py whether it is a recipe bug).
+UNEXPECTED = ExitRule(Exception, EXIT_FAILURE, "failed")
+
+EXIT_RULES: tuple[ExitRule, ...] = (
+    ExitRule(RecipeError, EXIT_FATAL, "fatal"),
+    ExitRule(ConfigError, EXIT_FATAL, "fatal"),
+    ExitRule(CheckpointIncompatibleError, EXIT_FATAL, "fatal"),
+    ExitRule(StaleWriterError, EXIT_FATAL, "fatal"),
+    ExitRule(StorageUnavailableError, EXIT_FAILURE, "storage unavailable"),  # before its base
+    ExitRule(StorageError, EXIT_FATAL, "fatal storage error"),
+    UNEXPECTED,
+)
+
+
+def exit_rule_for(exc: BaseException) -> ExitRule:
+    """The first row of :data:`EXIT_RULES` that ``exc`` is an instance of (else UNEXPECTED)."""
+    return next((rule for rule in EXIT_RULES if isinstance(exc, rule.error)), UNEXPECTED)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code of a worker that ``exc`` ended."""
+    return exit_rule_for(exc).code

@@ -13,6 +13,7 @@ write to storage outside one probe object that it deletes again.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -27,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from resilient_train.cluster.ports import free_ports
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK
 
-__all__ = ["Finding", "Probes", "run_checks", "doctor_command"]
+__all__ = ["add_parser", "main", "Finding", "Probes", "run_checks", "doctor_command"]
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _SUPPORTED_TF = ((2, 20), (2, 22))  # pyproject: tensorflow>=2.20,<2.22
@@ -314,3 +315,21 @@ def doctor_command(
     else:
         out.write(render(findings) + "\n")
     return EXIT_FAILURE if failed else EXIT_OK
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("doctor", help="check Python, TensorFlow, GPUs, environment, ports and storage")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--storage", metavar="URL", help="also check that URL is reachable and writable")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--workers", type=int, default=1, help="with --gpus-per-worker: GPUs needed = workers x G")
+    parser.add_argument("--gpus-per-worker", type=int, default=0, metavar="G")
+    parser.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from resilient_train.checkpoint import parse_storage_options
+
+    return doctor_command(as_json=args.json, storage=args.storage,
+                          storage_options=parse_storage_options(args.storage_option),
+                          workers=args.workers, gpus_per_worker=args.gpus_per_worker)

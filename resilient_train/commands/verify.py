@@ -17,6 +17,7 @@ Exit codes (a contract with scripts and CI; see errors.py):
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,7 +26,26 @@ from typing import Any, Iterable, Mapping, TextIO
 from resilient_train.checkpoint.store import CheckpointInfo, CheckpointStore, Status
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, StorageError
 
-__all__ = ["format_rows", "verify_command", "ls_command", "status_text", "newest_restorable"]
+__all__ = ["add_parser", "main", "format_rows", "verify_command", "ls_command", "status_text", "newest_restorable"]
+
+def add_parser(subparsers: Any) -> None:
+    """Both subcommands: ``verify`` and ``ls`` take the same arguments."""
+    for name, help_text in (("verify", "verify every checkpoint (hashes all files)"), ("ls", "list checkpoints (no hashing)")):
+        parser = subparsers.add_parser(name, help=help_text)
+        parser.add_argument("url", help="storage URL (the --storage of the run)")
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+        parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+        parser.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from resilient_train.checkpoint import parse_storage_options
+
+    options = parse_storage_options(args.storage_option)
+    if args.command == "ls":
+        return ls_command(args.url, options, as_json=args.json)
+    return verify_command(args.url, options, as_json=args.json, hash=True)
+
 
 _HEADER = ("global_step", "epoch", "step_in_epoch", "size", "status")
 

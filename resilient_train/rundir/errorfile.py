@@ -16,7 +16,11 @@ Secondary failures are recognised by exception type name and message text (see
 ``_SECONDARY_TYPES`` and ``_SECONDARY_PATTERNS``), never by importing TensorFlow: this
 module is pure stdlib so the supervisor stays light and tests stay fast.
 
-Files are written atomically (temporary file + ``os.replace``); the reader still tolerates
+The worker's one error path is :func:`recording` (torch elastic's ``record``): the worker's
+whole main runs inside it; an exception that ends the worker is written to its error file
+and turned into the exit code of ``errors.EXIT_RULES``.
+
+Files are written atomically (``rundir/atomic.py``, fsynced); the reader still tolerates
 a torn or foreign file by skipping it with a note, because a report about a crash must not
 crash. Times are epoch seconds (``time.time()``): error times and the supervisor's exit
 times are compared directly, which holds on one host.
@@ -39,16 +43,26 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TextIO
 
-from resilient_train.errors import EXIT_FATAL, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
+from resilient_train.errors import (
+    EXIT_DESCRIPTIONS,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    UNEXPECTED,
+    ConfigError,
+    exit_rule_for,
+)
+from resilient_train.rundir.atomic import write_atomic
 
 __all__ = [
     "describe_exit",
     "is_secondary",
     "error_file_path",
     "record_exception",
-    "errors_recorded",
+    "recording",
+    "Recording",
     "WorkerError",
     "read_errors",
     "RootCause",
@@ -84,14 +98,8 @@ def describe_exit(returncode: int) -> str:
             return f"killed by {signal.Signals(-returncode).name}"
         except ValueError:
             return f"killed by signal {-returncode}"
-    if returncode == EXIT_OK:
-        return f"completed (exit {EXIT_OK})"
-    if returncode == EXIT_PREEMPTED:
-        return f"preempted (exit {EXIT_PREEMPTED})"
-    if returncode == EXIT_FATAL:
-        return f"fatal error (exit {EXIT_FATAL})"
-    if returncode == EXIT_USAGE:
-        return f"usage error (exit {EXIT_USAGE})"
+    if returncode in EXIT_DESCRIPTIONS:
+        return f"{EXIT_DESCRIPTIONS[returncode]} (exit {returncode})"
     return f"exit code {returncode}"
 
 
@@ -141,45 +149,97 @@ def record_exception(
         ),
         "secondary": is_secondary(type_name, message),
     }
-    path = error_file_path(attempt_dir, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    return write_atomic(error_file_path(attempt_dir, rank), json.dumps(record, indent=1), fsync=True)
+
+
+# Before the worker knows where its error file goes, these mean a bad flag, job file,
+# TF_CONFIG or RT_* variable: a usage error, reported in one line.
+_USAGE_ERRORS = (ConfigError, OSError, ValueError)
+
+
+@dataclass
+class Recording:
+    """What the worker tells :func:`recording` as it goes, and how the block ended.
+
+    ``locate`` names the error file (attempt dir and rank) once TF_CONFIG is known; until
+    then nothing has run. ``global_step`` reads the step for the file, ``diagnose`` may
+    turn an unexpected exception into the recipe bug it is (a ``RecipeError`` with the
+    fix, runner/diagnose.py), ``on_failure`` runs after an unexpected failure was recorded
+    (the chief lets its in-flight checkpoint commit). ``exit_code`` is the worker's exit
+    code: the body sets it on success, :func:`recording` on an exception.
+    """
+
+    prefix: str
+    attempt_dir: Path | None = None
+    rank: int | None = None
+    global_step: Callable[[], int | None] | None = None
+    diagnose: Callable[[Exception], Exception | None] | None = None
+    on_failure: Callable[[], None] | None = None
+    exit_code: int = EXIT_OK
+    error_file: Path | None = None
+
+    def locate(self, attempt_dir: Path, rank: int) -> None:
+        self.attempt_dir, self.rank = Path(attempt_dir), rank
 
 
 @contextmanager
-def errors_recorded(
-    attempt_dir: Path,
-    rank: int,
-    global_step_fn: Callable[[], int | None] | None = None,
+def recording(
+    prefix: str = "resilient-train worker",
     *,
+    err: TextIO | None = None,
     clock: Callable[[], float] = time.time,
-) -> Iterator[None]:
-    """Record any uncaught ``Exception`` of the block as this worker's error file; re-raise.
+) -> Iterator[Recording]:
+    """Run a worker's main; an ``Exception`` that ends it sets ``exit_code`` instead of escaping.
 
-    ``SystemExit`` and ``KeyboardInterrupt`` pass through unrecorded: they are requested
-    exits (the preemption path exits ``EXIT_PREEMPTED`` via ``SystemExit``). Failing to
-    read the step or to write the file never hides the original exception.
+    Once located, the exception (or what ``diagnose`` made of it) is written to
+    ``<attempt_dir>/error-<rank>.json`` and the exit code comes from ``errors.EXIT_RULES``:
+    a known type is one line on ``err`` (``<prefix> <rank>: fatal: ...``), an unexpected one
+    its traceback, after ``on_failure``. Before ``locate``, a ConfigError, OSError or
+    ValueError is one line (``<prefix>: ...``) and ``EXIT_USAGE``; anything else propagates.
+    ``SystemExit`` and ``KeyboardInterrupt`` always pass through unrecorded: they are
+    requested exits. A clean block writes nothing. Failing to read the step or to write the
+    file never hides the original exception.
     """
+    state = Recording(prefix)
     try:
-        yield
+        yield state
     except Exception as exc:
-        step: int | None = None
-        if global_step_fn is not None:
-            try:
-                step = global_step_fn()
-            except Exception:  # the step variable may be unreadable after a peer died
-                step = None
+        stream = err if err is not None else sys.stderr
+        if state.attempt_dir is None or state.rank is None:
+            if not isinstance(exc, _USAGE_ERRORS):
+                raise
+            print(f"{prefix}: {exc}", file=stream)
+            state.exit_code = EXIT_USAGE
+            return
+        state.exit_code = _ended_by(state, state.attempt_dir, state.rank, exc, stream, clock)
+
+
+def _ended_by(state: Recording, attempt_dir: Path, rank: int, exc: Exception, stream: TextIO,
+              clock: Callable[[], float]) -> int:
+    """Record ``exc`` as worker ``rank``'s error, say it on ``stream``; its exit code."""
+    rule = exit_rule_for(exc)
+    recorded: Exception = exc
+    if rule is UNEXPECTED and state.diagnose is not None:
+        diagnosed = state.diagnose(exc)
+        if diagnosed is not None:  # a recipe bug that every restart would hit again
+            recorded, rule = diagnosed, exit_rule_for(diagnosed)
+    step: int | None = None
+    if state.global_step is not None:
         try:
-            record_exception(attempt_dir, rank, exc, global_step=step, clock=clock)
-        except OSError as write_error:
-            print(f"could not write error file for rank {rank}: {write_error}", file=sys.stderr)
-        raise
+            step = state.global_step()
+        except Exception:  # the step variable may be unreadable (not built, a peer died)
+            step = None
+    try:
+        state.error_file = record_exception(attempt_dir, rank, recorded, global_step=step, clock=clock)
+    except OSError as write_error:
+        print(f"could not write error file for rank {rank}: {write_error}", file=stream)
+    if rule is UNEXPECTED:
+        if state.on_failure is not None:
+            state.on_failure()
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
+    else:
+        print(f"{state.prefix} {rank}: {rule.label}: {recorded}", file=stream)
+    return rule.code
 
 
 @dataclass(frozen=True)

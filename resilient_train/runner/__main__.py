@@ -5,12 +5,11 @@ by another engine with the same flags as ``resilient-train run`` (``resilient-tr
 RECIPE ...``) and TF_CONFIG in the environment. Reads:
 
 * ``TF_CONFIG``: the cluster and this task (absent: a single local worker);
-* ``RT_ATTEMPT``: the attempt number (default 1), ``RT_RUN_ID``: the run id.
+* ``RT_ATTEMPT``, ``RT_RUN_ID``, ``RT_GENERATION`` (cluster/environment.py).
 
-Exit codes (resilient_train.errors): 0 done, 1 failed (restartable), 3 fatal (a restart
-cannot help: bad recipe, incompatible checkpoint, bad storage URL), 143 preempted after an
-agreed save. Every uncaught exception is recorded in ``<attempt_dir>/error-<rank>.json`` for
-the supervisor's root-cause report.
+Exit codes and which exception ends a worker with which: resilient_train/errors.py.
+Every exception that ends a worker is recorded in ``<attempt_dir>/error-<rank>.json`` for
+the supervisor's root-cause report (runner/worker.py, rundir/errorfile.py ``recording``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Two ways in, one way out (:func:`export_model`):
 * at completion the chief exports ``<run-dir>/model/`` from the final weights
   (:func:`export_completed`, called by the worker after ``Trainer.run`` returned), and
 * ``resilient-train export STORAGE_URL --recipe R [--step N] --out DIR`` exports any
-  committed checkpoint (:func:`export_command`): the checkpoint is fetched with every file
+  committed checkpoint (``commands/export.py``): the checkpoint is fetched with every file
   hash-checked, restored into the recipe's model, and its weights digest must equal the
   manifest's ``weights_sha256`` before anything is written.
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -35,9 +34,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from resilient_train.runner.model_state import digest_with_paths, preserved_rng, weight_paths
-from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError, CheckpointIncompatibleError
+from resilient_train.errors import CheckpointIncompatibleError
 
-__all__ = ["FORMATS", "export_model", "export_completed", "export_command", "exported_weights_sha256"]
+__all__ = ["FORMATS", "EXPORT_FILE", "export_model", "export_completed", "exported_weights_sha256"]
 
 FORMATS = ("keras", "saved_model")
 EXPORT_FILE = "export.json"
@@ -137,62 +136,3 @@ def export_completed(trainer: Any, result: Any, out_dir: Path) -> dict[str, Any]
     emit("model_exported", group=True, path=str(out_dir), global_step=result.global_step,
          weights_sha256=record["weights_sha256"], files=record["files"])
     return record
-
-
-def export_command(
-    url: str,
-    *,
-    recipe_spec: str,
-    out: str,
-    step: int | None,
-    formats: Sequence[str],
-    storage_options: Mapping[str, Any],
-    overrides: Mapping[str, str],
-) -> int:
-    """``resilient-train export``: verify checkpoint ``step`` (default newest), then export it."""
-    from resilient_train.rundir import events
-    from resilient_train.checkpoint import CheckpointStore
-    from resilient_train.job.recipe import load_recipe, resolve_params
-
-    events.configure(None, console=None)  # the store's progress events are not this command's output
-    recipe = load_recipe(recipe_spec)
-    params = resolve_params(recipe.params, overrides)
-    store = CheckpointStore(url, storage_options)
-    if step is None:
-        manifest = store.latest_manifest()
-        if manifest is None:
-            print(f"resilient-train export: no committed checkpoint under {url}", file=sys.stderr)
-            return EXIT_USAGE
-        step = manifest.global_step
-    with tempfile.TemporaryDirectory(prefix="rt-export-") as scratch:
-        try:
-            manifest, local_dir = store.fetch(step, Path(scratch))
-            model = _restore_weights(recipe, params, local_dir / "ckpt", f"{url}/{CheckpointStore.dir_name(step)}")
-            record = export_model(
-                model,
-                Path(out),
-                paths=weight_paths(model),
-                weights_sha256=manifest.weights_sha256,
-                formats=formats,
-                info={"recipe": recipe.name, "global_step": manifest.global_step, "epoch": manifest.epoch,
-                      "source": f"{url}/{CheckpointStore.dir_name(step)}"},
-            )
-        except (CheckpointCorruptError, CheckpointIncompatibleError) as exc:
-            print(f"resilient-train export: checkpoint step {step}: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-    print(f"Exported global step {record['global_step']} (weights_sha256 {record['weights_sha256']}) "
-          f"to {out}: {', '.join(record['files'].values())}, {EXPORT_FILE}")
-    return EXIT_OK
-
-
-def _restore_weights(recipe: Any, params: dict[str, Any], prefix: Path, where: str) -> Any:
-    """The recipe's model with the checkpoint's weights (optimizer and counters ignored)."""
-    import tensorflow as tf
-
-    model = recipe.build_model(params)
-    try:
-        tf.train.Checkpoint(model=model).read(str(prefix)).expect_partial().assert_existing_objects_matched()
-    except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointIncompatibleError(f"{where} does not fit recipe {recipe.name}'s model: {first}") from None
-    return model

@@ -45,7 +45,7 @@ from tenacity.stop import stop_after_attempt, stop_base, stop_never
 from tenacity.wait import wait_base, wait_exponential
 
 from resilient_train.rundir.errorfile import describe_exit
-from resilient_train.errors import EXIT_FATAL, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
+from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED, NOT_RESTARTABLE
 
 __all__ = [
     "ExitClass",
@@ -89,12 +89,12 @@ class ExitClass(str, Enum):
 
 
 def classify(returncode: int) -> ExitClass:
-    """The :class:`ExitClass` of one process's return code."""
+    """The :class:`ExitClass` of one process's return code (codes: errors.py)."""
     if returncode == EXIT_OK:
         return ExitClass.OK
     if returncode == EXIT_PREEMPTED:
         return ExitClass.PREEMPTED
-    if returncode in (EXIT_FATAL, EXIT_USAGE):
+    if returncode in NOT_RESTARTABLE:
         return ExitClass.FATAL
     return ExitClass.FAILED
 

@@ -141,3 +141,19 @@ def test_format_rows_of_an_unreadable_manifest(memory_backend: Backend) -> None:
         (Status.UNCOMMITTED, "manifest unreadable: unsupported schema_version 7 (this reader knows 1)")]
     assert format_rows(infos).splitlines()[1].endswith(
         "corrupt manifest: unsupported schema_version 7 (this reader knows 1)")
+
+
+def test_the_cli_ls_lists_without_hashing_and_verify_hashes(memory_backend: Backend, capsys) -> None:
+    from resilient_train.cli import main
+
+    store = memory_backend.store()
+    memory_backend.commit(store, 5)
+    fs, root = memory_backend.raw_fs(store)
+    data = bytearray(fs.cat_file(f"{root}/ckpt-000000000005/{DATA_FILE}"))
+    data[0] ^= 0xFF
+    fs.pipe_file(f"{root}/ckpt-000000000005/{DATA_FILE}", bytes(data))
+
+    assert main(["ls", store.url, "--json"]) == EXIT_OK  # a flipped byte is invisible without hashing
+    assert [c["status"] for c in json.loads(capsys.readouterr().out)["checkpoints"]] == ["ok"]
+    assert main(["verify", store.url, "--json"]) == EXIT_FAILURE
+    assert [c["status"] for c in json.loads(capsys.readouterr().out)["checkpoints"]] == ["corrupt"]

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from resilient_train.errors import (
+    EXIT_FAILURE,
+    EXIT_FATAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    CheckpointIncompatibleError,
+    ConfigError,
+    RecipeError,
+    StorageError,
+    StorageUnavailableError,
+)
 from resilient_train.rundir.errorfile import (
     RootCause,
     WorkerError,
     choose_root_cause,
-    errors_recorded,
     is_secondary,
     read_errors,
     record_exception,
+    recording,
     tail_lines,
 )
 
@@ -139,37 +151,111 @@ def test_is_secondary(type_name: str, message: str, expected: bool) -> None:
     assert is_secondary(type_name, message) is expected
 
 
-def test_errors_recorded_records_and_reraises(tmp_path: Path) -> None:
-    with pytest.raises(ZeroDivisionError):
-        with errors_recorded(tmp_path, 2, lambda: 11, clock=lambda: T0):
-            1 / 0
+# --- the worker's one error path: recording ---------------------------------------------
+
+
+def _recorded(tmp_path: Path, exc: BaseException, *, rank: int = 2, step=lambda: 11, **hooks):
+    err = io.StringIO()
+    with recording("resilient-train worker", err=err, clock=lambda: T0) as state:
+        state.locate(tmp_path, rank)
+        state.global_step = step
+        for name, hook in hooks.items():
+            setattr(state, name, hook)
+        raise exc
+    return state, err.getvalue()
+
+
+def test_recording_records_and_returns_the_exit_code(tmp_path: Path) -> None:
+    state, err = _recorded(tmp_path, ZeroDivisionError("division by zero"))
+    assert state.exit_code == EXIT_FAILURE
     [error] = read_errors(tmp_path)
-    assert (error.rank, error.type, error.global_step, error.time) == (
+    assert (error.rank, error.type, error.message, error.global_step, error.time) == (
         2,
         "ZeroDivisionError",
+        "division by zero",
         11,
         T0,
     )
+    assert state.error_file == tmp_path / "error-2.json"
+    assert err.startswith("Traceback (most recent call last):") and err.endswith("ZeroDivisionError: division by zero\n")
 
 
-def test_errors_recorded_survives_an_unreadable_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("exc", "code", "line"),
+    [
+        (RecipeError("no dataset"), EXIT_FATAL, "resilient-train worker 2: fatal: no dataset"),
+        (ConfigError("Received x=0"), EXIT_FATAL, "resilient-train worker 2: fatal: Received x=0"),
+        (CheckpointIncompatibleError("dense/kernel"), EXIT_FATAL, "resilient-train worker 2: fatal: dense/kernel"),
+        (StorageUnavailableError("s3 down"), EXIT_FAILURE, "resilient-train worker 2: storage unavailable: s3 down"),
+        (StorageError("no bucket"), EXIT_FATAL, "resilient-train worker 2: fatal storage error: no bucket"),
+    ],
+)
+def test_recording_a_known_error_is_one_line_and_the_table_code(tmp_path: Path, exc, code, line) -> None:
+    state, err = _recorded(tmp_path, exc, on_failure=lambda: pytest.fail("on_failure runs for unexpected errors only"))
+    assert (state.exit_code, err) == (code, line + "\n")
+    [error] = read_errors(tmp_path)
+    assert (error.type, error.message) == (f"resilient_train.errors.{type(exc).__name__}", str(exc))
+
+
+def test_recording_records_the_diagnosed_recipe_bug_instead(tmp_path: Path) -> None:
+    seen: list[BaseException] = []
+
+    def diagnose(exc: Exception) -> Exception | None:
+        seen.append(exc)
+        return RecipeError("dataset() yielded 3 batches; add .repeat()")
+
+    state, err = _recorded(tmp_path, KeyError("End of sequence"), diagnose=diagnose,
+                           on_failure=lambda: pytest.fail("a recipe bug is not drained"))
+    assert [type(e) for e in seen] == [KeyError]
+    assert (state.exit_code, err) == (EXIT_FATAL, "resilient-train worker 2: fatal: dataset() yielded 3 batches; add .repeat()\n")
+    [error] = read_errors(tmp_path)
+    assert (error.type, error.message) == ("resilient_train.errors.RecipeError", "dataset() yielded 3 batches; add .repeat()")
+
+
+def test_recording_an_unexpected_error_runs_on_failure_after_the_file_is_written(tmp_path: Path) -> None:
+    files_at_drain: list[list[str]] = []
+    state, _ = _recorded(tmp_path, ValueError("loss is NaN"), diagnose=lambda exc: None,
+                         on_failure=lambda: files_at_drain.append(sorted(p.name for p in tmp_path.iterdir())))
+    assert state.exit_code == EXIT_FAILURE
+    assert files_at_drain == [["error-2.json"]]
+
+
+def test_recording_survives_an_unreadable_step(tmp_path: Path) -> None:
     def broken_step() -> int:
         raise UnavailableError("step variable gone")
 
-    with pytest.raises(KeyError):
-        with errors_recorded(tmp_path, 0, broken_step):
-            raise KeyError("x")
+    state, _ = _recorded(tmp_path, KeyError("x"), rank=0, step=broken_step)
+    assert state.exit_code == EXIT_FAILURE
     [error] = read_errors(tmp_path)
     assert (error.type, error.global_step) == ("KeyError", None)
 
 
-def test_errors_recorded_ignores_requested_exits(tmp_path: Path) -> None:
+def test_recording_ignores_requested_exits_and_a_clean_exit_writes_nothing(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
-        with errors_recorded(tmp_path, 0, None):
+        with recording() as state:
+            state.locate(tmp_path, 0)
             raise SystemExit(143)
-    with errors_recorded(tmp_path, 0, None):
-        pass
+    with recording() as state:
+        state.locate(tmp_path, 0)
+    assert state.exit_code == EXIT_OK
+    assert state.error_file is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_recording_before_locate_is_a_usage_error_without_a_file(tmp_path: Path) -> None:
+    err = io.StringIO()
+    with recording("resilient-train worker", err=err) as state:
+        raise ConfigError("TF_CONFIG task index 4 is out of range")
+    assert (state.exit_code, err.getvalue()) == (EXIT_USAGE, "resilient-train worker: TF_CONFIG task index 4 is out of range\n")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ZeroDivisionError):  # not a usage error: a bug, with its traceback
+        with recording(err=err):
+            1 / 0
+
+
+def test_record_exception_leaves_no_temporary_file(tmp_path: Path) -> None:
+    record_exception(tmp_path, 3, _raised(ValueError("x")), global_step=None, clock=lambda: T0)
+    assert [p.name for p in tmp_path.iterdir()] == ["error-3.json"]
 
 
 # --- reading ----------------------------------------------------------------------------

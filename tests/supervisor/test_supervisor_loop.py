@@ -15,7 +15,7 @@ from typing import Callable
 
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.job.config import JobConfig
-from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED, LaunchError
+from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED, RestartNotPlacedError
 from resilient_train.job.recipe import recipe_name
 from resilient_train.supervisor.launchers.local import LocalLauncher
 from resilient_train.supervisor.supervisor import Supervisor
@@ -274,7 +274,7 @@ class _LauncherLosingItsPlacement(LocalLauncher):
 
     def start(self, specs):
         if specs[0].attempt > 1:
-            raise LaunchError("could not place 2 workers: no node has {'CPU': 2.0} free")
+            raise RestartNotPlacedError("could not place 2 workers: no node has {'CPU': 2.0} free")
         (specs[0].attempt_dir / "step-0.txt").write_text("11\n")
         return super().start(specs)
 
@@ -304,7 +304,7 @@ def test_a_restart_that_cannot_be_placed_fails_the_run_keeping_the_last_commit(t
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["status"], summary["global_step"], summary["weights_sha256"]) == ("failed", 8, "1" * 64)
     assert summary["root_cause"] == {
-        "rank": None, "pid": None, "exit": "not started", "type": "LaunchError",
+        "rank": None, "pid": None, "exit": "not started", "type": "RestartNotPlacedError",
         "message": "could not place 2 workers: no node has {'CPU': 2.0} free", "global_step": 11, "attempt": 2,
     }
     assert "Stopping: attempt 2 could not start: could not place 2 workers" in out.getvalue()

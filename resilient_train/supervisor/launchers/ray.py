@@ -26,7 +26,7 @@ the recipe, started once the attempt trained) and replaces only the lost ones: R
 reschedules a dead node's bundles of the placement group onto other nodes (a spare), and
 a new actor (``max_restarts=0``: Ray never restarts one by itself) waits for its bundle
 there. No bundle within the placement timeout means no node can take the lost worker: the
-run fails (``LaunchError``). A slot that dies while an attempt starts makes the launcher
+run fails (``RestartNotPlacedError``). A slot that dies while an attempt starts makes the launcher
 remove every slot and the group and place the attempt anew, once.
 
 Loopback: when the Ray address is on 127.0.0.1/localhost (a test cluster on one machine),
@@ -52,11 +52,11 @@ from urllib.parse import urlparse
 from resilient_train.rundir import events
 from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.job.config import JobConfig
-from resilient_train.errors import ConfigError, LaunchError
+from resilient_train.errors import ConfigError, RestartNotPlacedError
 from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks, seed_chunks
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 
-__all__ = ["RayLauncher", "RayHandle", "LauncherError", "check_storage", "ray_address", "placement_strategy"]
+__all__ = ["RayLauncher", "RayHandle", "RayPlacementError", "check_storage", "ray_address", "placement_strategy"]
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("RT_RAY_PLACEMENT_TIMEOUT_S", "60"))
 POLL_INTERVAL_S = 0.2
@@ -64,12 +64,13 @@ _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
 
 
-class LauncherError(ConfigError):
-    """The cluster cannot give what the job asks (no placement in time).
+class RayPlacementError(ConfigError):
+    """Ray cannot place the workers the job asks for (no placement, no actors, no ports in time).
 
     A ConfigError, so the CLI ends with its one-line message and exit 2 instead of a
     traceback: more CPUs/GPUs per worker than the cluster has is the usual cause. Only
-    before the first attempt: later, ``start`` turns it into a ``LaunchError`` (run failed).
+    before the first attempt: later, ``start`` turns it into a ``RestartNotPlacedError``
+    (errors.py; the run failed, exit 1).
     """
 
 
@@ -200,16 +201,16 @@ class RayLauncher(Launcher):
 
         A slot can also die between attempts (its node lost during the backoff): then
         starting on it fails, and the attempt is placed anew once. No placement for the
-        first attempt is the request's fault (LauncherError, exit 2); for a later one (a
-        lost node and no spare) it is a run failure (LaunchError; the supervisor writes
+        first attempt is the request's fault (RayPlacementError, exit 2); for a later one (a
+        lost node and no spare) it is a run failure (RestartNotPlacedError; the supervisor writes
         summary.json and exits 1).
         """
         try:
             handles = self._place_and_start(specs)
-        except LauncherError as exc:
+        except RayPlacementError as exc:
             if not self._started:
                 raise
-            raise LaunchError(f"could not place {len(specs)} workers: {exc}") from None
+            raise RestartNotPlacedError(f"could not place {len(specs)} workers: {exc}") from None
         self._started = True
         return handles
 
@@ -228,9 +229,9 @@ class RayLauncher(Launcher):
                 events.emit("placement_lost", error=type(exc).__name__, retry=bool(tries_left))
                 self._release()
                 if not tries_left:
-                    raise LauncherError(f"Ray slot actors died twice while starting workers: {_first_line(exc)}") from None
+                    raise RayPlacementError(f"Ray slot actors died twice while starting workers: {_first_line(exc)}") from None
             except self._ray.exceptions.GetTimeoutError:
-                raise LauncherError(
+                raise RayPlacementError(
                     f"Ray slot actors did not answer within {PLACEMENT_TIMEOUT_S:.0f} s while starting workers"
                 ) from None
         raise AssertionError("unreachable")
@@ -335,7 +336,7 @@ class RayLauncher(Launcher):
         self._group = group
         ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
-            raise LauncherError(
+            raise RayPlacementError(
                 f"Ray could not place {count} workers with {bundle} each ({self.job.ray_strategy}) within "
                 f"{PLACEMENT_TIMEOUT_S:.0f} s; cluster resources: {ray.available_resources()}"
             )
@@ -343,7 +344,7 @@ class RayLauncher(Launcher):
         try:
             where = ray.get([a.where.remote() for a in actors], timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            raise LauncherError(f"Ray placed the workers but their actors did not start within {PLACEMENT_TIMEOUT_S:.0f} s") from None
+            raise RayPlacementError(f"Ray placed the workers but their actors did not start within {PLACEMENT_TIMEOUT_S:.0f} s") from None
         self._slots = [_SlotState(actor, node_id, node_ip) for actor, (node_id, node_ip) in zip(actors, where)]
         events.emit("placement_ready", strategy=self.job.ray_strategy, nodes=[s.node_id for s in self._slots])
 
@@ -364,7 +365,7 @@ class RayLauncher(Launcher):
         except ray.exceptions.GetTimeoutError:
             for actor in actors.values():
                 _kill_quietly(ray, actor)
-            raise LauncherError(
+            raise RayPlacementError(
                 f"Ray could not place {len(self._slots)} workers with {self._bundle()} each ({self.job.ray_strategy}) "
                 f"within {PLACEMENT_TIMEOUT_S:.0f} s: no node took the bundles {indices} of the lost slots; "
                 f"cluster resources: {ray.available_resources()}"
@@ -398,7 +399,7 @@ class RayLauncher(Launcher):
             ports = self._ray.get([s.actor.free_port.remote(s.node_ip) for s in self._slots], timeout=PLACEMENT_TIMEOUT_S)
             if unique_addresses(ips, ports):
                 return ports
-        raise LauncherError(f"could not find {len(ips)} distinct free ports on nodes {ips}")
+        raise RayPlacementError(f"could not find {len(ips)} distinct free ports on nodes {ips}")
 
     def _dead(self, index: int) -> bool:
         handle = self._handles.get(index)

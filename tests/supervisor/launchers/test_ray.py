@@ -162,7 +162,7 @@ def test_losing_a_node_with_no_spare_fails_the_run_and_a_rerun_loses_no_commit(
     assert (summary["status"], summary["attempts"], summary["global_step"]) == ("failed", 2, committed[-1])
     root = summary["root_cause"]
     assert (root["type"], root["exit"], root["attempt"], root["message"]) == (
-        "LaunchError", "not started", 2, failed[0]["reason"])
+        "RestartNotPlacedError", "not started", 2, failed[0]["reason"])
     assert [e["status"] for e in job.named("run_finished")] == ["failed"]
 
     monkeypatch.setenv("RT_RAY_PLACEMENT_TIMEOUT_S", "60")

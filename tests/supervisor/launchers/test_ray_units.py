@@ -228,19 +228,19 @@ def _launcher_placing(tmp_path, placements):
 
 
 def test_no_placement_for_the_first_attempt_is_a_usage_error(tmp_path):
-    from resilient_train.supervisor.launchers.ray import LauncherError
+    from resilient_train.supervisor.launchers.ray import RayPlacementError
 
-    reason = LauncherError("Ray could not place 2 workers with {'CPU': 64.0} each (spread) within 3 s")
+    reason = RayPlacementError("Ray could not place 2 workers with {'CPU': 64.0} each (spread) within 3 s")
     launcher, specs = _launcher_placing(tmp_path, [reason])
-    with pytest.raises(LauncherError, match="with {'CPU': 64.0} each"):
+    with pytest.raises(RayPlacementError, match="with {'CPU': 64.0} each"):
         launcher.start(specs(1))
 
 
 def test_no_placement_for_a_restart_is_a_launch_error_naming_rays_reason(tmp_path):
-    from resilient_train.errors import LaunchError
-    from resilient_train.supervisor.launchers.ray import LauncherError
+    from resilient_train.errors import RestartNotPlacedError
+    from resilient_train.supervisor.launchers.ray import RayPlacementError
 
-    reason = LauncherError("Ray could not place 2 workers with {'CPU': 2.0} each (spread) within 3 s: no node took ...")
+    reason = RayPlacementError("Ray could not place 2 workers with {'CPU': 2.0} each (spread) within 3 s: no node took ...")
     first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
     launcher, specs = _launcher_placing(tmp_path, [first])
     handles = launcher.start(specs(1))
@@ -251,7 +251,7 @@ def test_no_placement_for_a_restart_is_a_launch_error_naming_rays_reason(tmp_pat
         raise reason
 
     launcher._replace = replace
-    with pytest.raises(LaunchError) as raised:
+    with pytest.raises(RestartNotPlacedError) as raised:
         launcher.start(specs(2))
     assert not isinstance(raised.value, ConfigError)
     assert str(raised.value) == f"could not place 2 workers: {reason}"
@@ -353,7 +353,7 @@ def test_closing_slots_returns_unsent_files_and_the_last_one_removes_the_nodes_r
 
 
 def test_slots_that_do_not_answer_on_a_restart_fail_the_run_not_the_cli(tmp_path):
-    from resilient_train.errors import LaunchError
+    from resilient_train.errors import RestartNotPlacedError
 
     first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
     launcher, specs = _launcher_placing(tmp_path, [first])
@@ -363,5 +363,5 @@ def test_slots_that_do_not_answer_on_a_restart_fail_the_run_not_the_cli(tmp_path
         raise _FakeRay.exceptions.GetTimeoutError("Get timed out")
 
     first[1].free_port = _Method(no_answer)
-    with pytest.raises(LaunchError, match=r"^could not place 2 workers: Ray slot actors did not answer within \d+ s"):
+    with pytest.raises(RestartNotPlacedError, match=r"^could not place 2 workers: Ray slot actors did not answer within \d+ s"):
         launcher.start(specs(2))

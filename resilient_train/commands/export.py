@@ -1,0 +1,112 @@
+"""``resilient-train export URL --recipe R --out DIR``: a committed checkpoint as a model.
+
+The checkpoint (``--step``, default the newest committed) is fetched with every file
+hash-checked, restored into the recipe's model, and its weights digest must equal the
+manifest's ``weights_sha256`` before anything is written; the files themselves are written
+by ``runner/export.py`` ``export_model`` (the same writer as the chief's export at
+completion). Exit codes (errors.py): 0 exported, 1 the checkpoint is corrupt or does not
+fit the recipe, 2 nothing committed under URL (or the CLI's usage errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError, CheckpointIncompatibleError
+
+__all__ = ["add_parser", "main", "export_command"]
+
+_FORMATS = ("keras", "saved_model")  # runner/export.py FORMATS, without importing numpy to build the parser
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("export", help="export a committed checkpoint as model.keras / SavedModel")
+    parser.add_argument("url", help="storage URL (the --storage of the run)")
+    parser.add_argument("--recipe", required=True, help="the recipe that trained it")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory (replaced if it exists)")
+    parser.add_argument("--step", type=int, help="global step (default: the newest committed checkpoint)")
+    parser.add_argument("--format", choices=_FORMATS, action="append",
+                        help="keras (model.keras) or saved_model (SavedModel for serving); default both")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    parser.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from resilient_train.checkpoint import parse_storage_options
+    from resilient_train.job.config import parse_set_pairs
+
+    return export_command(
+        args.url,
+        recipe_spec=args.recipe,
+        out=args.out,
+        step=args.step,
+        formats=tuple(args.format or _FORMATS),
+        storage_options=parse_storage_options(args.storage_option),
+        overrides=parse_set_pairs(args.set),
+    )
+
+
+def export_command(
+    url: str,
+    *,
+    recipe_spec: str,
+    out: str,
+    step: int | None,
+    formats: Sequence[str],
+    storage_options: Mapping[str, Any],
+    overrides: Mapping[str, str],
+) -> int:
+    """``resilient-train export``: verify checkpoint ``step`` (default newest), then export it."""
+    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.job.recipe import load_recipe, resolve_params
+    from resilient_train.rundir import events
+    from resilient_train.runner.export import EXPORT_FILE, export_model
+    from resilient_train.runner.model_state import weight_paths
+
+    events.configure(None, console=None)  # the store's progress events are not this command's output
+    recipe = load_recipe(recipe_spec)
+    params = resolve_params(recipe.params, overrides)
+    store = CheckpointStore(url, storage_options)
+    if step is None:
+        manifest = store.latest_manifest()
+        if manifest is None:
+            print(f"resilient-train export: no committed checkpoint under {url}", file=sys.stderr)
+            return EXIT_USAGE
+        step = manifest.global_step
+    with tempfile.TemporaryDirectory(prefix="rt-export-") as scratch:
+        try:
+            manifest, local_dir = store.fetch(step, Path(scratch))
+            model = _restore_weights(recipe, params, local_dir / "ckpt", f"{url}/{CheckpointStore.dir_name(step)}")
+            record = export_model(
+                model,
+                Path(out),
+                paths=weight_paths(model),
+                weights_sha256=manifest.weights_sha256,
+                formats=formats,
+                info={"recipe": recipe.name, "global_step": manifest.global_step, "epoch": manifest.epoch,
+                      "source": f"{url}/{CheckpointStore.dir_name(step)}"},
+            )
+        except (CheckpointCorruptError, CheckpointIncompatibleError) as exc:
+            print(f"resilient-train export: checkpoint step {step}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    print(f"Exported global step {record['global_step']} (weights_sha256 {record['weights_sha256']}) "
+          f"to {out}: {', '.join(record['files'].values())}, {EXPORT_FILE}")
+    return EXIT_OK
+
+
+def _restore_weights(recipe: Any, params: dict[str, Any], prefix: Path, where: str) -> Any:
+    """The recipe's model with the checkpoint's weights (optimizer and counters ignored)."""
+    import tensorflow as tf
+
+    model = recipe.build_model(params)
+    try:
+        tf.train.Checkpoint(model=model).read(str(prefix)).expect_partial().assert_existing_objects_matched()
+    except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointIncompatibleError(f"{where} does not fit recipe {recipe.name}'s model: {first}") from None
+    return model

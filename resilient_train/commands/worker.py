@@ -1,0 +1,31 @@
+"""``resilient-train worker RECIPE``: one worker, for Kubernetes/Slurm/Ray.
+
+TF_CONFIG comes from the launcher's environment (or ``--tf-config-from slurm``). The
+arguments are parsed here, once; the worker itself is ``runner.worker.run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from resilient_train.cluster.slurm import add_tf_config_arguments
+from resilient_train.job.config import add_job_arguments, job_from_args
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("worker", help="run one worker (TF_CONFIG set by your launcher)")
+    parser.add_argument("recipe", nargs="?")
+    add_job_arguments(parser)
+    add_tf_config_arguments(parser)
+    parser.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from resilient_train.runner.worker import run
+
+    job = job_from_args(args)
+    return run(job, tf_config_from=args.tf_config_from, port_base=args.port_base, environ=os.environ)

@@ -1,0 +1,53 @@
+"""``resilient-train worker``: its arguments are parsed once, by the CLI, then runner.worker.run."""
+
+from __future__ import annotations
+
+import pytest
+
+from resilient_train.cli import main
+from resilient_train.errors import EXIT_OK, EXIT_USAGE
+
+
+def test_worker_arguments_are_parsed_once_and_reach_run(monkeypatch, tmp_path) -> None:
+    import resilient_train.runner.worker as worker
+
+    calls = []
+
+    def fake_run(job, *, tf_config_from, port_base, environ):
+        calls.append((job.recipe, job.run_dir, job.workers, tf_config_from, port_base))
+        return EXIT_OK
+
+    def no_second_parse(argv):
+        pytest.fail(f"the worker parsed its arguments again: {argv}")
+
+    monkeypatch.setattr(worker, "run", fake_run)
+    monkeypatch.setattr(worker, "parse_args", no_second_parse)
+    code = main(["worker", "recipes/linear_regression.py", "--run-dir", str(tmp_path), "--workers", "3",
+                 "--tf-config-from", "slurm", "--port-base", "7000"])
+    assert code == EXIT_OK
+    assert calls == [("recipes/linear_regression.py", str(tmp_path), 3, "slurm", 7000)]
+
+
+def test_worker_tf_config_error_through_the_cli_is_one_line(monkeypatch, capsys, tmp_path) -> None:
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 4}}')
+    code = main(["worker", "recipes/linear_regression.py", "--run-dir", str(tmp_path / "run")])
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err.strip() == (
+        "resilient-train worker: TF_CONFIG task index 4 is out of range; cluster['worker'] has 1 entries")
+    assert not (tmp_path / "run").exists()
+
+
+def test_worker_job_flag_error_is_the_cli_one_line(capsys, tmp_path) -> None:
+    code = main(["worker", "recipes/linear_regression.py", "--run-dir", str(tmp_path), "--workers", "0"])
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err.strip() == "resilient-train: error: Received workers=0; expected an integer >= 1"
+
+
+def test_runner_main_reports_a_missing_job_file_in_one_line(capsys, tmp_path) -> None:
+    from resilient_train.runner.worker import main as runner_main
+
+    code = runner_main(["--job", str(tmp_path / "missing.json")], environ={})
+    assert code == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("resilient-train worker: [Errno 2] No such file or directory") and len(err.splitlines()) == 1
+
