@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TextIO
 
+from resilient_train.rundir.layout import AttemptDir
 from resilient_train.errors import (
     EXIT_DESCRIPTIONS,
     EXIT_OK,
@@ -117,7 +118,7 @@ def _qualified_name(cls: type) -> str:
 
 
 def error_file_path(attempt_dir: Path, rank: int) -> Path:
-    return Path(attempt_dir) / f"error-{rank}.json"
+    return AttemptDir(Path(attempt_dir)).error(rank)
 
 
 def record_exception(
@@ -304,7 +305,7 @@ def read_errors(
     directory = Path(attempt_dir)
     if not directory.is_dir():
         return errors
-    for path in sorted(directory.glob("error-*.json")):
+    for path in AttemptDir(directory).errors():
         try:
             errors.append(WorkerError.from_json(path.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError, ValueError, TypeError) as exc:

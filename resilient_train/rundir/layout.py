@@ -52,10 +52,14 @@ _ATTEMPT = re.compile(r"attempt-(\d+)")
 
 @dataclass(frozen=True)
 class AttemptDir:
-    """``attempt-<n>/``: what the workers of one attempt leave behind."""
+    """``attempt-<n>/``: what the workers of one attempt leave behind.
+
+    ``number`` is None for a directory named by its path alone (a reader that was handed
+    the directory, not the run); the names inside do not depend on it.
+    """
 
     path: Path
-    number: int
+    number: int | None = None
 
     @classmethod
     def at(cls, path: str | os.PathLike[str]) -> "AttemptDir":
