@@ -26,3 +26,14 @@ def test_a_fresh_start_after_the_only_checkpoint_was_rejected_says_so(tmp_path):
     write(path, {"event": "fresh_start", "epoch": 0, "step_in_epoch": 0, "global_step": 0})
     tail.pump()
     assert out.getvalue().splitlines()[-1] == "10:00:00  no checkpoint found: starting from step 0"
+
+
+def test_run_state_transitions_stay_out_of_the_human_view(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text("")
+    out = io.StringIO()
+    tail = EventTail(path, out)
+    write(path, {"event": "run_state", "from": "running", "to": "stopping", "attempt": 1, "reason": "worker 1 exited abnormally"},
+          {"event": "gang_restart", "attempt": 2})
+    assert [r["event"] for r in tail.pump()] == ["run_state", "gang_restart"]
+    assert out.getvalue().splitlines() == ["10:00:00 gang_restart           attempt=2"]

@@ -123,6 +123,10 @@ def events(tmp_path: Path, name: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["event"] == name]
 
 
+def run_states(tmp_path: Path) -> list[tuple[str, str, int | None]]:
+    return [(e["from"], e["to"], e["attempt"]) for e in events(tmp_path, "run_state")]
+
+
 def test_tf_config_and_gpu_slices_per_rank(tmp_path):
     supervisor, spawner, _, _ = make(tmp_path, [{"exit_at": 0.0}, {"exit_at": 0.0}], gpus_per_worker=2)
     assert supervisor.run() == EXIT_OK
@@ -131,6 +135,9 @@ def test_tf_config_and_gpu_slices_per_rank(tmp_path):
     assert configs[0]["cluster"] == configs[1]["cluster"] and len(configs[0]["cluster"]["worker"]) == 2
     assert [call["env"]["CUDA_VISIBLE_DEVICES"] for call in spawner.calls] == ["0,1", "2,3"]
     assert [call["env"]["RT_ATTEMPT"] for call in spawner.calls] == ["1", "1"]
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "succeeded", 1),
+    ]
 
 
 def test_without_gpus_cuda_visible_devices_is_left_alone(tmp_path, monkeypatch):
@@ -154,6 +161,13 @@ def test_failed_non_chief_chief_gets_teardown_grace_then_sigkill(tmp_path):
     assert "root cause: worker 1" in out.getvalue() and "killed by SIGKILL" in out.getvalue()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["status"], summary["attempts"], summary["root_cause"]["rank"]) == ("failed", 1, 1)
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1), ("stopping", "failed", 1),
+    ]
+    stopping, failed = events(tmp_path, "run_state")[2:]
+    assert stopping["reason"] == "worker 1 exited abnormally"
+    assert failed["reason"] == events(tmp_path, "restart_budget_exhausted")[0]["reason"]
+    assert failed["reason"].startswith("restart budget exhausted: attempt 1 failed")
 
 
 def test_dead_chief_means_the_others_are_killed_at_once(tmp_path):
@@ -180,6 +194,12 @@ def test_gang_restart_after_a_failure_then_success(tmp_path):
     assert ports[0] == ports[1] and ports[2] == ports[3]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["status"], summary["attempts"], summary["restarts"]) == ("completed", 2, 1)
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1),
+        ("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "running", 2),
+        ("running", "succeeded", 2),
+    ]
+    assert events(tmp_path, "run_state")[3]["reason"] == restarts[0]["reason"]
 
 
 def test_a_worker_preempted_restarts_without_spending_the_budget(tmp_path):
@@ -193,6 +213,11 @@ def test_a_worker_preempted_restarts_without_spending_the_budget(tmp_path):
     assert spawner.processes[1].signals == []
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["preemptions"], summary["restarts"], summary["attempts"]) == (1, 0, 2)
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1),
+        ("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "running", 2),
+        ("running", "succeeded", 2),
+    ]
 
 
 def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
@@ -209,6 +234,10 @@ def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
     assert supervisor.run() == EXIT_PREEMPTED
     assert [p.signals[0][0] for p in spawner.processes] == ["SIGTERM", "SIGTERM"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "preempted"
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1), ("stopping", "preempted", 1),
+    ]
+    assert [e.get("reason") for e in events(tmp_path, "run_state")][2:] == ["stop requested (SIGTERM)"] * 2
 
 
 def test_workers_exiting_0_without_a_completed_checkpoint_is_not_success(tmp_path):
@@ -249,21 +278,6 @@ def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, mo
            "the supervisor SIGKILLed it) at global_step 7" in out.getvalue()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["root_cause"]["exit"].startswith("stopped responding")
-
-
-def test_steps_of_an_attempt_killed_before_its_first_commit_count_as_lost(tmp_path):
-    supervisor, _, _, _ = make(tmp_path, [])
-    run_dir = tmp_path / "run"
-    (run_dir / "attempt-1").mkdir(parents=True)
-    (run_dir / "attempt-1" / "step-0.txt").write_text("7\n")
-    (run_dir / "attempt-2").mkdir()
-    (run_dir / "attempt-2" / "step-0.txt").write_text("12\n")
-    (run_dir / "events.jsonl").write_text(
-        json.dumps({"event": "fresh_start", "attempt": 2, "global_step": 0}) + "\n"
-        + json.dumps({"event": "restored", "attempt": 3, "global_step": 10}) + "\n"
-    )
-    supervisor._count_lost_steps()
-    assert supervisor.totals.lost_steps == 7 + 2
 
 
 class _LauncherLosingItsPlacement(LocalLauncher):
@@ -308,3 +322,4 @@ def test_a_restart_that_cannot_be_placed_fails_the_run_keeping_the_last_commit(t
         "message": "could not place 2 workers: no node has {'CPU': 2.0} free", "global_step": 11, "attempt": 2,
     }
     assert "Stopping: attempt 2 could not start: could not place 2 workers" in out.getvalue()
+    assert run_states(tmp_path)[-3:] == [("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "failed", 2)]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Mapping, Protocol
 
 from resilient_train.job.config import JobConfig
+from resilient_train.rundir.layout import AttemptDir
 
 __all__ = ["Launcher", "WorkerHandle", "WorkerSpec"]
 
@@ -66,11 +67,11 @@ class WorkerSpec:
 
     @property
     def log_path(self) -> Path:
-        return self.attempt_dir / f"worker-{self.rank}.log"
+        return AttemptDir(self.attempt_dir, self.attempt).log(self.rank)
 
     @property
     def job_path(self) -> Path:
-        return self.attempt_dir / "job.json"
+        return AttemptDir(self.attempt_dir, self.attempt).job
 
 
 class WorkerHandle(Protocol):
