@@ -18,6 +18,8 @@ from resilient_train.job.config import JobConfig
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED, LaunchError
 from resilient_train.job.recipe import recipe_name
 from resilient_train.supervisor.launchers.local import LocalLauncher
+from resilient_train.supervisor.policy import RestartPolicy, RestartTracker
+from resilient_train.supervisor.signals import NoSignals
 from resilient_train.supervisor.supervisor import Supervisor
 
 
@@ -323,3 +325,51 @@ def test_a_restart_that_cannot_be_placed_fails_the_run_keeping_the_last_commit(t
     }
     assert "Stopping: attempt 2 could not start: could not place 2 workers" in out.getvalue()
     assert run_states(tmp_path)[-3:] == [("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "failed", 2)]
+
+
+def test_injected_signals_tracker_and_store_are_the_ones_used(tmp_path):
+    """A stop signal through the injected installer, backoffs from the injected tracker."""
+    clock, out = FakeClock(), io.StringIO()
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), warm_standby=False, max_restarts=5)
+    scripts = [
+        {"exit_at": 1.0, "exit_code": 1}, {"exit_at": None, "on_sigterm": 1},                           # attempt 1 fails
+        {"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED},  # attempt 2
+    ]
+    spawner = FakeSpawner(clock, scripts, storage=tmp_path / "run" / "checkpoints", recipe=job.recipe)
+    signals = NoSignals()
+    lookups: list[str] = []
+
+    class CountingStore(CheckpointStore):
+        def latest_manifest(self, *args, **kwargs):
+            lookups.append("latest")
+            return super().latest_manifest(*args, **kwargs)
+
+    tracker = RestartTracker(RestartPolicy(max_restarts=1, backoff_initial_s=2.0, backoff_max_s=30.0, backoff_jitter_s=0.0))
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(spawner.processes) == 4 and signals.callback is not None:
+            signals.callback("SIGTERM")  # what the installed SIGTERM handler calls
+
+    supervisor = Supervisor(job, out=out, launcher=LocalLauncher(job, spawner=spawner), store=CountingStore(job.storage),
+                            tracker=tracker, signals=signals, clock=clock.time, sleep=sleep)
+    assert supervisor.run() == EXIT_PREEMPTED
+    assert signals.callback is None  # restored on the way out
+    assert [e["source"] for e in events(tmp_path, "preemption_requested")] == ["supervisor:SIGTERM"]
+    assert [e["backoff_s"] for e in events(tmp_path, "gang_restart")] == [2.0]  # the injected policy, no jitter
+    assert tracker.restarts == 1 and lookups  # the injected store answered the completion checks
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1),
+        ("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "running", 2),
+        ("running", "stopping", 2), ("stopping", "preempted", 2),
+    ]
+
+
+def test_a_run_already_complete_goes_from_preparing_to_succeeded(tmp_path):
+    supervisor, _, _, _ = make(tmp_path, [{"exit_at": 0.0}, {"exit_at": 0.0}])
+    assert supervisor.run() == EXIT_OK
+    again, spawner, _, out = make(tmp_path, [])
+    assert again.run() == EXIT_OK
+    assert spawner.calls == [] and "already completed at global step 10" in out.getvalue()
+    assert run_states(tmp_path)[-1] == ("preparing", "succeeded", None)
+    assert "run_state" not in out.getvalue()
