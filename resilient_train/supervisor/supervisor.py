@@ -66,7 +66,12 @@ from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.rundir.lock import RunDirLock
 from resilient_train.rundir.run_record import load_or_create_run_id
 from resilient_train.supervisor.console import EventTail
-from resilient_train.supervisor.launchers import Launcher, WorkerHandle, WorkerSpec, make_launcher
+from resilient_train.supervisor.launchers import (
+    Launcher,
+    WorkerHandle,
+    WorkerSpec,
+    make_launcher,
+)
 from resilient_train.supervisor.ownership import claim_storage, generation_for
 from resilient_train.supervisor.policy import (
     AttemptOutcome,

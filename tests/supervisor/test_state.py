@@ -6,7 +6,12 @@ import itertools
 
 import pytest
 
-from resilient_train.supervisor.state import EVENT_RUN_STATE, TRANSITIONS, RunState, RunStateMachine
+from resilient_train.supervisor.state import (
+    EVENT_RUN_STATE,
+    TRANSITIONS,
+    RunState,
+    RunStateMachine,
+)
 
 LEGAL = {
     (RunState.PREPARING, RunState.STARTING),
