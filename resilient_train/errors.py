@@ -104,9 +104,6 @@ class RestartNotPlacedError(RuntimeError):
     """
 
 
-# The old name, until supervisor/supervisor.py (being rewritten) imports the new one.
-LaunchError = RestartNotPlacedError
-
 
 @dataclass(frozen=True)
 class ExitRule:

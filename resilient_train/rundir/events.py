@@ -15,7 +15,8 @@ lines never interleave.
 
 Vocabulary (``event`` field, stable snake_case names; README "Events and summary"):
 
-* run: run_started, run_finished, run_already_complete, attempt_reached, job_changed
+* run: run_started, run_finished, run_already_complete, attempt_reached, job_changed,
+  run_state (supervisor state transitions; kept out of the console's human view)
 * workers: worker_started, worker_exited, worker_failed, worker_preempted, first_step
 * training: fresh_start, restored, train_progress, epoch_finished, training_completed,
   world_size_changed, input_mismatch, preemption_requested, preempted

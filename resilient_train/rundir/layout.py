@@ -142,6 +142,11 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
 
+    @property
+    def worker_logs_glob(self) -> str:
+        """Every attempt's worker logs, as a glob pattern (for people: "Logs: ...")."""
+        return str(self.path / "attempt-*" / "worker-*.log")
+
     def work_dir(self, rank: int) -> Path:
         return self.local / f"rank-{rank}"
 

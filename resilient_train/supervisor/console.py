@@ -41,6 +41,10 @@ def _position(record: dict[str, Any]) -> str:
     return f"epoch {record['epoch'] + 1}, step {record['step_in_epoch']}"
 
 
+# Recorded for tools, not worth a line for people: ``worker_started`` repeats what the
+# attempt's other lines say, ``run_state`` (supervisor/state.py) narrates every transition.
+_HIDDEN = frozenset({"worker_started", "run_state"})
+
 _PROGRESS_KEYS = {
     "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s", "steps_per_call", "attempt", "rank",
 }
@@ -81,7 +85,7 @@ def render_event(record: dict[str, Any], *, rejected: int = 0) -> str | None:
         return f"{ts}  no restorable checkpoint: {rejected} {noun} rejected (see above); starting from step 0"
     if event == "fresh_start":
         return f"{ts}  no checkpoint found: starting from step 0"
-    if event == "worker_started":
+    if event in _HIDDEN:
         return None
     return render_line(record)
 

@@ -6,7 +6,7 @@ to do that and *how long to wait first*; it never touches a process, a clock or 
 The supervisor loop feeds it one :class:`AttemptOutcome` per attempt and acts on the
 :class:`Decision` it returns.
 
-Design, after the anchors in STYLE.md:
+Design, after torch elastic's agent and tenacity's composable policies:
 
 * **One counter holds the budget** (torch elastic's ``remaining_restarts``): only failures
   spend ``max_restarts``. Preemptions are not failures (the group saved at an agreed step

@@ -6,102 +6,97 @@ stop every worker, wait a backoff, start a new *attempt* with fresh ports, and l
 workers restore the last committed checkpoint.
 
 # Implementation:
-# One loop, one state variable (RunState). Each attempt:
+# run() = _prepare() (lock, run id, events, storage checks), _loop(), _finish() (lost steps,
+# summary.json, exit code). The loop is a state machine (supervisor/state.py): one _step_*
+# method per RunState, each ending in exactly one checked, announced transition.
+#   PREPARING  storage already holds the completed run -> SUCCEEDED at once, else STARTING.
 #   STARTING   pick free loopback ports, write attempt-<n>/job.json, start N workers with
-#              TF_CONFIG / RT_ATTEMPT / RT_RUN_ID: a warm standby from the StandbyPool
-#              (supervisor/standby.py: TensorFlow already imported) where one is alive,
-#              else a cold spawn; each worker gets the Linux parent-death signal so it can
-#              never outlive a SIGKILLed supervisor.
+#              TF_CONFIG and the WorkerEnvironment (attempt, run id, generation): a warm
+#              standby from the StandbyPool (supervisor/standby.py: TensorFlow already
+#              imported) where one is alive, else a cold spawn; each worker gets the Linux
+#              parent-death signal so it can never outlive a SIGKILLed supervisor.
+#              A RestartNotPlacedError (no placement) -> FAILED.
 #   RUNNING    poll children every POLL_S (the OS tells us of a death at once: no waiting
 #              for TensorFlow's ~10 s collective timeout), print new events.jsonl lines,
-#              let the pool reap and refill its standbys.
+#              let the launcher reap and refill its standbys. All exited 0 with the
+#              completed checkpoint committed -> SUCCEEDED; anything else -> STOPPING.
 #   STOPPING   a worker exited abnormally -> SIGTERM the rest, SIGKILL after
 #              teardown_grace_s, or at once when the chief is gone (only the chief commits
 #              and a broken group cannot agree on a save: the survivors have nothing left to
 #              finish, and waiting for them is pure recovery time); or the supervisor
-#              itself got SIGTERM/SIGINT -> forward
-#              SIGTERM (the workers agree on a step, save it and exit 143) and SIGKILL
-#              whoever is left after grace_period.
-#   then       SUCCEEDED (all exited 0), or the RestartTracker decides: RESTARTING (sleep
-#              the backoff, next attempt) or FAILED / PREEMPTED (stop, write summary.json).
+#              itself got SIGTERM/SIGINT -> forward SIGTERM (the workers agree on a step,
+#              save it and exit 143) and SIGKILL whoever is left after grace_period.
+#              Once nobody is left: root cause, then SUCCEEDED (they finished after all),
+#              PREEMPTED (our own stop), or the RestartTracker decides RESTARTING / FAILED.
+#   RESTARTING announce gang_restart, sleep the backoff -> STARTING with attempt + 1.
 #
-# Everything that touches the outside world (spawning, clock, sleep, signals) is a
-# constructor argument, so the loop can be driven by fakes in unit tests.
+# Everything that touches the outside world (launcher, checkpoint store, restart tracker,
+# clock, sleep, signal handlers) is a constructor argument, so the loop can be driven by
+# fakes in unit tests.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import signal
 import sys
 import time
-import uuid
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from resilient_train.rundir import events
 from resilient_train.checkpoint import CheckpointStore, Manifest
-from resilient_train.job.config import JobConfig
-from resilient_train.rundir.errorfile import choose_root_cause, log_tail, read_errors
+from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
     EXIT_OK,
     EXIT_PREEMPTED,
-    LaunchError,
+    RestartNotPlacedError,
 )
-from resilient_train.rundir.events import emit, read_events
+from resilient_train.job.config import JobConfig
 from resilient_train.job.fingerprint import guard_job
 from resilient_train.job.recipe import recipe_name
-from resilient_train.rundir.stepmarker import highest_step
+from resilient_train.rundir import events
+from resilient_train.rundir.atomic import write_atomic
+from resilient_train.rundir.errorfile import choose_root_cause, log_tail, read_errors
+from resilient_train.rundir.events import emit, read_events
+from resilient_train.rundir.layout import AttemptDir, RunDir
+from resilient_train.rundir.lock import RunDirLock
+from resilient_train.rundir.run_record import load_or_create_run_id
 from resilient_train.supervisor.console import EventTail
-from resilient_train.supervisor.launchers import Launcher, WorkerHandle, WorkerSpec, make_launcher
+from resilient_train.supervisor.launchers import (
+    Launcher,
+    WorkerHandle,
+    WorkerSpec,
+    make_launcher,
+)
+from resilient_train.supervisor.ownership import claim_storage, generation_for
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
+    Decision,
     ExitClass,
     RestartPolicy,
     RestartTracker,
     classify,
 )
-from resilient_train.supervisor.ownership import claim_storage, generation_for
-from resilient_train.rundir.lock import RunDirLock
+from resilient_train.supervisor.signals import ProcessSignals, SignalInstaller
+from resilient_train.supervisor.state import RunState, RunStateMachine, WorkerState
+from resilient_train.supervisor.summary import (
+    RunTotals,
+    build_summary,
+    count_lost_steps,
+    reached_step,
+    write_summary,
+)
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]
 
 POLL_S = 0.05
 
-
-class RunState(str, Enum):
-    """The run's state. Transitions (the only ones the loop makes):
-
-    STARTING -> RUNNING                   workers spawned
-    RUNNING -> SUCCEEDED                  every worker exited 0
-    RUNNING -> STOPPING                   a worker failed, or the supervisor was signalled
-    STOPPING -> RESTARTING                the policy grants a restart
-    STOPPING -> FAILED                    fatal error, budget exhausted, crash loop
-    STOPPING -> PREEMPTED                 the supervisor itself was asked to stop
-    RESTARTING -> STARTING                after the backoff
-    """
-
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    RESTARTING = "restarting"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    PREEMPTED = "preempted"
-
-
-class WorkerState(str, Enum):
-    """A worker's state within one attempt: RUNNING -> EXITED (by itself) or KILLED (by us)."""
-
-    RUNNING = "running"
-    EXITED = "exited"
-    KILLED = "killed"
+# What each terminal state reports as summary.json's / run_finished's ``status``.
+_STATUS = {RunState.SUCCEEDED: "completed", RunState.PREEMPTED: "preempted", RunState.FAILED: "failed"}
 
 
 @dataclass
@@ -116,12 +111,17 @@ class Worker:
     stopped: bool = False  # SIGSTOPped (or otherwise stopped) when we had to SIGKILL it
 
 
-@dataclass
-class _Totals:
-    restarts: int = 0
-    preemptions: int = 0
-    lost_steps: int = 0
-    root_cause: dict[str, Any] | None = None
+def default_tracker(job: JobConfig, backoff_initial_s: float = 0.25) -> RestartTracker:
+    """Today's restart policy for ``job``: its budgets, exponential backoff from ``backoff_initial_s``."""
+    return RestartTracker(
+        RestartPolicy(
+            max_restarts=job.max_restarts,
+            max_preemptions=job.max_preemptions,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=max(30.0, backoff_initial_s),
+            backoff_jitter_s=min(1.0, backoff_initial_s),
+        )
+    )
 
 
 class Supervisor:
@@ -133,128 +133,226 @@ class Supervisor:
         *,
         out: TextIO = sys.stdout,
         launcher: Launcher | None = None,
+        store: CheckpointStore | None = None,
+        tracker: RestartTracker | None = None,
+        signals: SignalInstaller | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         teardown_grace_s: float = 3.0,
         backoff_initial_s: float = 0.25,
         accept_changes: bool = False,
     ) -> None:
+        """``backoff_initial_s`` shapes the default tracker only; a given ``tracker`` brings its own policy."""
         self.job = job
         self.accept_changes = accept_changes
         self.out = out
         self.launcher = launcher or make_launcher(job)
+        self.store = store if store is not None else CheckpointStore(job.storage, job.storage_options)
+        self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
+        self.signals = signals if signals is not None else ProcessSignals()
         self.clock = clock
         self.sleep = sleep
         self.teardown_grace_s = teardown_grace_s
-        self.run_dir = Path(job.run_dir)
-        self.events_path = self.run_dir / "events.jsonl"
-        self.store = CheckpointStore(job.storage, job.storage_options)
-        self.tracker = RestartTracker(
-            RestartPolicy(
-                max_restarts=job.max_restarts,
-                max_preemptions=job.max_preemptions,
-                backoff_initial_s=backoff_initial_s,
-                backoff_max_s=max(30.0, backoff_initial_s),
-                backoff_jitter_s=min(1.0, backoff_initial_s),
-            )
-        )
-        self.state = RunState.STARTING
+        self.run_dir = RunDir(job.run_dir)
+        self.machine = RunStateMachine(emit)
         self.stop_signal: str | None = None
-        self.totals = _Totals()
+        self.totals = RunTotals()
+        self.attempt = 0  # the current attempt's number, once STARTING
+        self.workers: list[Worker] = []  # the current attempt's workers
+        self._fatal = False  # the run FAILED on a fatal error (EXIT_FATAL, not EXIT_FAILURE)
+        self._restart: Decision | None = None  # what RESTARTING carries out
+        self._steps: dict[RunState, Callable[[], None]] = {
+            RunState.STARTING: self._step_starting,
+            RunState.RUNNING: self._step_running,
+            RunState.STOPPING: self._step_stopping,
+            RunState.RESTARTING: self._step_restarting,
+        }
+
+    @property
+    def state(self) -> RunState:
+        return self.machine.state
 
     # ------------------------------------------------------------ public
     def run(self) -> int:
         """Train to the end; RunDirLockedError at once when another run holds the run dir."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with RunDirLock(self.run_dir) as lock:
+        self.run_dir.path.mkdir(parents=True, exist_ok=True)
+        with RunDirLock(self.run_dir.path) as lock:
             return self._run_locked(lock)
 
     def _run_locked(self, lock: RunDirLock) -> int:
-        started = self.clock()
-        self.run_id = self._run_id()
-        lock.record(run_id=self.run_id)
-        events.configure(self.events_path, console=None, run_id=self.run_id, role="supervisor")
-        tail = EventTail(self.events_path, self.out)
-        self.store.check()
-        changed = guard_job(self.job, _newest_extra(self.store), accept_changes=self.accept_changes)  # issue 11
-        if changed is not None:
-            emit("job_changed", **changed)
-        claim_storage(self.store, run_id=self.run_id, run_dir=str(self.run_dir), force=self.job.force_storage)
-
+        self._started = self.clock()
+        self._prepare(lock)
         done = self._completed_manifest()
         if done is not None:
-            emit("run_already_complete", global_step=done.global_step, weights_sha256=done.weights_sha256)
-            tail.pump()
-            self.out.write(
-                f"Run {self.run_dir} already completed at global step {done.global_step} "
-                f"(weights_sha256 {done.weights_sha256[:16]}...); nothing to do.\n"
-            )
-            self._write_summary("completed", done, started)
-            return EXIT_OK
-
+            return self._already_complete(done)
         emit(
             "run_started",
             recipe=self.job.recipe,
             workers=self.job.workers,
-            run_dir=str(self.run_dir),
+            run_dir=str(self.run_dir.path),
             storage=self.store.url,
             launcher=self.launcher.name,
         )
-        self._install_signal_handlers()
-        attempt = self._first_attempt()
+        self.signals.install(self._on_stop_signal)
         try:
             self.launcher.prepare()
-            while True:
-                self.state = RunState.STARTING
-                try:
-                    workers = self._start(attempt)
-                except LaunchError as exc:
-                    return self._not_started(attempt, exc, started, tail)
-                self.state = RunState.RUNNING
-                self._watch(workers, tail)
-                outcome = self._outcome(attempt, workers)
-                tail.pump()
-                if outcome is None:
-                    self.state = RunState.SUCCEEDED
-                    return self._finish("completed", started, tail)
-                if self.stop_signal is not None:
-                    self.state = RunState.PREEMPTED
-                    self.totals.preemptions += 1
-                    return self._finish("preempted", started, tail)
-                decision = self.tracker.record(outcome)
-                self.totals.restarts = self.tracker.restarts
-                self.totals.preemptions = self.tracker.preemptions
-                if decision.action == "stop":
-                    self.state = RunState.FAILED
-                    if decision.event:
-                        emit(decision.event, reason=decision.reason, attempt=attempt)
-                    tail.pump()
-                    self.out.write(f"Stopping: {decision.reason}\n")
-                    return self._finish("failed", started, tail, fatal=outcome.exit_class is ExitClass.FATAL)
-                self.state = RunState.RESTARTING
-                emit(
-                    "gang_restart",
-                    attempt=attempt + 1,
-                    reason=decision.reason,
-                    root_cause_rank=(self.totals.root_cause or {}).get("rank"),
-                    backoff_s=round(decision.backoff_s, 3),
-                )
-                tail.pump()
-                self.sleep(decision.backoff_s)
-                attempt += 1
+            self.attempt = self.run_dir.next_attempt_number()
+            self._to(RunState.STARTING)
+            self._loop()
+            return self._finish()
         finally:
             self.launcher.close()
-            self._restore_signal_handlers()
+            self.signals.restore()
+
+    # ------------------------------------------------------------ prepare
+    def _prepare(self, lock: RunDirLock) -> None:
+        """Run id, event log, console tail, storage checks; the machine stays PREPARING."""
+        self.run_id = load_or_create_run_id(self.run_dir, recipe=self.job.recipe)
+        lock.record(run_id=self.run_id)
+        events.configure(self.run_dir.events, console=None, run_id=self.run_id, role="supervisor")
+        self.tail = EventTail(self.run_dir.events, self.out)
+        self.store.check()
+        changed = guard_job(self.job, _newest_extra(self.store), accept_changes=self.accept_changes)
+        if changed is not None:
+            emit("job_changed", **changed)
+        claim_storage(self.store, run_id=self.run_id, run_dir=str(self.run_dir.path), force=self.job.force_storage)
+
+    def _already_complete(self, done: Manifest) -> int:
+        self.machine.transition(RunState.SUCCEEDED, attempt=None, reason="storage holds the completed checkpoint")
+        emit("run_already_complete", global_step=done.global_step, weights_sha256=done.weights_sha256)
+        self.tail.pump()
+        self.out.write(
+            f"Run {self.run_dir.path} already completed at global step {done.global_step} "
+            f"(weights_sha256 {done.weights_sha256[:16]}...); nothing to do.\n"
+        )
+        self._write_summary("completed", done)
+        return EXIT_OK
+
+    # ------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        """One step per state until a terminal one; each step makes exactly one transition."""
+        while not self.machine.is_terminal:
+            self._steps[self.machine.state]()
+
+    def _to(self, state: RunState, *, reason: str | None = None) -> None:
+        self.machine.transition(state, attempt=self.attempt, reason=reason)
+
+    def _step_starting(self) -> None:
+        try:
+            self.workers = self._start(self.attempt)
+        except RestartNotPlacedError as exc:
+            self._not_started(self.attempt, exc)
+            return
+        self._to(RunState.RUNNING)
+
+    def _step_running(self) -> None:
+        """Watch until the attempt ends by itself (all exited) or must be stopped."""
+        while True:
+            self._poll()
+            alive = self._alive()
+            if not alive:
+                if all(w.returncode == EXIT_OK for w in self.workers) and self._completed_manifest() is not None:
+                    self.tail.pump()
+                    self._to(RunState.SUCCEEDED)
+                else:
+                    self._to(RunState.STOPPING, reason="every worker exited")
+                return
+            self._check_launcher_stop()
+            if self.stop_signal is not None:
+                self._to(RunState.STOPPING, reason=f"stop requested ({self.stop_signal})")
+                return
+            failed = [w.rank for w in self.workers if w.returncode not in (None, EXIT_OK)]
+            if failed:
+                self._to(RunState.STOPPING, reason=f"worker {failed[0]} exited abnormally")
+                return
+            self.sleep(POLL_S)
+
+    def _step_stopping(self) -> None:
+        """Tear the attempt down (the poll that saw the reason to stop is this step's first),
+        then settle it: root cause and the policy's decision."""
+        kill_at: float | None = None
+        forwarded = False
+        while True:
+            alive = self._alive()
+            if not alive:
+                break
+            now = self.clock()
+            self._check_launcher_stop()
+            if self.stop_signal is not None and not forwarded:
+                forwarded = True
+                for worker in alive:
+                    _signal(worker, signal.SIGTERM)
+                kill_at = now + self.job.grace_period
+            elif kill_at is None:  # a worker failed
+                if self._preempting():
+                    # The peers agreed on the same step and are saving it; a second SIGTERM
+                    # would only race their exit. They get the grace period, then SIGKILL.
+                    kill_at = now + self.job.grace_period
+                else:
+                    for worker in alive:
+                        _signal(worker, signal.SIGTERM)
+                    kill_at = now if self._chief_failed() else now + self.teardown_grace_s
+            if kill_at is not None and now >= kill_at:
+                for worker in alive:
+                    worker.stopped = worker.stopped or _is_stopped(worker.process.pid)
+                    worker.state = WorkerState.KILLED
+                    _signal(worker, signal.SIGKILL)
+            self.sleep(POLL_S)
+            self._poll()
+        self._settle()
+
+    def _settle(self) -> None:
+        """Every worker of the attempt is gone: decide where the run goes."""
+        outcome = self._outcome(self.attempt, self.workers)
+        self.tail.pump()
+        if outcome is None:
+            self._to(RunState.SUCCEEDED)
+            return
+        if self.stop_signal is not None:
+            self.totals.preemptions += 1
+            self._to(RunState.PREEMPTED, reason=f"stop requested ({self.stop_signal})")
+            return
+        decision = self.tracker.record(outcome)
+        self.totals.restarts = self.tracker.restarts
+        self.totals.preemptions = self.tracker.preemptions
+        if decision.action == "stop":
+            if decision.event:
+                emit(decision.event, reason=decision.reason, attempt=self.attempt)
+            self.tail.pump()
+            self.out.write(f"Stopping: {decision.reason}\n")
+            self._fatal = outcome.exit_class is ExitClass.FATAL
+            self._to(RunState.FAILED, reason=decision.reason)
+            return
+        self._restart = decision
+        self._to(RunState.RESTARTING, reason=decision.reason)
+
+    def _step_restarting(self) -> None:
+        decision = self._restart
+        if decision is None:
+            raise RuntimeError("RESTARTING entered without a restart decision")
+        emit(
+            "gang_restart",
+            attempt=self.attempt + 1,
+            reason=decision.reason,
+            root_cause_rank=(self.totals.root_cause or {}).get("rank"),
+            backoff_s=round(decision.backoff_s, 3),
+        )
+        self.tail.pump()
+        self.sleep(decision.backoff_s)
+        self.attempt += 1
+        self._restart = None
+        self._to(RunState.STARTING)
 
     # ------------------------------------------------------------ attempt
     def _start(self, attempt: int) -> list[Worker]:
-        attempt_dir = self.run_dir / f"attempt-{attempt}"
-        attempt_dir.mkdir(parents=True, exist_ok=True)
-        env = {"RT_ATTEMPT": str(attempt), "RT_RUN_ID": self.run_id, "PYTHONUNBUFFERED": "1"}
+        attempt_dir = self.run_dir.attempt(attempt)
+        attempt_dir.path.mkdir(parents=True, exist_ok=True)
+        generation = generation_for(self.store, attempt)  # the chief claims it
+        env = WorkerEnvironment(attempt, self.run_id, generation).to_environ()
+        env["PYTHONUNBUFFERED"] = "1"
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-        env["RT_GENERATION"] = str(generation_for(self.store, attempt))  # the chief claims it
-        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir) for rank in range(self.job.workers)]
-        specs[0].job_path.write_text(self.job.to_json())
+        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in range(self.job.workers)]
+        write_atomic(attempt_dir.job, self.job.to_json())
         handles = self.launcher.start(specs)
         workers = []
         for spec, handle in zip(specs, handles):
@@ -263,80 +361,61 @@ class Supervisor:
                  **self.launcher.describe(handle))
         return workers
 
-    def _not_started(self, attempt: int, exc: LaunchError, started: float, tail: EventTail) -> int:
+    def _not_started(self, attempt: int, exc: RestartNotPlacedError) -> None:
         """The launcher could not start a restart (e.g. no node for a lost slot): the run fails.
 
         Like an exhausted budget: root cause, ``launch_failed``, ``summary.json`` naming the
         last commit, ``EXIT_FAILURE``; a re-run (once the cluster can place it) resumes there.
         """
-        self.state = RunState.FAILED
         self.totals.root_cause = {
             "rank": None, "pid": None, "exit": "not started", "type": type(exc).__name__,
             "message": str(exc), "global_step": self._reached(attempt - 1), "attempt": attempt,
         }
         emit("launch_failed", attempt=attempt, launcher=self.launcher.name, reason=str(exc))
-        tail.pump()
+        self.tail.pump()
         self.out.write(f"Stopping: attempt {attempt} could not start: {exc}\n")
-        return self._finish("failed", started, tail)
+        self._to(RunState.FAILED, reason=f"attempt {attempt} could not start: {exc}")
 
-    def _watch(self, workers: list[Worker], tail: EventTail) -> None:
-        kill_at: float | None = None
-        forwarded = False
-        while True:
-            tail.pump()
-            self.launcher.maintain(training=self._training(workers))
-            for worker in workers:
-                if worker.returncode is None:
-                    code = worker.process.poll()
-                    if code is not None:
-                        self._exited(worker, code)
-            alive = [w for w in workers if w.returncode is None]
-            if not alive:
-                return
-            failed = any(w.returncode not in (None, EXIT_OK) for w in workers)
-            now = self.clock()
-            if self.stop_signal is None and self.launcher.stop_requested():
-                self.stop_signal = f"launcher:{self.launcher.name}"
-                emit("preemption_requested", source=self.stop_signal)
-            if self.stop_signal is not None and not forwarded:
-                forwarded = True
-                for worker in alive:
-                    _signal(worker, signal.SIGTERM)
-                kill_at = now + self.job.grace_period
-            elif failed and kill_at is None:
-                self.state = RunState.STOPPING
-                if self._preempting(workers):
-                    # The peers agreed on the same step and are saving it; a second SIGTERM
-                    # would only race their exit. They get the grace period, then SIGKILL.
-                    kill_at = now + self.job.grace_period
-                else:
-                    for worker in alive:
-                        _signal(worker, signal.SIGTERM)
-                    kill_at = now if self._chief_failed(workers) else now + self.teardown_grace_s
-            if kill_at is not None and now >= kill_at:
-                for worker in alive:
-                    worker.stopped = worker.stopped or _is_stopped(worker.process.pid)
-                    worker.state = WorkerState.KILLED
-                    _signal(worker, signal.SIGKILL)
-            self.sleep(POLL_S)
+    def _poll(self) -> None:
+        """One poll of the attempt: print new events, let the launcher work, reap exits."""
+        self.tail.pump()
+        self.launcher.maintain(training=self._training())
+        for worker in self.workers:
+            if worker.returncode is None:
+                code = worker.process.poll()
+                if code is not None:
+                    self._exited(worker, code)
 
-    def _training(self, workers: list[Worker]) -> bool:
+    def _alive(self) -> list[Worker]:
+        return [w for w in self.workers if w.returncode is None]
+
+    def _check_launcher_stop(self) -> None:
+        if self.stop_signal is None and self.launcher.stop_requested():
+            self.stop_signal = f"launcher:{self.launcher.name}"
+            emit("preemption_requested", source=self.stop_signal)
+
+    def _on_stop_signal(self, name: str) -> None:
+        """The installed SIGTERM/SIGINT callback: record the first request; the loop acts on it."""
+        if self.stop_signal is None:
+            self.stop_signal = name
+            emit("preemption_requested", source=f"supervisor:{name}")
+
+    def _training(self) -> bool:
         """The chief finished a step of this attempt (its step marker is written)."""
-        chief = next((w for w in workers if w.rank == 0), None)
-        if chief is None:
+        if not any(w.rank == 0 for w in self.workers):
             return False
         try:
-            return (chief.log_path.parent / "step-0.txt").stat().st_size > 0
+            return self.run_dir.attempt(self.attempt).step_marker(0).stat().st_size > 0
         except OSError:
             return False
 
-    def _chief_failed(self, workers: list[Worker]) -> bool:
+    def _chief_failed(self) -> bool:
         """The chief exited abnormally: nobody left can commit, so nothing is worth waiting for."""
-        return any(w.rank == 0 and w.returncode not in (None, EXIT_OK) for w in workers)
+        return any(w.rank == 0 and w.returncode not in (None, EXIT_OK) for w in self.workers)
 
-    def _preempting(self, workers: list[Worker]) -> bool:
+    def _preempting(self) -> bool:
         """A worker exited 'preempted': its peers are saving at the agreed step; let them."""
-        return any(w.returncode == EXIT_PREEMPTED for w in workers)
+        return any(w.returncode == EXIT_PREEMPTED for w in self.workers)
 
     def _exited(self, worker: Worker, code: int) -> None:
         worker.returncode = code
@@ -362,14 +441,14 @@ class Supervisor:
     def _outcome(self, attempt: int, workers: list[Worker]) -> AttemptOutcome | None:
         """None when every worker exited 0 and the run's final checkpoint is committed;
         otherwise what ended the attempt."""
-        attempt_dir = self.run_dir / f"attempt-{attempt}"
+        attempt_dir: AttemptDir = self.run_dir.attempt(attempt)
         if all(w.returncode == EXIT_OK for w in workers):
             if self._completed_manifest() is not None:
                 return None
             return self._exited_without_completing(attempt)
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
         root = choose_root_cause(
-            exits, read_errors(attempt_dir), lambda rank: log_tail(attempt_dir / f"worker-{rank}.log", 15),
+            exits, read_errors(attempt_dir.path), lambda rank: log_tail(attempt_dir.log(rank), 15),
             exit_notes={w.rank: _STOPPED_NOTE for w in workers if w.stopped},
         )
         reached = self._reached(attempt)
@@ -414,13 +493,15 @@ class Supervisor:
 
     def _reached(self, attempt: int) -> int | None:
         """The highest global step any worker of ``attempt`` finished (from its step marker)."""
-        return highest_step(self.run_dir / f"attempt-{attempt}")
+        return reached_step(self.run_dir, attempt)
 
-    # ------------------------------------------------------------ results
-    def _finish(self, status: str, started: float, tail: EventTail, *, fatal: bool = False) -> int:
+    # ------------------------------------------------------------ finish
+    def _finish(self) -> int:
+        """The run reached a terminal state: count lost steps, write summary.json, exit code."""
+        status = _STATUS[self.machine.state]
         manifest = self.store.latest_manifest()
-        self._count_lost_steps()
-        summary = self._write_summary(status, manifest, started)
+        self.totals.lost_steps = count_lost_steps(self.run_dir, read_events(self.run_dir.events))
+        summary = self._write_summary(status, manifest)
         emit(
             "run_finished",
             status=status,
@@ -430,77 +511,36 @@ class Supervisor:
             preemptions=self.totals.preemptions,
             lost_steps=self.totals.lost_steps,
         )
-        tail.pump()
+        self.tail.pump()
         self.out.write(
             f"Run {status}: global step {summary['global_step']}, weights_sha256 "
-            f"{summary['weights_sha256']}\nSummary: {self.run_dir / 'summary.json'}  "
-            f"Events: {self.events_path}  Logs: {self.run_dir}/attempt-*/worker-*.log\n"
+            f"{summary['weights_sha256']}\nSummary: {self.run_dir.summary}  "
+            f"Events: {self.run_dir.events}  Logs: {self.run_dir.worker_logs_glob}\n"
         )
         if status == "completed":
             return EXIT_OK
         if status == "preempted":
             return EXIT_PREEMPTED
-        return EXIT_FATAL if fatal else EXIT_FAILURE
+        return EXIT_FATAL if self._fatal else EXIT_FAILURE
 
-    def _count_lost_steps(self) -> None:
-        """Steps executed that a later restore discarded, over the run's whole history.
-
-        For every ``restored`` event of attempt ``a``, the steps attempt ``a-1`` reached
-        (its step markers survive any kill, even of the supervisor) beyond the restored step;
-        a ``fresh_start`` (nothing was committed before the kill) restores step 0.
-        """
-        lost = 0
-        for record in read_events(self.events_path):
-            if record.get("event") in ("restored", "fresh_start") and isinstance(record.get("attempt"), int):
-                reached = self._reached(record["attempt"] - 1)
-                if reached is not None:
-                    lost += max(0, reached - record["global_step"])
-        self.totals.lost_steps = lost
-
-    def _write_summary(self, status: str, manifest: Manifest | None, started: float) -> dict[str, Any]:
-        attempts = len(list(self.run_dir.glob("attempt-*")))
-        summary = {
-            "status": status,
-            "run_id": self.run_id,
-            "recipe": self.job.recipe,
-            "epochs": manifest.epoch if manifest else 0,
-            "global_step": manifest.global_step if manifest else 0,
-            "weights_sha256": manifest.weights_sha256 if manifest else None,
-            "checkpoint": f"{self.store.url}/{CheckpointStore.dir_name(manifest.global_step)}" if manifest else None,
-            "attempts": attempts,
-            "restarts": self.totals.restarts,
-            "preemptions": self.totals.preemptions,
-            "lost_steps": self.totals.lost_steps,
-            "root_cause": self.totals.root_cause,
-            "workers": self.job.workers,
-            "run_dir": str(self.run_dir),
-            "storage": self.store.url,
-            "events": str(self.events_path),
-            **_final_validation(self.events_path),
-            "wall_time_s": round(self.clock() - started, 3),
-            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, self.run_dir / "summary.json")
+    def _write_summary(self, status: str, manifest: Manifest | None) -> dict[str, Any]:
+        summary = build_summary(
+            status=status,
+            run_id=self.run_id,
+            recipe=self.job.recipe,
+            workers=self.job.workers,
+            run_dir=self.run_dir,
+            storage_url=self.store.url,
+            manifest=manifest,
+            totals=self.totals,
+            records=read_events(self.run_dir.events),
+            wall_time_s=self.clock() - self._started,
+            finished_at=dt.datetime.now(dt.timezone.utc),
+        )
+        write_summary(self.run_dir, summary)
         return summary
 
     # ------------------------------------------------------------ helpers
-    def _run_id(self) -> str:
-        path = self.run_dir / "run.json"
-        if path.exists():
-            try:
-                return json.loads(path.read_text())["run_id"]
-            except (ValueError, KeyError):
-                pass
-        run_id = uuid.uuid4().hex[:12]
-        path.write_text(json.dumps({"run_id": run_id, "recipe": self.job.recipe}) + "\n")
-        return run_id
-
-    def _first_attempt(self) -> int:
-        numbers = [int(p.name.split("-", 1)[1]) for p in self.run_dir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit()]
-        return max(numbers, default=0) + 1
-
     def _completed_manifest(self) -> Manifest | None:
         manifest = self.store.latest_manifest()
         if manifest is None or not manifest.extra.get("completed"):
@@ -511,34 +551,7 @@ class Supervisor:
             return None  # another recipe's checkpoint: let the workers report the mismatch
         return manifest
 
-    def _install_signal_handlers(self) -> None:
-        self._previous = {}
 
-        def handler(signum: int, frame: Any) -> None:
-            if self.stop_signal is None:
-                self.stop_signal = signal.Signals(signum).name
-                emit("preemption_requested", source=f"supervisor:{self.stop_signal}")
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, handler)
-            except ValueError:  # not the main thread (tests driving the loop)
-                pass
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, previous in getattr(self, "_previous", {}).items():
-            signal.signal(sig, previous)
-
-
-def _final_validation(events_path: Path) -> dict[str, Any]:
-    """The last evaluated epoch's val_loss / val_metrics / val_examples (empty if none ran)."""
-    last = None
-    for record in read_events(events_path):
-        if record.get("event") == "epoch_finished" and "val_loss" in record:
-            last = record
-    if last is None:
-        return {}
-    return {"val_epoch": last["epoch"] + 1, **{k: last.get(k) for k in ("val_loss", "val_metrics", "val_examples")}}
 _STOPPED_NOTE = "stopped responding (process stopped, e.g. SIGSTOP; the supervisor SIGKILLed it)"
 
 

@@ -38,3 +38,14 @@ def test_progress_commit_and_restore_lines_number_the_same_epoch_the_same_way():
     assert progress.startswith("06:55:29  epoch 2  step   20/40  (global 60)")
     assert commit == "06:55:29  checkpoint committed at global step 60 (epoch 2, step 20) -> s/ckpt-000000000060"
     assert restore == "06:55:29  restored global step 60 (epoch 2, step 20) from s/ckpt-000000000060"
+
+
+def test_run_state_transitions_stay_out_of_the_human_view(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text("")
+    out = io.StringIO()
+    tail = EventTail(path, out)
+    write(path, {"event": "run_state", "from": "running", "to": "stopping", "attempt": 1, "reason": "worker 1 exited abnormally"},
+          {"event": "gang_restart", "attempt": 2})
+    assert [r["event"] for r in tail.pump()] == ["run_state", "gang_restart"]
+    assert out.getvalue().splitlines() == ["10:00:00 gang_restart           attempt=2"]

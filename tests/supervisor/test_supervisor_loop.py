@@ -18,6 +18,8 @@ from resilient_train.job.config import JobConfig
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED, RestartNotPlacedError
 from resilient_train.job.recipe import recipe_name
 from resilient_train.supervisor.launchers.local import LocalLauncher
+from resilient_train.supervisor.policy import RestartPolicy, RestartTracker
+from resilient_train.supervisor.signals import NoSignals
 from resilient_train.supervisor.supervisor import Supervisor
 
 
@@ -123,6 +125,10 @@ def events(tmp_path: Path, name: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["event"] == name]
 
 
+def run_states(tmp_path: Path) -> list[tuple[str, str, int | None]]:
+    return [(e["from"], e["to"], e["attempt"]) for e in events(tmp_path, "run_state")]
+
+
 def test_tf_config_and_gpu_slices_per_rank(tmp_path):
     supervisor, spawner, _, _ = make(tmp_path, [{"exit_at": 0.0}, {"exit_at": 0.0}], gpus_per_worker=2)
     assert supervisor.run() == EXIT_OK
@@ -131,6 +137,9 @@ def test_tf_config_and_gpu_slices_per_rank(tmp_path):
     assert configs[0]["cluster"] == configs[1]["cluster"] and len(configs[0]["cluster"]["worker"]) == 2
     assert [call["env"]["CUDA_VISIBLE_DEVICES"] for call in spawner.calls] == ["0,1", "2,3"]
     assert [call["env"]["RT_ATTEMPT"] for call in spawner.calls] == ["1", "1"]
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "succeeded", 1),
+    ]
 
 
 def test_without_gpus_cuda_visible_devices_is_left_alone(tmp_path, monkeypatch):
@@ -154,6 +163,13 @@ def test_failed_non_chief_chief_gets_teardown_grace_then_sigkill(tmp_path):
     assert "root cause: worker 1" in out.getvalue() and "killed by SIGKILL" in out.getvalue()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["status"], summary["attempts"], summary["root_cause"]["rank"]) == ("failed", 1, 1)
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1), ("stopping", "failed", 1),
+    ]
+    stopping, failed = events(tmp_path, "run_state")[2:]
+    assert stopping["reason"] == "worker 1 exited abnormally"
+    assert failed["reason"] == events(tmp_path, "restart_budget_exhausted")[0]["reason"]
+    assert failed["reason"].startswith("restart budget exhausted: attempt 1 failed")
 
 
 def test_dead_chief_means_the_others_are_killed_at_once(tmp_path):
@@ -180,6 +196,12 @@ def test_gang_restart_after_a_failure_then_success(tmp_path):
     assert ports[0] == ports[1] and ports[2] == ports[3]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["status"], summary["attempts"], summary["restarts"]) == ("completed", 2, 1)
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1),
+        ("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "running", 2),
+        ("running", "succeeded", 2),
+    ]
+    assert events(tmp_path, "run_state")[3]["reason"] == restarts[0]["reason"]
 
 
 def test_a_worker_preempted_restarts_without_spending_the_budget(tmp_path):
@@ -193,6 +215,11 @@ def test_a_worker_preempted_restarts_without_spending_the_budget(tmp_path):
     assert spawner.processes[1].signals == []
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["preemptions"], summary["restarts"], summary["attempts"]) == (1, 0, 2)
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1),
+        ("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "running", 2),
+        ("running", "succeeded", 2),
+    ]
 
 
 def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
@@ -209,6 +236,10 @@ def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
     assert supervisor.run() == EXIT_PREEMPTED
     assert [p.signals[0][0] for p in spawner.processes] == ["SIGTERM", "SIGTERM"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "preempted"
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1), ("stopping", "preempted", 1),
+    ]
+    assert [e.get("reason") for e in events(tmp_path, "run_state")][2:] == ["stop requested (SIGTERM)"] * 2
 
 
 def test_workers_exiting_0_without_a_completed_checkpoint_is_not_success(tmp_path):
@@ -226,7 +257,7 @@ def test_workers_exiting_0_without_a_completed_checkpoint_is_not_success(tmp_pat
 
 def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, monkeypatch):
     """SIGSTOP on worker 1: the chief fails out of its collective (secondary), the supervisor
-    SIGKILLs the stopped worker, and the root cause says it stopped responding (issue 11 pt 8)."""
+    SIGKILLs the stopped worker, and the root cause says it stopped responding."""
     from resilient_train.rundir.errorfile import record_exception
 
     class UnavailableError(Exception):
@@ -249,21 +280,6 @@ def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, mo
            "the supervisor SIGKILLed it) at global_step 7" in out.getvalue()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["root_cause"]["exit"].startswith("stopped responding")
-
-
-def test_steps_of_an_attempt_killed_before_its_first_commit_count_as_lost(tmp_path):
-    supervisor, _, _, _ = make(tmp_path, [])
-    run_dir = tmp_path / "run"
-    (run_dir / "attempt-1").mkdir(parents=True)
-    (run_dir / "attempt-1" / "step-0.txt").write_text("7\n")
-    (run_dir / "attempt-2").mkdir()
-    (run_dir / "attempt-2" / "step-0.txt").write_text("12\n")
-    (run_dir / "events.jsonl").write_text(
-        json.dumps({"event": "fresh_start", "attempt": 2, "global_step": 0}) + "\n"
-        + json.dumps({"event": "restored", "attempt": 3, "global_step": 10}) + "\n"
-    )
-    supervisor._count_lost_steps()
-    assert supervisor.totals.lost_steps == 7 + 2
 
 
 class _LauncherLosingItsPlacement(LocalLauncher):
@@ -308,3 +324,52 @@ def test_a_restart_that_cannot_be_placed_fails_the_run_keeping_the_last_commit(t
         "message": "could not place 2 workers: no node has {'CPU': 2.0} free", "global_step": 11, "attempt": 2,
     }
     assert "Stopping: attempt 2 could not start: could not place 2 workers" in out.getvalue()
+    assert run_states(tmp_path)[-3:] == [("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "failed", 2)]
+
+
+def test_injected_signals_tracker_and_store_are_the_ones_used(tmp_path):
+    """A stop signal through the injected installer, backoffs from the injected tracker."""
+    clock, out = FakeClock(), io.StringIO()
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), warm_standby=False, max_restarts=5)
+    scripts = [
+        {"exit_at": 1.0, "exit_code": 1}, {"exit_at": None, "on_sigterm": 1},                           # attempt 1 fails
+        {"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED},  # attempt 2
+    ]
+    spawner = FakeSpawner(clock, scripts, storage=tmp_path / "run" / "checkpoints", recipe=job.recipe)
+    signals = NoSignals()
+    lookups: list[str] = []
+
+    class CountingStore(CheckpointStore):
+        def latest_manifest(self, *args, **kwargs):
+            lookups.append("latest")
+            return super().latest_manifest(*args, **kwargs)
+
+    tracker = RestartTracker(RestartPolicy(max_restarts=1, backoff_initial_s=2.0, backoff_max_s=30.0, backoff_jitter_s=0.0))
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(spawner.processes) == 4 and signals.callback is not None:
+            signals.callback("SIGTERM")  # what the installed SIGTERM handler calls
+
+    supervisor = Supervisor(job, out=out, launcher=LocalLauncher(job, spawner=spawner), store=CountingStore(job.storage),
+                            tracker=tracker, signals=signals, clock=clock.time, sleep=sleep)
+    assert supervisor.run() == EXIT_PREEMPTED
+    assert signals.callback is None  # restored on the way out
+    assert [e["source"] for e in events(tmp_path, "preemption_requested")] == ["supervisor:SIGTERM"]
+    assert [e["backoff_s"] for e in events(tmp_path, "gang_restart")] == [2.0]  # the injected policy, no jitter
+    assert tracker.restarts == 1 and lookups  # the injected store answered the completion checks
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "stopping", 1),
+        ("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "running", 2),
+        ("running", "stopping", 2), ("stopping", "preempted", 2),
+    ]
+
+
+def test_a_run_already_complete_goes_from_preparing_to_succeeded(tmp_path):
+    supervisor, _, _, _ = make(tmp_path, [{"exit_at": 0.0}, {"exit_at": 0.0}])
+    assert supervisor.run() == EXIT_OK
+    again, spawner, _, out = make(tmp_path, [])
+    assert again.run() == EXIT_OK
+    assert spawner.calls == [] and "already completed at global step 10" in out.getvalue()
+    assert run_states(tmp_path)[-1] == ("preparing", "succeeded", None)
+    assert "run_state" not in out.getvalue()

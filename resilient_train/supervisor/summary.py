@@ -1,0 +1,110 @@
+"""``summary.json``: the run's outcome, and the totals it reports.
+
+Everything here is computed from what the run dir holds (``events.jsonl``, the step markers
+of each ``attempt-<n>/``) plus the supervisor's counters, never from a live process, so the
+same numbers come out after a supervisor was SIGKILLed and a later one finishes the run.
+The summary is written atomically (rundir/atomic.py): a reader sees the previous summary or
+the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from resilient_train.checkpoint import CheckpointStore, Manifest
+from resilient_train.rundir.atomic import write_atomic
+from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.stepmarker import highest_step
+
+__all__ = ["RunTotals", "reached_step", "count_lost_steps", "final_validation", "build_summary", "write_summary"]
+
+
+@dataclass
+class RunTotals:
+    """The supervisor's counters for ``run_finished`` and ``summary.json``."""
+
+    restarts: int = 0
+    preemptions: int = 0
+    lost_steps: int = 0
+    root_cause: dict[str, Any] | None = None
+
+
+def reached_step(run_dir: RunDir, attempt: int) -> int | None:
+    """The highest global step any worker of ``attempt`` finished (its step markers);
+    None without markers, or for attempt 0 (there is none before the first)."""
+    if attempt < 1:
+        return None
+    return highest_step(run_dir.attempt(attempt).path)
+
+
+def count_lost_steps(run_dir: RunDir, records: Iterable[dict[str, Any]]) -> int:
+    """Steps executed that a later restore discarded, over the run's whole history.
+
+    For every ``restored`` event of attempt ``a``, the steps attempt ``a-1`` reached
+    (its step markers survive any kill, even of the supervisor) beyond the restored step;
+    a ``fresh_start`` (nothing was committed before the kill) restores step 0.
+    """
+    lost = 0
+    for record in records:
+        if record.get("event") in ("restored", "fresh_start") and isinstance(record.get("attempt"), int):
+            reached = reached_step(run_dir, record["attempt"] - 1)
+            if reached is not None:
+                lost += max(0, reached - record["global_step"])
+    return lost
+
+
+def final_validation(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The last evaluated epoch's val_loss / val_metrics / val_examples (empty if none ran)."""
+    last = None
+    for record in records:
+        if record.get("event") == "epoch_finished" and "val_loss" in record:
+            last = record
+    if last is None:
+        return {}
+    return {"val_epoch": last["epoch"] + 1, **{k: last.get(k) for k in ("val_loss", "val_metrics", "val_examples")}}
+
+
+def build_summary(
+    *,
+    status: str,
+    run_id: str,
+    recipe: str,
+    workers: int,
+    run_dir: RunDir,
+    storage_url: str,
+    manifest: Manifest | None,
+    totals: RunTotals,
+    records: Iterable[dict[str, Any]],
+    wall_time_s: float,
+    finished_at: dt.datetime | None = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` object (key order is the file's order)."""
+    finished_at = finished_at or dt.datetime.now(dt.timezone.utc)
+    return {
+        "status": status,
+        "run_id": run_id,
+        "recipe": recipe,
+        "epochs": manifest.epoch if manifest else 0,
+        "global_step": manifest.global_step if manifest else 0,
+        "weights_sha256": manifest.weights_sha256 if manifest else None,
+        "checkpoint": f"{storage_url}/{CheckpointStore.dir_name(manifest.global_step)}" if manifest else None,
+        "attempts": len(run_dir.attempts()),
+        "restarts": totals.restarts,
+        "preemptions": totals.preemptions,
+        "lost_steps": totals.lost_steps,
+        "root_cause": totals.root_cause,
+        "workers": workers,
+        "run_dir": str(run_dir.path),
+        "storage": storage_url,
+        "events": str(run_dir.events),
+        **final_validation(records),
+        "wall_time_s": round(wall_time_s, 3),
+        "finished_at": finished_at.isoformat(timespec="seconds"),
+    }
+
+
+def write_summary(run_dir: RunDir, summary: dict[str, Any]) -> None:
+    write_atomic(run_dir.summary, json.dumps(summary, indent=2) + "\n")

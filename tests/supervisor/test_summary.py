@@ -1,0 +1,90 @@
+"""summary.json and its totals, computed from a hand-built run dir."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from types import SimpleNamespace
+
+from resilient_train.rundir.layout import RunDir
+from resilient_train.supervisor.summary import (
+    RunTotals,
+    build_summary,
+    count_lost_steps,
+    final_validation,
+    reached_step,
+    write_summary,
+)
+
+
+def hand_built(tmp_path) -> RunDir:
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.attempt(1).path.mkdir(parents=True)
+    run_dir.attempt(1).step_marker(0).write_text("7\n")
+    run_dir.attempt(2).path.mkdir()
+    run_dir.attempt(2).step_marker(0).write_text("12\n")
+    run_dir.attempt(2).step_marker(1).write_text("11\n")
+    return run_dir
+
+
+def test_steps_of_an_attempt_killed_before_its_first_commit_count_as_lost(tmp_path):
+    run_dir = hand_built(tmp_path)
+    records = [
+        {"event": "fresh_start", "attempt": 2, "global_step": 0},
+        {"event": "restored", "attempt": 3, "global_step": 10},
+    ]
+    assert count_lost_steps(run_dir, records) == 7 + 2
+
+
+def test_a_restore_in_attempt_1_or_without_markers_loses_nothing(tmp_path):
+    run_dir = hand_built(tmp_path)
+    records = [
+        {"event": "restored", "attempt": 1, "global_step": 4},   # no attempt 0
+        {"event": "restored", "attempt": 9, "global_step": 4},   # attempt 8 left no markers
+        {"event": "restored", "attempt": "2", "global_step": 0},  # not an int: ignored
+    ]
+    assert count_lost_steps(run_dir, records) == 0
+    assert (reached_step(run_dir, 0), reached_step(run_dir, 2), reached_step(run_dir, 8)) == (None, 12, None)
+
+
+def test_final_validation_is_the_last_evaluated_epoch():
+    records = [
+        {"event": "epoch_finished", "epoch": 0, "val_loss": 0.5, "val_metrics": {"accuracy": 0.8}, "val_examples": 100},
+        {"event": "epoch_finished", "epoch": 1},
+        {"event": "epoch_finished", "epoch": 2, "val_loss": 0.25, "val_metrics": {"accuracy": 0.9}, "val_examples": 100},
+    ]
+    assert final_validation(records) == {"val_epoch": 3, "val_loss": 0.25, "val_metrics": {"accuracy": 0.9}, "val_examples": 100}
+    assert final_validation([{"event": "epoch_finished", "epoch": 0}]) == {}
+
+
+def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomically(tmp_path):
+    run_dir = hand_built(tmp_path)
+    manifest = SimpleNamespace(epoch=2, global_step=20, weights_sha256="a" * 64)  # the fields a summary reads
+    totals = RunTotals(restarts=1, preemptions=2, lost_steps=3, root_cause={"rank": 1})
+    summary = build_summary(
+        status="completed", run_id="r", recipe="recipes/x.py", workers=2, run_dir=run_dir,
+        storage_url="file:///s", manifest=manifest, totals=totals,
+        records=[{"event": "epoch_finished", "epoch": 0, "val_loss": 0.5}], wall_time_s=1.23456,
+        finished_at=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+    )
+    assert summary == {
+        "status": "completed", "run_id": "r", "recipe": "recipes/x.py",
+        "epochs": 2, "global_step": 20, "weights_sha256": "a" * 64, "checkpoint": "file:///s/ckpt-000000000020",
+        "attempts": 2, "restarts": 1, "preemptions": 2, "lost_steps": 3, "root_cause": {"rank": 1},
+        "workers": 2, "run_dir": str(run_dir.path), "storage": "file:///s", "events": str(run_dir.events),
+        "val_epoch": 1, "val_loss": 0.5, "val_metrics": None, "val_examples": None,
+        "wall_time_s": 1.235, "finished_at": "2026-01-02T03:04:05+00:00",
+    }
+    write_summary(run_dir, summary)
+    assert json.loads(run_dir.summary.read_text()) == summary
+    assert [p.name for p in run_dir.path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def test_without_a_checkpoint_the_summary_says_none():
+    summary = build_summary(
+        status="failed", run_id="r", recipe="x", workers=1, run_dir=RunDir("/nowhere"), storage_url="memory://s",
+        manifest=None, totals=RunTotals(), records=[], wall_time_s=0.0,
+    )
+    assert (summary["epochs"], summary["global_step"], summary["weights_sha256"], summary["checkpoint"], summary["attempts"]) == (
+        0, 0, None, None, 0)
+    assert "val_epoch" not in summary
