@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from resilient_train.rundir.events import read_events as _read_event_file
 
@@ -148,6 +148,15 @@ def alive(pid: int) -> bool:
             return handle.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def survivors(pids: Iterable[int], *, within_s: float) -> list[int]:
+    """The pids still alive once all exited or ``within_s`` passed (polling; [] is the goal)."""
+    pids = list(pids)
+    deadline = time.monotonic() + within_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
 
 
 def kill(pid: int, sig: int = signal.SIGKILL) -> None:

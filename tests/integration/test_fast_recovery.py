@@ -6,11 +6,10 @@ Real supervisor, real MWMS workers, real standby processes (linear regression, 3
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
-from tests.integration.harness import alive, run_job, run_job_until, worker_pids
+from tests.integration.harness import run_job, run_job_until, survivors, worker_pids
 
 RECIPE = "recipes/linear_regression.py"
 # The chief dies right after committing step 10; the restart restores step 10.
@@ -88,7 +87,4 @@ def test_standbys_die_with_a_killed_supervisor(tmp_path):
     )
     everyone = pids["standby"] | pids["worker"]
     assert len(pids["standby"]) == 2 and len(pids["worker"]) == 2
-    deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in everyone) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [pid for pid in everyone if alive(pid)] == []
+    assert survivors(everyone, within_s=30) == []

@@ -2,11 +2,10 @@
 
 import os
 import signal
-import time
 
 from resilient_train.errors import EXIT_FAILURE, EXIT_FATAL, EXIT_PREEMPTED
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
-from tests.integration.harness import alive, run_job, run_job_until, worker_pids
+from tests.integration.harness import run_job, run_job_until, survivors, worker_pids
 
 LINEAR = "recipes/linear_regression.py"
 SLOW_DIGITS = "tests/recipes/slow_digits.py"  # digits_cnn, same weights, 0.15 s per step
@@ -123,10 +122,7 @@ def test_no_worker_outlives_a_sigkilled_supervisor(tmp_path):
     )
     assert job.returncode == -signal.SIGKILL
     assert sorted(pids) == [0, 1]
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [pid for pid in pids.values() if alive(pid)] == []
+    assert survivors(pids.values(), within_s=10) == []
 
 
 def test_checkpoint_of_another_model_is_a_fatal_named_mismatch(tmp_path):

@@ -10,12 +10,11 @@ import json
 import os
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 from resilient_train.errors import EXIT_FAILURE, EXIT_PREEMPTED, EXIT_USAGE
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
-from tests.integration.harness import alive, run_job, run_job_until, worker_pids
+from tests.integration.harness import run_job, run_job_until, survivors, worker_pids
 
 SLOW_DIGITS = "tests/recipes/slow_digits.py"  # digits_cnn, same weights, 0.15 s per step
 RAY = ("--launcher", "ray", "--storage-shared")  # the test nodes share this machine's disk
@@ -198,7 +197,4 @@ def test_no_worker_outlives_a_sigkilled_supervisor(tmp_path, ray_cluster):
     )
     assert job.returncode == -signal.SIGKILL
     assert sorted(pids) == [0, 1]
-    deadline = time.monotonic() + 60
-    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [pid for pid in pids.values() if alive(pid)] == []
+    assert survivors(pids.values(), within_s=60) == []
