@@ -33,7 +33,7 @@ _HEADER = re.compile(r"# resilient-train stacks: rank (\d+) pid (\d+) main threa
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 # Paths that are not the user's code: installed packages, the standard library, ourselves.
-_FRAMEWORK = ("/site-packages/", "/dist-packages/", "/resilient_train/", "/lib/python3", "<frozen ")
+_FRAMEWORK = ("/site-packages/", "/dist-packages/", "/resilient_train/", "/lib/python3", "/__autograph_generated_")
 
 
 @dataclass(frozen=True)
