@@ -73,7 +73,12 @@ from resilient_train.rundir.events import emit, read_events
 from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.rundir.lock import RunDirLock
 from resilient_train.rundir.run_record import load_or_create_run_id
-from resilient_train.rundir.stacks import STACKS_SIGNAL, ThreadStack, dump_size, read_dump
+from resilient_train.rundir.stacks import (
+    STACKS_SIGNAL,
+    ThreadStack,
+    dump_size,
+    read_dump,
+)
 from resilient_train.rundir.stepmarker import read_phase, read_step
 from resilient_train.supervisor.console import EventTail, hang_line
 from resilient_train.supervisor.launchers import (
@@ -93,19 +98,19 @@ from resilient_train.supervisor.policy import (
 )
 from resilient_train.supervisor.signals import ProcessSignals, SignalInstaller
 from resilient_train.supervisor.state import RunState, RunStateMachine, WorkerState
-from resilient_train.supervisor.watchdog import (
-    HangPolicy,
-    ProgressWatchdog,
-    Stall,
-    choose_stuck_rank,
-    describe_where,
-)
 from resilient_train.supervisor.summary import (
     RunTotals,
     build_summary,
     count_lost_steps,
     reached_step,
     write_summary,
+)
+from resilient_train.supervisor.watchdog import (
+    HangPolicy,
+    ProgressWatchdog,
+    Stall,
+    choose_stuck_rank,
+    describe_where,
 )
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]

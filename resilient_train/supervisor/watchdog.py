@@ -37,8 +37,8 @@ whose main thread is not inside a TensorFlow op (the others wait in the collecti
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from resilient_train.rundir.stacks import ThreadStack, in_tensorflow, is_recipe_code
 from resilient_train.rundir.stepmarker import PHASE_STARTUP, PHASE_TRAIN, Phase
@@ -69,7 +69,7 @@ class HangPolicy:
                 raise ValueError(f"Received {name}={value!r}; expected a number > 0")
 
     @classmethod
-    def from_setting(cls, hang_timeout: float | str, startup_timeout: float) -> "HangPolicy":
+    def from_setting(cls, hang_timeout: float | str, startup_timeout: float) -> HangPolicy:
         """From the job's ``hang_timeout`` (seconds or ``"auto"``) and ``startup_timeout``."""
         return cls(None if hang_timeout == AUTO else float(hang_timeout), float(startup_timeout))
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from resilient_train.rundir.stacks import Frame, dump_size, parse_dump, read_dump
 from resilient_train.rundir.stepmarker import Phase, PhaseMarker, read_phase, read_step
@@ -38,7 +39,7 @@ def test_sigusr1_dumps_every_thread_and_the_header_names_the_main_thread(tmp_pat
         for _ in range(100):
             if dump_size(path) > offset:
                 break
-            subprocess.run(["sleep", "0.05"])
+            time.sleep(0.05)
         threads = read_dump(path, offset)
     finally:
         proc.kill()

@@ -419,7 +419,7 @@ def hanging_spawner(spawner: FakeSpawner, hung_attempts: set[int], step: int = 3
 
 def test_a_group_without_progress_is_hung_its_stuck_rank_named_then_restarted(tmp_path):
     scripts = [{"exit_at": None}, {"exit_at": None}, {"exit_at": 2.0}, {"exit_at": 2.0}]
-    supervisor, spawner, clock, out = make(tmp_path, scripts, max_restarts=1, hang_timeout=5)
+    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=1, hang_timeout=5)
     supervisor.launcher.spawner = hanging_spawner(spawner, {1})
     assert supervisor.run() == EXIT_OK
     assert run_states(tmp_path) == [
@@ -455,7 +455,7 @@ def test_a_group_without_progress_is_hung_its_stuck_rank_named_then_restarted(tm
 
 def test_a_hang_at_the_same_step_twice_is_a_crash_loop(tmp_path):
     scripts = [{"exit_at": None}] * 4
-    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=3, hang_timeout=5)
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=3, hang_timeout=5)
     supervisor.launcher.spawner = hanging_spawner(spawner, {1, 2})
     assert supervisor.run() == EXIT_FAILURE
     assert [s[1] for s in run_states(tmp_path)] == [
