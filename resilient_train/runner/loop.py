@@ -385,16 +385,16 @@ class Trainer:
         self.policy.saved()
         flush = flush or completed
         global_step = int(self.global_step.numpy())
-        blocking = flush or self.job.checkpoint_mode == "sync"
-        previous = self._phase.enter(PHASE_FLUSH) if blocking else None
+        # Any save may block: a flush, a sync write, an async snapshot waiting for the
+        # previous upload. The hang watchdog gives the phase its start-up allowance.
+        previous = self._phase.enter(PHASE_FLUSH)
         try:
             if global_step == self._last_saved:  # e.g. preempted right after a restore or an epoch-end save
                 return self.checkpointer.flush() if flush else None
             self._last_saved = global_step
             return self.checkpointer.save(self._save_request(completed), flush=flush)
         finally:
-            if previous is not None:
-                self._phase.restore(previous)
+            self._phase.restore(previous)
 
     def _save_request(self, completed: bool) -> SaveRequest:
         return SaveRequest(
