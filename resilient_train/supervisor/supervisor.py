@@ -28,7 +28,8 @@ workers restore the last committed checkpoint.
 #              rank, emit hang_detected -> STOPPING, which SIGKILLs the group at once (a
 #              hung group can save nothing) and settles it like a crash: it spends the
 #              failure budget, and a hang at the same step twice in a row is a crash loop.
-#   STOPPING   the group hung -> SIGKILL everyone at once; a worker exited abnormally -> SIGTERM the rest, SIGKILL after
+#   STOPPING   the group hung -> SIGKILL everyone at once (no SIGTERM: nobody can save);
+#              a worker exited abnormally -> SIGTERM the rest, SIGKILL after
 #              teardown_grace_s, or at once when the chief is gone (only the chief commits
 #              and a broken group cannot agree on a save: the survivors have nothing left to
 #              finish, and waiting for them is pure recovery time); or the supervisor
