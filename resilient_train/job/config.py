@@ -26,7 +26,7 @@ from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
 from resilient_train.job.recipe import recipe_name
 
-__all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
+__all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
 
 LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
 RAY_STRATEGIES = ("spread", "pack")
@@ -35,6 +35,7 @@ FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 3
 
 
 STEPS_PER_EXECUTION_AUTO = "auto"  # the runner sizes calls by time (runner/call_size.py)
+HANG_TIMEOUT_AUTO = "auto"  # scaled from observed call times (supervisor/watchdog.py)
 
 
 def check_steps_per_execution(setting: object) -> None:
@@ -75,6 +76,8 @@ class JobConfig:
     eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
     eval_steps: int | None = None  # None: the whole eval_dataset
     strict_resume: bool = False
+    hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
+    startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -101,6 +104,14 @@ class JobConfig:
             _check_int("eval_steps", self.eval_steps, minimum=1)
         if not isinstance(self.grace_period, (int, float)) or self.grace_period <= 0:
             raise ConfigError(f"Received grace_period={self.grace_period!r}; expected a number of seconds > 0")
+        if self.hang_timeout != HANG_TIMEOUT_AUTO and (
+            isinstance(self.hang_timeout, bool) or not isinstance(self.hang_timeout, (int, float))
+            or not self.hang_timeout > 0
+        ):
+            raise ConfigError(f"Received hang_timeout={self.hang_timeout!r}; expected 'auto' or a number of seconds > 0")
+        if isinstance(self.startup_timeout, bool) or not isinstance(self.startup_timeout, (int, float)) \
+                or not self.startup_timeout > 0:
+            raise ConfigError(f"Received startup_timeout={self.startup_timeout!r}; expected a number of seconds > 0")
         if self.global_batch_size is not None and self.global_batch_size % self.workers:
             raise ConfigError(
                 f"Received global_batch_size={self.global_batch_size} with workers={self.workers}; "
@@ -202,7 +213,7 @@ _JOB_FLAGS = (
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
-    "eval_every_epochs", "eval_steps", "strict_resume",
+    "eval_every_epochs", "eval_steps", "strict_resume", "hang_timeout", "startup_timeout",
 )
 
 
@@ -215,6 +226,15 @@ def _positive_or_zero_int(text: str) -> int:
 
 def _steps_per_execution(text: str) -> int | str:
     return "auto" if text == "auto" else _positive_or_zero_int(text)
+
+
+def _hang_timeout(text: str) -> float | str:
+    if text == HANG_TIMEOUT_AUTO:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or auto") from None
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -257,6 +277,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         help="--launcher ray: the local --storage path is a mount every node shares (otherwise refused)")
     add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
         help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
+    add("--hang-timeout", type=_hang_timeout, metavar="SECONDS|auto",
+        help="restart the group when no worker finished a step for this long (default auto: "
+        "max(60 s, 10 x the longest call seen); see docs/failures.md, Hangs)")
+    add("--startup-timeout", type=float, metavar="SECONDS",
+        help="allowance until an attempt's first step, and for evaluation and blocking saves (default 600)")
     add("--strict-resume", action="store_true", default=None,
         help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
 

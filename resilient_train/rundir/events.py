@@ -24,7 +24,7 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
   checkpoint_failed, checkpoint_fetched, cache_rejected, cache_write_failed,
   garbage_collected, storage_retry, storage_claimed, generation_claimed, stale_writer_fenced
 * supervisor policy: gang_restart, restart_budget_exhausted, crash_loop_detected, fatal_error,
-  launch_failed
+  launch_failed, hang_detected (the progress watchdog, supervisor/watchdog.py)
 * warm standby: standby_started, standby_ready, standby_lost, standby_disabled
 * outputs: model_exported, model_export_failed
 * Ray launcher: ray_connected, placement_ready, placement_lost, node_lost

@@ -15,6 +15,8 @@ launchers, the chaos checker, tests) names a file of a run. Nothing else spells
         worker-<rank>.log          .log(rank)        stdout/stderr
         error-<rank>.json          .error(rank)      uncaught exception (rundir/errorfile.py)
         step-<rank>.txt            .step_marker(rank) last finished global step (rundir/stepmarker.py)
+        phase-<rank>.txt           .phase_marker(rank) what the worker is doing: train, eval, flush... (same)
+        stacks-<rank>.txt          .stacks(rank)     Python stacks dumped on SIGUSR1 (rundir/stacks.py)
         slurm-task-<rank>.json     .slurm_exit(rank) a Slurm task's exit (launchers/slurm_task.py)
         slurm-term-<rank>          .slurm_term(rank) that Slurm task got SIGTERM
       local/                       .local            per-host scratch, never shared
@@ -81,6 +83,12 @@ class AttemptDir:
 
     def step_marker(self, rank: int) -> Path:
         return self.path / f"step-{rank}.txt"
+
+    def phase_marker(self, rank: int) -> Path:
+        return self.path / f"phase-{rank}.txt"
+
+    def stacks(self, rank: int) -> Path:
+        return self.path / f"stacks-{rank}.txt"
 
     def step_markers(self) -> list[Path]:
         return sorted(self.path.glob("step-*.txt"))

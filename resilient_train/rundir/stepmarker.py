@@ -1,19 +1,38 @@
-"""Step markers: the last global step each worker finished, for counting lost steps.
+"""Step and phase markers: what each worker last finished, and what it is doing now.
 
 The chief and every worker rewrite ``<attempt_dir>/step-<rank>.txt`` in place after each
 step (one ``pwrite``, no fsync: it must survive a process kill, not a host crash). Whoever
 counts lost steps (the supervisor, the chaos checker) reads them after the attempt ended,
-even if the supervisor itself was SIGKILLed in between.
+even if the supervisor itself was SIGKILLed in between. The supervisor's progress
+watchdog (supervisor/watchdog.py) reads them while the attempt runs.
+
+Beside it, ``phase-<rank>.txt`` says which phase the worker is in, rewritten only when the
+phase changes (a few writes per epoch): ``train <epoch> <epoch_start_step>`` while it
+trains (the global step at which that epoch began, so a reader can tell the step within
+the epoch from a step marker), ``eval``/``flush``/``finish`` while it is in a phase that
+may legitimately take long without finishing a step (epoch-end evaluation, a blocking
+checkpoint save, the final save and export). No file yet means the worker is starting up
+(strategy, restore, first trace). The watchdog gives those phases the start-up allowance.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from resilient_train.rundir.layout import AttemptDir
 
-__all__ = ["StepMarker", "highest_step"]
+__all__ = ["StepMarker", "PhaseMarker", "Phase", "highest_step", "read_step", "read_phase",
+           "PHASE_STARTUP", "PHASE_TRAIN", "PHASE_EVAL", "PHASE_FLUSH", "PHASE_FINISH", "PHASES"]
+
+PHASE_STARTUP = "startup"  # never written: the absence of a phase marker
+PHASE_TRAIN = "train"
+PHASE_EVAL = "eval"
+PHASE_FLUSH = "flush"
+PHASE_FINISH = "finish"
+PHASES = (PHASE_STARTUP, PHASE_TRAIN, PHASE_EVAL, PHASE_FLUSH, PHASE_FINISH)
+_WIDTH = 64  # every record is padded to this many bytes, so a rewrite fully covers the last
 
 
 class StepMarker:
@@ -25,6 +44,68 @@ class StepMarker:
     def write(self, global_step: int) -> None:
         if self._fd is not None:
             os.pwrite(self._fd, f"{global_step:<20}\n".encode(), 0)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase marker's content; ``epoch``/``epoch_start_step`` are the last epoch entered."""
+
+    name: str
+    epoch: int | None = None
+    epoch_start_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in PHASES:
+            raise ValueError(f"Received phase {self.name!r}; expected one of {list(PHASES)}")
+
+    def step_in_epoch(self, global_step: int | None) -> int | None:
+        if global_step is None or self.epoch_start_step is None:
+            return None
+        return global_step - self.epoch_start_step
+
+
+class PhaseMarker:
+    """Writer side: the worker's phase, rewritten in place when it changes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if path else None
+        self.current = Phase(PHASE_STARTUP)
+
+    def enter(self, name: str, *, epoch: int | None = None, epoch_start_step: int | None = None) -> Phase:
+        """Record phase ``name`` (keeping the last epoch unless given); returns the previous phase."""
+        previous = self.current
+        if epoch is None:
+            epoch, epoch_start_step = previous.epoch, previous.epoch_start_step
+        self.current = Phase(name, epoch, epoch_start_step)
+        if self._fd is not None:
+            fields = [name] + ([str(epoch), str(epoch_start_step)] if epoch is not None else [])
+            os.pwrite(self._fd, f"{' '.join(fields):<{_WIDTH - 1}}\n".encode(), 0)
+        return previous
+
+    def restore(self, phase: Phase) -> None:
+        self.enter(phase.name, epoch=phase.epoch, epoch_start_step=phase.epoch_start_step)
+
+
+def read_step(path: Path) -> int | None:
+    """A step marker's step; None when it is missing or not written yet."""
+    try:
+        text = path.read_text().strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def read_phase(path: Path) -> Phase:
+    """A phase marker's phase; ``startup`` when there is none (or it cannot be read)."""
+    try:
+        fields = path.read_text().split()
+        if not fields:
+            return Phase(PHASE_STARTUP)
+        if len(fields) == 3:
+            return Phase(fields[0], int(fields[1]), int(fields[2]))
+        return Phase(fields[0])
+    except (OSError, ValueError):
+        return Phase(PHASE_STARTUP)
 
 
 def highest_step(attempt_dir: Path) -> int | None:

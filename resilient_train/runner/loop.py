@@ -76,7 +76,14 @@ from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.runner.save_policy import SavePolicy
-from resilient_train.rundir.stepmarker import StepMarker
+from resilient_train.rundir.stepmarker import (
+    PHASE_EVAL,
+    PHASE_FINISH,
+    PHASE_FLUSH,
+    PHASE_TRAIN,
+    PhaseMarker,
+    StepMarker,
+)
 from resilient_train.rundir.layout import AttemptDir
 from resilient_train.runner.model_state import weights_digest
 
@@ -163,6 +170,9 @@ class Trainer:
         self.sizer = CallSizer(job.steps_per_execution)
         self._call_steps = self.sizer.initial  # the agreed maximum of the next call
         self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
+        # What the supervisor's hang watchdog reads besides the step: a phase that may take
+        # long without a step (eval, a blocking save) gets the start-up allowance.
+        self._phase = PhaseMarker(AttemptDir.at(attempt_dir).phase_marker(cluster.rank) if attempt_dir else None)
         self._setup()
 
     # ----------------------------------------------------------------- setup
@@ -375,10 +385,16 @@ class Trainer:
         self.policy.saved()
         flush = flush or completed
         global_step = int(self.global_step.numpy())
-        if global_step == self._last_saved:  # e.g. preempted right after a restore or an epoch-end save
-            return self.checkpointer.flush() if flush else None
-        self._last_saved = global_step
-        return self.checkpointer.save(self._save_request(completed), flush=flush)
+        # Any save may block: a flush, a sync write, an async snapshot waiting for the
+        # previous upload. The hang watchdog gives the phase its start-up allowance.
+        previous = self._phase.enter(PHASE_FLUSH)
+        try:
+            if global_step == self._last_saved:  # e.g. preempted right after a restore or an epoch-end save
+                return self.checkpointer.flush() if flush else None
+            self._last_saved = global_step
+            return self.checkpointer.save(self._save_request(completed), flush=flush)
+        finally:
+            self._phase.restore(previous)
 
     def _save_request(self, completed: bool) -> SaveRequest:
         return SaveRequest(
@@ -453,6 +469,7 @@ class Trainer:
             input_check=self.input_check,
         ))
         step_in_epoch, global_step = start, int(self.global_step.numpy())
+        self._phase.enter(PHASE_TRAIN, epoch=epoch, epoch_start_step=global_step - start)
         while step_in_epoch < steps_per_epoch:
             steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
                                             steps_per_epoch=steps_per_epoch, max_steps=self._call_steps)
@@ -474,7 +491,13 @@ class Trainer:
         """Epoch-end hook: runs after epoch ``epoch``'s checkpoint is saved, before
         ``epoch_finished`` is emitted; returns extra fields for that event: the held-out
         evaluation's results. It reads the weights only, so an async commit overlaps it."""
-        return self._evaluator.after_epoch(epoch + 1) if self._evaluator is not None else {}
+        if self._evaluator is None:
+            return {}
+        previous = self._phase.enter(PHASE_EVAL)
+        try:
+            return self._evaluator.after_epoch(epoch + 1)
+        finally:
+            self._phase.restore(previous)
 
     def _finish_epoch(self, epoch: int) -> None:
         means = self.stats.means()
@@ -497,6 +520,7 @@ class Trainer:
             self._finish_epoch(epoch)
             if self._stop_agreed:
                 return self._preempt()
+        self._phase.enter(PHASE_FINISH)  # the final flush, then the export
         self.checkpointer.flush()  # the completed checkpoint is committed before exit 0
         result = TrainResult(
             global_step=int(self.global_step.numpy()),

@@ -28,6 +28,7 @@ from resilient_train.job.config import JobConfig, add_job_arguments, job_from_ar
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import Recording, recording
 from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.stacks import register as register_stacks
 
 __all__ = ["main", "run", "parse_args", "exit_process"]
 
@@ -84,6 +85,9 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     attempt_dir = run_dir.attempt(launched.attempt)
     attempt_dir.path.mkdir(parents=True, exist_ok=True)
     state.locate(attempt_dir.path, cluster.rank)  # from here on, failures are recorded
+    # SIGUSR1 dumps every thread's stack into attempt-<n>/stacks-<rank>.txt: what the
+    # supervisor's hang watchdog asks for before it kills a group that stopped progressing.
+    stacks_file = register_stacks(attempt_dir.stacks(cluster.rank), rank=cluster.rank)  # noqa: F841 (kept open)
 
     trainer: Any = None
 

@@ -50,6 +50,21 @@ _PROGRESS_KEYS = {
 }
 
 
+def hang_line(record: dict[str, Any]) -> str:
+    """``rank 1 made no progress for 31 s at global step 24 (epoch 1, step 4); main thread in ...``
+
+    From a ``hang_detected`` event's fields (the same words are the root cause's message).
+    """
+    step = record.get("global_step")
+    if step is None:
+        at = "before its first step of the attempt"
+    elif record.get("epoch") is not None and record.get("step_in_epoch") is not None:
+        at = f"at global step {step} ({_position(record)})"
+    else:
+        at = f"at global step {step}"
+    return f"rank {record['rank']} made no progress for {record['seconds']:.0f} s {at}; {record['where']}"
+
+
 def render_event(record: dict[str, Any], *, rejected: int = 0) -> str | None:
     """A readable line for ``record``, or None for events not worth a line.
 
@@ -80,6 +95,8 @@ def render_event(record: dict[str, Any], *, rejected: int = 0) -> str | None:
         return (
             f"{ts}  restored global step {r['global_step']} ({_position(r)}) from {r['checkpoint']}"
         )
+    if event == "hang_detected":
+        return f"{ts}  hang: {hang_line(r)} (stacks: {r['stacks']})"
     if event == "fresh_start" and rejected:
         noun = "checkpoint was" if rejected == 1 else "checkpoints were"
         return f"{ts}  no restorable checkpoint: {rejected} {noun} rejected (see above); starting from step 0"

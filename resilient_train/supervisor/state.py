@@ -4,7 +4,7 @@ The supervisor loop (supervisor/supervisor.py) branches on :class:`RunState` and
 only through :meth:`RunStateMachine.transition`, which refuses any move the table below
 does not list and emits one ``run_state`` event per move (``from``, ``to``, ``attempt``,
 and ``reason`` where there is one). So ``events.jsonl`` holds the run's exact path through
-the table, and a new behaviour (a hang watchdog, an elastic resize) is a new state and new
+the table, and a new behaviour (the hang watchdog's HUNG, an elastic resize) is a new state and new
 rows here, never a new flag in the loop.
 
 An illegal transition is a bug in the supervisor, not a condition of the run: it raises
@@ -19,6 +19,10 @@ Transitions (``TRANSITIONS``, the only ones the loop may make)::
     RUNNING -> SUCCEEDED       every worker exited 0 and the completed checkpoint is committed
     RUNNING -> STOPPING        a worker failed, a stop was requested, or the attempt ended
                                without completing the run
+    RUNNING -> HUNG            every worker is alive but none made progress for longer than
+                               the watchdog allows (supervisor/watchdog.py)
+    HUNG -> STOPPING           the stacks are collected and the stuck rank is named
+                               (``hang_detected``); the group is killed like after a crash
     STOPPING -> SUCCEEDED      the workers finished the run while the stop was under way
     STOPPING -> RESTARTING     the restart policy grants another attempt
     STOPPING -> FAILED         fatal error, budget exhausted, crash loop
@@ -45,6 +49,7 @@ class RunState(str, Enum):
     PREPARING = "preparing"
     STARTING = "starting"
     RUNNING = "running"
+    HUNG = "hung"
     STOPPING = "stopping"
     RESTARTING = "restarting"
     SUCCEEDED = "succeeded"
@@ -68,7 +73,8 @@ _S = RunState
 TRANSITIONS: Mapping[RunState, frozenset[RunState]] = MappingProxyType({
     _S.PREPARING: frozenset({_S.STARTING, _S.SUCCEEDED}),
     _S.STARTING: frozenset({_S.RUNNING, _S.FAILED}),
-    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.STOPPING}),
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.STOPPING, _S.HUNG}),
+    _S.HUNG: frozenset({_S.STOPPING}),
     _S.STOPPING: frozenset({_S.SUCCEEDED, _S.RESTARTING, _S.FAILED, _S.PREEMPTED}),
     _S.RESTARTING: frozenset({_S.STARTING}),
     _S.SUCCEEDED: frozenset(),

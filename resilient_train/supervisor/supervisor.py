@@ -20,7 +20,16 @@ workers restore the last committed checkpoint.
 #              for TensorFlow's ~10 s collective timeout), print new events.jsonl lines,
 #              let the launcher reap and refill its standbys. All exited 0 with the
 #              completed checkpoint committed -> SUCCEEDED; anything else -> STOPPING.
-#   STOPPING   a worker exited abnormally -> SIGTERM the rest, SIGKILL after
+#              Every WATCH_EVERY_S it reads each rank's step and phase markers into the
+#              ProgressWatchdog (supervisor/watchdog.py): no rank advanced for longer than
+#              the allowance -> HUNG.
+#   HUNG       send SIGUSR1 through the launcher's handles (workers dump their stacks,
+#              rundir/stacks.py), wait up to STACKS_WAIT_S for the dumps, name the stuck
+#              rank, emit hang_detected -> STOPPING, which SIGKILLs the group at once (a
+#              hung group can save nothing) and settles it like a crash: it spends the
+#              failure budget, and a hang at the same step twice in a row is a crash loop.
+#   STOPPING   the group hung -> SIGKILL everyone at once (no SIGTERM: nobody can save);
+#              a worker exited abnormally -> SIGTERM the rest, SIGKILL after
 #              teardown_grace_s, or at once when the chief is gone (only the chief commits
 #              and a broken group cannot agree on a save: the survivors have nothing left to
 #              finish, and waiting for them is pure recovery time); or the supervisor
@@ -65,7 +74,14 @@ from resilient_train.rundir.events import emit, read_events
 from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.rundir.lock import RunDirLock
 from resilient_train.rundir.run_record import load_or_create_run_id
-from resilient_train.supervisor.console import EventTail
+from resilient_train.rundir.stacks import (
+    STACKS_SIGNAL,
+    ThreadStack,
+    dump_size,
+    read_dump,
+)
+from resilient_train.rundir.stepmarker import read_phase, read_step
+from resilient_train.supervisor.console import EventTail, hang_line
 from resilient_train.supervisor.launchers import (
     Launcher,
     WorkerHandle,
@@ -90,10 +106,19 @@ from resilient_train.supervisor.summary import (
     reached_step,
     write_summary,
 )
+from resilient_train.supervisor.watchdog import (
+    HangPolicy,
+    ProgressWatchdog,
+    Stall,
+    choose_stuck_rank,
+    describe_where,
+)
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]
 
 POLL_S = 0.05
+WATCH_EVERY_S = 0.25  # how often the watchdog reads the step and phase markers
+STACKS_WAIT_S = 2.0  # how long a hung group gets to dump its stacks before it is killed
 
 # What each terminal state reports as summary.json's / run_finished's ``status``.
 _STATUS = {RunState.SUCCEEDED: "completed", RunState.PREEMPTED: "preempted", RunState.FAILED: "failed"}
@@ -161,9 +186,14 @@ class Supervisor:
         self.workers: list[Worker] = []  # the current attempt's workers
         self._fatal = False  # the run FAILED on a fatal error (EXIT_FATAL, not EXIT_FAILURE)
         self._restart: Decision | None = None  # what RESTARTING carries out
+        self.watchdog = ProgressWatchdog(HangPolicy.from_setting(job.hang_timeout, job.startup_timeout))
+        self._watched_at = 0.0
+        self._stall: Stall | None = None  # what HUNG reports
+        self._hang: dict[str, Any] | None = None  # the attempt hung: hang_detected's fields
         self._steps: dict[RunState, Callable[[], None]] = {
             RunState.STARTING: self._step_starting,
             RunState.RUNNING: self._step_running,
+            RunState.HUNG: self._step_hung,
             RunState.STOPPING: self._step_stopping,
             RunState.RESTARTING: self._step_restarting,
         }
@@ -243,6 +273,9 @@ class Supervisor:
         except RestartNotPlacedError as exc:
             self._not_started(self.attempt, exc)
             return
+        self._watched_at = self.clock()
+        self.watchdog.start_attempt(self._watched_at, [w.rank for w in self.workers])
+        self._stall = self._hang = None
         self._to(RunState.RUNNING)
 
     def _step_running(self) -> None:
@@ -265,7 +298,67 @@ class Supervisor:
             if failed:
                 self._to(RunState.STOPPING, reason=f"worker {failed[0]} exited abnormally")
                 return
+            stall = self._watch_progress()
+            if stall is not None:
+                self._stall = stall
+                self._to(RunState.HUNG, reason=f"no worker made progress for {stall.seconds:.0f} s "
+                         f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})")
+                return
             self.sleep(POLL_S)
+
+    def _watch_progress(self) -> Stall | None:
+        """Feed the watchdog what the markers say (every WATCH_EVERY_S); a Stall when hung."""
+        now = self.clock()
+        if now - self._watched_at < WATCH_EVERY_S:
+            return None
+        self._watched_at = now
+        attempt_dir = self.run_dir.attempt(self.attempt)
+        for worker in self.workers:
+            step = read_step(attempt_dir.step_marker(worker.rank))
+            self.watchdog.observe(now, worker.rank, step, read_phase(attempt_dir.phase_marker(worker.rank)))
+        return self.watchdog.check(now)
+
+    def _step_hung(self) -> None:
+        """Ask every worker for its stacks, name the stuck rank, announce it -> STOPPING."""
+        stall = self._stall
+        if stall is None:
+            raise RuntimeError("HUNG entered without a stall")
+        attempt_dir = self.run_dir.attempt(self.attempt)
+        alive = self._alive()
+        offsets = {w.rank: dump_size(attempt_dir.stacks(w.rank)) for w in alive}
+        for worker in alive:
+            _signal(worker, STACKS_SIGNAL)
+        deadline = self.clock() + STACKS_WAIT_S
+        while self.clock() < deadline:
+            self.sleep(POLL_S)
+            self._poll()  # a launcher brings the dumps back; a worker may exit meanwhile
+            if all(dump_size(attempt_dir.stacks(rank)) > offset for rank, offset in offsets.items()):
+                self.sleep(POLL_S)  # let a dump that has begun finish
+                self._poll()
+                break
+        stacks: dict[int, list[ThreadStack]] = {
+            rank: read_dump(attempt_dir.stacks(rank), offset) for rank, offset in offsets.items()
+        }
+        rank, why = choose_stuck_rank(stall.steps, stacks)
+        step = stall.steps.get(rank)
+        phase = stall.phases.get(rank)
+        self._hang = {
+            "rank": rank,
+            "pid": next((w.process.pid for w in self.workers if w.rank == rank), None),
+            "global_step": step,
+            "epoch": phase.epoch if phase is not None else None,
+            "step_in_epoch": phase.step_in_epoch(step) if phase is not None else None,
+            "seconds": round(stall.seconds, 1),
+            "timeout_s": round(stall.allowed_s, 1),
+            "phase": stall.phase,
+            "where": describe_where(stacks.get(rank, [])),
+            "stacks": str(attempt_dir.stacks(rank)),
+            "chosen_by": why,
+            "steps": {str(r): s for r, s in sorted(stall.steps.items())},
+        }
+        emit("hang_detected", attempt=self.attempt, **self._hang)
+        self.tail.pump()
+        self._to(RunState.STOPPING, reason=f"hang: rank {rank} made no progress for {stall.seconds:.0f} s")
 
     def _step_stopping(self) -> None:
         """Tear the attempt down (the poll that saw the reason to stop is this step's first),
@@ -283,8 +376,10 @@ class Supervisor:
                 for worker in alive:
                     _signal(worker, signal.SIGTERM)
                 kill_at = now + self.job.grace_period
-            elif kill_at is None:  # a worker failed
-                if self._preempting():
+            elif kill_at is None:  # a worker failed, or the group hung
+                if self._hang is not None:
+                    kill_at = now  # a hung group can save nothing: waiting is pure recovery time
+                elif self._preempting():
                     # The peers agreed on the same step and are saving it; a second SIGTERM
                     # would only race their exit. They get the grace period, then SIGKILL.
                     kill_at = now + self.job.grace_period
@@ -446,6 +541,8 @@ class Supervisor:
             if self._completed_manifest() is not None:
                 return None
             return self._exited_without_completing(attempt)
+        if self._hang is not None and self.stop_signal is None:
+            return self._hung_outcome(attempt)
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
         root = choose_root_cause(
             exits, read_errors(attempt_dir.path), lambda rank: log_tail(attempt_dir.log(rank), 15),
@@ -472,6 +569,23 @@ class Supervisor:
         if preempted and exit_class is not ExitClass.FATAL:
             exit_class = ExitClass.PREEMPTED
         return AttemptOutcome(attempt, exit_class, root.signature, root.global_step, preempted=preempted)
+
+    def _hung_outcome(self, attempt: int) -> AttemptOutcome:
+        """The attempt hung and was killed: the stuck rank is the root cause.
+
+        Its signature names the rank, so a hang at the same step on the same rank in two
+        attempts in a row is a crash loop (policy.py); each hang spends the failure budget.
+        """
+        hang = self._hang or {}
+        reached = self._reached(attempt)
+        if reached is not None:
+            emit("attempt_reached", attempt=attempt, global_step=reached)
+        self.totals.root_cause = {
+            "rank": hang["rank"], "pid": hang["pid"], "exit": "hung (no progress; the supervisor SIGKILLed the group)",
+            "type": "Hang", "message": hang_line(hang), "global_step": hang["global_step"], "attempt": attempt,
+            "seconds": hang["seconds"], "stacks": hang["stacks"], "where": hang["where"],
+        }
+        return AttemptOutcome(attempt, ExitClass.FAILED, f"hang on rank {hang['rank']}", hang["global_step"])
 
     def _exited_without_completing(self, attempt: int) -> AttemptOutcome:
         """Every worker exited 0, yet storage holds no completed checkpoint.

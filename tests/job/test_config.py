@@ -21,6 +21,9 @@ def test_defaults_derive_run_dir_and_storage_from_recipe_name():
         ({"eval_every_epochs": -1}, "Received eval_every_epochs=-1; expected an integer >= 0"),
         ({"grace_period": 0}, "Received grace_period=0; expected a number of seconds > 0"),
         ({"workers": 3, "global_batch_size": 8}, "global_batch_size=8 with workers=3"),
+        ({"hang_timeout": 0}, "Received hang_timeout=0; expected 'auto' or a number of seconds > 0"),
+        ({"hang_timeout": "soon"}, "Received hang_timeout='soon'; expected 'auto' or a number of seconds > 0"),
+        ({"startup_timeout": -1}, "Received startup_timeout=-1; expected a number of seconds > 0"),
     ],
 )
 def test_bad_values_are_named(kwargs, message):
@@ -59,3 +62,20 @@ def test_set_pairs():
     assert parse_set_pairs(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
     with pytest.raises(ConfigError, match=r"Received --set 'novalue'; expected key=value"):
         parse_set_pairs(["novalue"])
+
+
+def test_hang_flags_parse_seconds_or_auto():
+    import argparse
+
+    from resilient_train.job.config import add_job_arguments, job_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("recipe")
+    add_job_arguments(parser)
+    default = job_from_args(parser.parse_args(["r.py"]))
+    assert (default.hang_timeout, default.startup_timeout) == ("auto", 600.0)
+    job = job_from_args(parser.parse_args(["r.py", "--hang-timeout", "31", "--startup-timeout", "90"]))
+    assert (job.hang_timeout, job.startup_timeout) == (31.0, 90.0)
+    assert job_from_args(parser.parse_args(["r.py", "--hang-timeout", "auto"])).hang_timeout == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["r.py", "--hang-timeout", "never"])

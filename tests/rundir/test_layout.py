@@ -24,6 +24,9 @@ def test_every_file_of_a_run_has_its_documented_name():
         Path("runs/digits/attempt-3/job.json"), Path("runs/digits/attempt-3/worker-1.log"),
         Path("runs/digits/attempt-3/error-1.json"), Path("runs/digits/attempt-3/step-1.txt"),
     ]
+    assert [attempt.phase_marker(1), attempt.stacks(1)] == [
+        Path("runs/digits/attempt-3/phase-1.txt"), Path("runs/digits/attempt-3/stacks-1.txt"),
+    ]
     assert [attempt.slurm_exit(0), attempt.slurm_term(0)] == [
         Path("runs/digits/attempt-3/slurm-task-0.json"), Path("runs/digits/attempt-3/slurm-term-0"),
     ]

@@ -49,3 +49,18 @@ def test_run_state_transitions_stay_out_of_the_human_view(tmp_path):
           {"event": "gang_restart", "attempt": 2})
     assert [r["event"] for r in tail.pump()] == ["run_state", "gang_restart"]
     assert out.getvalue().splitlines() == ["10:00:00 gang_restart           attempt=2"]
+
+
+def test_a_hang_is_one_line_naming_rank_step_and_where():
+    from resilient_train.supervisor.console import hang_line, render_event
+
+    hang = {"event": "hang_detected", "ts": "2026-11-23T06:55:29", "rank": 1, "seconds": 31.2, "global_step": 24,
+            "epoch": 0, "step_in_epoch": 24, "where": "main thread in input_hang.py:47 _read",
+            "stacks": "runs/x/attempt-1/stacks-1.txt"}
+    assert render_event(hang) == (
+        "06:55:29  hang: rank 1 made no progress for 31 s at global step 24 (epoch 1, step 24); "
+        "main thread in input_hang.py:47 _read (stacks: runs/x/attempt-1/stacks-1.txt)"
+    )
+    assert hang_line({**hang, "global_step": None}) == (
+        "rank 1 made no progress for 31 s before its first step of the attempt; main thread in input_hang.py:47 _read"
+    )

@@ -20,6 +20,8 @@ LEGAL = {
     (RunState.STARTING, RunState.FAILED),
     (RunState.RUNNING, RunState.SUCCEEDED),
     (RunState.RUNNING, RunState.STOPPING),
+    (RunState.RUNNING, RunState.HUNG),
+    (RunState.HUNG, RunState.STOPPING),
     (RunState.STOPPING, RunState.SUCCEEDED),
     (RunState.STOPPING, RunState.RESTARTING),
     (RunState.STOPPING, RunState.FAILED),
@@ -43,7 +45,7 @@ def test_the_table_is_exactly_the_documented_transitions():
 
 def test_values_are_the_stable_event_names():
     assert [s.value for s in RunState] == [
-        "preparing", "starting", "running", "stopping", "restarting", "succeeded", "failed", "preempted",
+        "preparing", "starting", "running", "hung", "stopping", "restarting", "succeeded", "failed", "preempted",
     ]
 
 

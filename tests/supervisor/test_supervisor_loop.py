@@ -373,3 +373,103 @@ def test_a_run_already_complete_goes_from_preparing_to_succeeded(tmp_path):
     assert spawner.calls == [] and "already completed at global step 10" in out.getvalue()
     assert run_states(tmp_path)[-1] == ("preparing", "succeeded", None)
     assert "run_state" not in out.getvalue()
+
+
+# ------------------------------------------------------------------ hangs
+_MAIN_IN_TF = (
+    'Current thread 0x0000000000000001 (most recent call first):\n'
+    '  File "/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", line 53 in quick_execute\n'
+    '  File "/repo/resilient_train/runner/loop.py", line 430 in _run_call\n'
+    '  File "<frozen runpy>", line 88 in _run_code\n\n'
+)
+_READING = (
+    'Thread 0x0000000000000002 (most recent call first):\n'
+    '  File "/home/me/input_hang.py", line 47 in _read\n'
+    '  File "/venv/lib/python3.11/site-packages/tensorflow/python/ops/script_ops.py", line 268 in __call__\n\n'
+)
+
+
+def hanging_spawner(spawner: FakeSpawner, hung_attempts: set[int], step: int = 3):
+    """Workers of ``hung_attempts`` finish ``step`` steps, then make no progress while alive;
+    on SIGUSR1 each appends a faulthandler dump (rank 1's has a thread in recipe code)."""
+    spawn = spawner.__call__
+
+    def __call__(argv, env, log_path):
+        process = spawn(argv, env, log_path)
+        attempt, rank = int(env["RT_ATTEMPT"]), json.loads(env["TF_CONFIG"])["task"]["index"]
+        if attempt in hung_attempts:
+            attempt_dir = log_path.parent
+            (attempt_dir / f"step-{rank}.txt").write_text(f"{step}\n")
+            (attempt_dir / f"phase-{rank}.txt").write_text("train 0 0\n")
+            stacks = attempt_dir / f"stacks-{rank}.txt"
+            stacks.write_text(f"# resilient-train stacks: rank {rank} pid {process.pid} main thread 0x{1:016x}\n")
+            record = process.send_signal
+
+            def send_signal(sig: int) -> None:
+                record(sig)
+                if sig == signal.SIGUSR1:
+                    with open(stacks, "a") as handle:
+                        handle.write(_MAIN_IN_TF + (_READING if rank == 1 else ""))
+
+            process.send_signal = send_signal
+        return process
+
+    return __call__
+
+
+def test_a_group_without_progress_is_hung_its_stuck_rank_named_then_restarted(tmp_path):
+    scripts = [{"exit_at": None}, {"exit_at": None}, {"exit_at": 2.0}, {"exit_at": 2.0}]
+    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=1, hang_timeout=5)
+    supervisor.launcher.spawner = hanging_spawner(spawner, {1})
+    assert supervisor.run() == EXIT_OK
+    assert run_states(tmp_path) == [
+        ("preparing", "starting", 1), ("starting", "running", 1), ("running", "hung", 1), ("hung", "stopping", 1),
+        ("stopping", "restarting", 1), ("restarting", "starting", 2), ("starting", "running", 2),
+        ("running", "succeeded", 2),
+    ]
+    hung, stopping = events(tmp_path, "run_state")[2:4]
+    [hang] = events(tmp_path, "hang_detected")
+    stacks = str(tmp_path / "run" / "attempt-1" / "stacks-1.txt")
+    assert hung["reason"] == "no worker made progress for 5 s (allowed 5 s in phase train)"
+    assert stopping["reason"] == "hang: rank 1 made no progress for 5 s"
+    assert 5.0 < hang.pop("seconds") <= 5.25  # the first look after the 5 s, markers read every 0.25 s
+    assert {k: v for k, v in hang.items() if k not in ("ts", "run_id", "role")} == {
+        "event": "hang_detected", "attempt": 1, "rank": 1, "pid": 4001, "global_step": 3, "epoch": 0,
+        "step_in_epoch": 3, "timeout_s": 5, "phase": "train", "chosen_by": "in recipe code", "stacks": stacks,
+        "where": "main thread in execute.py:53 quick_execute (TensorFlow); recipe code in input_hang.py:47 _read "
+                 "(another thread)",
+        "steps": {"0": 3, "1": 3},
+    }
+    # Stacks first (SIGUSR1), then SIGKILL at once: no SIGTERM, no teardown grace for a hung group.
+    for process in spawner.processes[:2]:
+        (usr1, usr1_at), (kill, kill_at) = process.signals
+        assert (usr1, kill) == ("SIGUSR1", "SIGKILL") and 0 < kill_at - usr1_at <= 0.15
+    assert [(e["attempt"], e["root_cause_rank"]) for e in events(tmp_path, "gang_restart")] == [(2, 1)]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["restarts"], summary["attempts"]) == ("completed", 1, 2)
+    root = summary["root_cause"]
+    assert (root["rank"], root["type"], root["global_step"], root["stacks"], root["attempt"]) == (1, "Hang", 3, stacks, 1)
+    assert "hang: rank 1 made no progress for 5 s at global step 3 (epoch 1, step 3); main thread in " \
+           "execute.py:53 quick_execute (TensorFlow); recipe code in input_hang.py:47 _read" in out.getvalue()
+
+
+def test_a_hang_at_the_same_step_twice_is_a_crash_loop(tmp_path):
+    scripts = [{"exit_at": None}] * 4
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=3, hang_timeout=5)
+    supervisor.launcher.spawner = hanging_spawner(spawner, {1, 2})
+    assert supervisor.run() == EXIT_FAILURE
+    assert [s[1] for s in run_states(tmp_path)] == [
+        "starting", "running", "hung", "stopping", "restarting", "starting", "running", "hung", "stopping", "failed",
+    ]
+    assert [e["attempt"] for e in events(tmp_path, "hang_detected")] == [1, 2]
+    [loop] = events(tmp_path, "crash_loop_detected")
+    assert "hang on rank 1" in loop["reason"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["restarts"] == 1
+
+
+def test_a_slow_start_gets_the_startup_allowance_not_the_hang_timeout(tmp_path):
+    """No step for 30 s of start-up with --hang-timeout 5 is no hang (--startup-timeout 60)."""
+    scripts = [{"exit_at": 30.0}, {"exit_at": 30.0}]
+    supervisor, _, _, _ = make(tmp_path, scripts, hang_timeout=5, startup_timeout=60)
+    assert supervisor.run() == EXIT_OK
+    assert events(tmp_path, "hang_detected") == []

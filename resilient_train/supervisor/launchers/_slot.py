@@ -89,7 +89,7 @@ def _is_pumped(relative: str) -> bool:
 def _replaced(relative: str) -> bool:
     """Sent whole whenever changed: small markers, and the export (written once)."""
     name = relative.rsplit("/", 1)[-1]
-    return name.startswith(("step-", "error-")) or relative.startswith("model/")
+    return name.startswith(("step-", "phase-", "error-")) or relative.startswith("model/")
 
 
 def _rewritable(relative: str) -> bool:
