@@ -28,6 +28,7 @@ from resilient_train.job.config import JobConfig, add_job_arguments, job_from_ar
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import Recording, recording
 from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.redact import register_secrets, secret_values
 
 __all__ = ["main", "run", "parse_args", "exit_process"]
 
@@ -80,6 +81,9 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
         os.environ["TF_CONFIG"] = environ["TF_CONFIG"]
     cluster = parse_tf_config(environ.get("TF_CONFIG"))
     launched = WorkerEnvironment.from_environ(environ)
+    # job.json holds *** for credentials; the real ones came in RT_STORAGE_SECRETS.
+    job = job.with_secrets(launched.storage_secrets)
+    register_secrets(secret_values(job.secrets()))
     run_dir = RunDir(job.run_dir)
     attempt_dir = run_dir.attempt(launched.attempt)
     attempt_dir.path.mkdir(parents=True, exist_ok=True)
