@@ -16,7 +16,7 @@ and of a console goes through this module:
   printed an options dict, a log tail, a root-cause message.
 
 Which keys are secret (one rule, README and docs/security.md quote it): the key, split into
-words at ``_``, ``-``, ``.`` and lower-to-upper case changes, has a word in
+words at ``_``, ``-``, ``.`` and case changes (``SSEKMSKeyId``: sse kms key id), has a word in
 :data:`SECRET_WORDS` (``key``, ``secret``, ``token``, ``password``, ``passwd``,
 ``credential``, ``credentials``), or is one of :data:`SECRET_NAMES`. So ``key``,
 ``secret``, ``token``, ``session_token``, ``client_secret``, ``aws_secret_access_key``,
@@ -46,7 +46,7 @@ REDACTED = "***"
 SECRET_WORDS = frozenset({"key", "secret", "token", "password", "passwd", "credential", "credentials"})
 SECRET_NAMES = frozenset({"connection_string", "connectionstring"})  # Azure's holds AccountKey=...
 
-_WORD_BREAK = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+_WORD_BREAK = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 # scheme://user[:password]@host: the user info is everything between // and the last @
 # before the first / ? # that follows (RFC 3986 authority).
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#@\s\"']+)@")
