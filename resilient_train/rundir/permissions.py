@@ -21,7 +21,7 @@ import re
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["DEFAULT_RUN_DIR_MODE", "parse_mode", "umask_for", "run_dir_umask"]
+__all__ = ["DEFAULT_RUN_DIR_MODE", "parse_mode", "umask_for", "run_dir_umask", "current_umask", "directory_mode"]
 
 DEFAULT_RUN_DIR_MODE = 0o700
 _OCTAL = re.compile(r"^(0o|0)?([0-7]{1,3})$")
@@ -64,3 +64,22 @@ def run_dir_umask(mode: int) -> Iterator[int]:
         yield narrowed
     finally:
         os.umask(previous)
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status``; else set and restore)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def directory_mode() -> int:
+    """The mode ``mkdir`` gives a new directory now (for a ``mkdtemp`` dir, which is always 0700)."""
+    return 0o777 & ~current_umask()

@@ -42,3 +42,14 @@ def test_the_umask_is_restored_after_the_block(tmp_path):
         assert (tmp_path / "d" / "f").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(before)
+
+
+def test_current_umask_reads_without_changing_it():
+    from resilient_train.rundir.permissions import current_umask, directory_mode
+
+    before = os.umask(0o027)
+    try:
+        assert current_umask() == 0o027 and current_umask() == 0o027
+        assert directory_mode() == 0o750
+    finally:
+        os.umask(before)
