@@ -18,13 +18,14 @@ from typing import Any, Mapping
 
 from resilient_train.errors import ConfigError
 
-__all__ = ["ATTEMPT", "RUN_ID", "GENERATION", "STANDBY_READY_FD", "STORAGE_SECRETS", "WorkerEnvironment"]
+__all__ = ["ATTEMPT", "RUN_ID", "GENERATION", "STANDBY_READY_FD", "STORAGE_SECRETS", "UMASK", "WorkerEnvironment"]
 
 ATTEMPT = "RT_ATTEMPT"  # the attempt number, 1 on the first start
 RUN_ID = "RT_RUN_ID"  # the run id (run.json), shared by every attempt
 GENERATION = "RT_GENERATION"  # the storage generation the chief claims (checkpoint/fence.py)
 STANDBY_READY_FD = "RT_STANDBY_READY_FD"  # a warm standby says "TensorFlow imported" on this fd
 STORAGE_SECRETS = "RT_STORAGE_SECRETS"  # JSON: the credentials job.json shows as *** (JobConfig.secrets())
+UMASK = "RT_UMASK"  # octal: the supervisor's run-dir umask, for workers on other nodes (rundir/permissions.py)
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,15 @@ class WorkerEnvironment:
     run_id: str = "standalone"
     generation: int | None = None  # None: claim the next free generation (other launchers)
     storage_secrets: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    umask: int | None = None  # None: keep the process's own (a local worker inherits the supervisor's)
 
     def __post_init__(self) -> None:
         if self.attempt < 1:
             raise ConfigError(f"Received {ATTEMPT}={self.attempt}; expected an integer >= 1")
         if self.generation is not None and self.generation < 1:
             raise ConfigError(f"Received {GENERATION}={self.generation}; expected an integer >= 1")
+        if self.umask is not None and not 0 <= self.umask <= 0o777:
+            raise ConfigError(f"Received {UMASK}={self.umask:o}; expected an octal umask from 000 to 777")
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "WorkerEnvironment":
@@ -47,12 +51,15 @@ class WorkerEnvironment:
             run_id=environ.get(RUN_ID) or "standalone",
             generation=_int(environ, GENERATION),
             storage_secrets=_secrets(environ),
+            umask=_umask(environ),
         )
 
     def to_environ(self) -> dict[str, str]:
         env = {ATTEMPT: str(self.attempt), RUN_ID: self.run_id}
         if self.generation is not None:
             env[GENERATION] = str(self.generation)
+        if self.umask is not None:
+            env[UMASK] = f"{self.umask:03o}"
         if self.storage_secrets:
             env[STORAGE_SECRETS] = json.dumps(dict(self.storage_secrets))
         return env
@@ -78,4 +85,17 @@ def _secrets(environ: Mapping[str, str]) -> dict[str, Any]:
         value = None
     if not isinstance(value, dict):  # never echo the value: it is a credential
         raise ConfigError(f"Received {STORAGE_SECRETS} that is not a JSON object; expected what the supervisor sets")
+    return value
+
+
+def _umask(environ: Mapping[str, str]) -> int | None:
+    text = environ.get(UMASK, "")
+    if not text:
+        return None
+    try:
+        value = int(text, 8)
+    except ValueError:
+        raise ConfigError(f"Received {UMASK}={text!r}; expected an octal umask from 000 to 777") from None
+    if not 0 <= value <= 0o777:
+        raise ConfigError(f"Received {UMASK}={text!r}; expected an octal umask from 000 to 777")
     return value

@@ -65,7 +65,7 @@ from resilient_train.rundir.errorfile import choose_root_cause, log_tail, read_e
 from resilient_train.rundir.events import emit, read_events
 from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.rundir.lock import RunDirLock
-from resilient_train.rundir.permissions import run_dir_umask
+from resilient_train.rundir.permissions import current_umask, run_dir_umask
 from resilient_train.rundir.redact import RedactingWriter, register_secrets, secret_values
 from resilient_train.rundir.run_record import load_or_create_run_id
 from resilient_train.supervisor.console import EventTail
@@ -358,7 +358,9 @@ class Supervisor:
         attempt_dir.path.mkdir(parents=True, exist_ok=True)
         generation = generation_for(self.store, attempt)  # the chief claims it
         # Credentials travel in the environment only; job.json shows them as *** (job/config.py).
-        env = WorkerEnvironment(attempt, self.run_id, generation, storage_secrets=self.job.secrets()).to_environ()
+        # The umask travels too: a worker on another node (Ray) does not inherit ours.
+        env = WorkerEnvironment(attempt, self.run_id, generation, storage_secrets=self.job.secrets(),
+                                umask=current_umask()).to_environ()
         env["PYTHONUNBUFFERED"] = "1"
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
         specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in range(self.job.workers)]

@@ -99,3 +99,4 @@ def test_bad_storage_secrets_variable_does_not_echo_it():
     with pytest.raises(ConfigError) as caught:
         WorkerEnvironment.from_environ({"RT_STORAGE_SECRETS": "s3cr3t"})
     assert str(caught.value) == "Received RT_STORAGE_SECRETS that is not a JSON object; expected what the supervisor sets"
+
