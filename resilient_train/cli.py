@@ -22,6 +22,7 @@ import sys
 
 from resilient_train.commands import check, doctor, export, run, verify, worker
 from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, RunDirLockedError, StorageError
+from resilient_train.rundir.redact import redact_text
 
 __all__ = ["main"]
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except _USER_ERRORS as exc:
-        print(f"resilient-train: error: {exc}", file=sys.stderr)
+        print(redact_text(f"resilient-train: error: {exc}"), file=sys.stderr)  # a storage error may quote a URL
         return EXIT_USAGE
 
 

@@ -6,6 +6,13 @@ can run it as a gate. Everything that touches the machine (TensorFlow, devices,
 ``nvidia-smi``, sockets, storage, the environment, the clock) comes in through
 :class:`Probes`, so the GPU paths are tested with fakes on machines that have no GPU.
 
+One check is about security, not readiness (``exposed_ports``): TensorFlow 2.21's gRPC
+server binds every worker port on all interfaces (``0.0.0.0``/``[::]``, hard-coded in
+``grpc_server_lib.cc``) and runs, unauthenticated, whatever graph a peer sends. The check
+warns (never fails: a cluster needs those interfaces) when the host has an address
+outside loopback, so the ports are reachable from the network; docs/security.md says what
+to do.
+
 What it refuses to do: allocate GPU memory beyond TensorFlow's own device initialisation
 (memory growth is switched on first, and ``nvidia-smi`` is preferred when present), or
 write to storage outside one probe object that it deletes again.
@@ -28,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 from resilient_train.cluster.ports import free_ports
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK
 
-__all__ = ["add_parser", "main", "Finding", "Probes", "run_checks", "doctor_command"]
+__all__ = ["add_parser", "main", "Finding", "Probes", "run_checks", "doctor_command", "check_exposed_ports"]
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _SUPPORTED_TF = ((2, 20), (2, 22))  # pyproject: tensorflow>=2.20,<2.22
@@ -123,6 +130,23 @@ def _storage_roundtrip(url: str, options: Mapping[str, Any]) -> float:
     return time.perf_counter() - started
 
 
+def _interfaces() -> list[tuple[str, str]]:
+    """``(interface, address)`` for every IPv4/IPv6 address of an interface that is up."""
+    import socket
+
+    import psutil
+
+    stats = psutil.net_if_stats()
+    found = []
+    for name, addresses in psutil.net_if_addrs().items():
+        if name in stats and not stats[name].isup:
+            continue
+        for address in addresses:
+            if address.family in (socket.AF_INET, socket.AF_INET6):
+                found.append((name, address.address.split("%", 1)[0]))
+    return found
+
+
 @dataclass
 class Probes:
     """The machine, as the checks see it; tests pass fakes."""
@@ -135,6 +159,7 @@ class Probes:
     tf_gpu_memory: Callable[[], list[GpuMemory]] = _tf_gpu_memory
     free_port: Callable[[], int] = lambda: free_ports(1)[0]
     storage_roundtrip: Callable[[str, Mapping[str, Any]], float] = _storage_roundtrip
+    interfaces: Callable[[], list[tuple[str, str]]] = _interfaces
 
 
 # ------------------------------------------------------------------ checks
@@ -250,6 +275,28 @@ def check_ports(probes: Probes) -> Finding:
     return Finding("loopback_ports", OK, f"{len(ports)} free, e.g. {ports[0]}", data={"ports": ports})
 
 
+def check_exposed_ports(probes: Probes) -> Finding:
+    """Warn when TensorFlow's all-interfaces listener would be reachable from outside this host."""
+    import ipaddress
+
+    try:
+        addresses = probes.interfaces()
+    except OSError as exc:
+        return Finding("exposed_ports", WARN, f"cannot list network interfaces: {exc}",
+                       "assume worker ports are reachable from the network; see docs/security.md")
+    outside = [(name, addr) for name, addr in addresses if not ipaddress.ip_address(addr).is_loopback]
+    if not outside:
+        return Finding("exposed_ports", OK, "only loopback interfaces: worker ports are not reachable from outside")
+    shown = ", ".join(f"{name} {addr}" for name, addr in outside)
+    return Finding(
+        "exposed_ports", WARN,
+        f"TensorFlow worker ports listen on every interface (unauthenticated gRPC) while training; this host has {shown}",
+        "keep worker ports on a private network or behind a firewall; TensorFlow cannot bind them to one address "
+        "(docs/security.md)",
+        data={"addresses": [list(pair) for pair in outside]},
+    )
+
+
 def check_storage(probes: Probes, url: str, options: Mapping[str, Any]) -> Finding:
     try:
         seconds = probes.storage_roundtrip(url, options)
@@ -280,7 +327,7 @@ def run_checks(
         findings.append(check_build(info))
         devices, gpu_count = check_devices(probes, info, workers * gpus_per_worker)
         findings += [devices, check_gpu_memory(probes, gpu_count), check_cuda_visible_devices(probes, gpu_count)]
-    findings += [check_tf_config(probes), check_ports(probes)]
+    findings += [check_tf_config(probes), check_ports(probes), check_exposed_ports(probes)]
     if storage:
         findings.append(check_storage(probes, storage, storage_options or {}))
     return findings
@@ -318,7 +365,7 @@ def doctor_command(
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("doctor", help="check Python, TensorFlow, GPUs, environment, ports and storage")
+    parser = subparsers.add_parser("doctor", help="check Python, TensorFlow, GPUs, environment, ports (and their exposure) and storage")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--storage", metavar="URL", help="also check that URL is reachable and writable")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from resilient_train.job.config import add_job_arguments, job_from_args
@@ -20,9 +21,12 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from resilient_train.job.preflight import preflight
+    from resilient_train.job.preflight import command_line_secret_warning, preflight
     from resilient_train.supervisor.supervisor import Supervisor
 
     job = job_from_args(args)
     preflight(job)
+    warning = command_line_secret_warning(args.storage_option, job.storage)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     return Supervisor(job, accept_changes=args.accept_changes).run()

@@ -24,6 +24,8 @@ from typing import Any, Mapping
 
 from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.permissions import DEFAULT_RUN_DIR_MODE, parse_mode
+from resilient_train.rundir.redact import drop_redacted, merge_secrets, redact_text, split_secrets
 from resilient_train.job.recipe import recipe_name
 
 __all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
@@ -50,7 +52,7 @@ class JobConfig:
     workers: int = 2
     run_dir: str = ""
     storage: str = ""
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # may hold credentials
     epochs: int | None = None
     steps_per_epoch: int | None = None
     global_batch_size: int | None = None
@@ -78,6 +80,7 @@ class JobConfig:
     strict_resume: bool = False
     hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
     startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
+    run_dir_mode: int | str = DEFAULT_RUN_DIR_MODE  # "0750" on the command line; an int once validated
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -134,6 +137,10 @@ class JobConfig:
             raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
         if not isinstance(self.force_storage, bool):
             raise ConfigError(f"Received force_storage={self.force_storage!r}; expected true or false")
+        try:
+            object.__setattr__(self, "run_dir_mode", parse_mode(self.run_dir_mode))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if not self.run_dir:
             object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
         if not self.storage:
@@ -149,7 +156,34 @@ class JobConfig:
         return dataclasses.replace(self, **updates)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, default=dict)
+        """The job as ``job.json`` holds it: credentials as ``***`` (see :meth:`secrets`)."""
+        values = dataclasses.asdict(self)
+        values["storage_options"], _ = split_secrets(self.storage_options)
+        values["storage"] = redact_text(self.storage)
+        if self.ray_address is not None:
+            values["ray_address"] = redact_text(self.ray_address)
+        return json.dumps(values, indent=2, default=dict)
+
+    def secrets(self) -> dict[str, Any]:
+        """What :meth:`to_json` left out, for a worker's environment (``RT_STORAGE_SECRETS``).
+
+        ``{"storage_options": <only the secret values, nested as given>, "storage": <the
+        URL, when it has user info>}``; ``{}`` when the job holds no credential.
+        """
+        _, options = split_secrets(self.storage_options)
+        found: dict[str, Any] = {"storage_options": options} if options else {}
+        if redact_text(self.storage) != self.storage:
+            found["storage"] = self.storage
+        return found
+
+    def with_secrets(self, secrets: Mapping[str, Any]) -> "JobConfig":
+        """The job read from ``job.json`` with :meth:`secrets` put back.
+
+        A ``***`` no secret replaced is dropped, so the storage library falls back to its
+        own credential chain (``AWS_*`` variables, ``~/.aws``) instead of sending ``***``.
+        """
+        options = drop_redacted(merge_secrets(self.storage_options, secrets.get("storage_options") or {}))
+        return dataclasses.replace(self, storage_options=options, storage=secrets.get("storage") or self.storage)
 
     @classmethod
     def from_json(cls, text: str) -> "JobConfig":
@@ -214,6 +248,7 @@ _JOB_FLAGS = (
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
     "eval_every_epochs", "eval_steps", "strict_resume", "hang_timeout", "startup_timeout",
+    "run_dir_mode",
 )
 
 
@@ -244,7 +279,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workers", type=_positive_or_zero_int, help="worker processes (default 2)")
     add("--run-dir", help="where logs, events and summary go (default runs/<recipe>)")
     add("--storage", metavar="URL", help="checkpoint storage: path, file://, s3://, gs://, memory:// (default <run-dir>/checkpoints)")
-    add("--storage-option", action="append", default=[], metavar="KEY=VALUE", help="passed to the fsspec filesystem")
+    add("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        help="passed to the fsspec filesystem (credentials are never written to the run dir; prefer the backend's "
+        "environment variables, e.g. AWS_SECRET_ACCESS_KEY)")
+    add("--run-dir-mode", metavar="MODE",
+        help="octal mode of the run dir and what it creates, e.g. 0750 to share with your group (default 0700: "
+        "files 0600; a stricter umask is kept)")
     add("--epochs", type=_positive_or_zero_int)
     add("--steps-per-epoch", type=_positive_or_zero_int)
     add("--global-batch-size", type=_positive_or_zero_int)

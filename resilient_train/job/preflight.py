@@ -18,19 +18,32 @@ TensorFlow ops, which must not happen in the supervisor):
 
 Each failure raises :class:`~resilient_train.errors.ConfigError` or
 :class:`~resilient_train.errors.RecipeError` naming the bad value and what is accepted.
+
+One thing is a warning, not a failure (:func:`command_line_secret_warning`): a credential
+given as ``--storage-option`` works, and is kept off disk (rundir/redact.py), but a command
+line is visible to every user of the host (``ps``) and stays in shell history, so the
+storage library's own environment variable is the better place.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from resilient_train.job.config import FALLBACK_DEFAULTS, JobConfig
 from resilient_train.errors import ConfigError, RecipeError
 from resilient_train.job.recipe import DEFAULT_KEYS, check_recipe_source, resolve_params
+from resilient_train.rundir.redact import is_secret_key
 
-__all__ = ["preflight", "literal_recipe_dicts"]
+__all__ = ["preflight", "literal_recipe_dicts", "command_line_secret_warning"]
+
+# Where each backend's library reads credentials from instead (botocore for s3fs, google-auth for gcsfs).
+_S3_VARIABLES = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
+                 "aws_access_key_id": "AWS_ACCESS_KEY_ID", "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+                 "aws_session_token": "AWS_SESSION_TOKEN"}
+_S3_ALL = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+_GCS = "GOOGLE_APPLICATION_CREDENTIALS"
 
 _PROCESS_LOCAL_SCHEMES = ("memory://", "faulty://memory://")
 
@@ -135,3 +148,32 @@ def _check_storage(job: JobConfig) -> None:
             f"--storage {job.storage}: memory:// lives inside one process and every worker is its own "
             "process, so no checkpoint would survive a restart; use a directory, file:// or s3://"
         )
+
+
+def command_line_secret_warning(pairs: Iterable[str], storage: str) -> str | None:
+    """One warning line when ``--storage-option`` items on the command line look like credentials.
+
+    ``pairs`` are the raw ``KEY=VALUE`` items (the TOML file's ``[storage_options]`` is not a
+    command line: no warning); ``storage`` picks the backend's variables. None when none looks
+    secret. The line never contains a value.
+    """
+    keys = []
+    for item in pairs:
+        key = item.partition("=")[0].strip()
+        if any(is_secret_key(part) for part in key.split(".")) and key not in keys:
+            keys.append(key)
+    if not keys:
+        return None
+    scheme = storage.removeprefix("faulty://").partition("://")[0] if "://" in storage else "file"
+    if scheme in ("s3", "s3a"):
+        leaves = [_S3_VARIABLES.get(k.rsplit(".", 1)[-1].lower()) for k in keys]
+        named = list(dict.fromkeys(v for v in leaves if v)) if all(leaves) else list(_S3_ALL)
+        instead = f"set {', '.join(named)} in the environment instead (s3fs reads them)"
+    elif scheme in ("gs", "gcs"):
+        instead = f"set {_GCS} to a key file in the environment instead (gcsfs reads it)"
+    else:
+        instead = "use the storage library's own environment variables or config file instead"
+    return (
+        f"resilient-train: warning: --storage-option {', '.join(keys)} on the command line is visible to "
+        f"other users of this host (ps, shell history); {instead}"
+    )

@@ -56,6 +56,7 @@ from resilient_train.errors import (
     exit_rule_for,
 )
 from resilient_train.rundir.atomic import write_atomic
+from resilient_train.rundir.redact import redact_text
 
 __all__ = [
     "describe_exit",
@@ -136,13 +137,13 @@ def record_exception(
     """
     now = clock()
     type_name = _qualified_name(type(exc))
-    message = str(exc)
+    message = redact_text(str(exc))  # a message or traceback may quote an options dict or a URL
     record = {
         "rank": rank,
         "pid": os.getpid(),
         "type": type_name,
         "message": message,
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "traceback": redact_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))),
         "global_step": global_step,
         "time": now,
         "time_iso": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(
@@ -209,7 +210,7 @@ def recording(
         if state.attempt_dir is None or state.rank is None:
             if not isinstance(exc, _USAGE_ERRORS):
                 raise
-            print(f"{prefix}: {exc}", file=stream)
+            print(redact_text(f"{prefix}: {exc}"), file=stream)
             state.exit_code = EXIT_USAGE
             return
         state.exit_code = _ended_by(state, state.attempt_dir, state.rank, exc, stream, clock)
@@ -233,13 +234,13 @@ def _ended_by(state: Recording, attempt_dir: Path, rank: int, exc: Exception, st
     try:
         state.error_file = record_exception(attempt_dir, rank, recorded, global_step=step, clock=clock)
     except OSError as write_error:
-        print(f"could not write error file for rank {rank}: {write_error}", file=stream)
+        print(redact_text(f"could not write error file for rank {rank}: {write_error}"), file=stream)
     if rule is UNEXPECTED:
         if state.on_failure is not None:
             state.on_failure()
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
+        stream.write(redact_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
     else:
-        print(f"{state.prefix} {rank}: {rule.label}: {recorded}", file=stream)
+        print(redact_text(f"{state.prefix} {rank}: {rule.label}: {recorded}"), file=stream)
     return rule.code
 
 

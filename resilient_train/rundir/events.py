@@ -9,6 +9,10 @@ and are rendered twice:
 * as a short human line on the process's console (the supervisor's terminal, or a
   worker's log file).
 
+Both renderings, and every listener, get the record after :func:`~resilient_train.rundir.redact.redact`
+(credentials by key, URL user info and registered secrets as ``***``): the sink is the one
+choke point every event passes, so no event can carry a credential to a file or a screen.
+
 Several processes append to the same ``events.jsonl``. Each line is written with a single
 ``write(2)`` on a file opened with ``O_APPEND`` while holding an exclusive ``flock``, so
 lines never interleave.
@@ -43,6 +47,8 @@ from typing import Any, Callable, TextIO
 
 import structlog
 
+from resilient_train.rundir.redact import redact
+
 __all__ = [
     "configure", "emit", "bind", "add_listener", "EventFile", "EventReader", "read_events", "render_line",
 ]
@@ -60,7 +66,7 @@ class EventFile:
 
     def append(self, record: dict[str, Any]) -> None:
         line = (json.dumps(record, sort_keys=False, default=_json_default) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask decides (rundir/permissions.py)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             os.write(fd, line)
@@ -154,7 +160,7 @@ class _Sink:
 
     def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> str:
         group = event_dict.pop("group", False)
-        record = {"event": event_dict.pop("event"), "ts": _now(), **event_dict}
+        record = redact({"event": event_dict.pop("event"), "ts": _now(), **event_dict})
         if self.event_file is not None and (self.writes_group_events or not group):
             self.event_file.append(record)
         if self.console is not None:

@@ -59,7 +59,7 @@ class RunDirLock:
     def acquire(self) -> "RunDirLock":
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held by this object")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the umask decides (rundir/permissions.py)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -39,7 +39,7 @@ class StepMarker:
     """Writer side: the last finished global step, rewritten in place each step."""
 
     def __init__(self, path: Path | None) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if path else None
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666) if path else None  # umask decides
 
     def write(self, global_step: int) -> None:
         if self._fd is not None:

@@ -35,6 +35,7 @@ import numpy as np
 
 from resilient_train.runner.model_state import digest_with_paths, preserved_rng, weight_paths
 from resilient_train.errors import CheckpointIncompatibleError
+from resilient_train.rundir.permissions import directory_mode
 
 __all__ = ["FORMATS", "EXPORT_FILE", "export_model", "export_completed", "exported_weights_sha256"]
 
@@ -73,7 +74,7 @@ def export_model(
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared
+    staging.chmod(directory_mode())  # mkdtemp makes it 0700; an export gets the run dir's mode (--run-dir-mode)
     try:
         files = {}
         if "keras" in formats:

@@ -172,7 +172,7 @@ def _become_worker(assignment: dict[str, Any], stdin: TextIO) -> int:
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask decides
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)

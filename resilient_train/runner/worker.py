@@ -29,6 +29,8 @@ from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import Recording, recording
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.stacks import register as register_stacks
+from resilient_train.rundir.permissions import current_umask
+from resilient_train.rundir.redact import register_secrets, secret_values
 
 __all__ = ["main", "run", "parse_args", "exit_process"]
 
@@ -81,6 +83,11 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
         os.environ["TF_CONFIG"] = environ["TF_CONFIG"]
     cluster = parse_tf_config(environ.get("TF_CONFIG"))
     launched = WorkerEnvironment.from_environ(environ)
+    # job.json holds *** for credentials; the real ones came in RT_STORAGE_SECRETS.
+    job = job.with_secrets(launched.storage_secrets)
+    register_secrets(secret_values(job.secrets()))
+    if launched.umask is not None:  # the run dir's privacy, also on a node that did not inherit it
+        os.umask(current_umask() | launched.umask)
     run_dir = RunDir(job.run_dir)
     attempt_dir = run_dir.attempt(launched.attempt)
     attempt_dir.path.mkdir(parents=True, exist_ok=True)

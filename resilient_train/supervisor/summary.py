@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.rundir.atomic import write_atomic
 from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.redact import redact
 from resilient_train.rundir.stepmarker import highest_step
 
 __all__ = ["RunTotals", "reached_step", "count_lost_steps", "final_validation", "build_summary", "write_summary"]
@@ -107,4 +108,5 @@ def build_summary(
 
 
 def write_summary(run_dir: RunDir, summary: dict[str, Any]) -> None:
-    write_atomic(run_dir.summary, json.dumps(summary, indent=2) + "\n")
+    """Write ``summary`` with URL user info and the run's secrets as ``***`` (its keys are a fixed vocabulary)."""
+    write_atomic(run_dir.summary, json.dumps(redact(summary, by_key=False), indent=2) + "\n")

@@ -10,8 +10,9 @@ workers restore the last committed checkpoint.
 # summary.json, exit code). The loop is a state machine (supervisor/state.py): one _step_*
 # method per RunState, each ending in exactly one checked, announced transition.
 #   PREPARING  storage already holds the completed run -> SUCCEEDED at once, else STARTING.
-#   STARTING   pick free loopback ports, write attempt-<n>/job.json, start N workers with
-#              TF_CONFIG and the WorkerEnvironment (attempt, run id, generation): a warm
+#   STARTING   pick free loopback ports, write attempt-<n>/job.json (credentials as ***),
+#              start N workers with TF_CONFIG and the WorkerEnvironment (attempt, run id,
+#              generation, the credentials as RT_STORAGE_SECRETS): a warm
 #              standby from the StandbyPool (supervisor/standby.py: TensorFlow already
 #              imported) where one is alive, else a cold spawn; each worker gets the Linux
 #              parent-death signal so it can never outlive a SIGKILLed supervisor.
@@ -73,6 +74,8 @@ from resilient_train.rundir.errorfile import choose_root_cause, log_tail, read_e
 from resilient_train.rundir.events import emit, read_events
 from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.rundir.lock import RunDirLock
+from resilient_train.rundir.permissions import current_umask, run_dir_umask
+from resilient_train.rundir.redact import RedactingWriter, register_secrets, secret_values
 from resilient_train.rundir.run_record import load_or_create_run_id
 from resilient_train.rundir.stacks import (
     STACKS_SIGNAL,
@@ -170,7 +173,8 @@ class Supervisor:
         """``backoff_initial_s`` shapes the default tracker only; a given ``tracker`` brings its own policy."""
         self.job = job
         self.accept_changes = accept_changes
-        self.out = out
+        register_secrets(secret_values(job.secrets()))  # no event, file or line of ours shows them
+        self.out = RedactingWriter(out)
         self.launcher = launcher or make_launcher(job)
         self.store = store if store is not None else CheckpointStore(job.storage, job.storage_options)
         self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
@@ -204,10 +208,15 @@ class Supervisor:
 
     # ------------------------------------------------------------ public
     def run(self) -> int:
-        """Train to the end; RunDirLockedError at once when another run holds the run dir."""
-        self.run_dir.path.mkdir(parents=True, exist_ok=True)
-        with RunDirLock(self.run_dir.path) as lock:
-            return self._run_locked(lock)
+        """Train to the end; RunDirLockedError at once when another run holds the run dir.
+
+        Everything is created under the run dir's umask (rundir/permissions.py: 0700/0600 by
+        default, ``--run-dir-mode``), set before the first mkdir; workers inherit it.
+        """
+        with run_dir_umask(self.job.run_dir_mode):
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+            with RunDirLock(self.run_dir.path) as lock:
+                return self._run_locked(lock)
 
     def _run_locked(self, lock: RunDirLock) -> int:
         self._started = self.clock()
@@ -443,7 +452,10 @@ class Supervisor:
         attempt_dir = self.run_dir.attempt(attempt)
         attempt_dir.path.mkdir(parents=True, exist_ok=True)
         generation = generation_for(self.store, attempt)  # the chief claims it
-        env = WorkerEnvironment(attempt, self.run_id, generation).to_environ()
+        # Credentials travel in the environment only; job.json shows them as *** (job/config.py).
+        # The umask travels too: a worker on another node (Ray) does not inherit ours.
+        env = WorkerEnvironment(attempt, self.run_id, generation, storage_secrets=self.job.secrets(),
+                                umask=current_umask()).to_environ()
         env["PYTHONUNBUFFERED"] = "1"
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
         specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in range(self.job.workers)]

@@ -81,3 +81,10 @@ def test_export_without_a_committed_checkpoint_is_one_line_and_exit_2(capsys, tm
                         "--out", str(tmp_path / "out"))
     assert (code, err) == (EXIT_USAGE, f"resilient-train export: no committed checkpoint under {tmp_path / 'empty'}")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_user_error_never_prints_url_user_info(capsys, tmp_path):
+    code, err = run_cli(capsys, "run", "recipes/linear_regression.py", "--run-dir", str(tmp_path / "run"),
+                        "--storage", "memory://me:pa55word@bucket/ckpts")
+    assert code == EXIT_USAGE
+    assert "pa55word" not in err and "memory://***@bucket/ckpts" in err

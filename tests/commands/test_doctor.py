@@ -24,6 +24,7 @@ def fake(**overrides) -> Probes:
         tf_gpu_memory=lambda: [],
         free_port=lambda: next(ports),
         storage_roundtrip=lambda url, options: 0.004,
+        interfaces=lambda: [("lo", "127.0.0.1"), ("lo", "::1")],
     )
     values.update(overrides)
     return Probes(**values)
@@ -44,6 +45,7 @@ def test_cpu_machine_is_all_ok():
         "cuda_visible_devices": (OK, "not set (every GPU visible; --gpus-per-worker slices them)"),
         "tf_config": (OK, "not set (`run` writes one per worker)"),
         "loopback_ports": (OK, "4 free, e.g. 40000"),
+        "exposed_ports": (OK, "only loopback interfaces: worker ports are not reachable from outside"),
         "storage": (OK, "memory://x: writable, round trip 4.0 ms"),
     }
 
@@ -148,7 +150,41 @@ def test_the_real_command_on_this_machine(capsys, monkeypatch, tmp_path):
     report = json.loads(capsys.readouterr().out)
     assert [c["check"] for c in report["checks"]] == [
         "python", "tensorflow", "tf_build", "devices", "gpu_memory", "cuda_visible_devices", "tf_config",
-        "loopback_ports", "storage",
+        "loopback_ports", "exposed_ports", "storage",
     ]
     assert code == (0 if report["ok"] else 1)
     assert all(c["status"] in (OK, WARN) for c in report["checks"]), report  # nothing fails on a CPU test machine
+
+
+def test_non_loopback_interfaces_warn_that_worker_ports_are_exposed():
+    lister = lambda: [("lo", "127.0.0.1"), ("eth0", "192.0.2.2"), ("lo", "::1"), ("eth0", "fd00::2")]
+    found = {f.check: f for f in run_checks(fake(interfaces=lister))}
+    exposed = found["exposed_ports"]
+    assert (exposed.status, exposed.detail) == (
+        WARN,
+        "TensorFlow worker ports listen on every interface (unauthenticated gRPC) while training; "
+        "this host has eth0 192.0.2.2, eth0 fd00::2",
+    )
+    assert exposed.fix == (
+        "keep worker ports on a private network or behind a firewall; TensorFlow cannot bind them to one "
+        "address (docs/security.md)"
+    )
+    assert exposed.data == {"addresses": [["eth0", "192.0.2.2"], ["eth0", "fd00::2"]]}
+    out = io.StringIO()
+    code = doctor_command(as_json=False, storage=None, storage_options={}, workers=1, gpus_per_worker=0,
+                          probes=fake(interfaces=lister), out=out)
+    assert code == 0  # a warning, never a failure: a cluster needs its interfaces
+
+
+def test_an_unlistable_interface_table_warns():
+    def broken():
+        raise OSError("no netlink")
+
+    exposed = {f.check: f for f in run_checks(fake(interfaces=broken))}["exposed_ports"]
+    assert (exposed.status, exposed.detail) == (WARN, "cannot list network interfaces: no netlink")
+
+
+def test_the_real_interface_lister_sees_loopback():
+    from resilient_train.commands.doctor import _interfaces
+
+    assert ("127.0.0.1" in {addr for _, addr in _interfaces()})

@@ -79,3 +79,44 @@ def test_hang_flags_parse_seconds_or_auto():
     assert job_from_args(parser.parse_args(["r.py", "--hang-timeout", "auto"])).hang_timeout == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["r.py", "--hang-timeout", "never"])
+
+
+# ------------------------------------------------------------ credentials and job.json
+def test_job_json_carries_no_credential_and_the_worker_gets_them_back():
+    import json
+
+    from resilient_train.cluster.environment import STORAGE_SECRETS, WorkerEnvironment
+
+    job = JobConfig(recipe="recipes/linear_regression.py", storage="https://me:pw@host/ckpts",
+                    storage_options={"key": "AKIA1", "secret": "s3cr3t", "client_kwargs": {"endpoint_url": "http://e"}})
+    written = json.loads(job.to_json())
+    assert written["storage"] == "https://***@host/ckpts"
+    assert written["storage_options"] == {"key": "***", "secret": "***", "client_kwargs": {"endpoint_url": "http://e"}}
+    assert job.secrets() == {"storage_options": {"key": "AKIA1", "secret": "s3cr3t"},
+                             "storage": "https://me:pw@host/ckpts"}
+    env = WorkerEnvironment(2, "r", storage_secrets=job.secrets()).to_environ()
+    assert json.loads(env[STORAGE_SECRETS]) == job.secrets()
+    back = JobConfig.from_json(job.to_json()).with_secrets(WorkerEnvironment.from_environ(env).storage_secrets)
+    assert back == job
+    assert "s3cr3t" not in repr(job) and "s3cr3t" not in repr(WorkerEnvironment(storage_secrets=job.secrets()))
+
+
+def test_a_worker_without_the_secrets_drops_the_placeholders():
+    job = JobConfig(recipe="recipes/linear_regression.py", storage_options={"key": "AKIA1", "anon": False})
+    assert JobConfig.from_json(job.to_json()).with_secrets({}).storage_options == {"anon": False}
+
+
+def test_a_job_without_credentials_has_no_secrets_and_the_default_mode():
+    job = JobConfig(recipe="recipes/linear_regression.py", storage_options={"anon": True})
+    assert job.secrets() == {} and job.run_dir_mode == 0o700
+    assert JobConfig(recipe="r.py", run_dir_mode="0750").run_dir_mode == 0o750
+
+
+def test_bad_storage_secrets_variable_does_not_echo_it():
+    from resilient_train.cluster.environment import WorkerEnvironment
+    from resilient_train.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        WorkerEnvironment.from_environ({"RT_STORAGE_SECRETS": "s3cr3t"})
+    assert str(caught.value) == "Received RT_STORAGE_SECRETS that is not a JSON object; expected what the supervisor sets"
+

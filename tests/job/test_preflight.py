@@ -78,3 +78,65 @@ def test_computed_defaults_are_left_to_the_worker(tmp_path):
     recipe = tmp_path / "r.py"
     recipe.write_text("BASE = 8\nDEFAULTS = {'global_batch_size': BASE * 2}\nPARAMS: dict = {'lr': 0.1}\n")
     assert literal_recipe_dicts(recipe) == {"DEFAULTS": None, "PARAMS": {"lr": 0.1}}
+
+
+# ------------------------------------------------------------ credentials on the command line
+from resilient_train.job.preflight import command_line_secret_warning  # noqa: E402
+
+_VISIBLE = "on the command line is visible to other users of this host (ps, shell history)"
+
+
+@pytest.mark.parametrize(
+    "pairs, storage, instead",
+    [
+        (["key=AKIA1", "secret=s"], "s3://b/p",
+         "set AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY in the environment instead (s3fs reads them)"),
+        (["token=t"], "faulty://s3://b/p", "set AWS_SESSION_TOKEN in the environment instead (s3fs reads them)"),
+        (["client_kwargs.password=x"], "s3://b/p",
+         "set AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN in the environment instead (s3fs reads them)"),
+        (["token=/k.json"], "gs://b/p",
+         "set GOOGLE_APPLICATION_CREDENTIALS to a key file in the environment instead (gcsfs reads it)"),
+        (["password=x"], "sftp://h/p", "use the storage library's own environment variables or config file instead"),
+    ],
+)
+def test_a_secret_storage_option_warns_with_the_backend_variable(pairs, storage, instead):
+    keys = ", ".join(p.partition("=")[0] for p in pairs)
+    assert command_line_secret_warning(pairs, storage) == (
+        f"resilient-train: warning: --storage-option {keys} {_VISIBLE}; {instead}"
+    )
+
+
+def test_public_storage_options_do_not_warn():
+    assert command_line_secret_warning(["anon=true", "client_kwargs.endpoint_url=http://x"], "s3://b") is None
+
+
+def test_run_prints_the_warning_once_and_never_the_value(capsys, tmp_path, monkeypatch):
+    import resilient_train.supervisor.supervisor as supervisor_module
+
+    class Started:
+        def __init__(self, job, **kwargs):
+            self.job = job
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr(supervisor_module, "Supervisor", Started)
+    code, err = run_cli(capsys, "run", RECIPE, "--run-dir", str(tmp_path / "run"), "--storage", "s3://b/p",
+                        "--storage-option", "key=AKIAEXAMPLE", "--storage-option", "secret=wJalrEXAMPLE")
+    assert code == 0
+    assert err.splitlines() == [
+        f"resilient-train: warning: --storage-option key, secret {_VISIBLE}; "
+        "set AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY in the environment instead (s3fs reads them)"
+    ]
+
+
+@pytest.mark.parametrize("mode", ["0649", "0600", "rw"])
+def test_a_bad_run_dir_mode_is_one_line_and_exit_2(capsys, tmp_path, mode):
+    run_dir = tmp_path / "run"
+    code, err = run_cli(capsys, "run", RECIPE, "--run-dir", str(run_dir), "--run-dir-mode", mode)
+    assert_refused(code, err, run_dir, "")
+    assert err == (
+        f"resilient-train: error: Received run_dir_mode={mode!r}; expected an octal mode from 0700 to 0777 "
+        "that gives the owner rwx, e.g. 0700 or 0750"
+    )
+    assert not run_dir.exists()

@@ -60,9 +60,13 @@ class S3Target:
 class SeaweedS3:
     """Start/stop one ``weed server`` with master, volume, filer and S3 gateway."""
 
-    def __init__(self, work_dir: Path, *, bucket: str = BUCKET, startup_timeout_s: float = 60.0) -> None:
+    def __init__(self, work_dir: Path, *, bucket: str = BUCKET, startup_timeout_s: float = 60.0,
+                 access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> None:
+        """``access_key``/``secret_key``: the one identity the gateway accepts (anonymous requests
+        are refused), so a test can use credentials unique enough to grep for."""
         self.work_dir = Path(work_dir)
         self.bucket = bucket
+        self.access_key, self.secret_key = access_key, secret_key
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
         (self.master, self.master_grpc, self.volume, self.volume_grpc, self.filer,
@@ -72,7 +76,7 @@ class SeaweedS3:
 
     @property
     def storage_options(self) -> dict[str, Any]:
-        return {"key": ACCESS_KEY, "secret": SECRET_KEY,
+        return {"key": self.access_key, "secret": self.secret_key,
                 "client_kwargs": {"endpoint_url": self.endpoint_url}}
 
     def start(self) -> SeaweedS3:
@@ -84,7 +88,7 @@ class SeaweedS3:
         config = self.work_dir / "s3.json"
         config.write_text(json.dumps({"identities": [{
             "name": "admin",
-            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }]}))
         args = [

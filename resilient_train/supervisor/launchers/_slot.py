@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.job.config import JobConfig
+from resilient_train.rundir.permissions import current_umask, directory_mode
 from resilient_train.cluster.ports import free_ports
 from resilient_train.rundir import layout
 from resilient_train.rundir.atomic import is_temporary, write_atomic
@@ -232,6 +234,7 @@ class Slot:
         """
         if self._worker is not None and self._worker.poll() is None:
             raise RuntimeError(f"slot {self.run_dir} still runs a worker (pid {self._worker.pid})")
+        _narrow_umask(env, (self.base, self.run_dir))  # before anything of the attempt is written here
         apply_chunks(self.run_dir, seed)
         for chunk in seed:
             self._pump.mark_sent(chunk.path)
@@ -331,3 +334,18 @@ class Slot:
         if final and not any(self.base.glob("slot-*")):
             shutil.rmtree(self.base, ignore_errors=True)  # best effort: a slot closing beside us may race
         return rest
+
+
+def _narrow_umask(env: Mapping[str, str], dirs: tuple[Path, ...]) -> None:
+    """Take the supervisor's run-dir umask (``RT_UMASK``) in this actor, and give ``dirs`` its mode.
+
+    The actor process was started by Ray with the node's umask, and it created the slot's
+    directories before it knew the run's; what it and its worker write from here on is as
+    private as the supervisor's run dir.
+    """
+    mask = WorkerEnvironment.from_environ(env).umask
+    if mask is None:
+        return
+    os.umask(current_umask() | mask)
+    for path in dirs:
+        path.chmod(directory_mode())
