@@ -47,6 +47,7 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import time
 import uuid
 from dataclasses import dataclass
@@ -470,6 +471,7 @@ class CheckpointStore:
             manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
             self._check_fence("write manifest", f"{name}/{MANIFEST_NAME}")
             self._put_manifest(name, manifest.to_json().encode(), replace=replacing)
+            self._adopt_root_mode(name)
         except OSError as exc:
             removed = uploading and self._remove_partial(name)
             error = self._fail(f"commit checkpoint {name} to", exc)
@@ -479,6 +481,22 @@ class CheckpointStore:
         if self._host_cache is not None:
             write_through(self._host_cache, name, local_files, manifest, emit=self._emit)
         return manifest
+
+    def _adopt_root_mode(self, name: str) -> None:
+        """On a local disk, the committed directory and files take the storage root's mode.
+
+        Workers run under the run dir's private umask (rundir/permissions.py), which is
+        right for the run dir but not for a storage root a team shares: a root made 0775
+        for a group keeps its checkpoints readable by that group (files without the x
+        bits). The default root (<run-dir>/checkpoints) is created under the private umask,
+        so there nothing changes. Object stores have no modes: nothing to do.
+        """
+        if not self._local:
+            return
+        mode = stat.S_IMODE(os.stat(self._root).st_mode)
+        top = Path(self._remote(name))
+        for path in (top, *top.rglob("*")):
+            os.chmod(path, mode if path.is_dir() else mode & 0o666)
 
     def _remove_partial(self, name: str) -> bool:
         """Delete an upload that failed before its manifest (a full disk must not stay full).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -220,3 +222,23 @@ def test_manifest_json_is_stable(backend: Backend) -> None:
         "schema_version", "run_id", "epoch", "step_in_epoch", "global_step", "world_size",
         "tf_version", "created_at", "files", "weights_sha256", "extra"])
     assert record["files"]["assets/vocab.txt"]["size"] == FILES["assets/vocab.txt"]
+
+
+def test_a_local_commit_takes_the_storage_roots_mode(tmp_path):
+    """A team's shared root (0750 here) keeps its checkpoints readable by the group,
+    whatever umask the writing worker runs under (the run dir's private 0077)."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o750)
+    previous = os.umask(0o077)
+    try:
+        store = CheckpointStore(str(root))
+        store.commit(write_ckpt_dir(tmp_path / "staged", 1), run_id="r", epoch=0, step_in_epoch=5,
+                     global_step=5, world_size=1, weights_sha256=WEIGHTS, tf_version="2.21")
+    finally:
+        os.umask(previous)
+    committed = root / CheckpointStore.dir_name(5)
+    paths = [committed, *committed.rglob("*")]
+    modes = {p.relative_to(root).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in paths}
+    assert modes == {p.relative_to(root).as_posix(): 0o750 if p.is_dir() else 0o640 for p in paths}
+    assert f"{committed.name}/MANIFEST.json" in modes and f"{committed.name}/assets" in modes
