@@ -79,9 +79,9 @@ def write_run_dir(path: Path, committed: dict[int, str], inputs: dict[int, str],
     return path
 
 
-def run(a: str, b: str, *, as_json: bool = False) -> tuple[int, str, str]:
+def run(a: str, b: str, *, as_json: bool = False, options: dict | None = None) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = diff_command(a, b, {}, as_json=as_json, out=out, err=err)
+    code = diff_command(a, b, options or {}, as_json=as_json, out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -135,21 +135,34 @@ def commit(backend: Backend, store, step: int, weights: str, epoch_input: tuple[
                  extra={"fingerprint": FP, "input_digest": {"epoch": epoch_input[0], "sha256": epoch_input[1]}})
 
 
-def test_storage_with_an_edited_input_digest_names_the_epoch(memory_backend: Backend):
+def test_storage_with_an_edited_input_digest_names_the_epoch(backend: Backend):
     """An unseeded input resumed without the runner's seeding: same weights so far, other first batch."""
-    reference, resumed = memory_backend.store(), memory_backend.store()
+    reference, resumed = backend.store(), backend.store()
     for store in (reference, resumed):
         for step, epoch in ((5, 0), (10, 1), (15, 1)):
-            commit(memory_backend, store, step, W[step // 5], (epoch, W[5 + epoch]))
-    assert run(reference.url, resumed.url)[0] == EXIT_OK
-    fs, root = memory_backend.raw_fs(resumed)
+            commit(backend, store, step, W[step // 5], (epoch, W[5 + epoch]))
+    assert run(reference.url, resumed.url, options=backend.options)[0] == EXIT_OK
+    fs, root = backend.raw_fs(resumed)
     path = f"{root}/ckpt-000000000015/{MANIFEST_NAME}"
     manifest = json.loads(fs.cat_file(path))
     manifest["extra"]["input_digest"]["sha256"] = W[9]
     fs.pipe_file(path, json.dumps(manifest).encode())
 
-    code, out, _ = run(reference.url, resumed.url, as_json=True)
+    code, out, _ = run(reference.url, resumed.url, as_json=True, options=backend.options)
     record = json.loads(out)
     assert (code, record["first_divergent_step"], record["first_divergent_epoch"]) == (EXIT_FAILURE, None, 1)
     assert record["common_steps"] == [5, 10, 15]
     assert record["a"] == f"{reference.url} (manifests)"
+
+
+def test_a_run_dir_whose_events_predate_the_digest_falls_back_to_its_storage(tmp_path, memory_backend: Backend):
+    store = memory_backend.store()
+    for step in (5, 10):
+        commit(memory_backend, store, step, W[step // 5], (0, W[5]))
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "events.jsonl").write_text(json.dumps({"event": "run_started", "storage": store.url}) + "\n" + json.dumps(
+        {"event": "checkpoint_committed", "global_step": 5, "path": "x"}) + "\n")
+    code, out, _ = run(str(old), store.url, as_json=True)
+    record = json.loads(out)
+    assert (code, record["a"], record["common_steps"]) == (EXIT_OK, f"{old} (manifests in {store.url})", [5, 10])
