@@ -22,6 +22,7 @@ from resilient_train.job.recipe import load_recipe
 from resilient_train.runner.model_state import weights_digest
 
 from tests.integration.harness import REPO, recipe_variant
+from tests.support.storage import Backend
 
 RECIPE = str(REPO / "recipes" / "linear_regression.py")
 EXTRA_LAYER = ("keras.layers.Dense(1)])", "keras.layers.Dense(3), keras.layers.Dense(1)])")
@@ -37,7 +38,7 @@ def test_compare_layouts_by_key():
     assert [(e.name, e.shape, f.shape) for e, f in result["mismatched"]] == [("m/a", (2, 1), (2, 3))]
 
 
-def commit_real_checkpoint(tmp_path: Path, *, global_step: int = 5) -> CheckpointStore:
+def commit_real_checkpoint(tmp_path: Path, *, global_step: int = 5, store: CheckpointStore | None = None) -> CheckpointStore:
     """A checkpoint of linear_regression's training state (weights moved off their init)."""
     recipe = load_recipe(RECIPE)
     checkpoint, model, counters = training_checkpoint(recipe, recipe.params)
@@ -49,7 +50,7 @@ def commit_real_checkpoint(tmp_path: Path, *, global_step: int = 5) -> Checkpoin
     local = tmp_path / "stage"
     local.mkdir()
     checkpoint.write(str(local / "ckpt"))
-    store = CheckpointStore(str(tmp_path / "store"))
+    store = store or CheckpointStore(str(tmp_path / "store"))
     store.commit(local, run_id="r", epoch=0, step_in_epoch=global_step, global_step=global_step, world_size=1,
                  weights_sha256=weights_digest(model), tf_version="2", extra={
                      "recipe_source": RECIPE,
@@ -58,15 +59,15 @@ def commit_real_checkpoint(tmp_path: Path, *, global_step: int = 5) -> Checkpoin
     return store
 
 
-def deep(store: CheckpointStore, **options) -> tuple[int, dict, str]:
+def deep(store: CheckpointStore, storage_options: dict | None = None, **options) -> tuple[int, dict, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = verify_command(store.url, {}, as_json=True, hash=True, out=out, err=err, deep=DeepOptions(**options))
+    code = verify_command(store.url, storage_options or {}, as_json=True, hash=True, out=out, err=err, deep=DeepOptions(**options))
     return code, json.loads(out.getvalue()) if out.getvalue() else {}, err.getvalue()
 
 
-def test_a_consistent_checkpoint_restores_with_the_recorded_recipe(tmp_path):
-    store = commit_real_checkpoint(tmp_path)
-    code, record, err = deep(store)
+def test_a_consistent_checkpoint_restores_with_the_recorded_recipe(tmp_path, backend: Backend):
+    store = commit_real_checkpoint(tmp_path, store=backend.store())
+    code, record, err = deep(store, backend.options)
     assert (code, err) == (EXIT_OK, "")
     report = record["deep"]
     assert report["recipe"] == RECIPE and report["recipe_changed"] is True  # the fingerprint's sha256 is made up
