@@ -47,6 +47,8 @@ def add_parser(subparsers: Any) -> None:
             parser.add_argument("--deep", action="store_true",
                                 help="also restore the newest checkpoint into the recipe's model and optimizer")
             parser.add_argument("--all", action="store_true", help="--deep: restore every committed checkpoint")
+            parser.add_argument("--newest", type=int, default=None, metavar="N",
+                                help="--deep: restore the N newest committed checkpoints (default 1)")
             parser.add_argument("--recipe", help="--deep: the recipe (default: the one the manifests record)")
             parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                                 help="--deep: recipe parameter (default: the job's)")
@@ -63,9 +65,13 @@ def main(args: argparse.Namespace) -> int:
     if args.deep:
         from resilient_train.job.config import parse_set_pairs
 
-        deep = DeepOptions(recipe=args.recipe, overrides=parse_set_pairs(args.set), all=args.all)
-    elif args.all or args.recipe or args.set:
-        print("resilient-train verify: --all, --recipe and --set need --deep", file=sys.stderr)
+        if args.newest is not None and (args.newest < 1 or args.all):
+            print(f"resilient-train verify: --newest {args.newest}: expected N >= 1, and not with --all", file=sys.stderr)
+            return EXIT_USAGE
+        deep = DeepOptions(recipe=args.recipe, overrides=parse_set_pairs(args.set), all=args.all,
+                           newest=args.newest or 1)
+    elif args.all or args.recipe or args.set or args.newest is not None:
+        print("resilient-train verify: --all, --newest, --recipe and --set need --deep", file=sys.stderr)
         return EXIT_USAGE
     return verify_command(args.url, options, as_json=args.json, hash=True, deep=deep)
 
@@ -239,6 +245,11 @@ class DeepOptions:
     recipe: str | None = None
     overrides: Mapping[str, str] = field(default_factory=dict)
     all: bool = False
+    newest: int = 1  # how many of the newest checkpoints that passed the hash check (``all``: every one)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.newest, bool) or not isinstance(self.newest, int) or self.newest < 1:
+            raise ValueError(f"Received newest={self.newest!r}; expected an int >= 1")
 
 
 @dataclass(frozen=True)
@@ -460,7 +471,7 @@ def run_deep(store: CheckpointStore, infos: list[CheckpointInfo], options: DeepO
     good = [info for info in infos if info.status is Status.OK and info.manifest is not None]
     if not good:
         return None
-    selected = good if options.all else good[-1:]
+    selected = good if options.all else good[-options.newest:]
     events.configure(None, console=None)  # the store's fetch events are not this command's output
     recipe, params, recorded_sha = _recipe_for(options, selected[-1].manifest)
     results = []

@@ -48,7 +48,7 @@ def commit_real_checkpoint(tmp_path: Path, *, global_step: int = 5, store: Check
     counters["step_in_epoch"].assign(global_step)
     counters["global_step"].assign(global_step)
     local = tmp_path / "stage"
-    local.mkdir()
+    local.mkdir(parents=True)
     checkpoint.write(str(local / "ckpt"))
     store = store or CheckpointStore(str(tmp_path / "store"))
     store.commit(local, run_id="r", epoch=0, step_in_epoch=global_step, global_step=global_step, world_size=1,
@@ -133,9 +133,21 @@ def test_no_recipe_recorded_and_none_given_is_a_usage_error(tmp_path):
                    "was recorded); pass --recipe\n")
 
 
-@pytest.mark.parametrize("argv", [["verify", "x", "--all"], ["verify", "x", "--recipe", "r.py"]])
+@pytest.mark.parametrize("argv", [["verify", "x", "--all"], ["verify", "x", "--recipe", "r.py"],
+                                  ["verify", "x", "--newest", "2"]])
 def test_deep_options_without_deep_are_a_usage_error(argv, capsys):
     from resilient_train.cli import main
 
     assert main(argv) == EXIT_USAGE
-    assert capsys.readouterr().err == "resilient-train verify: --all, --recipe and --set need --deep\n"
+    assert capsys.readouterr().err == "resilient-train verify: --all, --newest, --recipe and --set need --deep\n"
+
+
+def test_newest_n_restores_the_n_newest(tmp_path):
+    store = commit_real_checkpoint(tmp_path, global_step=5)
+    commit_real_checkpoint(tmp_path / "second", global_step=10, store=store)
+    commit_real_checkpoint(tmp_path / "third", global_step=15, store=store)
+    for options, steps in (({}, [15]), ({"newest": 2}, [10, 15]), ({"all": True}, [5, 10, 15])):
+        code, record, _ = deep(store, **options)
+        assert (code, [c["global_step"] for c in record["deep"]["checkpoints"]]) == (EXIT_OK, steps)
+    with pytest.raises(ValueError, match=r"Received newest=0; expected an int >= 1"):
+        DeepOptions(newest=0)
