@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping, TextIO
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, StorageError
 
 __all__ = ["add_parser", "main", "Trajectory", "Divergence", "compare_trajectories", "load_trajectory",
-           "diff_command"]
+           "format_text", "as_record", "diff_command"]
 
 _INPUT_DIGEST = "input_digest"  # the event and the manifest's extra key (runner/determinism.py)
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, TextIO
 
 from resilient_train.checkpoint.store import CheckpointInfo, CheckpointStore, Status
-from resilient_train.errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointIncompatibleError, ConfigError,
-                                   RecipeError, StorageError)
+from resilient_train.errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError,
+                                   CheckpointIncompatibleError, ConfigError, RecipeError, StorageError)
 
 __all__ = ["add_parser", "main", "format_rows", "verify_command", "ls_command", "status_text", "newest_restorable",
            "DeepOptions", "DeepResult", "deep_check", "compare_layouts", "expected_layout", "found_layout"]
@@ -477,7 +477,11 @@ def run_deep(store: CheckpointStore, infos: list[CheckpointInfo], options: DeepO
     results = []
     for info in selected:
         with tempfile.TemporaryDirectory(prefix="rt-verify-") as scratch:
-            manifest, local_dir = store.fetch(info.global_step, Path(scratch))
+            try:
+                manifest, local_dir = store.fetch(info.global_step, Path(scratch))
+            except CheckpointCorruptError as exc:  # changed since the hash check (a writer, a retention)
+                results.append(DeepResult(info.global_step, error=f"fetch failed: {exc}"))
+                continue
             results.append(deep_check(recipe, params, manifest, local_dir / "ckpt", info.path))
     sha = hashlib.sha256(Path(recipe.source).read_bytes()).hexdigest()  # as job/fingerprint.py hashes it
     return DeepReport(recipe.source, params, sha, recorded_sha, results)
