@@ -7,6 +7,7 @@ module of ``resilient_train/commands/`` (``add_parser(subparsers)``, ``main(args
     resilient-train check RECIPE            is the recipe's input deterministic? (two fresh processes)
     resilient-train verify URL [--json]     check every checkpoint under URL (hashes)
     resilient-train ls URL [--json]         list checkpoints (no hashing)
+    resilient-train diff A B [--json]       the first committed step where two runs diverge
     resilient-train export URL --recipe R --out DIR [--step N] [--format F]   a checkpoint as a model
     resilient-train doctor [--json] [--storage URL]   check this machine before training
 
@@ -20,14 +21,14 @@ import argparse
 import os
 import sys
 
-from resilient_train.commands import check, doctor, export, run, verify, worker
+from resilient_train.commands import check, diff, doctor, export, run, verify, worker
 from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, RunDirLockedError, StorageError
 from resilient_train.rundir.redact import redact_text
 
 __all__ = ["main"]
 
 # In --help order; verify adds both ``verify`` and ``ls``.
-_COMMANDS = (run, worker, check, verify, export, doctor)
+_COMMANDS = (run, worker, check, verify, diff, export, doctor)
 _USER_ERRORS = (ConfigError, RecipeError, RunDirLockedError, StorageError)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError, CheckpointIncompatibleError
 
-__all__ = ["add_parser", "main", "export_command"]
+__all__ = ["add_parser", "main", "export_command", "training_checkpoint", "read_checkpoint"]
 
 _FORMATS = ("keras", "saved_model")  # runner/export.py FORMATS, without importing numpy to build the parser
 
@@ -99,14 +99,58 @@ def export_command(
     return EXIT_OK
 
 
+def _fresh_model(recipe: Any, params: Mapping[str, Any]) -> Any:
+    """The recipe's model, built as the first model of a fresh process.
+
+    Keras numbers layer names per process (``dense``, ``dense_1``...), and the weights
+    digest hashes each weight under its path: clearing the session first gives the paths a
+    worker's model had, so the digest can be compared with the manifest's.
+    """
+    import keras
+
+    keras.backend.clear_session()
+    return recipe.build_model(dict(params))
+
+
+def training_checkpoint(recipe: Any, params: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """``(checkpoint, model, counters)``: the object graph a worker saves, strategy-free on CPU.
+
+    The keys are runner/loop.py's (model, optimizer, epoch, step_in_epoch, global_step, rng);
+    ``counters`` maps ``epoch``/``step_in_epoch``/``global_step`` to their variables.
+    """
+    import tensorflow as tf
+
+    from resilient_train.runner.model_state import rng_state
+
+    model = _fresh_model(recipe, params)
+    optimizer = recipe.build_optimizer(dict(params))
+    optimizer.build(model.trainable_variables)
+    counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+                for name in ("epoch", "step_in_epoch", "global_step")}
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=rng_state(model), **counters)
+    return checkpoint, model, counters
+
+
+def read_checkpoint(checkpoint: Any, prefix: Path, where: str, recipe_name: str, *, partial: bool) -> None:
+    """Restore ``prefix`` into ``checkpoint``; every object of it must be matched.
+
+    ``partial``: values in the files that ``checkpoint`` has no object for are allowed (the
+    export restores the model alone). Raises CheckpointIncompatibleError naming ``where``.
+    """
+    import tensorflow as tf
+
+    try:
+        status = checkpoint.read(str(prefix))
+        (status.expect_partial() if partial else status).assert_existing_objects_matched()
+    except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointIncompatibleError(f"{where} does not fit recipe {recipe_name}'s model: {first}") from None
+
+
 def _restore_weights(recipe: Any, params: dict[str, Any], prefix: Path, where: str) -> Any:
     """The recipe's model with the checkpoint's weights (optimizer and counters ignored)."""
     import tensorflow as tf
 
-    model = recipe.build_model(params)
-    try:
-        tf.train.Checkpoint(model=model).read(str(prefix)).expect_partial().assert_existing_objects_matched()
-    except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointIncompatibleError(f"{where} does not fit recipe {recipe.name}'s model: {first}") from None
+    model = _fresh_model(recipe, params)
+    read_checkpoint(tf.train.Checkpoint(model=model), prefix, where, recipe.name, partial=True)
     return model

@@ -133,6 +133,7 @@ def commit_checkpoint(
         epoch=manifest.epoch,
         step_in_epoch=manifest.step_in_epoch,
         global_step=manifest.global_step,
+        weights_sha256=manifest.weights_sha256,  # the trajectory outlives retention (commands/diff.py)
         path=f"{store.url}/{CheckpointStore.dir_name(step)}",
         size=manifest.total_size,
         commit_s=round(time.perf_counter() - started, 4),

@@ -12,7 +12,7 @@ Two things make a recipe's input differ between an uninterrupted run and a resum
   that changed). The runner cannot fix these, but it can notice: the chief hashes the
   first batch of each epoch's input (:func:`first_batch_digest`, on a separate build of
   the dataset so training's iterator is untouched) and records it in each checkpoint's
-  manifest (``extra["input_digest"]``). After a restore, re-entering that epoch hashes it
+  manifest (``extra["input_digest"]``) and in an ``input_digest`` event. After a restore, re-entering that epoch hashes it
   again; a different digest is an ``input_mismatch`` event and a warning naming the likely
   cause, or, with ``--strict-resume``, a fatal error (exit 3).
 
@@ -90,6 +90,9 @@ class InputCheck:
         if digest is None:
             return
         self._observed[epoch] = digest
+        # In the event log too: manifests carry it only while retention keeps them, and
+        # ``resilient-train diff`` lines up epochs from a run dir's events.
+        emit("input_digest", group=True, epoch=epoch, sha256=digest)
         if self._expected is None or self._expected[0] != epoch:
             return
         _, expected, checkpoint = self._expected

@@ -85,7 +85,7 @@ from resilient_train.rundir.stepmarker import (
     StepMarker,
 )
 from resilient_train.rundir.layout import AttemptDir
-from resilient_train.runner.model_state import weights_digest
+from resilient_train.runner.model_state import rng_state, weights_digest
 
 __all__ = ["Trainer", "TrainResult"]
 
@@ -196,17 +196,13 @@ class Trainer:
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
             self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        weight_paths = {v.path for v in self.model.weights}
-        rng_state = {
-            re.sub(r"\W", "_", v.path): v for v in self.model.variables if v.path not in weight_paths
-        }
         self.checkpoint = tf.train.Checkpoint(
             model=self.model,
             optimizer=self.optimizer,
             epoch=self.epoch,
             step_in_epoch=self.step_in_epoch,
             global_step=self.global_step,
-            rng=rng_state,
+            rng=rng_state(self.model),
         )
         self._value_names: list[str] = []  # the packed row's layout, filled when traced
         self._train_call = self._make_train_call()
@@ -407,6 +403,7 @@ class Trainer:
                 "epochs": self.job.epochs,
                 "steps_per_epoch": self.job.steps_per_epoch,
                 "recipe": self.recipe.name,
+                "recipe_source": str(Path(self.recipe.source).resolve()),  # verify --deep's default recipe
                 "fingerprint": self._fingerprint,
                 **self.input_check.to_extra(int(self.epoch.numpy())),
             },

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import re
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from resilient_train.errors import CheckpointIncompatibleError
 
-__all__ = ["weights_digest", "digest_named", "digest_with_paths", "weight_paths", "preserved_rng"]
+__all__ = ["weights_digest", "digest_named", "digest_with_paths", "weight_paths", "rng_state", "preserved_rng"]
 
 
 def digest_named(named: Iterable[tuple[str, Any]]) -> str:
@@ -43,6 +44,17 @@ def weights_digest(model: Any) -> str:
 def weight_paths(model: Any) -> list[str]:
     """The variable path of each weight, in ``model.weights`` order."""
     return [variable.path for variable in model.weights]
+
+
+def rng_state(model: Any) -> dict[str, Any]:
+    """The checkpoint's ``rng`` entry: the model's variables that are not weights (Keras
+    seed-generator states), keyed by their path with non-word characters as ``_``.
+
+    One definition for the worker's checkpoint (runner/loop.py) and for a restore outside
+    training (``verify --deep``), so both see the same keys.
+    """
+    paths = {variable.path for variable in model.weights}
+    return {re.sub(r"\W", "_", v.path): v for v in model.variables if v.path not in paths}
 
 
 def digest_with_paths(model: Any, paths: Sequence[str]) -> str:

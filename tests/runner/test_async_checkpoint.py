@@ -308,7 +308,8 @@ def test_persist_twin_commits_the_snapshot_with_its_digest(live, tmp_path):
     manifest = saver.flush()
     assert manifest is not None and manifest.global_step == 3
     assert manifest.weights_sha256 == snapshot_digest != weights_digest(model)
-    assert [r["global_step"] for r in events.named("checkpoint_committed")] == [3]
+    assert [(r["global_step"], r["weights_sha256"]) for r in events.named("checkpoint_committed")] == [
+        (3, snapshot_digest)]  # the event carries the trajectory point, not only the manifest
     assert not (tmp_path / "staging" / "ckpt-000000000003").exists()
     assert [i.status.value for i in store.verify()] == ["ok"]
 

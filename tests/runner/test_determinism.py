@@ -29,9 +29,13 @@ def test_batch_digest_covers_values_and_structure():
     assert batch_digest(a) != batch_digest((tf.constant([1.0, 2.0]), tf.constant([1])))
 
 
-def test_a_checkpoint_records_the_digest_of_its_epoch_only():
+def test_a_checkpoint_records_the_digest_of_its_epoch_only(monkeypatch):
+    emitted = []
+    monkeypatch.setattr("resilient_train.runner.determinism.emit", lambda name, **f: emitted.append((name, f)))
     check = InputCheck()
     check.observe(0, "a" * 64)
+    check.observe(1, None)  # an empty epoch has no first batch and no event
+    assert emitted == [("input_digest", {"group": True, "epoch": 0, "sha256": "a" * 64})]  # the event log has it too
     assert check.to_extra(0) == {"input_digest": {"epoch": 0, "sha256": "a" * 64}}
     assert check.to_extra(1) == {}  # saved at the end of epoch 0, before epoch 1's input exists
 
@@ -43,11 +47,12 @@ def test_same_digest_after_restore_is_silent_and_a_different_one_is_reported(cap
     check = InputCheck(recipe_name="r")
     check.expect(extra, checkpoint="ckpt-000000000015", same_world_size=True)
     check.observe(1, "a" * 64)
-    assert emitted == []
+    assert [name for name, _ in emitted] == ["input_digest"]
+    emitted.clear()
     check.expect(extra, checkpoint="ckpt-000000000015", same_world_size=True)
     check.observe(1, "b" * 64)
-    assert [name for name, _ in emitted] == ["input_mismatch"]
-    assert emitted[0][1]["epoch"] == 1 and emitted[0][1]["found_sha256"] == "b" * 64
+    assert [name for name, _ in emitted] == ["input_digest", "input_mismatch"]
+    assert emitted[1][1]["epoch"] == 1 and emitted[1][1]["found_sha256"] == "b" * 64
     assert "the first batch of epoch 1 differs" in capsys.readouterr().err
 
     strict = InputCheck(strict=True, recipe_name="r")
