@@ -42,8 +42,9 @@ def _position(record: dict[str, Any]) -> str:
 
 
 # Recorded for tools, not worth a line for people: ``worker_started`` repeats what the
-# attempt's other lines say, ``run_state`` (supervisor/state.py) narrates every transition.
-_HIDDEN = frozenset({"worker_started", "run_state"})
+# attempt's other lines say, ``run_state`` (supervisor/state.py) narrates every transition,
+# ``input_digest`` is evidence for ``resilient-train diff``, one hash per epoch.
+_HIDDEN = frozenset({"worker_started", "run_state", "input_digest"})
 
 _PROGRESS_KEYS = {
     "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s", "steps_per_call", "attempt", "rank",

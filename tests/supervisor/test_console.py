@@ -46,8 +46,9 @@ def test_run_state_transitions_stay_out_of_the_human_view(tmp_path):
     out = io.StringIO()
     tail = EventTail(path, out)
     write(path, {"event": "run_state", "from": "running", "to": "stopping", "attempt": 1, "reason": "worker 1 exited abnormally"},
+          {"event": "input_digest", "epoch": 0, "sha256": "ab" * 32},
           {"event": "gang_restart", "attempt": 2})
-    assert [r["event"] for r in tail.pump()] == ["run_state", "gang_restart"]
+    assert [r["event"] for r in tail.pump()] == ["run_state", "input_digest", "gang_restart"]
     assert out.getvalue().splitlines() == ["10:00:00 gang_restart           attempt=2"]
 
 
