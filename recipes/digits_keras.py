@@ -17,8 +17,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-DEFAULTS = {"epochs": 8, "steps_per_epoch": 20, "global_batch_size": 64, "save_every_steps": 10}
-PARAMS = {"learning_rate": 0.05, "plateau_delta": 0.2, "stop_delta": 0.05, "patience": 1,
+# Small enough for the integration test (tests/integration/test_keras.py): with these values,
+# on 2 workers, the rate is halved after epochs 1, 4 and 5 and EarlyStopping ends the run
+# after epoch 6 of 8, putting back epoch 4's weights.
+DEFAULTS = {"epochs": 8, "steps_per_epoch": 10, "global_batch_size": 32, "save_every_steps": 4}
+PARAMS = {"learning_rate": 0.05, "plateau_delta": 0.35, "stop_delta": 0.1, "patience": 2,
           "csv_log": "training_log.csv"}
 
 TRAIN_IMAGES = 1500  # the rest (297 of 1797) is the held-out split

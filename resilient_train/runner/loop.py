@@ -434,7 +434,8 @@ class Trainer:
             self._phase.restore(previous)
 
     def _save_request(self, completed: bool) -> SaveRequest:
-        files = {STATE_FILE: self._callbacks.state(stopped=self._stopped)} if self._callbacks else {}
+        # Only the chief's copy is ever committed; the others skip encoding (best_weights can be large).
+        files = {STATE_FILE: self._callbacks.state(stopped=self._stopped)} if self._callbacks and self.cluster.is_chief else {}
         return SaveRequest(
             files=files,
             global_step=int(self.global_step.numpy()),
