@@ -553,7 +553,8 @@ class Trainer:
     def _after_epoch_saved(self, epoch: int) -> dict[str, Any]:
         """Epoch-end hook: runs after epoch ``epoch``'s checkpoint is saved, before
         ``epoch_finished`` is emitted; returns extra fields for that event: the held-out
-        evaluation's results. It reads the weights only, so an async commit overlaps it."""
+        evaluation's results. It reads the weights only, so an async commit overlaps it.
+        With callbacks it runs before the save instead (on_epoch_end needs val_*)."""
         if self._evaluator is None:
             return {}
         previous = self._phase.enter(PHASE_EVAL)

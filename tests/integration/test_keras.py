@@ -15,7 +15,9 @@ import json
 from tests.integration.harness import run_job
 
 KERAS = "recipes/digits_keras.py"
-# The recipe's defaults: 8 epochs of 10 steps, global batch 32, a save every 4 steps.
+# The recipe's defaults (10 steps per epoch, global batch 32, a save every 4 steps), with
+# --epochs given: a run that EarlyStopping ends before epoch 8 still counts as completed.
+EPOCHS = ("--epochs", "8")
 
 
 def learning_rates(run_dir):
@@ -29,7 +31,7 @@ def epoch_results(job):
 
 
 def test_kill_chief_before_an_epoch_end_commit_resumes_callbacks_exactly(tmp_path):
-    reference = run_job(KERAS, tmp_path / "reference")
+    reference = run_job(KERAS, tmp_path / "reference", *EPOCHS)
     assert reference.returncode == 0, reference.output
     stopped = reference.named("training_stopped")
     assert len(stopped) == 1 and stopped[0]["epoch"] < 7  # EarlyStopping ended the run early
@@ -37,7 +39,7 @@ def test_kill_chief_before_an_epoch_end_commit_resumes_callbacks_exactly(tmp_pat
     rates = learning_rates(reference.run_dir)
     assert len(rates) == stopped[0]["epoch"] + 1 and len(set(rates)) > 1  # ReduceLROnPlateau acted
 
-    killed = run_job(KERAS, tmp_path / "killed",
+    killed = run_job(KERAS, tmp_path / "killed", *EPOCHS,
                      faults=[{"point": "before_commit", "global_step": 30, "rank": 0}])
     assert killed.returncode == 0, killed.output
     assert killed.summary["restarts"] == 1
