@@ -123,7 +123,8 @@ def training_checkpoint(recipe: Any, params: Mapping[str, Any]) -> tuple[Any, An
     from resilient_train.runner.model_state import rng_state
 
     model = _fresh_model(recipe, params)
-    optimizer = recipe.build_optimizer(dict(params))
+    # A compiled-model recipe's optimizer is the one compile() was given (runner/compiled.py).
+    optimizer = recipe.build_optimizer(dict(params)) if recipe.build_optimizer is not None else model.optimizer
     optimizer.build(model.trainable_variables)
     counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
                 for name in ("epoch", "step_in_epoch", "global_step")}

@@ -14,12 +14,23 @@ Required functions::
 
 Optional::
 
+    def callbacks(params) -> list[keras.callbacks.Callback]  # run where model.fit would; their
+                                                           # state is kept with each checkpoint
     DEFAULTS = {"epochs": 3, "steps_per_epoch": 50, "global_batch_size": 64}
     PARAMS = {"learning_rate": 0.01}                # recipe parameters, set with --set key=value
     def metrics(labels, predictions) -> dict[str, Tensor]   # per-example values, averaged per epoch
     def dataset(input_context, epoch, seed, start_step=0)    # may take start_step: the epoch from
                                                            # batch start_step on (cheap re-entry)
     def eval_dataset(input_context, seed) -> tf.data.Dataset  # FINITE held-out per-replica batches (x, y)
+
+A compiled model: when ``build_model`` returns a model on which ``compile(optimizer=...,
+loss=..., metrics=[...])`` was called, ``build_optimizer``, ``loss`` and ``metrics`` are
+left out and taken from ``compile`` (runner/compiled.py says what is honoured). Here,
+without importing the recipe, the supervisor refuses what the runner cannot honour when
+it is written literally: a missing ``build_optimizer`` / ``loss`` with no ``.compile(``
+call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1 |
+loss_weights=... | weighted_metrics=...)``, a class overriding ``train_step``, and
+``BackupAndRestore`` (the runner backs up and restores; runner/callbacks.py).
 
 ``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
 never shuffled into the training data. When a recipe defines it the runner evaluates the
@@ -66,8 +77,19 @@ from resilient_train.errors import RecipeError
 __all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DEFAULT_KEYS"]
 
 REQUIRED = ("build_model", "build_optimizer", "loss", "dataset")
+# Required unless build_model returns a compiled model (the source calls ``.compile(``).
+FROM_COMPILE = ("build_optimizer", "loss")
 # Optional functions and how many positional parameters each must accept.
-OPTIONAL_ARITY = {"metrics": 2, "eval_dataset": 2}
+OPTIONAL_ARITY = {"metrics": 2, "eval_dataset": 2, "callbacks": 1}
+_SIGNATURES = {"metrics": "(labels, predictions)", "eval_dataset": "(input_context, seed)", "callbacks": "(params)"}
+# compile() arguments the runner cannot honour, refused when written literally.
+_COMPILE_REFUSED = {
+    "run_eagerly": "the runner compiles its own step",
+    "jit_compile": "the runner's step is not XLA-compiled",
+    "loss_weights": "one output with one loss is supported",
+    "weighted_metrics": "only metrics=[...] is supported",
+}
+_TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_steps")
 
 
@@ -76,11 +98,12 @@ class Recipe:
     name: str
     source: str
     build_model: Callable[[dict], Any]
-    build_optimizer: Callable[[dict], Any]
-    loss: Callable[[Any, Any], Any]
+    build_optimizer: Callable[[dict], Any] | None  # None: taken from a compiled model
+    loss: Callable[[Any, Any], Any] | None  # None: taken from a compiled model
     dataset: Callable[[Any, int, int], Any]
     metrics: Callable[[Any, Any], dict] | None = None
     eval_dataset: Callable[[Any, int], Any] | None = None
+    callbacks: Callable[[dict], Any] | None = None
     defaults: Mapping[str, int] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
 
@@ -138,13 +161,16 @@ def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None) -> P
     } | {
         alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names
     }
-    missing = [name for name in REQUIRED if name not in defined]
+    compiles = _calls_compile(tree)
+    missing = [name for name in REQUIRED if name not in defined and not (compiles and name in FROM_COMPILE)]
     if missing:
         raise RecipeError(
             f"Recipe {path} does not define {', '.join(missing)}; a recipe must define "
-            f"{', '.join(REQUIRED)} (see resilient_train/job/recipe.py)"
+            f"{', '.join(REQUIRED)} (build_optimizer and loss may come from model.compile(); "
+            "see resilient_train/job/recipe.py)"
         )
     _check_optional_arity(path, tree)
+    _check_keras_usage(path, tree)
     if eval_every_epochs and "eval_dataset" not in defined:
         raise RecipeError(
             f"Received eval_every_epochs={eval_every_epochs} but recipe {path} defines no "
@@ -163,18 +189,60 @@ def _check_optional_arity(path: Path, tree: ast.Module) -> None:
         required = positional - len(args.defaults)
         expected = OPTIONAL_ARITY[node.name]
         if args.vararg is None and positional < expected or required > expected:
-            signature = "(input_context, seed)" if node.name == "eval_dataset" else "(labels, predictions)"
             raise RecipeError(
                 f"Recipe {path}: {node.name} takes {positional} positional parameter(s) at line "
-                f"{node.lineno}; expected {node.name}{signature}"
+                f"{node.lineno}; expected {node.name}{_SIGNATURES[node.name]}"
             )
+
+
+def _calls_compile(tree: ast.Module) -> bool:
+    return any(_is_compile_call(node) for node in ast.walk(tree))
+
+
+def _is_compile_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compile"
+
+
+def _check_keras_usage(path: Path, tree: ast.Module) -> None:
+    """What the runner cannot honour, when the source says it literally (the worker checks
+    the imported recipe again: runner/compiled.py, runner/callbacks.py)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)) and (getattr(node, "id", None) or getattr(node, "attr", None)) == "BackupAndRestore":
+            raise RecipeError(
+                f"Recipe {path} uses BackupAndRestore at line {node.lineno}; remove it: resilient-train "
+                "already backs up and restores (input position and callback state included)"
+            )
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name in _TRAINER_OVERRIDES:
+                    raise RecipeError(
+                        f"Recipe {path}: class {node.name} overrides {item.name} at line {item.lineno}; the runner "
+                        "runs its own training step (define loss()/metrics() in the recipe instead)"
+                    )
+        if not _is_compile_call(node):
+            continue
+        for keyword in node.keywords:
+            value = keyword.value
+            literal = value.value if isinstance(value, ast.Constant) else ...
+            if keyword.arg == "steps_per_execution" and literal is not ... and literal != 1:
+                raise RecipeError(
+                    f"Recipe {path}: compile(steps_per_execution={literal!r}) at line {node.lineno} is not "
+                    "supported; use resilient-train's --steps-per-execution instead"
+                )
+            if keyword.arg in ("run_eagerly", "jit_compile") and literal is True or (
+                    keyword.arg in ("loss_weights", "weighted_metrics") and literal is not None):
+                shown = repr(literal) if literal is not ... else "..."
+                raise RecipeError(
+                    f"Recipe {path}: compile({keyword.arg}={shown}) at line {node.lineno} is not supported: "
+                    f"{_COMPILE_REFUSED[keyword.arg]}"
+                )
 
 
 def load_recipe(spec: str) -> Recipe:
     """Import a recipe and check it against the contract."""
     path = check_recipe_source(spec)
     module = _import(spec, path)
-    missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
+    missing = [name for name in REQUIRED if not callable(getattr(module, name, None)) and name not in FROM_COMPILE]
     if missing:
         raise RecipeError(f"Recipe {path}: {', '.join(missing)} must be functions")
     defaults = dict(getattr(module, "DEFAULTS", {}) or {})
@@ -183,15 +251,18 @@ def load_recipe(spec: str) -> Recipe:
         raise RecipeError(f"Recipe {path}: DEFAULTS has unknown keys {unknown}; accepted: {list(DEFAULT_KEYS)}")
     metrics = getattr(module, "metrics", None)
     eval_dataset = getattr(module, "eval_dataset", None)
+    callbacks = getattr(module, "callbacks", None)
+    build_optimizer, loss = getattr(module, "build_optimizer", None), getattr(module, "loss", None)
     return Recipe(
         name=recipe_name(spec),
         source=str(path),
         build_model=module.build_model,
-        build_optimizer=module.build_optimizer,
-        loss=module.loss,
+        build_optimizer=build_optimizer if callable(build_optimizer) else None,
+        loss=loss if callable(loss) else None,
         dataset=module.dataset,
         metrics=metrics if callable(metrics) else None,
         eval_dataset=eval_dataset if callable(eval_dataset) else None,
+        callbacks=callbacks if callable(callbacks) else None,
         defaults=defaults,
         params=dict(getattr(module, "PARAMS", {}) or {}),
     )

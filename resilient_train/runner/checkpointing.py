@@ -87,12 +87,21 @@ class SaveRequest:
     step_in_epoch: int
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
     blocked_ms: float | None = field(default=None, compare=False)  # async: training blocked to snapshot
+    # Small files committed beside ckpt.* (name -> bytes), captured at save time with the
+    # snapshot: the callbacks' state (runner/callbacks.py), so it matches the step.
+    files: dict[str, bytes] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("global_step", "epoch", "step_in_epoch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"Received {name}={value!r}; expected an int >= 0")
+
+
+def write_request_files(local_dir: Path, request: SaveRequest) -> None:
+    """Put ``request.files`` into the directory about to be committed."""
+    for name, data in request.files.items():
+        (Path(local_dir) / name).write_bytes(data)
 
 
 def commit_checkpoint(
@@ -442,6 +451,7 @@ def persist_twin(
     local_dir.mkdir(parents=True)
     try:
         twin.write(str(local_dir / "ckpt"))
+        write_request_files(local_dir, request)
         return commit_checkpoint(
             store, local_dir, request, run_id=run_id, world_size=world_size,
             weights_sha256=digest(twin.digest_view), faults=faults, keep=keep, emit=emit,
@@ -498,6 +508,7 @@ class SyncCheckpointer:
             self._checkpoint.write(str(local_dir / "ckpt"))
             if not self._is_chief:
                 return None
+            write_request_files(local_dir, request)
             return commit_checkpoint(self._store, local_dir, request,
                                      weights_sha256=self._weights_sha256(), **self._commit)
         finally:

@@ -32,6 +32,13 @@
 #    all-reduce, so every worker stops after the same call, saves it (flushed) and
 #    returns None (the worker exits 143).
 #
+# Keras: a compiled model supplies optimizer, loss and metrics (runner/compiled.py); the
+# recipe's callbacks run at the points model.fit would call them (runner/callbacks.py) and
+# their state is committed with every checkpoint as callbacks.json. With callbacks, an
+# epoch end evaluates first, then runs on_epoch_end (its logs carry val_*), agrees on
+# model.stop_training with one all-reduce, then saves (so the saved callback state has
+# seen the epoch); on_train_end runs before the final save.
+#
 # The checkpoint holds model, optimizer (iteration counter and slots), epoch,
 # step_in_epoch, global_step and every RNG state the model owns (Keras SeedGenerator
 # states, e.g. a seeded Dropout). The running epoch loss/metric sums travel in the
@@ -71,6 +78,8 @@ from resilient_train.runner.checkpointing import (
 )
 from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
 from resilient_train.runner.call_size import CallSizer
+from resilient_train.runner.callbacks import STATE_FILE, CallbackRunner
+from resilient_train.runner.compiled import from_compiled, is_compiled
 from resilient_train.runner.data import epoch_dataset
 from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.determinism import InputCheck
@@ -160,6 +169,8 @@ class Trainer:
         self._stop_noticed = False
         self._stop_agreed = False
         self._last_saved: int | None = None
+        self._stopped = False  # a callback set model.stop_training (agreed by every worker)
+        self._callback_state: bytes | None = None  # the restored checkpoint's callbacks.json
         self._async: AsyncCheckpointer | None = None
         self.policy = SavePolicy(
             every_steps=job.save_every_steps or 0,
@@ -191,6 +202,15 @@ class Trainer:
                     f"recipe {self.recipe.name}: build_model() must return a built keras.Model "
                     "(start it with keras.Input(shape=...))"
                 )
+            self._compiled = is_compiled(self.model)
+            if self._compiled:  # optimizer, loss and metrics come from compile()
+                self.recipe = from_compiled(self.recipe, self.model)
+            elif self.recipe.build_optimizer is None or self.recipe.loss is None:
+                missing = [n for n in ("build_optimizer", "loss") if getattr(self.recipe, n) is None]
+                raise RecipeError(
+                    f"recipe {self.recipe.name}: defines no {' or '.join(missing)} and build_model() returned a "
+                    "model that is not compiled; define them or call model.compile(optimizer=..., loss=...)"
+                )
             self.optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
             self.optimizer.build(self.model.trainable_variables)
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -208,6 +228,25 @@ class Trainer:
         self._train_call = self._make_train_call()
         self.checkpointer = self._make_checkpointer()
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
+        self._callbacks = self._make_callbacks()
+
+    def _make_callbacks(self) -> CallbackRunner | None:
+        if self.recipe.callbacks is None:
+            return None
+        callbacks = _call_recipe(self.recipe, "callbacks", self.params)
+        if not isinstance(callbacks, (list, tuple)):
+            raise RecipeError(
+                f"recipe {self.recipe.name}: callbacks() returned {type(callbacks).__name__}; "
+                "expected a list of keras.callbacks.Callback"
+            )
+        if getattr(self.model, "optimizer", None) is None:
+            # Callbacks reach the optimizer as model.optimizer (ReduceLROnPlateau). Set
+            # without Keras' tracking so the checkpoint's object graph stays the twin's.
+            object.__setattr__(self.model, "optimizer", self.optimizer)
+        return CallbackRunner(
+            callbacks, self.model, recipe_name=self.recipe.name, is_chief=self.cluster.is_chief,
+            output_dir=Path(self.job.run_dir), epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
+        )
 
     def _make_checkpointer(self) -> Checkpointer:
         """HOW this worker saves, decided once. async: the chief (and every worker only if
@@ -235,7 +274,7 @@ class Trainer:
     def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
         """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""
         model = _call_recipe(self.recipe, "build_model", self.params)
-        optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
+        optimizer = model.optimizer if self._compiled else _call_recipe(self.recipe, "build_optimizer", self.params)
         optimizer.build(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(
             model=model,
@@ -350,6 +389,8 @@ class Trainer:
                 f"{self.recipe.name}'s model: {_first_line(exc)}"
             ) from None
         self.stats.load_extra(manifest.extra)
+        state_file = local_dir / STATE_FILE
+        self._callback_state = state_file.read_bytes() if state_file.is_file() else None
         self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
                                 same_world_size=manifest.world_size == self.cluster.num_workers)
         self._last_saved = manifest.global_step
@@ -393,13 +434,17 @@ class Trainer:
             self._phase.restore(previous)
 
     def _save_request(self, completed: bool) -> SaveRequest:
+        # Only the chief's copy is ever committed; the others skip encoding (best_weights can be large).
+        files = {STATE_FILE: self._callbacks.state(stopped=self._stopped)} if self._callbacks and self.cluster.is_chief else {}
         return SaveRequest(
+            files=files,
             global_step=int(self.global_step.numpy()),
             epoch=int(self.epoch.numpy()),
             step_in_epoch=int(self.step_in_epoch.numpy()),
             extra={
                 **self.stats.to_extra(),
                 "completed": completed,
+                **({"stopped_early": True} if self._stopped else {}),
                 "epochs": self.job.epochs,
                 "steps_per_epoch": self.job.steps_per_epoch,
                 "recipe": self.recipe.name,
@@ -470,11 +515,15 @@ class Trainer:
         while step_in_epoch < steps_per_epoch:
             steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
                                             steps_per_epoch=steps_per_epoch, max_steps=self._call_steps)
+            if self._callbacks:
+                self._callbacks.batch_begin(step_in_epoch)
             stop, save_due = self._run_call(iterator, steps, global_step)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
                               means=self.stats.means(), steps_per_call=self._call_steps)
             self._hit_step_faults(global_step - steps + 1, global_step)
+            if self._callbacks and self._batch_end_stops(step_in_epoch - 1):
+                return True  # Keras ends the epoch here: on_epoch_end, on_train_end, final save
             if stop:
                 self._stop_agreed = True
                 if step_in_epoch < steps_per_epoch:
@@ -484,10 +533,28 @@ class Trainer:
                 self.save()
         return True
 
+    def _batch_end_stops(self, batch: int) -> bool:
+        """``on_train_batch_end``; True when the callbacks stopped training (all agree)."""
+        assert self._callbacks is not None
+        self._callbacks.batch_end(batch, self.stats.means())
+        # One all-reduce per call, only when some callback has batch hooks (every worker
+        # decides this from the full list, so all take part or none).
+        if self._callbacks.has_batch_hooks and self._agree(self._callbacks.stop_training):
+            self._stopped = True
+        return self._stopped
+
+    def _agree(self, flag: bool) -> bool:
+        """True on every worker when ``flag`` is true on any (one all-reduce)."""
+        agreed = any(self._gather(int(flag)))
+        if self._callbacks:
+            self.model.stop_training = agreed
+        return agreed
+
     def _after_epoch_saved(self, epoch: int) -> dict[str, Any]:
         """Epoch-end hook: runs after epoch ``epoch``'s checkpoint is saved, before
         ``epoch_finished`` is emitted; returns extra fields for that event: the held-out
-        evaluation's results. It reads the weights only, so an async commit overlaps it."""
+        evaluation's results. It reads the weights only, so an async commit overlaps it.
+        With callbacks it runs before the save instead (on_epoch_end needs val_*)."""
         if self._evaluator is None:
             return {}
         previous = self._phase.enter(PHASE_EVAL)
@@ -496,7 +563,33 @@ class Trainer:
         finally:
             self._phase.restore(previous)
 
+    def _finish_epoch_with_callbacks(self, epoch: int) -> None:
+        """Evaluate, ``on_epoch_end``, agree on stopping, (``on_train_end``,) then save."""
+        assert self._callbacks is not None
+        means = self.stats.means()
+        extra = self._after_epoch_saved(epoch)
+        logs = dict(means)
+        if "val_loss" in extra:
+            logs["val_loss"] = extra["val_loss"]
+            logs.update({f"val_{name}": value for name, value in extra["val_metrics"].items()})
+        logs = self._callbacks.epoch_end(epoch, logs)
+        self._stopped = self._agree(self._callbacks.stop_training) or self._stopped
+        self.epoch.assign_add(1)
+        self.step_in_epoch.assign(0)
+        self.stats = _EpochStats()
+        completed = self._stopped or epoch + 1 >= self.job.epochs
+        if completed:
+            self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
+        self.save(completed=completed)
+        emit("epoch_finished", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
+             loss=means.pop("loss", None), metrics=means, **extra)
+        if self._stopped:
+            emit("training_stopped", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
+                 reason="model.stop_training")
+
     def _finish_epoch(self, epoch: int) -> None:
+        if self._callbacks:
+            return self._finish_epoch_with_callbacks(epoch)
         means = self.stats.means()
         self.epoch.assign_add(1)
         self.step_in_epoch.assign(0)
@@ -509,9 +602,15 @@ class Trainer:
     def run(self) -> TrainResult | None:
         """Train to the end (returns the result) or until preempted (returns None)."""
         self._restore_or_start()
+        if self._callbacks:
+            self._callbacks.train_begin(resuming=self._callback_state is not None)
+            if self._callback_state is not None:
+                self._stopped = self._callbacks.restore(self._callback_state)
         progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.clock)
-        while (epoch := int(self.epoch.numpy())) < self.job.epochs:
+        while not self._stopped and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
+            if self._callbacks and start == 0:  # not again when re-entering the epoch mid-way
+                self._callbacks.epoch_begin(epoch)
             if not self._train_epoch(epoch, start, progress):
                 return self._preempt()
             self._finish_epoch(epoch)

@@ -671,8 +671,8 @@ class Supervisor:
         manifest = self.store.latest_manifest()
         if manifest is None or not manifest.extra.get("completed"):
             return None
-        if self.job.epochs is not None and manifest.epoch < self.job.epochs:
-            return None
+        if self.job.epochs is not None and manifest.epoch < self.job.epochs and not manifest.extra.get("stopped_early"):
+            return None  # stopped_early: a callback ended training (runner/callbacks.py), e.g. EarlyStopping
         if manifest.extra.get("recipe") != recipe_name(self.job.recipe):
             return None  # another recipe's checkpoint: let the workers report the mismatch
         return manifest

@@ -85,3 +85,67 @@ def test_evaluation_asked_of_a_recipe_without_eval_dataset_is_refused_before_any
     assert check_recipe_source(path, eval_every_epochs=0) == tmp_path / "r.py"
     with pytest.raises(RecipeError, match=r"Received eval_every_epochs=2 but recipe .*r\.py defines no eval_dataset"):
         check_recipe_source(path, eval_every_epochs=2)
+
+
+# ------------------------------------------------------- compiled models, callbacks
+
+COMPILED = """
+import keras
+def build_model(params):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse"{extra})
+    return model
+def dataset(input_context, epoch, seed): return None
+def callbacks(params): return []
+"""
+
+
+def test_a_compiled_model_recipe_needs_no_optimizer_or_loss(tmp_path):
+    recipe = load_recipe(write(tmp_path, COMPILED.format(extra="")))
+    assert (recipe.build_optimizer, recipe.loss, recipe.metrics) == (None, None, None)
+    assert callable(recipe.callbacks)
+    assert check_recipe_source("recipes/digits_keras.py").name == "digits_keras.py"
+
+
+def test_without_compile_build_optimizer_and_loss_are_still_required(tmp_path):
+    path = write(tmp_path, COMPILED.format(extra="").replace("model.compile(", "model.configure("))
+    with pytest.raises(RecipeError, match=r"does not define build_optimizer, loss; .* may come from model.compile\(\)"):
+        check_recipe_source(path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (", run_eagerly=True", r"compile\(run_eagerly=True\) at line 5 is not supported: the runner compiles its own step"),
+        (", jit_compile=True", r"compile\(jit_compile=True\) at line 5 is not supported"),
+        (", steps_per_execution=8", r"compile\(steps_per_execution=8\) at line 5 is not supported; use resilient-train's --steps-per-execution"),
+        (", loss_weights=[1.0]", r"compile\(loss_weights=\.\.\.\) at line 5 is not supported: one output with one loss"),
+        (", weighted_metrics=['mae']", r"compile\(weighted_metrics=\.\.\.\) at line 5 is not supported"),
+    ],
+)
+def test_compile_arguments_the_runner_cannot_honour_are_refused_before_workers(tmp_path, extra, message):
+    with pytest.raises(RecipeError, match=message):
+        check_recipe_source(write(tmp_path, COMPILED.format(extra=extra)))
+
+
+def test_compile_arguments_the_runner_accepts_pass(tmp_path):
+    path = write(tmp_path, COMPILED.format(extra=", run_eagerly=False, jit_compile='auto', steps_per_execution=1"))
+    assert check_recipe_source(path).name == "r.py"
+
+
+def test_a_train_step_override_is_refused_before_workers(tmp_path):
+    text = COMPILED.format(extra="") + "class Mine(keras.Model):\n    def train_step(self, data):\n        return {}\n"
+    with pytest.raises(RecipeError, match=r"class Mine overrides train_step at line 10; the runner runs its own training step"):
+        check_recipe_source(write(tmp_path, text))
+
+
+def test_backup_and_restore_is_refused_with_the_reason(tmp_path):
+    text = COMPILED.format(extra="").replace("return []", "return [keras.callbacks.BackupAndRestore('/tmp/b')]")
+    with pytest.raises(RecipeError, match=r"uses BackupAndRestore at line 8; remove it: resilient-train already backs up"):
+        check_recipe_source(write(tmp_path, text))
+
+
+def test_callbacks_with_the_wrong_parameters_is_named(tmp_path):
+    text = COMPILED.format(extra="").replace("def callbacks(params)", "def callbacks()")
+    with pytest.raises(RecipeError, match=r"callbacks takes 0 positional parameter\(s\) at line 8; expected callbacks\(params\)"):
+        check_recipe_source(write(tmp_path, text))
