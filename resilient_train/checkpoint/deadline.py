@@ -27,6 +27,13 @@ around a timeout), so the store also bounds every call itself.
 # commit a checkpoint whose files are all there; a fenced manifest is created create-only
 # (a retry that finds the late PUT's bytes confirms them). An abandoned call dies with its
 # process at the latest: a save that still fails after the retries ends the worker.
+#
+# What remains: a save reported failed may still turn out committed, complete, if its late
+# manifest PUT lands (readers take it like any commit). And where a write is not one atomic
+# PUT (a local or NFS store on another filesystem than the staging files, memory://), an
+# abandoned upload that wakes up after its retry succeeded rewrites the file in place: until
+# it finishes, a reader can see a short file, which fails its size or sha256 check and is
+# reported and skipped (checkpoint_rejected), never restored.
 """
 
 from __future__ import annotations
