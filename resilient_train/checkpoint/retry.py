@@ -35,8 +35,11 @@ from resilient_train.errors import StorageError, StorageUnavailableError
 __all__ = ["RetryPolicy", "is_transient", "describe", "DEFAULT_STALL_TIMEOUT_S"]
 
 # Seconds a storage call may go without progress before it is retried (``--storage-timeout``).
-# Generous: a busy object store answers in seconds, and a chunk is 8 MiB.
-DEFAULT_STALL_TIMEOUT_S = 120.0
+# Generous (a busy object store answers in seconds, a chunk is 8 MiB; botocore's own read
+# timeout is 60 s), yet small enough that a store stalled through all 5 tries (~5 min) fails
+# the save before the hang watchdog's allowance for a save flush (--startup-timeout, 600 s)
+# runs out: the storage error, not a hang, is then the root cause.
+DEFAULT_STALL_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
 

@@ -81,7 +81,7 @@ class JobConfig:
     strict_resume: bool = False
     hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
     startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
-    storage_timeout: float = 120.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
+    storage_timeout: float = 60.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
     run_dir_mode: int | str = DEFAULT_RUN_DIR_MODE  # "0750" on the command line; an int once validated
 
     def __post_init__(self) -> None:
@@ -291,7 +291,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "environment variables, e.g. AWS_SECRET_ACCESS_KEY)")
     add("--storage-timeout", type=float, metavar="SECONDS",
         help="a storage call that moves no bytes for this long is retried; a store that stays stalled fails the "
-        "save (restartable) instead of blocking it (default 120)")
+        "save (restartable) instead of blocking it (default 60)")
     add("--run-dir-mode", metavar="MODE",
         help="octal mode of the run dir and what it creates, e.g. 0750 to share with your group (default 0700: "
         "files 0600; a stricter umask is kept)")
