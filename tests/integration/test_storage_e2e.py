@@ -68,6 +68,9 @@ def stalled_storage_env(plan: dict) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE_DIR), os.environ.get("PYTHONPATH")]))}
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RT_SLOW") != "1", reason="a second full digits run: RT_SLOW=1 (make test-all); "
+                    "tests/checkpoint/test_stalls.py covers retrying through a stall on every backend")
 def test_an_upload_that_stalls_is_given_up_and_retried_through(tmp_path, digits_reference):
     # The chief's writes through the wrapper are its uploads, two per checkpoint (on a local
     # disk the generation claim and the fenced manifest are hard links beside it): #2 is
