@@ -46,6 +46,21 @@ def test_s3_kill_chief_mid_upload_then_resume_exactly(tmp_path, s3_server, digit
     assert {c["status"] for c in report["checkpoints"]} == {"ok"}
 
 
+@pytest.mark.gcs
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RT_SLOW") != "1", reason="the S3 job above covers the default suite; "
+                    "RT_SLOW=1 (make test-all) runs the same job on GCS")
+def test_gcs_kill_chief_mid_upload_then_resume_exactly(tmp_path, gcs_server, digits_reference):
+    job = run_job(DIGITS, tmp_path / "run", *DIGITS_FLAGS, *storage_flags(gcs_server),
+                  faults=[{"point": "mid_upload", "global_step": 8, "rank": 0}])
+    assert job.returncode == 0, job.output
+    committed = [(e["attempt"], e["global_step"]) for e in job.named("checkpoint_committed")]
+    assert committed == [(1, 4), (2, 8), (2, 10), (2, 12), (2, 16), (2, 20)]
+    assert [r["global_step"] for r in job.named("restored")] == [4]
+    assert job.summary["weights_sha256"] == digits_reference
+    assert job.summary["checkpoint"] == f"{gcs_server.url_prefix}/ckpt-000000000020"
+
+
 def test_transient_storage_faults_at_20_percent_are_retried(tmp_path, digits_reference):
     storage = f"faulty://{tmp_path / 'ckpts'}"
     job = run_job(
