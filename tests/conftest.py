@@ -1,5 +1,6 @@
-"""Session-wide fixtures: the real S3 server (SeaweedFS) for every test package."""
+"""Session-wide fixtures: the real S3 server (SeaweedFS) and GCS emulator for every test package."""
 
+from tests.support.gcsserver import gcs_server  # noqa: F401  (session fixture, started on first use)
 from tests.support.s3server import s3_server  # noqa: F401  (session fixture, started on first use)
 
 import pytest

@@ -14,10 +14,15 @@ fsspec filesystem and, driven by a seed, injects:
 * ``stop_after_files``: after n completed file writes every further write raises
   :class:`SimulatedCrash`, a ``BaseException`` standing for the chief being killed
   mid-upload (no retry policy may swallow it);
-* ``latency_s``: a delay before every operation (through the injectable ``sleep``).
+* ``latency_s``: a delay before every operation (through the injectable ``sleep``);
+* ``stall_write_k``: the k-th file write attempt, and the ``stall_count - 1`` after it
+  (``stall_count=0``: every one from k on, a store that went quiet for good), blocks before
+  it starts: for ``stall_s`` seconds, or until :meth:`FaultyFileSystem.release` when
+  ``stall_s`` is None, then goes on normally. A real wait, not the injectable ``sleep``:
+  what is tested is a deadline that gives up on a call from another thread.
 
 It also counts what passes through (``stats``: reads, bytes_read, writes, files_written,
-ops) so tests can prove, e.g., that a cache hit downloads nothing.
+ops, stalls) so tests can prove, e.g., that a cache hit downloads nothing.
 
 Ways to configure it (later wins): the ``RT_FAULTFS`` environment variable (a JSON
 object, because the chaos suite hands options to worker processes through the
@@ -38,6 +43,7 @@ import errno
 import json
 import os
 import random
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -68,6 +74,9 @@ class FaultSpec:
     transient_rate: float = 0.0
     stop_after_files: int | None = None
     latency_s: float = 0.0
+    stall_write_k: int | None = None
+    stall_count: int = 1
+    stall_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.fail_write_k is not None and self.fail_write_k < 1:
@@ -80,6 +89,23 @@ class FaultSpec:
             raise ValueError(f"Received stop_after_files={self.stop_after_files!r}; expected >= 0")
         if self.latency_s < 0:
             raise ValueError(f"Received latency_s={self.latency_s!r}; expected >= 0")
+        if self.stall_write_k is not None and (
+            isinstance(self.stall_write_k, bool) or not isinstance(self.stall_write_k, int) or self.stall_write_k < 1
+        ):
+            raise ValueError(f"Received stall_write_k={self.stall_write_k!r}; expected an int >= 1 (1-based)")
+        if isinstance(self.stall_count, bool) or not isinstance(self.stall_count, int) or self.stall_count < 0:
+            raise ValueError(f"Received stall_count={self.stall_count!r}; expected an int >= 0 (0: every write from k on)")
+        if self.stall_s is not None and (
+            isinstance(self.stall_s, bool) or not isinstance(self.stall_s, (int, float)) or not self.stall_s > 0
+        ):
+            raise ValueError(f"Received stall_s={self.stall_s!r}; expected seconds > 0, or None (until released)")
+
+    def stalls_write(self, k: int) -> bool:
+        """Whether the k-th write attempt (1-based) stalls."""
+        first = self.stall_write_k
+        if first is None or k < first:
+            return False
+        return self.stall_count == 0 or k < first + self.stall_count
 
 
 _SPEC_KEYS = {f.name for f in fields(FaultSpec)}
@@ -128,6 +154,11 @@ class FaultyFileSystem(AbstractFileSystem):
         self._sleep = sleep
         self._rng = random.Random(self.spec.seed)
         self._write_attempts = 0
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        """End every stall, the one in progress and all later ones (``stall_s`` None or not)."""
+        self._released.set()
 
     # -- URL handling: the inner filesystem's paths are used unchanged -----------------
 
@@ -163,6 +194,9 @@ class FaultyFileSystem(AbstractFileSystem):
             done = self.stats["files_written"]
             if self.spec.stop_after_files is not None and done >= self.spec.stop_after_files:
                 raise SimulatedCrash(f"simulated crash before writing {path} ({done} files written)")
+            if self.spec.stalls_write(self._write_attempts) and not self._released.is_set():
+                self.stats["stalls"] += 1
+                self._released.wait(self.spec.stall_s)
             if self._write_attempts == self.spec.fail_write_k:
                 if self.spec.fail_kind == "nospace":
                     raise OSError(errno.ENOSPC, f"No space left on device (injected): write #{self._write_attempts} {path}")

@@ -37,8 +37,8 @@ def write_create_only(fs: Any, path: str, data: bytes, *, local: bool) -> None:
     """Write ``data`` to ``path`` only if nothing is there; FileExistsError otherwise.
 
     Local disk: a temp file hard-linked to the name (``link`` fails atomically with
-    EEXIST). Elsewhere: fsspec's ``mode="create"`` (an S3 conditional PUT; a 412 becomes
-    FileExistsError). A backend that does not know the mode gets exists-then-put, which
+    EEXIST). Elsewhere: fsspec's ``mode="create"`` (S3: a PUT with ``If-None-Match: *``;
+    GCS: an upload with ``ifGenerationMatch=0``; a 412 becomes FileExistsError). A backend that does not know the mode gets exists-then-put, which
     is not atomic (see the module docstring).
     """
     if local:

@@ -11,7 +11,8 @@ it is not enough (the kill may not reach it), so the storage itself says who may
 #   claim     the chief of each attempt creates gen-<g>.json CREATE-ONLY (local disk:
 #             a hard link of a temp file, which fails if the name exists; S3: a PUT with
 #             ``If-None-Match: *`` through s3fs ``pipe_file(..., mode="create")``, answered
-#             412 when the object exists; memory://: fsspec's exclusive create). g is
+#             412 when the object exists; GCS: gcsfs ``mode="create"``, an upload with
+#             ``ifGenerationMatch=0``, also 412; memory://: fsspec's exclusive create). g is
 #             handed down by the supervisor (RT_GENERATION: the attempt number, or above
 #             every generation already in the storage after a --force-storage take-over);
 #             a worker started by another launcher without it claims the next free one.
@@ -31,8 +32,9 @@ it is not enough (the kill may not reach it), so the storage itself says who may
 # the backend has conditional writes: the store creates MANIFEST.json create-only, so a
 # stale manifest PUT cannot replace a manifest the newer attempt committed, and each
 # manifest records the ``generation`` that wrote it. Backends without conditional writes
-# (plain GCS through gcsfs, some S3 clones) fall back to "exists? then put", which is the
-# window above, not a guarantee.
+# (some S3 clones, gcsfs older than its ``mode="create"``) fall back to "exists? then put",
+# which is the window above, not a guarantee. The contract tests check that S3 (SeaweedFS),
+# GCS (fake-gcs-server) and local disk never take that fallback.
 """
 
 from __future__ import annotations

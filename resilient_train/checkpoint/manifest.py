@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from resilient_train.checkpoint.deadline import progress
 from resilient_train.errors import CheckpointCorruptError
 
 __all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "FileEntry", "Manifest", "sha256_file", "sha256_stream", "now_utc"]
@@ -178,6 +179,7 @@ def sha256_stream(stream: BinaryIO) -> FileEntry:
     while chunk := stream.read(CHUNK_SIZE):
         digest.update(chunk)
         size += len(chunk)
+        progress()  # a remote stream read under a storage deadline (checkpoint/deadline.py)
     return FileEntry(size=size, sha256=digest.hexdigest())
 
 

@@ -7,6 +7,11 @@ misconfigured job fails in seconds with the real cause instead of backing off fo
 minutes. A transient failure that outlives the budget becomes
 :class:`~resilient_train.errors.StorageUnavailableError` naming the operation and path.
 
+A call that makes no progress for ``stall_timeout_s`` (checkpoint/deadline.py) is given
+up as a ``TimeoutError``, which is transient like any timeout: a stalled store is retried
+like a failing one, and a store that stays stalled ends as StorageUnavailableError instead
+of blocking the save forever.
+
 Every retry is visible as a ``storage_retry`` event (op, path, try_number, error, wait_s).
 Sleep is injectable so tests never wait. The policy is built on tenacity:
 ``stop_after_attempt | wait_exponential_jitter | retry_if_exception(is_transient)``.
@@ -24,9 +29,17 @@ from typing import Callable, TypeVar
 
 import tenacity
 
+from resilient_train.checkpoint.deadline import call_with_deadline
 from resilient_train.errors import StorageError, StorageUnavailableError
 
-__all__ = ["RetryPolicy", "is_transient", "describe"]
+__all__ = ["RetryPolicy", "is_transient", "describe", "DEFAULT_STALL_TIMEOUT_S"]
+
+# Seconds a storage call may go without progress before it is retried (``--storage-timeout``).
+# Generous (a busy object store answers in seconds, a chunk is 8 MiB; botocore's own read
+# timeout is 60 s), yet small enough that a store stalled through all 5 tries (~5 min) fails
+# the save before the hang watchdog's allowance for a save flush (--startup-timeout, 600 s)
+# runs out: the storage error, not a hang, is then the root cause.
+DEFAULT_STALL_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
 
@@ -121,6 +134,8 @@ class RetryPolicy:
 
     ``attempts`` counts the first try: ``attempts=5`` means up to 4 sleeps. Waits grow as
     ``initial_s * 2**(n-1) + uniform(0, jitter_s)``, capped at ``max_s``.
+    ``stall_timeout_s``: each try is abandoned (a transient TimeoutError) after this many
+    seconds without progress; None runs calls on the caller's thread with no deadline.
     """
 
     attempts: int = 5
@@ -128,6 +143,7 @@ class RetryPolicy:
     max_s: float = 5.0
     jitter_s: float = 0.2
     sleep: Callable[[float], None] = time.sleep
+    stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
@@ -140,6 +156,13 @@ class RetryPolicy:
             raise ValueError(f"Received jitter_s={self.jitter_s!r}; expected >= 0")
         if not callable(self.sleep):
             raise ValueError(f"Received sleep={self.sleep!r}; expected a callable")
+        if self.stall_timeout_s is not None and (
+            isinstance(self.stall_timeout_s, bool) or not isinstance(self.stall_timeout_s, (int, float))
+            or not self.stall_timeout_s > 0
+        ):
+            raise ValueError(
+                f"Received stall_timeout_s={self.stall_timeout_s!r}; expected a number of seconds > 0 or None"
+            )
 
     def call(
         self,
@@ -176,8 +199,10 @@ class RetryPolicy:
             before_sleep=before_sleep,
             reraise=False,
         )
+        timeout_s = self.stall_timeout_s
+        bounded = fn if timeout_s is None else (lambda: call_with_deadline(fn, timeout_s, what=f"{op} {path}"))
         try:
-            return retrying(fn)
+            return retrying(bounded)
         except tenacity.RetryError as exhausted:
             last = exhausted.last_attempt.exception()
             raise StorageUnavailableError(

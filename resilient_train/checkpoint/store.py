@@ -61,6 +61,7 @@ from resilient_train.rundir import events
 from resilient_train.rundir.atomic import write_atomic
 from resilient_train.checkpoint._files import abandon_write, create_or_confirm, write_create_only
 from resilient_train.checkpoint.cache import cached_copy_problem, link_or_copy_tree, write_through
+from resilient_train.checkpoint.deadline import progress
 from resilient_train.checkpoint.fence import (
     GENERATIONS_DIR,
     GenerationFence,
@@ -77,6 +78,7 @@ from resilient_train.checkpoint.manifest import (
     sha256_file,
     sha256_stream,
 )
+from resilient_train.checkpoint.options import with_backend_timeouts
 from resilient_train.checkpoint.retry import RetryPolicy, describe
 from resilient_train.errors import CheckpointCorruptError, StorageError
 
@@ -156,8 +158,9 @@ class CheckpointStore:
         self._retry = retry or RetryPolicy()
         self._clock = clock
         if fs is None:
+            options = with_backend_timeouts(self.url, dict(storage_options or {}), self._retry.stall_timeout_s)
             try:
-                fs, root = fsspec.core.url_to_fs(self.url, **dict(storage_options or {}))
+                fs, root = fsspec.core.url_to_fs(self.url, **options)
             except (ValueError, ImportError, TypeError, OSError) as exc:
                 raise StorageError(f"cannot use checkpoint storage {self.url}: {describe(exc)}") from None
         else:
@@ -475,8 +478,8 @@ class CheckpointStore:
         except OSError as exc:
             removed = uploading and self._remove_partial(name)
             error = self._fail(f"commit checkpoint {name} to", exc)
-            if removed:
-                error = StorageError(f"{error} (the partial upload was removed)")
+            if removed:  # same type: a transient failure must stay restartable (errors.py EXIT_RULES)
+                error = type(error)(f"{error} (the partial upload was removed)")
             raise error from None
         if self._host_cache is not None:
             write_through(self._host_cache, name, local_files, manifest, emit=self._emit)
@@ -560,6 +563,7 @@ class CheckpointStore:
                         digest.update(chunk)
                         size += len(chunk)
                         dst.write(chunk)
+                        progress()  # the stall deadline measures silence, not duration
                 except BaseException:
                     abandon_write(dst)
                     raise
@@ -702,6 +706,7 @@ class CheckpointStore:
                     digest.update(chunk)
                     size += len(chunk)
                     out.write(chunk)
+                    progress()
             return FileEntry(size=size, sha256=digest.hexdigest())
 
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -80,6 +81,7 @@ class JobConfig:
     strict_resume: bool = False
     hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
     startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
+    storage_timeout: float = 60.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
     run_dir_mode: int | str = DEFAULT_RUN_DIR_MODE  # "0750" on the command line; an int once validated
 
     def __post_init__(self) -> None:
@@ -115,6 +117,11 @@ class JobConfig:
         if isinstance(self.startup_timeout, bool) or not isinstance(self.startup_timeout, (int, float)) \
                 or not self.startup_timeout > 0:
             raise ConfigError(f"Received startup_timeout={self.startup_timeout!r}; expected a number of seconds > 0")
+        if isinstance(self.storage_timeout, bool) or not isinstance(self.storage_timeout, (int, float)) \
+                or not 0 < self.storage_timeout < math.inf:
+            raise ConfigError(
+                f"Received storage_timeout={self.storage_timeout!r}; expected a finite number of seconds > 0"
+            )
         if self.global_batch_size is not None and self.global_batch_size % self.workers:
             raise ConfigError(
                 f"Received global_batch_size={self.global_batch_size} with workers={self.workers}; "
@@ -248,7 +255,7 @@ _JOB_FLAGS = (
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
     "eval_every_epochs", "eval_steps", "strict_resume", "hang_timeout", "startup_timeout",
-    "run_dir_mode",
+    "run_dir_mode", "storage_timeout",
 )
 
 
@@ -282,6 +289,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="passed to the fsspec filesystem (credentials are never written to the run dir; prefer the backend's "
         "environment variables, e.g. AWS_SECRET_ACCESS_KEY)")
+    add("--storage-timeout", type=float, metavar="SECONDS",
+        help="a storage call that moves no bytes for this long is retried; a store that stays stalled fails the "
+        "save (restartable) instead of blocking it (default 60)")
     add("--run-dir-mode", metavar="MODE",
         help="octal mode of the run dir and what it creates, e.g. 0750 to share with your group (default 0700: "
         "files 0600; a stricter umask is kept)")

@@ -25,6 +25,11 @@ in parallel; setup refuses to continue if any name, shape or dtype differs.
 #   next step: raise a stored failure  <-----  any exception is stored, never swallowed
 #   flush(): join, then raise a stored failure
 #
+# A persist cannot block forever on a stalled store: every storage call of the commit has
+# a no-progress deadline (--storage-timeout, checkpoint/deadline.py) and bounded retries,
+# so a store that stays stalled ends the persist as ``checkpoint_failed`` (a
+# StorageUnavailableError naming the call), re-raised here: exit 1, restart, resume.
+#
 # Policy when a save is due while the previous one is still persisting: WAIT. The
 # training thread blocks until the in-flight commit is done (event ``checkpoint_waited``
 # with the milliseconds lost), then snapshots. Waiting, not skipping, keeps the set of

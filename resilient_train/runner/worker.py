@@ -131,7 +131,7 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
 
     watch_sigterm()
 
-    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.checkpoint import CheckpointStore, RetryPolicy
     from resilient_train.job.fingerprint import fingerprint_for_worker
     from resilient_train.job.recipe import load_recipe, resolve_params
 
@@ -141,7 +141,8 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     fingerprint_for_worker(job, recipe.source, params)  # hashes the source as imported (cached)
     # The host cache (checkpoint/cache.py): the chief's commits are written through to
     # this host's disk, and every rank restores from there before shared storage.
-    store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir.host_cache)
+    store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir.host_cache,
+                            retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
     if cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
         store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
 

@@ -100,3 +100,24 @@ def test_other_options_go_to_the_inner_filesystem(s3_server) -> None:
     assert store.fs.fs.protocol[0] == "s3"
     with pytest.raises(ValueError, match="with fs="):
         FaultyFileSystem(fs=store.fs.fs, key="k")
+
+
+def test_a_stalled_write_goes_on_after_stall_s_or_when_released() -> None:
+    import threading
+
+    root = f"/rt-faultfs/{uuid.uuid4().hex[:8]}"
+    timed = FaultyFileSystem(fs=fsspec.filesystem("memory"), stall_write_k=1, stall_s=0.1)
+    timed.pipe_file(f"{root}/a", b"1")  # blocks 0.1 s, then writes
+    timed.pipe_file(f"{root}/b", b"2")  # write #2: stall_count=1, not stalled
+    assert (timed.stats["stalls"], timed.fs.cat_file(f"{root}/a"), timed.fs.cat_file(f"{root}/b")) == (1, b"1", b"2")
+
+    held = FaultyFileSystem(fs=fsspec.filesystem("memory"), stall_write_k=1, stall_count=0)  # no stall_s: until released
+    writer = threading.Thread(target=held.pipe_file, args=(f"{root}/c", b"3"), daemon=True)
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive() and not held.fs.exists(f"{root}/c")  # still stalled
+    held.release()
+    writer.join(30)
+    assert not writer.is_alive() and held.fs.cat_file(f"{root}/c") == b"3"
+    held.pipe_file(f"{root}/d", b"4")  # released for good: later writes pass
+    assert held.stats["stalls"] == 1

@@ -1,4 +1,5 @@
-"""Generation fencing, once per backend (memory://, local disk, real S3 via SeaweedFS).
+"""Generation fencing, once per backend (memory://, local disk, real S3 via SeaweedFS, GCS
+via fake-gcs-server).
 
 A store that claimed generation g must not upload, commit or delete once generation > g
 exists; claims and manifests are create-only where the backend has conditional writes.
@@ -115,6 +116,33 @@ def test_create_only_writes_refuse_an_existing_object(backend):
     write_create_only(fs, path, b"first", local=local)
     with pytest.raises(FileExistsError):
         write_create_only(fs, path, b"second", local=local)
+    fs.invalidate_cache(root)
+    assert fs.cat_file(path) == b"first"
+
+
+class _NoFallback:
+    """A filesystem proxy that fails the test if ``write_create_only`` falls back to the
+    non-atomic exists-then-put: create-only must be the backend's own conditional write."""
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    def exists(self, path: str) -> bool:
+        raise AssertionError(f"write_create_only fell back to exists-then-put for {path}")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+def test_create_only_is_the_backends_own_conditional_write(backend):
+    """S3: PUT with If-None-Match: * (412). GCS: ifGenerationMatch=0 (412). Local: a hard link."""
+    store = backend.store()
+    fs, root = backend.raw_fs(store)
+    path = f"{root}/probe/atomic.json"
+    local = backend.name == "local"
+    write_create_only(_NoFallback(fs), path, b"first", local=local)
+    with pytest.raises(FileExistsError):
+        write_create_only(_NoFallback(fs), path, b"second", local=local)
     fs.invalidate_cache(root)
     assert fs.cat_file(path) == b"first"
 

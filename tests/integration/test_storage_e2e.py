@@ -1,10 +1,14 @@
 """Real jobs on a real S3 server (SeaweedFS) and on a faulty store."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+from resilient_train.chaos.harness import SITE_DIR
+from resilient_train.errors import EXIT_FAILURE
 
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import REPO, run_job
@@ -42,6 +46,21 @@ def test_s3_kill_chief_mid_upload_then_resume_exactly(tmp_path, s3_server, digit
     assert {c["status"] for c in report["checkpoints"]} == {"ok"}
 
 
+@pytest.mark.gcs
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RT_SLOW") != "1", reason="the S3 job above covers the default suite; "
+                    "RT_SLOW=1 (make test-all) runs the same job on GCS")
+def test_gcs_kill_chief_mid_upload_then_resume_exactly(tmp_path, gcs_server, digits_reference):
+    job = run_job(DIGITS, tmp_path / "run", *DIGITS_FLAGS, *storage_flags(gcs_server),
+                  faults=[{"point": "mid_upload", "global_step": 8, "rank": 0}])
+    assert job.returncode == 0, job.output
+    committed = [(e["attempt"], e["global_step"]) for e in job.named("checkpoint_committed")]
+    assert committed == [(1, 4), (2, 8), (2, 10), (2, 12), (2, 16), (2, 20)]
+    assert [r["global_step"] for r in job.named("restored")] == [4]
+    assert job.summary["weights_sha256"] == digits_reference
+    assert job.summary["checkpoint"] == f"{gcs_server.url_prefix}/ckpt-000000000020"
+
+
 def test_transient_storage_faults_at_20_percent_are_retried(tmp_path, digits_reference):
     storage = f"faulty://{tmp_path / 'ckpts'}"
     job = run_job(
@@ -54,4 +73,55 @@ def test_transient_storage_faults_at_20_percent_are_retried(tmp_path, digits_ref
     assert all(r["try_number"] >= 1 and r["error"] for r in retries)
     assert any(r.get("rank") == 0 and r["op"] == "upload" for r in retries)  # the chief's commits were retried
     assert job.summary["restarts"] == 0
+    assert job.summary["weights_sha256"] == digits_reference
+
+
+def stalled_storage_env(plan: dict) -> dict[str, str]:
+    """Storage faults for some attempts only (chaos/_site/sitecustomize.py): the supervisor
+    and later attempts see a healthy store."""
+    return {"RT_CHAOS_FAULTFS": json.dumps(plan),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE_DIR), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RT_SLOW") != "1", reason="a second full digits run: RT_SLOW=1 (make test-all); "
+                    "tests/checkpoint/test_stalls.py covers retrying through a stall on every backend")
+def test_an_upload_that_stalls_is_given_up_and_retried_through(tmp_path, digits_reference):
+    # The chief's writes through the wrapper are its uploads, two per checkpoint (on a local
+    # disk the generation claim and the fenced manifest are hard links beside it): #2 is
+    # step 4's second file, and it never returns (no stall_s: until released, which nobody does).
+    job = run_job(
+        DIGITS, tmp_path / "run", *DIGITS_FLAGS, "--storage", f"faulty://{tmp_path / 'ckpts'}",
+        "--storage-timeout", "2", env=stalled_storage_env({"1": {"stall_write_k": 2}}),
+    )
+    assert job.returncode == 0, job.output
+    (retry,) = job.named("storage_retry")
+    assert (retry["rank"], retry["op"], retry["try_number"]) == (0, "upload", 1)
+    assert retry["path"].startswith(f"faulty://{tmp_path / 'ckpts'}/ckpt-000000000004/")
+    assert retry["error"].endswith(" made no progress for 2 s (storage stalled)")
+    assert [e["global_step"] for e in job.named("checkpoint_committed")] == [4, 8, 10, 12, 16, 20]
+    assert job.summary["restarts"] == 0
+    assert job.summary["weights_sha256"] == digits_reference
+
+
+def test_a_store_that_goes_quiet_fails_the_save_and_the_run_resumes_exactly(tmp_path, digits_reference):
+    # Attempt 1's chief: writes #1-#2 are step 4's two files (see above); from #3 on (step 8's
+    # first upload) every write stalls for good.
+    storage = tmp_path / "ckpts"
+    job = run_job(
+        DIGITS, tmp_path / "run", *DIGITS_FLAGS, "--storage", f"faulty://{storage}", "--storage-timeout", "1",
+        env=stalled_storage_env({"1": {"stall_write_k": 3, "stall_count": 0}}),
+    )
+    assert job.returncode == 0, job.output
+    committed = [(e["attempt"], e["global_step"]) for e in job.named("checkpoint_committed")]
+    assert committed == [(1, 4), (2, 8), (2, 10), (2, 12), (2, 16), (2, 20)]
+    (failed,) = job.named("checkpoint_failed")
+    assert (failed["attempt"], failed["rank"], failed["global_step"]) == (1, 0, 8)
+    assert failed["error"].startswith("StorageUnavailableError: upload ")
+    assert failed["error"].endswith(" made no progress for 1 s (storage stalled) (the partial upload was removed)")
+    assert len([r for r in job.named("storage_retry") if r["attempt"] == 1]) == 4  # 5 tries, 4 retries
+    exited = [e for e in job.named("worker_exited") if e["attempt"] == 1 and e["rank"] == 0]
+    assert [e["exit_code"] for e in exited] == [EXIT_FAILURE]  # storage unavailable: restartable
+    assert [(e["attempt"], e["global_step"]) for e in job.named("restored")] == [(2, 4)]
+    assert job.summary["restarts"] == 1
     assert job.summary["weights_sha256"] == digits_reference

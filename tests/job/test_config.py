@@ -24,6 +24,9 @@ def test_defaults_derive_run_dir_and_storage_from_recipe_name():
         ({"hang_timeout": 0}, "Received hang_timeout=0; expected 'auto' or a number of seconds > 0"),
         ({"hang_timeout": "soon"}, "Received hang_timeout='soon'; expected 'auto' or a number of seconds > 0"),
         ({"startup_timeout": -1}, "Received startup_timeout=-1; expected a number of seconds > 0"),
+        ({"storage_timeout": 0}, "Received storage_timeout=0; expected a finite number of seconds > 0"),
+        ({"storage_timeout": float("inf")}, "Received storage_timeout=inf; expected a finite number of seconds > 0"),
+        ({"storage_timeout": "1m"}, "Received storage_timeout='1m'; expected a finite number of seconds > 0"),
     ],
 )
 def test_bad_values_are_named(kwargs, message):
@@ -79,6 +82,21 @@ def test_hang_flags_parse_seconds_or_auto():
     assert job_from_args(parser.parse_args(["r.py", "--hang-timeout", "auto"])).hang_timeout == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["r.py", "--hang-timeout", "never"])
+
+
+def test_storage_timeout_flag_reaches_the_job_and_defaults_to_the_stores_deadline():
+    import argparse
+
+    from resilient_train.checkpoint.retry import DEFAULT_STALL_TIMEOUT_S
+    from resilient_train.job.config import add_job_arguments, job_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("recipe")
+    add_job_arguments(parser)
+    assert job_from_args(parser.parse_args(["r.py"])).storage_timeout == DEFAULT_STALL_TIMEOUT_S == 60.0
+    assert job_from_args(parser.parse_args(["r.py", "--storage-timeout", "7.5"])).storage_timeout == 7.5
+    with pytest.raises(ConfigError, match=r"Received storage_timeout=-2\.0; expected a finite number of seconds > 0"):
+        job_from_args(parser.parse_args(["r.py", "--storage-timeout", "-2"]))
 
 
 # ------------------------------------------------------------ credentials and job.json

@@ -1,7 +1,7 @@
 """Fixtures for the checkpoint store's tests: backends, captured events, checkpoint dirs.
 
-``backend`` is parametrized over memory://, a local directory and a real S3 server
-(SeaweedFS), so every contract test runs once per backend (fsspec's abstract-test
+``backend`` is parametrized over memory://, a local directory, a real S3 server
+(SeaweedFS) and a GCS emulator (fake-gcs-server through gcsfs), so every contract test runs once per backend (fsspec's abstract-test
 pattern). Sleep is always fake: no test waits for a backoff.
 """
 
@@ -17,6 +17,7 @@ import pytest
 
 from resilient_train.checkpoint import CheckpointStore, RetryPolicy
 from resilient_train.chaos.faultfs import FaultyFileSystem
+from tests.support.gcsserver import GCSTarget, gcs_server  # noqa: F401  (gcs_server: session fixture)
 from tests.support.s3server import S3Target, s3_server  # noqa: F401  (s3_server: session fixture)
 
 FILES = {  # relative path -> size; >= 3 files including one in a subdirectory
@@ -96,12 +97,16 @@ class Backend:
         return fsspec.core.url_to_fs(store.url, **options)
 
 
-@pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3),
+                        pytest.param("gcs", marks=pytest.mark.gcs)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "memory":
         return Backend("memory", f"memory://rt-tests/{uuid.uuid4().hex[:8]}", {}, tmp_path)
     if request.param == "local":
         return Backend("local", str(tmp_path / "store"), {}, tmp_path)
+    if request.param == "gcs":
+        gcs: GCSTarget = request.getfixturevalue("gcs_server")
+        return Backend("gcs", gcs.url_prefix, gcs.storage_options, tmp_path)
     target: S3Target = request.getfixturevalue("s3_server")
     return Backend("s3", target.url_prefix, target.storage_options, tmp_path)
 
