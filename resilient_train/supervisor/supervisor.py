@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from resilient_train.checkpoint import CheckpointStore, Manifest
+from resilient_train.checkpoint import CheckpointStore, Manifest, RetryPolicy
 from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.errors import (
     EXIT_FAILURE,
@@ -176,7 +176,8 @@ class Supervisor:
         register_secrets(secret_values(job.secrets()))  # no event, file or line of ours shows them
         self.out = RedactingWriter(out)
         self.launcher = launcher or make_launcher(job)
-        self.store = store if store is not None else CheckpointStore(job.storage, job.storage_options)
+        self.store = store if store is not None else CheckpointStore(
+            job.storage, job.storage_options, retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
         self.signals = signals if signals is not None else ProcessSignals()
         self.clock = clock

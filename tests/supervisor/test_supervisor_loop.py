@@ -473,3 +473,8 @@ def test_a_slow_start_gets_the_startup_allowance_not_the_hang_timeout(tmp_path):
     supervisor, _, _, _ = make(tmp_path, scripts, hang_timeout=5, startup_timeout=60)
     assert supervisor.run() == EXIT_OK
     assert events(tmp_path, "hang_detected") == []
+
+
+def test_the_supervisors_own_store_calls_get_the_jobs_storage_timeout(tmp_path):
+    supervisor, _, _, _ = make(tmp_path, [], storage_timeout=7.5)
+    assert supervisor.store._retry.stall_timeout_s == 7.5
