@@ -20,7 +20,9 @@ signal a launcher may place on (tests/support/netns_launcher.py).
 
 ``close()`` kills what still runs inside the namespaces and deletes them; it is idempotent
 and runs from the fixture's ``finally`` even when the test failed. Deleting a namespace
-destroys both ends of its veth pairs, so nothing is left behind.
+destroys both ends of its veth pairs, so nothing is left behind. A test process killed
+before its ``finally`` leaves its namespaces; the next test bed deletes those whose pid
+is gone (``sweep_leftovers``).
 
 Where namespaces cannot be made (no ``ip`` from iproute2, not root, no CAP_SYS_ADMIN in a
 container), ``netns_testbed`` skips with the reason, unless ``RT_REQUIRE_NETNS=1``
@@ -32,13 +34,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import pytest
 
@@ -48,6 +51,7 @@ FIRST_HOST_OCTET = 10
 REQUIRE_ENV = "RT_REQUIRE_NETNS"
 _IP_TIMEOUT_S = 20
 _serial = itertools.count()
+_NAME_RE = re.compile(r"^rt(\d+)x\d+-(?:sw|h\d+)$")  # see create_testbed
 
 
 class NetnsUnavailable(RuntimeError):
@@ -70,7 +74,7 @@ class Host:
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=_IP_TIMEOUT_S)
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=_IP_TIMEOUT_S, check=False)
     if check and proc.returncode != 0:
         raise NetnsUnavailable(f"`ip {' '.join(args)}` failed (exit {proc.returncode}): {proc.stderr.strip()}")
     return proc
@@ -135,7 +139,8 @@ def create_testbed(hosts: int) -> Testbed:
     if shutil.which("ip") is None:
         raise NetnsUnavailable("no `ip` command (install iproute2)")
     if os.geteuid() != 0:
-        raise NetnsUnavailable("network namespaces need root (this test runs as uid %d)" % os.geteuid())
+        raise NetnsUnavailable(f"network namespaces need root (this test runs as uid {os.geteuid()})")
+    sweep_leftovers()
     tag = f"rt{os.getpid()}x{next(_serial)}"
     bed = Testbed(switch=f"{tag}-sw")
     try:
@@ -160,6 +165,30 @@ def create_testbed(hosts: int) -> Testbed:
     return bed
 
 
+def sweep_leftovers() -> list[str]:
+    """Delete the namespaces of test beds whose test process is gone (killed before its
+    ``finally``); a live process's beds are never touched. Returns the names deleted."""
+    listed = _ip("netns", "list", check=False).stdout.split()
+    gone = []
+    for name in listed:
+        match = _NAME_RE.match(name)
+        if match is None or _pid_alive(int(match.group(1))):
+            continue
+        _ip("netns", "delete", name, check=False)
+        gone.append(name)
+    return gone
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _check_traffic(bed: Testbed) -> None:
     """Host 0 opens a TCP connection to every other host (no ping on a slim image)."""
     if len(bed.hosts) < 2:
@@ -173,7 +202,7 @@ def _check_traffic(bed: Testbed) -> None:
             if listener.stdout.readline().strip() != "up":
                 raise NetnsUnavailable(f"a listener on {host.name} ({host.ip}) did not start: {listener.stderr.read().strip()}")
             probe = subprocess.run(bed.exec_argv(bed.hosts[0], [sys.executable, "-c", client, host.ip]),
-                                   capture_output=True, text=True, timeout=_IP_TIMEOUT_S)
+                                   capture_output=True, text=True, timeout=_IP_TIMEOUT_S, check=False)
             if probe.returncode != 0:
                 raise NetnsUnavailable(
                     f"{bed.hosts[0].name} cannot reach {host.name} at {host.ip}:7 through the bridge: "

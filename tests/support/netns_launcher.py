@@ -40,7 +40,7 @@ from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 from tests.support.netns import port_is_up
 
-__all__ = ["NetnsLauncher", "NetnsHost", "main"]
+__all__ = ["NetnsHost", "NetnsLauncher", "main"]
 
 WORKER_PORT = 23456  # every host has its own port space; a fresh namespace has all ports free
 
