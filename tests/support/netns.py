@@ -11,7 +11,10 @@ the supervisor run) gets no interface, route or address, and each test bed has i
 switch, so two test beds may use the same subnet without seeing each other. A process
 runs on a host through ``ip netns exec`` (``exec_argv``), which execs the command, so the
 pid a launcher gets is the process itself. Files are shared: a host sees this machine's
-file systems, so the run dir and local checkpoint storage need no copying.
+file systems, so the run dir and local checkpoint storage need no copying. What must not
+be shared between real hosts gets a per-host directory, ``Host.scratch`` (under the test
+bed's ``scratch`` root, removed by ``close()``), which a launcher bind-mounts inside the
+host's private mount namespace (tests/support/netns_launcher.py: the run dir's ``local/``).
 
 ``cut(host)`` sets the host's ``eth0`` down: from then on no packet leaves or reaches it
 (its peers' TCP connections to it hang, as in a real partition; its processes keep
@@ -39,9 +42,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +71,7 @@ class Host:
     netns: str
     ip: str
     port: str  # its port (veth end) in the switch namespace
+    scratch: Path  # this host's own disk (see the module docstring)
     link: str = "eth0"  # its interface, inside its namespace
 
     @property
@@ -89,6 +95,7 @@ def port_is_up(switch: str, port: str) -> bool:
 @dataclass
 class Testbed:
     switch: str
+    scratch: Path
     hosts: list[Host] = field(default_factory=list)
     closed: bool = False
 
@@ -109,7 +116,7 @@ class Testbed:
 
     def launcher_args(self) -> list[str]:
         """The flags that give tests/support/netns_launcher.py these hosts."""
-        args = ["--switch", self.switch]
+        args = ["--switch", self.switch, "--scratch", str(self.scratch)]
         for host in self.hosts:
             args += ["--host", f"{host.netns}={host.ip}@{host.port}"]
         return args
@@ -132,6 +139,7 @@ class Testbed:
                     pass
         for name in [h.netns for h in self.hosts] + [self.switch]:
             _ip("netns", "delete", name, check=False)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def create_testbed(hosts: int) -> Testbed:
@@ -142,13 +150,16 @@ def create_testbed(hosts: int) -> Testbed:
         raise NetnsUnavailable(f"network namespaces need root (this test runs as uid {os.geteuid()})")
     sweep_leftovers()
     tag = f"rt{os.getpid()}x{next(_serial)}"
-    bed = Testbed(switch=f"{tag}-sw")
+    bed = Testbed(switch=f"{tag}-sw", scratch=Path(tempfile.mkdtemp(prefix=f"{tag}-")))
     try:
         _ip("netns", "add", bed.switch)
         _ip("-n", bed.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", bed.switch, "link", "set", "br0", "up")
         for i in range(hosts):
-            host = Host(index=i, netns=f"{tag}-h{i}", ip=f"{SUBNET}.{FIRST_HOST_OCTET + i}", port=f"p{i}")
+            netns = f"{tag}-h{i}"
+            host = Host(index=i, netns=netns, ip=f"{SUBNET}.{FIRST_HOST_OCTET + i}", port=f"p{i}",
+                        scratch=bed.scratch / netns)
+            host.scratch.mkdir()
             _ip("netns", "add", host.netns)
             bed.hosts.append(host)
             # Both ends are born in their namespaces: no name ever exists in the root one.

@@ -10,7 +10,11 @@ does, with namespaces for nodes:
   would not find its peers.
 * **starting**: the supervisor's worker command behind ``ip netns exec HOST`` (which execs
   it: the handle's pid is the worker), with the parent-death signal like a local worker.
-  The run dir is a shared local path, so there is nothing to bring back.
+  The run dir is a shared local path, so there is nothing to bring back, except its
+  ``local/`` (per-host scratch and the host's checkpoint cache, never shared between real
+  hosts): each host gets its own, bind-mounted over ``<run dir>/local`` in the private
+  mount namespace ``ip netns exec`` makes (the mount never shows in the root namespace).
+  So a spare host starts with an empty cache and restores from the storage.
 * **killing**: the supervisor signals the pid; the kernel is shared, so a kill reaches a
   partitioned worker (on real machines it might not: that is what generation fencing is
   for, and what the partition test checks from the manifests).
@@ -20,7 +24,7 @@ required (a ConfigError otherwise, before any worker starts).
 
 Run as the supervisor's entry point, in the root namespace::
 
-    python -m tests.support.netns_launcher --host NETNS=IP ... --switch NETNS -- RECIPE [run flags]
+    python -m tests.support.netns_launcher --switch NETNS --scratch DIR --host NETNS=IP@PORT ... RECIPE [run flags]
 """
 
 from __future__ import annotations
@@ -36,12 +40,15 @@ from pathlib import Path
 from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.errors import ConfigError, RestartNotPlacedError
 from resilient_train.job.config import JobConfig
+from resilient_train.rundir.layout import RunDir
 from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 from tests.support.netns import port_is_up
 
 __all__ = ["NetnsHost", "NetnsLauncher", "main"]
 
+# sh -c SCRIPT netns-host HOST_LOCAL RUN_LOCAL ARGV...: the host's own local/, then exec ARGV.
+_OWN_LOCAL = 'mkdir -p "$1" "$2" && mount --bind "$1" "$2" && shift 2 && exec "$@"'
 WORKER_PORT = 23456  # every host has its own port space; a fresh namespace has all ports free
 
 
@@ -55,10 +62,12 @@ class NetnsHost:
 class NetnsLauncher(Launcher):
     name = "netns"
 
-    def __init__(self, job: JobConfig, hosts: list[NetnsHost], switch: str, *, python: str = sys.executable) -> None:
+    def __init__(self, job: JobConfig, hosts: list[NetnsHost], switch: str, scratch: Path, *,
+                 python: str = sys.executable) -> None:
         self.job = job
         self.hosts = hosts
         self.switch = switch
+        self.scratch = scratch
         self.python = python
         self._placed: dict[int, tuple[NetnsHost, str]] = {}  # pid -> (host, address)
 
@@ -78,7 +87,8 @@ class NetnsLauncher(Launcher):
         handles: list[WorkerHandle] = []
         for spec, host in zip(specs, placement):
             env = {**os.environ, **spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
-            argv = ["ip", "netns", "exec", host.netns,
+            argv = ["ip", "netns", "exec", host.netns, "sh", "-c", _OWN_LOCAL, "netns-host",
+                    str(self.scratch / host.netns / "local"), str(RunDir(Path(self.job.run_dir).resolve()).local),
                     self.python, "-m", "resilient_train.runner", "--job", str(spec.job_path)]
             handle = _spawn(argv, env, spec.log_path)
             self._placed[handle.pid] = (host, addresses[spec.rank])
@@ -113,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="netns_launcher")
     parser.add_argument("--host", type=_host, action="append", required=True, dest="hosts")
     parser.add_argument("--switch", required=True)
+    parser.add_argument("--scratch", type=Path, required=True, help="per-host directories: SCRATCH/NETNS")
     parser.add_argument("recipe")
     add_job_arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -120,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     job = job_from_args(args)
     preflight(job)
     try:
-        return Supervisor(job, launcher=NetnsLauncher(job, args.hosts, args.switch)).run()
+        return Supervisor(job, launcher=NetnsLauncher(job, args.hosts, args.switch, args.scratch)).run()
     except ConfigError as exc:
         print(f"netns_launcher: error: {exc}", file=sys.stderr)
         return 2
