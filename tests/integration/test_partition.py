@@ -29,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,9 +95,11 @@ def test_namespaces_left_by_a_killed_test_process_are_swept_and_live_ones_kept(n
     dead.wait()
     leftover = f"rt{dead.pid}x0-sw"  # what a test process killed before its finally leaves
     subprocess.run(["ip", "netns", "add", leftover], check=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"rt{dead.pid}x0-"))
     swept = sweep_leftovers()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    assert leftover in swept and leftover not in listed
+    assert leftover in swept and leftover not in listed and not scratch.exists()
+    assert netns_testbed.scratch.is_dir()
     assert {netns_testbed.switch, *(h.netns for h in netns_testbed.hosts)} <= set(listed.split())
 
 

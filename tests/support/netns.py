@@ -57,6 +57,7 @@ REQUIRE_ENV = "RT_REQUIRE_NETNS"
 _IP_TIMEOUT_S = 20
 _serial = itertools.count()
 _NAME_RE = re.compile(r"^rt(\d+)x\d+-(?:sw|h\d+)$")  # see create_testbed
+_SCRATCH_RE = re.compile(r"^rt(\d+)x\d+-\w+$")  # tempfile.mkdtemp(prefix="rt<pid>x<k>-")
 
 
 class NetnsUnavailable(RuntimeError):
@@ -177,8 +178,9 @@ def create_testbed(hosts: int) -> Testbed:
 
 
 def sweep_leftovers() -> list[str]:
-    """Delete the namespaces of test beds whose test process is gone (killed before its
-    ``finally``); a live process's beds are never touched. Returns the names deleted."""
+    """Delete the namespaces and scratch directories of test beds whose test process is
+    gone (killed before its ``finally``); a live process's beds are never touched. Returns
+    the namespaces deleted."""
     listed = _ip("netns", "list", check=False).stdout.split()
     gone = []
     for name in listed:
@@ -187,6 +189,10 @@ def sweep_leftovers() -> list[str]:
             continue
         _ip("netns", "delete", name, check=False)
         gone.append(name)
+    for scratch in Path(tempfile.gettempdir()).glob("rt*x*-*"):
+        match = _SCRATCH_RE.match(scratch.name)
+        if match is not None and scratch.is_dir() and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(scratch, ignore_errors=True)
     return gone
 
 
