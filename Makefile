@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-all: $(STAMP)
-	RT_SLOW=1 RT_REQUIRE_SLURM=1 $(BIN)/python -m pytest -q
+	RT_SLOW=1 RT_REQUIRE_SLURM=1 RT_REQUIRE_NETNS=1 $(BIN)/python -m pytest -q
 
 # Debian's Slurm and munge for tests/integration/test_slurm.py (a local cluster, as root).
 slurm-deps:
