@@ -24,14 +24,15 @@ from pathlib import Path
 from resilient_train.rundir.layout import AttemptDir
 
 __all__ = ["StepMarker", "PhaseMarker", "Phase", "highest_step", "read_step", "read_phase",
-           "PHASE_STARTUP", "PHASE_TRAIN", "PHASE_EVAL", "PHASE_FLUSH", "PHASE_FINISH", "PHASES"]
+           "PHASE_STARTUP", "PHASE_TRAIN", "PHASE_INPUT", "PHASE_EVAL", "PHASE_FLUSH", "PHASE_FINISH", "PHASES"]
 
 PHASE_STARTUP = "startup"  # never written: the absence of a phase marker
 PHASE_TRAIN = "train"
+PHASE_INPUT = "input"  # building an epoch's input pipeline (a re-entry may replay the epoch)
 PHASE_EVAL = "eval"
 PHASE_FLUSH = "flush"
 PHASE_FINISH = "finish"
-PHASES = (PHASE_STARTUP, PHASE_TRAIN, PHASE_EVAL, PHASE_FLUSH, PHASE_FINISH)
+PHASES = (PHASE_STARTUP, PHASE_TRAIN, PHASE_INPUT, PHASE_EVAL, PHASE_FLUSH, PHASE_FINISH)
 _WIDTH = 64  # every record is padded to this many bytes, so a rewrite fully covers the last
 
 

@@ -89,6 +89,7 @@ from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
     PHASE_FINISH,
     PHASE_FLUSH,
+    PHASE_INPUT,
     PHASE_TRAIN,
     PhaseMarker,
     StepMarker,
@@ -505,6 +506,7 @@ class Trainer:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
         job = self.job
         steps_per_epoch = job.steps_per_epoch
+        self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
         iterator = iter(epoch_dataset(
             self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=start,
             steps_per_epoch=steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,

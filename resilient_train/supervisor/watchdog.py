@@ -11,8 +11,9 @@ like after a crash when the watchdog reports a :class:`Stall`.
 Pure, like policy.py: no files, no processes, no clock of its own. ``observe`` and
 ``check`` take the time as an argument, so tests drive it with a fake clock.
 
-**What counts as progress**: any rank's step marker advancing. The group is stalled when
-no rank advanced for longer than the allowance of the moment:
+**What counts as progress**: any rank's step marker advancing, or any rank's phase marker
+changing (entering or leaving evaluation, a save, an epoch's input). The group is stalled
+when there was no progress for longer than the allowance of the moment:
 
 * before any rank finished a step in this attempt (strategy, restore, first trace), or
   while any rank says it is in a slow phase (``eval``, ``flush``, ``finish``, or no phase
@@ -112,6 +113,10 @@ class ProgressWatchdog:
         """What ``rank``'s markers say at ``now`` (``step`` None: no step finished yet)."""
         if step is not None and phase.name == PHASE_STARTUP:
             phase = Phase(PHASE_TRAIN)  # a worker that writes steps but no phase trains
+        if phase != self._phases.get(rank, phase):
+            # A changed phase is progress: the clock restarts, so an evaluation longer
+            # than the hang timeout is not a hang the moment training resumes after it.
+            self._last_progress = now
         self._phases[rank] = phase
         if phase.name != PHASE_TRAIN:
             self._slow_since_move[rank] = True

@@ -61,16 +61,26 @@ def test_a_new_attempt_starts_with_the_startup_allowance_again():
     assert watchdog.check(36.0) is None and watchdog.check(37.5).allowed_s == 30
 
 
-@pytest.mark.parametrize("slow", ["eval", "flush", "finish"])
-def test_a_rank_in_a_slow_phase_gets_the_startup_allowance(slow):
+@pytest.mark.parametrize("slow", ["input", "eval", "flush", "finish"])
+def test_a_rank_in_a_slow_phase_gets_the_startup_allowance_from_when_it_entered_it(slow):
     watchdog = started(HangPolicy(hang_timeout_s=5, startup_timeout_s=60))
     watchdog.observe(1.0, 0, 10, TRAIN)
     watchdog.observe(1.0, 1, 10, TRAIN)
-    watchdog.observe(2.0, 0, 10, Phase(slow, 0, 0))
-    assert watchdog.check(50.0) is None
-    assert (watchdog.check(61.5).allowed_s, watchdog.check(61.5).phase) == (60, slow)
-    watchdog.observe(62.0, 0, 10, TRAIN)  # back to training, still no step: the hang timeout again
-    assert watchdog.check(62.0).allowed_s == 5
+    watchdog.observe(2.0, 0, 10, Phase(slow, 0, 0))  # entering it is progress: the clock restarts
+    assert watchdog.check(62.0) is None
+    assert (watchdog.check(62.5).allowed_s, watchdog.check(62.5).phase) == (60, slow)
+
+
+def test_leaving_a_slow_phase_longer_than_the_hang_timeout_is_not_a_hang_but_a_stall_after_it_is():
+    watchdog = started(HangPolicy(hang_timeout_s=5, startup_timeout_s=600))
+    for rank in (0, 1):
+        watchdog.observe(1.0, rank, 10, TRAIN)
+        watchdog.observe(2.0, rank, 10, Phase("eval", 0, 0))
+    for rank in (0, 1):  # a 98 s evaluation ends; training resumes
+        watchdog.observe(100.0, rank, 10, Phase("train", 1, 10))
+    assert watchdog.check(105.0) is None
+    stall = watchdog.check(105.5)
+    assert (stall.seconds, stall.allowed_s, stall.phase) == (5.5, 5, "train")
 
 
 def test_a_worker_that_writes_steps_but_no_phase_counts_as_training():
