@@ -74,3 +74,8 @@ def _configure_coordination(register_timeout_s: float) -> None:
         heartbeat_timeout_in_ms=int(HEARTBEAT_TIMEOUT_S * 1000),
         coordinated_jobs=jobs,
     )
+    # Every task, the chief included, waits at registration for all the others and fails
+    # once the registration timeout passes; without it, a chief whose peer never registers
+    # waits in device propagation (an hour). configure_coordination_service has no argument
+    # for it; the proto field is public.
+    context.context().coordination_service.cluster_register_with_barrier = True

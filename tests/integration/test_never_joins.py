@@ -6,9 +6,9 @@ closed port on 127.0.0.1: what a wrong address or a firewall between two nodes l
 from rank 1. Rank 1 must fail within its share of the start-up timeout with a
 PeerUnreachableError naming rank 0 and that address, instead of waiting in TensorFlow's
 cluster registration (an hour by default), and the root cause of the attempt is rank 1's
-line. The chief reached rank 1 (rank 1's port placeholder listened) and then waits for a
-peer that never registers: nothing it can say better, so, as the supervisor does when a
-worker exits abnormally, the test SIGKILLs it.
+line. The chief reached rank 1 (rank 1's port placeholder listened), then waits at
+TensorFlow's registration barrier for a peer that never registers: bounded by the start-up
+timeout, it exits 4 (the group broke), a secondary failure.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.tf_config import build_tf_config
-from resilient_train.errors import EXIT_FAILURE
+from resilient_train.errors import EXIT_FAILURE, EXIT_GROUP_BROKEN
 from resilient_train.rundir.errorfile import choose_root_cause, read_errors
 from tests.integration.harness import REPO, environment
 
@@ -47,26 +47,31 @@ def test_a_worker_that_cannot_reach_the_chief_names_the_rank_and_address(tmp_pat
     wrong = [f"127.0.0.1:{closed_port}", f"127.0.0.1:{worker_port}"]  # rank 1's view of the chief
     started = time.monotonic()
     procs = {0: start_worker(run_dir, build_tf_config(real, 0), 0), 1: start_worker(run_dir, build_tf_config(wrong, 1), 1)}
+    exits = {}
     try:
-        returncode = procs[1].wait(timeout=180)
-        exits = {1: (procs[1].pid, returncode, time.time())}
-        print(f"\nrank 1 exited {time.monotonic() - started:.1f} s after start (start-up timeout {STARTUP_TIMEOUT_S} s)")
+        for rank in (1, 0):
+            exits[rank] = (procs[rank].pid, procs[rank].wait(timeout=180), time.time())
+            print(f"\nrank {rank} exited {time.monotonic() - started:.1f} s after start "
+                  f"(start-up timeout {STARTUP_TIMEOUT_S} s)")
     finally:
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    exits[0] = (procs[0].pid, procs[0].returncode, time.time())
     log = (run_dir / "worker-1.log").read_text(errors="replace")
+    returncode = exits[1][1]
 
     expected = (f"rank 1 (127.0.0.1:{worker_port}) could not reach rank 0 (chief) at 127.0.0.1:{closed_port} "
                 f"within {STARTUP_TIMEOUT_S / 2:.0f} s (connection refused: nothing listens there)")
     assert returncode == EXIT_FAILURE, log
     assert f"resilient-train worker 1: peer unreachable: {expected}" in log
-    [error] = read_errors(run_dir / "attempt-1")
+    chief, error = read_errors(run_dir / "attempt-1")
     assert (error.rank, error.type, error.secondary) == (1, "resilient_train.errors.PeerUnreachableError", False)
     assert error.message.startswith(expected)
+    assert exits[0][1] == EXIT_GROUP_BROKEN, (run_dir / "worker-0.log").read_text(errors="replace")
+    assert (chief.rank, chief.short_type, chief.secondary) == (0, "GroupBrokenError", True)
+    assert "Wait_for_all_tasks_to_register" in chief.message
 
-    root = choose_root_cause(exits, [error], lambda rank: [])
+    root = choose_root_cause(exits, [chief, error], lambda rank: [])
     assert root is not None and (root.rank, root.secondary_ranks) == (1, [0])
     assert f"  PeerUnreachableError: {expected}" in root.render()
