@@ -8,9 +8,10 @@ against a group that is alive but stuck. Inside the worker, TensorFlow offers tw
   process, a partitioned host) is declared dead and every survivor's collectives are
   aborted (``UnavailableError``), which the worker maps to ``EXIT_GROUP_BROKEN``
   (runner/diagnose.py). We pin the timeout rather than inherit TensorFlow's default, and
-  bound the cluster *registration* wait (TensorFlow's default: one hour) by
-  ``--startup-timeout``: a worker that never joins fails the attempt instead of holding it.
-  Both are configuration only: no cost per step.
+  bound the cluster *registration* by ``--startup-timeout`` with a barrier: every task
+  waits there for all the others and fails (``DeadlineExceededError``, exit 4) when one
+  never registers, instead of waiting an hour in TensorFlow's device propagation. Both are
+  configuration only: no cost per step.
 * **A collective timeout** (third line, ``--collective-timeout``, default off): a
   collective that waits longer fails with ``DeadlineExceededError`` (exit 4 likewise). It
   catches a peer that heartbeats but never arrives even without a supervisor. TensorFlow
