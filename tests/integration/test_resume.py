@@ -4,8 +4,7 @@ import signal
 
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job, run_job_until, worker_pids
-from resilient_train.errors import EXIT_FAILURE, EXIT_GROUP_BROKEN
-from resilient_train.rundir.errorfile import read_errors
+from resilient_train.errors import EXIT_FAILURE
 
 
 def committed_steps(job, attempt):
@@ -49,12 +48,6 @@ def test_kill_non_chief_gang_restart_is_exact(tmp_path, digits_reference):
     assert job.returncode == 0, job.output
     assert [g["attempt"] for g in job.named("gang_restart")] == [2]
     assert job.named("gang_restart")[0]["root_cause_rank"] == 1
-    # The survivor's collective failed on the dead peer's closed socket: a broken group
-    # (exit 4, a secondary failure), not the root cause and not a recipe bug.
-    exits = {e["rank"]: e.get("exit_code", e.get("signal")) for e in job.named("worker_exited") if e["attempt"] == 1}
-    assert exits == {0: EXIT_GROUP_BROKEN, 1: "SIGKILL"}
-    [survivor] = read_errors(tmp_path / "run" / "attempt-1")
-    assert (survivor.rank, survivor.short_type, survivor.secondary) == (0, "GroupBrokenError", True)
     newest = committed_steps(job, 1)[-1]
     assert newest in (10, 12)  # 12 unless the kill beat its background commit
     assert [r["global_step"] for r in job.named("restored")] == [newest]
