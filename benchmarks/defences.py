@@ -1,6 +1,6 @@
 """What the in-worker defences against a broken group cost per step (issue 23, item 3).
 
-    .venv/bin/python benchmarks/defences.py                  # ~3 min on 2 cores
+    .venv/bin/python benchmarks/defences.py                  # ~3 min on 2 cores (600 steps)
     .venv/bin/python benchmarks/defences.py --steps 400 --timeouts 10 20 --max-threads 5000
 
 Writes benchmarks/results/defences.json.
