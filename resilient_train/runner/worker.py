@@ -125,10 +125,6 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
         rank=cluster.rank,
         role=cluster.role,
     )
-    # Before anything slow: every peer's TF_CONFIG address must answer within half the
-    # start-up timeout (cluster/reach.py), so a worker that cannot reach the chief says so,
-    # naming both, before the supervisor's start-up allowance runs out.
-    placeholder = _reach_peers(cluster, job.startup_timeout)
     stop = threading.Event()
 
     def watch_sigterm() -> None:
@@ -138,6 +134,10 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
             signal.signal(sig, lambda signum, frame: stop.set())
 
     watch_sigterm()
+    # Before anything slow: every peer's TF_CONFIG address must answer within half the
+    # start-up timeout (cluster/reach.py), so a worker that cannot reach the chief says so,
+    # naming both, before the supervisor's start-up allowance runs out.
+    placeholder = _reach_peers(cluster, job.startup_timeout)
 
     from resilient_train.checkpoint import CheckpointStore, RetryPolicy
     from resilient_train.job.fingerprint import fingerprint_for_worker
