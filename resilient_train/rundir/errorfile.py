@@ -89,6 +89,7 @@ _SECONDARY_PATTERNS = re.compile(
     r"|failed to connect to all addresses"
     r"|socket closed"
     r"|heartbeat (timeout|timed out)"
+    r"|stopped sending heartbeats"
     r"|coordination service (has stopped|is shutting down|shut down|agent .*error)"
     r"|coordinationservice.*(heartbeat|unavailable|stopped)",
     re.IGNORECASE,

@@ -93,9 +93,13 @@ def _collective_summary(message: str) -> str:
     is often just "Graph execution error:"); as much of that as the message has."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     node = _NODE.search(message)
-    why = next((line for line in lines if is_secondary("", line)), None)
-    if why is None:
+    at_why = next((i for i, line in enumerate(lines) if is_secondary("", line)), None)
+    if at_why is None:
         why = next((line for line in lines if line not in _EMPTY_HEADLINES), "")
+    else:  # "...unhealthy (stopped sending heartbeats):" names the tasks on the next line
+        why = lines[at_why]
+        if why.endswith(":") and at_why + 1 < len(lines):
+            why = f"{why} {lines[at_why + 1]}"
     at = f" at node {node.group(1)}" if node else ""
     return f"{at}: {why[:_WHY_MAX]}" if why else at
 

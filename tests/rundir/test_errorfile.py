@@ -143,6 +143,7 @@ def test_record_exception_replaces_an_earlier_file(tmp_path: Path) -> None:
             True,
         ),
         ("AbortedError", "The coordination service has stopped.", True),
+        ("InternalError", "The following tasks are unhealthy (stopped sending heartbeats):", True),
         ("ValueError", "loss is NaN at step 7", False),
         ("tensorflow.python.framework.errors_impl.InvalidArgumentError", "bad shape", False),
         ("OSError", "[Errno 2] No such file or directory: 'data.npz'", False),

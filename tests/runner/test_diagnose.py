@@ -91,6 +91,15 @@ def test_another_tensorflow_error_that_says_the_collective_aborted_is_a_broken_g
                            "Collective ops is aborted by: failed to connect to all addresses")
 
 
+def test_a_heartbeat_failure_keeps_the_unhealthy_task():
+    message = ("Graph execution error:\n\nDetected at node while/CollectiveReduceV2 defined at:\n"
+               "Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):\n"
+               "/job:worker/replica:0/task:1\nThe tasks have crashed. Check the task logs for an earlier error.")
+    assert str(group_broken(_tf_error("UnavailableError", message))) == (
+        "the worker group broke: UnavailableError at node while/CollectiveReduceV2: Error reported from "
+        "/job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:1")
+
+
 def test_a_deadline_without_detail_keeps_its_first_line():
     broken = group_broken(_tf_error("DeadlineExceededError", "Collective has timed out waiting for other workers."))
     assert str(broken) == "the worker group broke: DeadlineExceededError: Collective has timed out waiting for other workers."
