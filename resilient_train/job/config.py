@@ -128,10 +128,10 @@ class JobConfig:
             object.__setattr__(self, "collective_timeout", None)
         if self.collective_timeout is not None and (
             isinstance(self.collective_timeout, bool) or not isinstance(self.collective_timeout, (int, float))
-            or not self.collective_timeout > 0
+            or not 0 < self.collective_timeout < math.inf
         ):
             raise ConfigError(
-                f"Received collective_timeout={self.collective_timeout!r}; expected 'off' or a number of seconds > 0"
+                f"Received collective_timeout={self.collective_timeout!r}; expected 'off' or a finite number of seconds > 0"
             )
         if self.global_batch_size is not None and self.global_batch_size % self.workers:
             raise ConfigError(

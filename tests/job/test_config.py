@@ -27,8 +27,9 @@ def test_defaults_derive_run_dir_and_storage_from_recipe_name():
         ({"storage_timeout": 0}, "Received storage_timeout=0; expected a finite number of seconds > 0"),
         ({"storage_timeout": float("inf")}, "Received storage_timeout=inf; expected a finite number of seconds > 0"),
         ({"storage_timeout": "1m"}, "Received storage_timeout='1m'; expected a finite number of seconds > 0"),
-        ({"collective_timeout": 0}, "Received collective_timeout=0; expected 'off' or a number of seconds > 0"),
-        ({"collective_timeout": "never"}, "Received collective_timeout='never'; expected 'off' or a number of seconds > 0"),
+        ({"collective_timeout": 0}, "Received collective_timeout=0; expected 'off' or a finite number of seconds > 0"),
+        ({"collective_timeout": float("inf")}, "Received collective_timeout=inf; expected 'off' or a finite number of seconds > 0"),
+        ({"collective_timeout": "never"}, "Received collective_timeout='never'; expected 'off' or a finite number of seconds > 0"),
     ],
 )
 def test_bad_values_are_named(kwargs, message):
