@@ -11,6 +11,10 @@ codes" section renders this list):
 * ``EXIT_USAGE`` (2): bad command line, config, recipe or storage URL. Nothing ran.
 * ``EXIT_FATAL`` (3): a worker found a problem that a restart cannot fix (broken recipe,
   incompatible checkpoint). The supervisor does not restart on it.
+* ``EXIT_GROUP_BROKEN`` (4): a collective failed because the worker group broke (a peer
+  died, froze or became unreachable: TensorFlow's Unavailable, DeadlineExceeded, Aborted or
+  Cancelled out of a collective). A symptom, never the root cause when another worker has a
+  better one; the supervisor restarts the group.
 * ``EXIT_PREEMPTED`` (143 = 128 + SIGTERM): the process was asked to stop, saved a
   checkpoint at an agreed step and exited cleanly. Schedulers treat 128-255 as retryable.
 
@@ -18,6 +22,8 @@ How a worker's exception becomes its exit code is one table, :data:`EXIT_RULES` 
 matching type wins, so subclasses come before their bases)::
 
     RecipeError, ConfigError, CheckpointIncompatibleError, StaleWriterError  -> 3 "fatal"
+    GroupBrokenError                                                         -> 4 "group broke"
+    PeerUnreachableError                                                     -> 1 "peer unreachable"
     StorageUnavailableError                                                  -> 1 "storage unavailable"
     StorageError (and StorageOwnedError)                                     -> 3 "fatal storage error"
     any other Exception (the recipe's, TensorFlow's)                         -> 1 "failed"
@@ -37,6 +43,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_FATAL = 3
+EXIT_GROUP_BROKEN = 4
 EXIT_PREEMPTED = 143
 
 # How ``describe_exit`` names a code ("fatal error (exit 3)"); other codes are "exit code N".
@@ -45,6 +52,7 @@ EXIT_DESCRIPTIONS = {
     EXIT_PREEMPTED: "preempted",
     EXIT_FATAL: "fatal error",
     EXIT_USAGE: "usage error",
+    EXIT_GROUP_BROKEN: "group broken",
 }
 # Codes that say a restart cannot help: the supervisor stops the run on them.
 NOT_RESTARTABLE = frozenset({EXIT_FATAL, EXIT_USAGE})
@@ -104,6 +112,24 @@ class RestartNotPlacedError(RuntimeError):
     """
 
 
+class GroupBrokenError(RuntimeError):
+    """A collective failed because the worker group broke, not because of this worker.
+
+    What a survivor raises when a peer died, froze or became unreachable (TensorFlow's
+    ``UnavailableError``/``DeadlineExceededError``/``AbortedError``/``CancelledError`` out
+    of a collective, mapped by ``runner/diagnose.py``). The message keeps TensorFlow's type
+    and first line. Recorded as a secondary failure (``rundir/errorfile.py``): the worker
+    that broke the group is the root cause when it left any trace.
+    """
+
+
+class PeerUnreachableError(ConnectionError):
+    """At start-up, a peer's address from TF_CONFIG did not answer before the deadline.
+
+    Raised by ``cluster/reach.py`` before the strategy exists, instead of TensorFlow's long
+    registration wait; the message names this rank, the peer's rank and ``host:port``.
+    """
+
 
 @dataclass(frozen=True)
 class ExitRule:
@@ -127,6 +153,8 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(ConfigError, EXIT_FATAL, "fatal"),
     ExitRule(CheckpointIncompatibleError, EXIT_FATAL, "fatal"),
     ExitRule(StaleWriterError, EXIT_FATAL, "fatal"),
+    ExitRule(GroupBrokenError, EXIT_GROUP_BROKEN, "group broke"),
+    ExitRule(PeerUnreachableError, EXIT_FAILURE, "peer unreachable"),
     ExitRule(StorageUnavailableError, EXIT_FAILURE, "storage unavailable"),  # before its base
     ExitRule(StorageError, EXIT_FATAL, "fatal storage error"),
     UNEXPECTED,

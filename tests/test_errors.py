@@ -8,6 +8,7 @@ from resilient_train import errors
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
+    EXIT_GROUP_BROKEN,
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_USAGE,
@@ -16,6 +17,8 @@ from resilient_train.errors import (
     CheckpointCorruptError,
     CheckpointIncompatibleError,
     ConfigError,
+    GroupBrokenError,
+    PeerUnreachableError,
     RecipeError,
     RestartNotPlacedError,
     RunDirLockedError,
@@ -38,6 +41,8 @@ from resilient_train.errors import (
         (StorageUnavailableError("u"), EXIT_FAILURE, "storage unavailable"),
         (StorageError("e"), EXIT_FATAL, "fatal storage error"),
         (StorageOwnedError("o"), EXIT_FATAL, "fatal storage error"),
+        (GroupBrokenError("g"), EXIT_GROUP_BROKEN, "group broke"),
+        (PeerUnreachableError("p"), EXIT_FAILURE, "peer unreachable"),
         # not in the table: the recipe's, TensorFlow's, or ours that a restart may fix
         (CheckpointCorruptError("x"), EXIT_FAILURE, "failed"),
         (RunDirLockedError("l"), EXIT_FAILURE, "failed"),
@@ -68,8 +73,8 @@ def test_unexpected_is_the_catch_all_for_exceptions_only() -> None:
 
 
 def test_codes_are_distinct_and_the_not_restartable_ones_are_fatal_and_usage() -> None:
-    assert len({EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FATAL, EXIT_PREEMPTED}) == 5
-    assert NOT_RESTARTABLE == {EXIT_FATAL, EXIT_USAGE}
+    assert len({EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FATAL, EXIT_GROUP_BROKEN, EXIT_PREEMPTED}) == 6
+    assert NOT_RESTARTABLE == {EXIT_FATAL, EXIT_USAGE}  # a broken group is restarted
     assert EXIT_PREEMPTED == 128 + 15
 
 

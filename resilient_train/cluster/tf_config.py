@@ -27,13 +27,15 @@ class ClusterInfo:
     """This process's place in the worker group.
 
     ``rank`` orders the training tasks chief-first (``chief:0``, then ``worker:0..``), which
-    is also the order MultiWorkerMirroredStrategy uses for its replicas.
+    is also the order MultiWorkerMirroredStrategy uses for its replicas. ``addresses`` are
+    the tasks' ``host:port`` in that order (empty for a single local worker).
     """
 
     num_workers: int
     rank: int
     task_type: str
     task_index: int
+    addresses: tuple[str, ...] = ()
 
     @property
     def is_chief(self) -> bool:
@@ -88,4 +90,5 @@ def parse_tf_config(text: str | None) -> ClusterInfo:
     chiefs = len(cluster.get("chief", []))
     num = chiefs + len(cluster.get("worker", []))
     rank = task_index if task_type == "chief" else chiefs + task_index
-    return ClusterInfo(num_workers=num, rank=rank, task_type=task_type, task_index=task_index)
+    addresses = tuple(cluster.get("chief", [])) + tuple(cluster.get("worker", []))
+    return ClusterInfo(num_workers=num, rank=rank, task_type=task_type, task_index=task_index, addresses=addresses)

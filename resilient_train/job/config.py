@@ -29,7 +29,7 @@ from resilient_train.rundir.permissions import DEFAULT_RUN_DIR_MODE, parse_mode
 from resilient_train.rundir.redact import drop_redacted, merge_secrets, redact_text, split_secrets
 from resilient_train.job.recipe import recipe_name
 
-__all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
+__all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO", "COLLECTIVE_TIMEOUT_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
 
 LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
 RAY_STRATEGIES = ("spread", "pack")
@@ -39,6 +39,7 @@ FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 3
 
 STEPS_PER_EXECUTION_AUTO = "auto"  # the runner sizes calls by time (runner/call_size.py)
 HANG_TIMEOUT_AUTO = "auto"  # scaled from observed call times (supervisor/watchdog.py)
+COLLECTIVE_TIMEOUT_OFF = "off"  # no limit on one collective's wait (runner/strategy.py)
 
 
 def check_steps_per_execution(setting: object) -> None:
@@ -82,6 +83,7 @@ class JobConfig:
     hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
     startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
     storage_timeout: float = 60.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
+    collective_timeout: float | None = None  # seconds one collective may wait; None ("off"): no limit
     run_dir_mode: int | str = DEFAULT_RUN_DIR_MODE  # "0750" on the command line; an int once validated
 
     def __post_init__(self) -> None:
@@ -121,6 +123,15 @@ class JobConfig:
                 or not 0 < self.storage_timeout < math.inf:
             raise ConfigError(
                 f"Received storage_timeout={self.storage_timeout!r}; expected a finite number of seconds > 0"
+            )
+        if self.collective_timeout == COLLECTIVE_TIMEOUT_OFF:
+            object.__setattr__(self, "collective_timeout", None)
+        if self.collective_timeout is not None and (
+            isinstance(self.collective_timeout, bool) or not isinstance(self.collective_timeout, (int, float))
+            or not 0 < self.collective_timeout < math.inf
+        ):
+            raise ConfigError(
+                f"Received collective_timeout={self.collective_timeout!r}; expected 'off' or a finite number of seconds > 0"
             )
         if self.global_batch_size is not None and self.global_batch_size % self.workers:
             raise ConfigError(
@@ -255,7 +266,7 @@ _JOB_FLAGS = (
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
     "eval_every_epochs", "eval_steps", "strict_resume", "hang_timeout", "startup_timeout",
-    "run_dir_mode", "storage_timeout",
+    "collective_timeout", "run_dir_mode", "storage_timeout",
 )
 
 
@@ -277,6 +288,15 @@ def _hang_timeout(text: str) -> float | str:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or auto") from None
+
+
+def _collective_timeout(text: str) -> float | str:
+    if text == COLLECTIVE_TIMEOUT_OFF:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or off") from None
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -331,7 +351,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         help="restart the group when no worker finished a step for this long (default auto: "
         "max(60 s, 10 x the longest call seen); see docs/failures.md, Hangs)")
     add("--startup-timeout", type=float, metavar="SECONDS",
-        help="allowance until an attempt's first step, and for evaluation and blocking saves (default 600)")
+        help="allowance until an attempt's first step, and for evaluation and blocking saves; a worker "
+        "waits half of it for its peers' addresses to answer (default 600)")
+    add("--collective-timeout", type=_collective_timeout, metavar="SECONDS|off",
+        help="fail a collective that waits longer than this (exit 4, the group is restarted); each collective "
+        "then holds a thread for that long (default off; see docs/failures.md, Hangs)")
     add("--strict-resume", action="store_true", default=None,
         help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
 

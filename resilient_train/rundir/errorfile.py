@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterator, Mapping, TextIO
 from resilient_train.rundir.layout import AttemptDir
 from resilient_train.errors import (
     EXIT_DESCRIPTIONS,
+    EXIT_GROUP_BROKEN,
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_USAGE,
@@ -76,8 +77,11 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# Exception types that TensorFlow raises in a survivor when a peer disappears.
-_SECONDARY_TYPES = frozenset({"UnavailableError", "CancelledError", "DeadlineExceededError"})
+# Exception types that TensorFlow raises in a survivor when a peer disappears, and ours
+# for the same (errors.GroupBrokenError: what the worker records them as).
+_SECONDARY_TYPES = frozenset(
+    {"UnavailableError", "CancelledError", "DeadlineExceededError", "AbortedError", "GroupBrokenError"}
+)
 # Message fragments with the same meaning, whatever the type (often InternalError/Unknown).
 _SECONDARY_PATTERNS = re.compile(
     r"collective ops? (is |are |were |was )?aborted"
@@ -85,6 +89,7 @@ _SECONDARY_PATTERNS = re.compile(
     r"|failed to connect to all addresses"
     r"|socket closed"
     r"|heartbeat (timeout|timed out)"
+    r"|stopped sending heartbeats"
     r"|coordination service (has stopped|is shutting down|shut down|agent .*error)"
     r"|coordinationservice.*(heartbeat|unavailable|stopped)",
     re.IGNORECASE,
@@ -166,8 +171,9 @@ class Recording:
     ``locate`` names the error file (attempt dir and rank) once TF_CONFIG is known; until
     then nothing has run. ``global_step`` reads the step for the file, ``diagnose`` may
     turn an unexpected exception into the recipe bug it is (a ``RecipeError`` with the
-    fix, runner/diagnose.py), ``on_failure`` runs after an unexpected failure was recorded
-    (the chief lets its in-flight checkpoint commit). ``exit_code`` is the worker's exit
+    fix, runner/diagnose.py) or into the broken group it is, ``on_failure`` runs after an
+    unexpected failure or a broken group was recorded (the chief lets its in-flight
+    checkpoint commit). ``exit_code`` is the worker's exit
     code: the body sets it on success, :func:`recording` on an exception.
     """
 
@@ -235,9 +241,11 @@ def _ended_by(state: Recording, attempt_dir: Path, rank: int, exc: Exception, st
         state.error_file = record_exception(attempt_dir, rank, recorded, global_step=step, clock=clock)
     except OSError as write_error:
         print(redact_text(f"could not write error file for rank {rank}: {write_error}"), file=stream)
+    # A broken group is a transient failure like an unexpected one: the chief's in-flight
+    # checkpoint may still commit (fencing keeps a superseded chief out).
+    if (rule is UNEXPECTED or rule.code == EXIT_GROUP_BROKEN) and state.on_failure is not None:
+        state.on_failure()
     if rule is UNEXPECTED:
-        if state.on_failure is not None:
-            state.on_failure()
         stream.write(redact_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
     else:
         print(redact_text(f"{state.prefix} {rank}: {rule.label}: {recorded}"), file=stream)

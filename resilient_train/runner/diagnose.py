@@ -12,6 +12,15 @@ as before (a transient failure).
 Batch-structure and loss-shape mistakes are raised as RecipeError directly where the step
 is traced (``runner/batches.py``).
 
+:func:`group_broken` is the opposite case: a failure that is not this worker's at all.
+When a peer dies, freezes or becomes unreachable, every survivor's collective fails with
+one of TensorFlow's ``UnavailableError``, ``DeadlineExceededError`` (the collective
+timeout), ``AbortedError`` or ``CancelledError``, or with another TensorFlow error whose
+message says the collective was aborted; the worker records it as
+:class:`~resilient_train.errors.GroupBrokenError` and exits ``EXIT_GROUP_BROKEN`` (4), a
+restartable symptom that the supervisor never takes for the root cause when another
+worker left a better one (``rundir/errorfile.py``).
+
 Recognition is by exception type name and message, without importing TensorFlow, so the
 module stays cheap to import and to test.
 """
@@ -21,9 +30,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from resilient_train.errors import RecipeError
+from resilient_train.errors import GroupBrokenError, RecipeError
+from resilient_train.rundir.errorfile import is_secondary
 
-__all__ = ["explain"]
+__all__ = ["explain", "group_broken"]
+
+_WHY_MAX = 300
+_NODE = re.compile(r"Detected at node (\S+)")
+_EMPTY_HEADLINES = frozenset({"Graph execution error:"})
+# TensorFlow's error types for "a peer is gone" (tf.errors.*; matched by name and module).
+_GROUP_ERRORS = frozenset({"UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError"})
 
 _IMPORT_OP = "Collective ops must be configured at program startup"
 # autograph turns an exception raised while tracing into a StagingError ("in user code:
@@ -54,6 +70,38 @@ def explain(exc: BaseException, *, recipe_name: str, trainer: Any | None, steps_
                 f"steps_per_epoch is {steps_per_epoch}: add .repeat() (or lower --steps-per-epoch)"
             )
     return None
+
+
+def group_broken(exc: BaseException) -> GroupBrokenError | None:
+    """A GroupBrokenError for a TensorFlow error that says the worker group broke, else None.
+
+    Only TensorFlow's own errors qualify (``tf.errors.*``, module ``tensorflow...``): a
+    recipe's ``ConnectionResetError`` from its own download is the recipe's failure.
+    """
+    cls = type(exc)
+    if not cls.__module__.startswith("tensorflow"):
+        return None
+    if cls.__name__ not in _GROUP_ERRORS and not is_secondary(cls.__name__, str(exc)):
+        return None
+    broken = GroupBrokenError(f"the worker group broke: {cls.__name__}{_collective_summary(str(exc))}")
+    broken.__cause__ = exc  # the error file's traceback shows TensorFlow's, chained
+    return broken
+
+
+def _collective_summary(message: str) -> str:
+    """`` at node N: <the line that says why>`` from a TensorFlow message (its first line
+    is often just "Graph execution error:"); as much of that as the message has."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    node = _NODE.search(message)
+    at_why = next((i for i, line in enumerate(lines) if is_secondary("", line)), None)
+    if at_why is None:
+        why = next((line for line in lines if line not in _EMPTY_HEADLINES), "")
+    else:  # "...unhealthy (stopped sending heartbeats):" names the tasks on the next line
+        why = lines[at_why]
+        if why.endswith(":") and at_why + 1 < len(lines):
+            why = f"{why} {lines[at_why + 1]}"
+    at = f" at node {node.group(1)}" if node else ""
+    return f"{at}: {why[:_WHY_MAX]}" if why else at
 
 
 def _position(trainer: Any) -> tuple[int | None, int | None]:

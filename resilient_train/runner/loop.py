@@ -85,6 +85,7 @@ from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
 from resilient_train.runner.save_policy import SavePolicy
+from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
     PHASE_FINISH,
@@ -189,11 +190,9 @@ class Trainer:
 
     # ----------------------------------------------------------------- setup
     def _setup(self) -> None:
-        # The strategy must exist before any other op (collectives are configured at start).
-        communication = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING
-        )
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
+        # The strategy must exist before any other op (collectives are configured at start);
+        # runner/strategy.py adds the heartbeat, registration and collective timeouts.
+        self.strategy = make_strategy(self.job, self.cluster)
         keras.utils.set_random_seed(self.job.seed)
         tf.config.experimental.enable_op_determinism()
         with self.strategy.scope():

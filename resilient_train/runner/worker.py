@@ -22,7 +22,8 @@ from typing import Any, Mapping
 
 from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, add_tf_config_arguments, environ_with_tf_config
-from resilient_train.cluster.tf_config import parse_tf_config
+from resilient_train.cluster.reach import REACH_SHARE, PortPlaceholder, wait_for_peers
+from resilient_train.cluster.tf_config import ClusterInfo, parse_tf_config
 from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
 from resilient_train.job.config import JobConfig, add_job_arguments, job_from_args
 from resilient_train.rundir import events
@@ -100,8 +101,11 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
 
     def diagnose(exc: Exception) -> Exception | None:
         from resilient_train.job.recipe import recipe_name
-        from resilient_train.runner.diagnose import explain
+        from resilient_train.runner.diagnose import explain, group_broken
 
+        broken = group_broken(exc)  # a peer's failure seen from here: exit 4, never a recipe bug
+        if broken is not None:
+            return broken
         return explain(exc, recipe_name=recipe_name(job.recipe), trainer=trainer, steps_per_epoch=job.steps_per_epoch)
 
     def drain() -> None:
@@ -130,6 +134,10 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
             signal.signal(sig, lambda signum, frame: stop.set())
 
     watch_sigterm()
+    # Before anything slow: every peer's TF_CONFIG address must answer within half the
+    # start-up timeout (cluster/reach.py), so a worker that cannot reach the chief says so,
+    # naming both, before the supervisor's start-up allowance runs out.
+    placeholder = _reach_peers(cluster, job.startup_timeout)
 
     from resilient_train.checkpoint import CheckpointStore, RetryPolicy
     from resilient_train.job.fingerprint import fingerprint_for_worker
@@ -154,6 +162,7 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
 
         events.add_listener(TensorBoardLog(run_dir.tensorboard))
 
+    placeholder.close()  # the strategy's server binds this port next
     trainer = Trainer(
         job,
         recipe,
@@ -179,6 +188,19 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
 
         export_completed(trainer, result, run_dir.model)
     return EXIT_PREEMPTED if result is None else EXIT_OK
+
+
+def _reach_peers(cluster: ClusterInfo, startup_timeout: float) -> PortPlaceholder:
+    """Hold this worker's port and wait until every peer's answers; the placeholder to close."""
+    if cluster.num_workers < 2 or not cluster.addresses:
+        return PortPlaceholder(None)
+    placeholder = PortPlaceholder(cluster.addresses[cluster.rank])
+    try:
+        wait_for_peers(cluster.addresses, cluster.rank, REACH_SHARE * startup_timeout)
+    except BaseException:
+        placeholder.close()
+        raise
+    return placeholder
 
 
 def exit_process(code: int) -> None:

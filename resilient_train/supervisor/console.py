@@ -54,7 +54,8 @@ _PROGRESS_KEYS = {
 def hang_line(record: dict[str, Any]) -> str:
     """``rank 1 made no progress for 31 s at global step 24 (epoch 1, step 4); main thread in ...``
 
-    From a ``hang_detected`` event's fields (the same words are the root cause's message).
+    From a ``hang_detected`` event's fields (the same words are the root cause's message);
+    ``never_trained`` (rank -> address) adds ``; never reached training: rank 1 (host:port)``.
     """
     step = record.get("global_step")
     if step is None:
@@ -63,7 +64,12 @@ def hang_line(record: dict[str, Any]) -> str:
         at = f"at global step {step} ({_position(record)})"
     else:
         at = f"at global step {step}"
-    return f"rank {record['rank']} made no progress for {record['seconds']:.0f} s {at}; {record['where']}"
+    line = f"rank {record['rank']} made no progress for {record['seconds']:.0f} s {at}; {record['where']}"
+    never = record.get("never_trained")
+    if never:
+        ranks = ", ".join(f"rank {rank}" + (f" ({address})" if address else "") for rank, address in never.items())
+        line += f"; never reached training: {ranks}"
+    return line
 
 
 def render_event(record: dict[str, Any], *, rejected: int = 0) -> str | None:

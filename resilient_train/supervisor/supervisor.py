@@ -137,6 +137,7 @@ class Worker:
     returncode: int | None = None
     exit_time: float | None = None
     stopped: bool = False  # SIGSTOPped (or otherwise stopped) when we had to SIGKILL it
+    address: str | None = None  # where its peers reach it (host:port, or the node's IP), when the launcher says
 
 
 def default_tracker(job: JobConfig, backoff_initial_s: float = 0.25) -> RestartTracker:
@@ -366,6 +367,11 @@ class Supervisor:
             "chosen_by": why,
             "steps": {str(r): s for r, s in sorted(stall.steps.items())},
         }
+        # A rank that never finished a step never joined training (a peer it cannot reach,
+        # a slow restore): name each with its address, the first thing to check.
+        never = {str(w.rank): w.address for w in self.workers if stall.steps.get(w.rank) is None}
+        if never:
+            self._hang["never_trained"] = never
         emit("hang_detected", attempt=self.attempt, **self._hang)
         self.tail.pump()
         self._to(RunState.STOPPING, reason=f"hang: rank {rank} made no progress for {stall.seconds:.0f} s")
@@ -464,9 +470,10 @@ class Supervisor:
         handles = self.launcher.start(specs)
         workers = []
         for spec, handle in zip(specs, handles):
-            workers.append(Worker(spec.rank, attempt, handle, spec.log_path))
-            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path),
-                 **self.launcher.describe(handle))
+            described = self.launcher.describe(handle)
+            address = described.get("address") or described.get("node_ip")
+            workers.append(Worker(spec.rank, attempt, handle, spec.log_path, address=str(address) if address else None))
+            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path), **described)
         return workers
 
     def _not_started(self, attempt: int, exc: RestartNotPlacedError) -> None:

@@ -10,14 +10,14 @@ from resilient_train.errors import ConfigError
 def test_build_and_parse_round_trip_worker_zero_is_chief():
     addresses = ["127.0.0.1:1001", "127.0.0.1:1002", "127.0.0.1:1003"]
     infos = [parse_tf_config(json.dumps(build_tf_config(addresses, i))) for i in range(3)]
-    assert infos == [ClusterInfo(3, i, "worker", i) for i in range(3)]
+    assert infos == [ClusterInfo(3, i, "worker", i, tuple(addresses)) for i in range(3)]
     assert [i.is_chief for i in infos] == [True, False, False]
     assert [i.role for i in infos] == ["chief", "worker", "worker"]
 
 
 def test_chief_task_ranks_first():
     config = {"cluster": {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"]}, "task": {"type": "worker", "index": 1}}
-    assert parse_tf_config(json.dumps(config)) == ClusterInfo(3, 2, "worker", 1)
+    assert parse_tf_config(json.dumps(config)) == ClusterInfo(3, 2, "worker", 1, ("h0:1", "h1:1", "h2:1"))
     config["task"] = {"type": "chief", "index": 0}
     info = parse_tf_config(json.dumps(config))
     assert (info.rank, info.is_chief) == (0, True)

@@ -27,6 +27,9 @@ def test_defaults_derive_run_dir_and_storage_from_recipe_name():
         ({"storage_timeout": 0}, "Received storage_timeout=0; expected a finite number of seconds > 0"),
         ({"storage_timeout": float("inf")}, "Received storage_timeout=inf; expected a finite number of seconds > 0"),
         ({"storage_timeout": "1m"}, "Received storage_timeout='1m'; expected a finite number of seconds > 0"),
+        ({"collective_timeout": 0}, "Received collective_timeout=0; expected 'off' or a finite number of seconds > 0"),
+        ({"collective_timeout": float("inf")}, "Received collective_timeout=inf; expected 'off' or a finite number of seconds > 0"),
+        ({"collective_timeout": "never"}, "Received collective_timeout='never'; expected 'off' or a finite number of seconds > 0"),
     ],
 )
 def test_bad_values_are_named(kwargs, message):
@@ -82,6 +85,26 @@ def test_hang_flags_parse_seconds_or_auto():
     assert job_from_args(parser.parse_args(["r.py", "--hang-timeout", "auto"])).hang_timeout == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["r.py", "--hang-timeout", "never"])
+
+
+def test_collective_timeout_is_off_by_default_and_parses_seconds_or_off(capsys):
+    import argparse
+    import json
+
+    from resilient_train.job.config import add_job_arguments, job_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("recipe")
+    add_job_arguments(parser)
+    assert job_from_args(parser.parse_args(["r.py"])).collective_timeout is None
+    assert job_from_args(parser.parse_args(["r.py", "--collective-timeout", "off"])).collective_timeout is None
+    job = job_from_args(parser.parse_args(["r.py", "--collective-timeout", "900"]))
+    assert job.collective_timeout == 900.0
+    assert JobConfig.from_json(job.to_json()).collective_timeout == 900.0  # job.json carries it to the workers
+    assert json.loads(JobConfig(recipe="r.py", collective_timeout="off").to_json())["collective_timeout"] is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["r.py", "--collective-timeout", "soon"])
+    assert "argument --collective-timeout: 'soon' is not a number of seconds or off" in capsys.readouterr().err
 
 
 def test_storage_timeout_flag_reaches_the_job_and_defaults_to_the_stores_deadline():

@@ -12,10 +12,12 @@ import pytest
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
+    EXIT_GROUP_BROKEN,
     EXIT_OK,
     EXIT_USAGE,
     CheckpointIncompatibleError,
     ConfigError,
+    GroupBrokenError,
     RecipeError,
     StorageError,
     StorageUnavailableError,
@@ -141,6 +143,7 @@ def test_record_exception_replaces_an_earlier_file(tmp_path: Path) -> None:
             True,
         ),
         ("AbortedError", "The coordination service has stopped.", True),
+        ("InternalError", "The following tasks are unhealthy (stopped sending heartbeats):", True),
         ("ValueError", "loss is NaN at step 7", False),
         ("tensorflow.python.framework.errors_impl.InvalidArgumentError", "bad shape", False),
         ("OSError", "[Errno 2] No such file or directory: 'data.npz'", False),
@@ -218,6 +221,33 @@ def test_recording_an_unexpected_error_runs_on_failure_after_the_file_is_written
                          on_failure=lambda: files_at_drain.append(sorted(p.name for p in tmp_path.iterdir())))
     assert state.exit_code == EXIT_FAILURE
     assert files_at_drain == [["error-2.json"]]
+
+
+def test_recording_a_broken_group_is_one_line_exit_4_drained_and_secondary(tmp_path: Path) -> None:
+    drained: list[bool] = []
+
+    def diagnose(exc: Exception) -> Exception | None:
+        return GroupBrokenError("the worker group broke: UnavailableError: Socket closed")
+
+    state, err = _recorded(tmp_path, UnavailableError("Socket closed"), diagnose=diagnose,
+                           on_failure=lambda: drained.append(True))
+    assert (state.exit_code, err) == (
+        EXIT_GROUP_BROKEN, "resilient-train worker 2: group broke: the worker group broke: UnavailableError: Socket closed\n")
+    assert drained == [True]  # the chief's in-flight checkpoint may still commit
+    [error] = read_errors(tmp_path)
+    assert (error.type, error.secondary) == ("resilient_train.errors.GroupBrokenError", True)
+
+
+def test_a_sigkilled_peer_is_the_root_cause_not_the_survivor_that_exited_4() -> None:
+    exits = {0: (1000, EXIT_GROUP_BROKEN, T0 + 0.5), 1: (1001, -9, T0 + 1.0)}
+    errors = [worker_error(0, T0, type="resilient_train.errors.GroupBrokenError",
+                           message="the worker group broke: UnavailableError: Socket closed", secondary=True)]
+    root = choose_root_cause(exits, errors, lambda rank: [])
+    assert root is not None
+    assert (root.rank, root.exit_description, root.secondary_ranks) == (1, "killed by SIGKILL", [0])
+    assert root.secondary_details[0] == (
+        "(pid 1000) group broken (exit 4): GroupBrokenError: the worker group broke: UnavailableError: "
+        "Socket closed (secondary: peer failure)")
 
 
 def test_recording_survives_an_unreadable_step(tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
-"""Deterministic recipe failures become fatal RecipeErrors with the fix."""
+"""Deterministic recipe failures become fatal RecipeErrors with the fix; a peer's failure is a broken group."""
 
 from types import SimpleNamespace
 
-from resilient_train.runner.diagnose import explain
+import pytest
+
+from resilient_train.errors import EXIT_GROUP_BROKEN, GroupBrokenError, exit_code_for
+from resilient_train.runner.diagnose import explain, group_broken
 
 
 class Counter:
@@ -15,6 +18,10 @@ class Counter:
 
 class OutOfRangeError(Exception):
     """Stands for tf.errors.OutOfRangeError (recognised by name)."""
+
+
+class UnavailableError(Exception):
+    """Not TensorFlow's: a recipe's own class of the same name is never a broken group."""
 
 
 def test_a_short_dataset_names_the_batch_count_and_repeat():
@@ -49,3 +56,65 @@ def test_a_recipe_error_raised_while_tracing_is_taken_back_out():
     )
     error = explain(wrapped, recipe_name="r", trainer=None, steps_per_epoch=10)
     assert str(error) == "recipe r: loss() must return one value per example, got shape (); fix it"
+
+
+# --- a broken group: TensorFlow's peer-failure errors become GroupBrokenError (exit 4) ---
+
+_SOCKET_CLOSED = (
+    "Graph execution error:\n\nDetected at node while/CollectiveReduceV2_1 defined at (most recent call last):\n"
+    '  File "loop.py", line 305, in train_call\n\n'
+    "Collective ops is aborted by: Socket closed\n"
+    "The error could be from a previous operation. Restart your program to reset.\n"
+    "\t [[{{node while/CollectiveReduceV2_1}}]] [Op:__inference_train_call_1077]"
+)
+
+
+def _tf_error(name: str, message: str) -> Exception:
+    import tensorflow as tf
+
+    return getattr(tf.errors, name)(None, None, message)
+
+
+@pytest.mark.parametrize("name", ["UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError"])
+def test_each_peer_failure_type_out_of_a_collective_is_a_broken_group(name):
+    broken = group_broken(_tf_error(name, _SOCKET_CLOSED))
+    assert isinstance(broken, GroupBrokenError)
+    assert str(broken) == (f"the worker group broke: {name} at node while/CollectiveReduceV2_1: "
+                           "Collective ops is aborted by: Socket closed")
+    assert exit_code_for(broken) == EXIT_GROUP_BROKEN
+    assert type(broken.__cause__).__name__ == name  # TensorFlow's traceback stays in the error file
+
+
+def test_another_tensorflow_error_that_says_the_collective_aborted_is_a_broken_group():
+    broken = group_broken(_tf_error("InternalError", "Collective ops is aborted by: failed to connect to all addresses"))
+    assert str(broken) == ("the worker group broke: InternalError: "
+                           "Collective ops is aborted by: failed to connect to all addresses")
+
+
+def test_a_heartbeat_failure_keeps_the_unhealthy_task():
+    message = ("Graph execution error:\n\nDetected at node while/CollectiveReduceV2 defined at:\n"
+               "Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):\n"
+               "/job:worker/replica:0/task:1\nThe tasks have crashed. Check the task logs for an earlier error.")
+    assert str(group_broken(_tf_error("UnavailableError", message))) == (
+        "the worker group broke: UnavailableError at node while/CollectiveReduceV2: Error reported from "
+        "/job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:1")
+
+
+def test_a_deadline_without_detail_keeps_its_first_line():
+    broken = group_broken(_tf_error("DeadlineExceededError", "Collective has timed out waiting for other workers."))
+    assert str(broken) == "the worker group broke: DeadlineExceededError: Collective has timed out waiting for other workers."
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        pytest.param(None, id="InvalidArgumentError"),  # a recipe's shape bug: TensorFlow's, not a peer's
+        ConnectionResetError("Connection reset by peer"),  # the recipe's own download
+        UnavailableError("Socket closed"),  # a recipe's class of the same name
+        ValueError("loss is NaN"),
+    ],
+)
+def test_anything_else_is_not_a_broken_group(exc):
+    if exc is None:
+        exc = _tf_error("InvalidArgumentError", "Incompatible shapes: [8,10] vs. [8,1]")
+    assert group_broken(exc) is None

@@ -478,3 +478,22 @@ def test_a_slow_start_gets_the_startup_allowance_not_the_hang_timeout(tmp_path):
 def test_the_supervisors_own_store_calls_get_the_jobs_storage_timeout(tmp_path):
     supervisor, _, _, _ = make(tmp_path, [], storage_timeout=7.5)
     assert supervisor.store._retry.stall_timeout_s == 7.5
+
+
+def test_a_group_that_never_starts_training_names_each_rank_and_its_address(tmp_path):
+    """No step within --startup-timeout (a worker that cannot join): the hang line names the
+    ranks that never reached training with their TF_CONFIG addresses."""
+    scripts = [{"exit_at": None}, {"exit_at": None}]
+    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=0, hang_timeout=5, startup_timeout=20)
+    assert supervisor.run() == EXIT_FAILURE
+    addresses = json.loads(spawner.calls[0]["env"]["TF_CONFIG"])["cluster"]["worker"]
+    [hang] = events(tmp_path, "hang_detected")
+    assert (hang["phase"], hang["timeout_s"], hang["global_step"]) == ("startup", 20, None)
+    assert hang["never_trained"] == {"0": addresses[0], "1": addresses[1]}
+    started = {e["rank"]: e["address"] for e in events(tmp_path, "worker_started")}
+    assert started == {0: addresses[0], 1: addresses[1]}
+    line = (f"before its first step of the attempt; no stacks (the worker did not answer SIGUSR1); never reached "
+            f"training: rank 0 ({addresses[0]}), rank 1 ({addresses[1]})")
+    assert line in out.getvalue()
+    root = json.loads((tmp_path / "run" / "summary.json").read_text())["root_cause"]
+    assert root["message"].endswith(line)

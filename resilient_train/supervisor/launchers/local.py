@@ -70,6 +70,7 @@ class LocalLauncher(Launcher):
         self.host = host
         self.pool: StandbyPool | None = None
         self._standby_pids: set[int] = set()
+        self._addresses: dict[int, str] = {}  # pid -> its TF_CONFIG host:port
 
     def prepare(self) -> None:
         self.pool = self._standby_pool()
@@ -90,6 +91,7 @@ class LocalLauncher(Launcher):
                 self._standby_pids.add(process.pid)
             else:
                 process = self.spawner([self.python, "-m", "resilient_train.runner", *worker_argv], env, spec.log_path)
+            self._addresses[process.pid] = addresses[spec.rank]
             handles.append(process)
         return handles
 
@@ -102,7 +104,7 @@ class LocalLauncher(Launcher):
             self.pool.close()
 
     def describe(self, handle: WorkerHandle) -> dict[str, object]:
-        return {"standby": handle.pid in self._standby_pids}
+        return {"standby": handle.pid in self._standby_pids, "address": self._addresses.get(handle.pid)}
 
     def _standby_pool(self) -> StandbyPool | None:
         """The warm pool for this run (None with --no-warm-standby or with GPUs), filling."""

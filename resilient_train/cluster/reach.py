@@ -1,0 +1,149 @@
+"""Before the strategy: can this worker reach every peer's address from TF_CONFIG?
+
+A worker that cannot reach the chief (a firewall between nodes, a wrong address, a node
+on another network) otherwise sits in TensorFlow's cluster registration, which waits up
+to an hour and then says little about who could not reach whom. :func:`wait_for_peers`
+asks the network first, in plain TCP, and fails within the deadline with one line naming
+this rank, the peer's rank and its ``host:port``
+(:class:`~resilient_train.errors.PeerUnreachableError`).
+
+Peers may still be starting, so a refused or timed-out connection is retried until the
+deadline; only the deadline fails. Every worker probes before its TensorFlow server
+exists, so each one also *listens* on its own TF_CONFIG port while it probes and until
+just before the strategy takes the port over (:class:`PortPlaceholder`): otherwise every
+worker would wait for servers that start only after the wait. The placeholder never
+accepts: a peer's connect completes in the kernel's backlog, and closing the socket
+resets it, leaving nothing in TIME_WAIT on the port TensorFlow binds next.
+
+What it proves is TCP reachability of each ``host:port`` from this host, both ways once
+every worker has passed (each probes all others). It does not prove the gRPC handshake;
+TensorFlow's own registration wait, bounded by the start-up timeout
+(``runner/strategy.py``), covers what comes after.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from resilient_train.errors import PeerUnreachableError
+
+__all__ = ["PortPlaceholder", "wait_for_peers", "split_address", "PROBE_EVERY_S", "REACH_SHARE"]
+
+# The share of ``--startup-timeout`` a worker waits for its peers: the rest leaves the
+# worker's clear error ahead of the supervisor's start-up allowance (supervisor/watchdog.py).
+REACH_SHARE = 0.5
+PROBE_EVERY_S = 0.25  # between two rounds over the peers not reached yet
+_CONNECT_TIMEOUT_S = 2.0  # one connect; a black-holed SYN waits this long, then retries
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:port"`` for IPv6) -> ``(host, port)``."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _connect(host: str, port: int, timeout: float) -> None:
+    with socket.create_connection((host, port), timeout=timeout):
+        pass
+
+
+@dataclass
+class _Peer:
+    rank: int
+    address: str
+    last_error: str = "no answer"
+
+
+def wait_for_peers(
+    addresses: Sequence[str],
+    rank: int,
+    timeout_s: float,
+    *,
+    connect: Callable[[str, int, float], None] = _connect,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Return once every other rank's address accepted a TCP connection; the seconds it took.
+
+    ``addresses`` are all ranks' ``host:port`` in rank order. Raises PeerUnreachableError
+    naming the lowest rank still unreached (and how many others) after ``timeout_s``.
+    """
+    if not timeout_s > 0:
+        raise ValueError(f"Received timeout_s={timeout_s!r}; expected > 0")
+    start = clock()
+    deadline = start + timeout_s
+    pending = [_Peer(r, a) for r, a in enumerate(addresses) if r != rank]
+    while True:
+        for peer in list(pending):
+            host, port = split_address(peer.address)
+            left = deadline - clock()
+            try:
+                connect(host, port, max(0.05, min(_CONNECT_TIMEOUT_S, left)))
+            except OSError as exc:
+                peer.last_error = _reason(exc)
+            else:
+                pending.remove(peer)
+        if not pending:
+            return clock() - start
+        if clock() >= deadline:
+            raise PeerUnreachableError(_message(rank, addresses, pending, timeout_s))
+        sleep(PROBE_EVERY_S)
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused: nothing listens there"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "no answer: the connection attempt timed out"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host ({exc.strerror})"
+    return exc.strerror or type(exc).__name__
+
+
+def _message(rank: int, addresses: Sequence[str], pending: list[_Peer], timeout_s: float) -> str:
+    first = pending[0]
+    role = " (chief)" if first.rank == 0 else ""
+    others = f" (and {len(pending) - 1} more: ranks {', '.join(str(p.rank) for p in pending[1:])})" if len(pending) > 1 else ""
+    return (
+        f"rank {rank} ({addresses[rank]}) could not reach rank {first.rank}{role} at {first.address}"
+        f"{others} within {timeout_s:.0f} s ({first.last_error}); check the address in TF_CONFIG "
+        "and that no firewall blocks the port between the two hosts"
+    )
+
+
+class PortPlaceholder:
+    """Listens on this worker's own TF_CONFIG port (never accepting) until ``close``.
+
+    A port that someone else holds is left alone (``bound`` False): TensorFlow's server
+    then fails on it with its own error, as it would without us.
+    """
+
+    def __init__(self, address: str | None) -> None:
+        self.bound = False
+        self._sock: socket.socket | None = None
+        if address is None:  # a single worker: no peer will look
+            return
+        _, port = split_address(address)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("", port))
+            sock.listen(64)
+        except OSError:
+            sock.close()
+            return
+        self._sock, self.bound = sock, True
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> PortPlaceholder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
