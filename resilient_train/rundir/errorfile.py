@@ -43,7 +43,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TextIO
+from typing import Any, Callable, Collection, Iterator, Mapping, TextIO
 
 from resilient_train.rundir.layout import AttemptDir
 from resilient_train.errors import (
@@ -380,14 +380,19 @@ class _Failure:
     time: float
     error: WorkerError | None
     note: str | None = None
+    torn_down: bool = False  # SIGKILLed by the supervisor's teardown, having recorded nothing
 
     @property
     def secondary(self) -> bool:
-        return self.error is not None and self.error.secondary
+        if self.error is None:
+            return self.torn_down
+        return self.error.secondary
 
     def describe_exit(self) -> str:
         if self.note is not None:
             return self.note
+        if self.torn_down:
+            return "killed by the supervisor's teardown"
         return describe_exit(self.returncode) if self.returncode is not None else "still running"
 
     def one_line(self) -> str:
@@ -403,6 +408,7 @@ def choose_root_cause(
     errors: list[WorkerError],
     log_tail: Callable[[int], list[str]],
     exit_notes: Mapping[int, str] | None = None,
+    torn_down: Collection[int] = (),
 ) -> RootCause | None:
     """Pick the root cause of an attempt; ``None`` when no worker failed.
 
@@ -412,6 +418,9 @@ def choose_root_cause(
     ``log_tail(rank)`` is called for the root cause only. ``exit_notes`` replaces the exit
     description of a rank where the supervisor knows better than the exit status (a
     stopped worker it SIGKILLed "stopped responding"; the SIGKILL was its teardown).
+    ``torn_down``: ranks the supervisor SIGKILLed while tearing the group down after a
+    failure; one that recorded no error of its own is secondary (its SIGKILL is ours, not
+    its failure), so a survivor's "the group broke" names what happened instead.
     """
     notes = exit_notes or {}
     by_rank = {e.rank: e for e in errors}
@@ -421,7 +430,7 @@ def choose_root_cause(
         if returncode == EXIT_OK or (returncode == EXIT_PREEMPTED and error is None):
             continue
         when = error.time if error is not None else exit_time
-        failures.append(_Failure(rank, pid, returncode, when, error, notes.get(rank)))
+        failures.append(_Failure(rank, pid, returncode, when, error, notes.get(rank), rank in torn_down))
     for rank, error in by_rank.items():
         if rank not in exits:  # recorded its error, not reaped yet
             failures.append(_Failure(rank, error.pid, None, error.time, error))

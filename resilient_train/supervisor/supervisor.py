@@ -567,6 +567,7 @@ class Supervisor:
         root = choose_root_cause(
             exits, read_errors(attempt_dir.path), lambda rank: log_tail(attempt_dir.log(rank), 15),
             exit_notes={w.rank: _STOPPED_NOTE for w in workers if w.stopped},
+            torn_down={w.rank for w in workers if w.state is WorkerState.KILLED and not w.stopped},
         )
         reached = self._reached(attempt)
         if reached is not None:

@@ -475,3 +475,17 @@ def test_root_cause_log_tail_drops_tensorflow_startup_noise(tmp_path):
         "ValueError: the real problem\n"
     )
     assert log_tail(log, 15) == ["training step 3", "ValueError: the real problem"]
+
+
+def test_a_rank_the_supervisor_tore_down_is_secondary_to_a_survivor_that_says_the_group_broke():
+    # A partition: the chief's collective fails (group broke, recorded, exit 4); the cut
+    # rank 1 never records anything and is SIGKILLed by the supervisor's teardown.
+    chief = worker_error(0, 5.0, type="resilient_train.errors.GroupBrokenError", secondary=True, global_step=8,
+                         message="the worker group broke: UnavailableError: stopped sending heartbeats")
+    exits = {0: (1000, 4, 6.0), 1: (1001, -9, 7.0)}
+    root = choose_root_cause(exits, [chief], lambda rank: [], torn_down={1})
+    assert root is not None
+    assert (root.rank, root.global_step, root.secondary_ranks) == (0, 8, [1])
+    assert root.secondary_details[1] == "(pid 1001) killed by the supervisor's teardown (secondary: peer failure)"
+    # Killed by someone else (not our teardown): the SIGKILL is the root cause, as before.
+    assert choose_root_cause(exits, [chief], lambda rank: []).rank == 1
