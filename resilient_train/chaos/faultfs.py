@@ -11,6 +11,10 @@ fsspec filesystem and, driven by a seed, injects:
   (``fail_kind="nospace"``);
 * ``transient_rate``: each operation raises ``ConnectionResetError`` with this
   probability (``random.Random(seed)``, so a seed replays the same faults);
+* ``transient_every``: operations number k, 2k, 3k... of this filesystem raise
+  ``ConnectionResetError`` (a retry is the next operation, so it succeeds): a fixed
+  share of transient faults with no luck involved, so every process that does k
+  operations is certain to see one (a rate may draw none in a short attempt);
 * ``stop_after_files``: after n completed file writes every further write raises
   :class:`SimulatedCrash`, a ``BaseException`` standing for the chief being killed
   mid-upload (no retry policy may swallow it);
@@ -19,9 +23,14 @@ fsspec filesystem and, driven by a seed, injects:
 It also counts what passes through (``stats``: reads, bytes_read, writes, files_written,
 ops) so tests can prove, e.g., that a cache hit downloads nothing.
 
-Ways to configure it (later wins): the ``RT_FAULTFS`` environment variable (a JSON
-object, because the chaos suite hands options to worker processes through the
-environment), the URL, keyword arguments / ``storage_options``. Keyword options that
+Ways to configure it (later wins): the environment (a JSON object, because the chaos
+suite hands options to worker processes that way), the URL, keyword arguments /
+``storage_options``. From the environment: ``RT_CHAOS_FAULTFS``, options per attempt
+(``{"<attempt>" or "*": {options}}``, this process's ``RT_ATTEMPT`` picks its entry; a
+process without ``RT_ATTEMPT``, the supervisor, sees none: its storage check and summary
+stay clean), else ``RT_FAULTFS``, options for every process. The attempt is read when the
+filesystem is created, not when Python starts: a warm standby worker gets its attempt's
+environment only when it is handed its assignment. Keyword options that
 are not fault options are passed to the inner filesystem, so ``faulty://s3://b/p``
 takes the same storage_options (key, secret, client_kwargs) as ``s3://b/p``::
 
@@ -41,16 +50,18 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
 from resilient_train.checkpoint._files import abandon_write
+from resilient_train.cluster.environment import ATTEMPT
 
-__all__ = ["FaultyFileSystem", "FaultSpec", "SimulatedCrash", "ENV_VAR"]
+__all__ = ["FaultyFileSystem", "FaultSpec", "SimulatedCrash", "ENV_VAR", "ATTEMPT_ENV_VAR", "env_options"]
 
 ENV_VAR = "RT_FAULTFS"
+ATTEMPT_ENV_VAR = "RT_CHAOS_FAULTFS"  # {"<attempt>" or "*": {options}}: see the module docstring
 _PREFIX = "faulty://"
 
 
@@ -66,6 +77,7 @@ class FaultSpec:
     fail_write_k: int | None = None
     fail_kind: str = "transient"
     transient_rate: float = 0.0
+    transient_every: int | None = None
     stop_after_files: int | None = None
     latency_s: float = 0.0
 
@@ -76,6 +88,9 @@ class FaultSpec:
             raise ValueError(f"Received fail_kind={self.fail_kind!r}; expected 'transient', 'permanent' or 'nospace'")
         if not 0.0 <= self.transient_rate <= 1.0:
             raise ValueError(f"Received transient_rate={self.transient_rate!r}; expected 0 <= rate <= 1")
+        if self.transient_every is not None and self.transient_every < 2:
+            raise ValueError(f"Received transient_every={self.transient_every!r}; expected >= 2 (every "
+                             "operation failing leaves no retry that succeeds)")
         if self.stop_after_files is not None and self.stop_after_files < 0:
             raise ValueError(f"Received stop_after_files={self.stop_after_files!r}; expected >= 0")
         if self.latency_s < 0:
@@ -83,6 +98,16 @@ class FaultSpec:
 
 
 _SPEC_KEYS = {f.name for f in fields(FaultSpec)}
+
+
+def env_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The fault options the environment gives this process (see the module docstring)."""
+    scoped = environ.get(ATTEMPT_ENV_VAR)
+    if scoped:
+        attempt = environ.get(ATTEMPT)
+        plan = json.loads(scoped)
+        return dict(plan.get(attempt, plan.get("*")) or {}) if attempt else {}
+    return json.loads(environ.get(ENV_VAR) or "{}")
 
 
 def _split_inner(url: str) -> tuple[str, str]:
@@ -104,7 +129,7 @@ class FaultyFileSystem(AbstractFileSystem):
         sleep: Callable[[float], None] = time.sleep,
         **options: Any,
     ) -> None:
-        env = json.loads(os.environ.get(ENV_VAR) or "{}")
+        env = env_options(os.environ)
         unknown = sorted(set(env) - _SPEC_KEYS - {"target_protocol", "target_options"})
         if unknown:
             raise ValueError(f"Received {ENV_VAR} option(s) {unknown}; expected some of {sorted(_SPEC_KEYS)}")
@@ -169,6 +194,8 @@ class FaultyFileSystem(AbstractFileSystem):
                 if self.spec.fail_kind == "permanent":
                     raise PermissionError(f"injected permanent fault: write #{self._write_attempts} {path}")
                 raise ConnectionResetError(f"injected transient fault: write #{self._write_attempts} {path}")
+        if self.spec.transient_every and self.stats["ops"] % self.spec.transient_every == 0:
+            raise ConnectionResetError(f"injected transient fault in {op} {path} (operation #{self.stats['ops']})")
         if self.spec.transient_rate and self._rng.random() < self.spec.transient_rate:
             raise ConnectionResetError(f"injected transient fault in {op} {path}")
 
