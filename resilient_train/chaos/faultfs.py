@@ -11,10 +11,11 @@ fsspec filesystem and, driven by a seed, injects:
   (``fail_kind="nospace"``);
 * ``transient_rate``: each operation raises ``ConnectionResetError`` with this
   probability (``random.Random(seed)``, so a seed replays the same faults);
-* ``transient_every``: operations number k, 2k, 3k... of this filesystem raise
-  ``ConnectionResetError`` (a retry is the next operation, so it succeeds): a fixed
-  share of transient faults with no luck involved, so every process that does k
-  operations is certain to see one (a rate may draw none in a short attempt);
+* ``fail_op_k``: the k-th operation of any kind (1-based) raises ``ConnectionResetError``
+  once: a transient fault with no luck involved, so every process that does k
+  operations is certain to see one (a rate may draw none in a short attempt). Once,
+  not every k-th: a retried unit of work that does a multiple of k operations would
+  meet the fault on every try;
 * ``stop_after_files``: after n completed file writes every further write raises
   :class:`SimulatedCrash`, a ``BaseException`` standing for the chief being killed
   mid-upload (no retry policy may swallow it);
@@ -77,7 +78,7 @@ class FaultSpec:
     fail_write_k: int | None = None
     fail_kind: str = "transient"
     transient_rate: float = 0.0
-    transient_every: int | None = None
+    fail_op_k: int | None = None
     stop_after_files: int | None = None
     latency_s: float = 0.0
 
@@ -88,9 +89,8 @@ class FaultSpec:
             raise ValueError(f"Received fail_kind={self.fail_kind!r}; expected 'transient', 'permanent' or 'nospace'")
         if not 0.0 <= self.transient_rate <= 1.0:
             raise ValueError(f"Received transient_rate={self.transient_rate!r}; expected 0 <= rate <= 1")
-        if self.transient_every is not None and self.transient_every < 2:
-            raise ValueError(f"Received transient_every={self.transient_every!r}; expected >= 2 (every "
-                             "operation failing leaves no retry that succeeds)")
+        if self.fail_op_k is not None and self.fail_op_k < 1:
+            raise ValueError(f"Received fail_op_k={self.fail_op_k!r}; expected >= 1 (1-based)")
         if self.stop_after_files is not None and self.stop_after_files < 0:
             raise ValueError(f"Received stop_after_files={self.stop_after_files!r}; expected >= 0")
         if self.latency_s < 0:
@@ -194,7 +194,7 @@ class FaultyFileSystem(AbstractFileSystem):
                 if self.spec.fail_kind == "permanent":
                     raise PermissionError(f"injected permanent fault: write #{self._write_attempts} {path}")
                 raise ConnectionResetError(f"injected transient fault: write #{self._write_attempts} {path}")
-        if self.spec.transient_every and self.stats["ops"] % self.spec.transient_every == 0:
+        if self.stats["ops"] == self.spec.fail_op_k:
             raise ConnectionResetError(f"injected transient fault in {op} {path} (operation #{self.stats['ops']})")
         if self.spec.transient_rate and self._rng.random() < self.spec.transient_rate:
             raise ConnectionResetError(f"injected transient fault in {op} {path}")

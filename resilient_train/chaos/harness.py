@@ -262,7 +262,7 @@ def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> di
 
 def _storage_fault_fired(fault: StorageFaults, records: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
     spec = dict(fault.spec)
-    if spec.get("transient_every"):
+    if spec.get("fail_op_k"):
         # Deterministic: every attempt in scope that touched storage must show a retry.
         started = sorted({r["attempt"] for r in records if r.get("event") == "worker_started"})
         scope = [a for a in started if fault.attempts is None or a in fault.attempts]

@@ -270,17 +270,17 @@ CATALOGUE: tuple[Scenario, ...] = (
     ),
     Scenario(
         "multi-fault",
-        "every 10th storage operation fails transiently, in every attempt + kill -9 the chief at step 8 "
-        "+ SIGTERM a random worker in attempt 2",
-        (StorageFaults.of(attempts=None, transient_every=10),
+        "transient storage errors in every attempt (each worker's 2nd operation, then p=0.1 seeded) "
+        "+ kill -9 the chief at step 8 + SIGTERM a random worker in attempt 2",
+        (StorageFaults.of(attempts=None, fail_op_k=2, transient_rate=0.1),
          WorkerFault("after_step", 8, rank=0),
          ExternalFault("sigterm_worker", Trigger(nth=2, attempt=2), rank="random")),
     ),
     Scenario(
         "hang-input",
-        "a random worker's input blocks forever at its 15th batch read (epoch 2) on attempt 1, a stuck "
+        "a random worker's input blocks forever at its 18th batch read (mid epoch 2) on attempt 1, a stuck "
         "read: the watchdog (10 s) names that rank, the group restarts",
-        (WorkerFault("input", 15, rank="random", signal=HANG),),
+        (WorkerFault("input", 18, rank="random", signal=HANG),),
         job=(("hang_timeout", 10),),
     ),
     Scenario(

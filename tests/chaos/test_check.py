@@ -264,8 +264,8 @@ def test_the_watchdog_naming_the_wrong_rank_is_a_violation(tmp_path: Path) -> No
     run = _hung_run(tmp_path, named=0).write()
     result = check_run(run, DIGEST, expected_hangs={1: 1})
     assert [v for v in result.violations if v.startswith("hang")] == [
-        "hang: attempt 1 hung on rank 1, but the watchdog named rank 0 (main thread not in a TensorFlow op; "
-        "main thread in faults.py:108 _hang_forever)",
+        ("hang: attempt 1 hung on rank 1, but the watchdog named rank 0 (main thread not in a TensorFlow op; "
+         "main thread in faults.py:108 _hang_forever)"),
         "hang: the restart after attempt 1 blames rank 0, expected rank 1",
         "hang: summary.json's root cause names rank 0, expected rank 1",
     ]

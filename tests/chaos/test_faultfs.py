@@ -78,7 +78,7 @@ def test_store_over_a_faulty_url_crashes_where_told(monkeypatch: pytest.MonkeyPa
     ({"fail_write_k": 0}, "fail_write_k=0"),
     ({"fail_kind": "sometimes"}, "fail_kind='sometimes'; expected 'transient', 'permanent' or 'nospace'"),
     ({"transient_rate": 1.5}, "transient_rate=1.5"),
-    ({"transient_every": 1}, "transient_every=1; expected >= 2"),
+    ({"fail_op_k": 0}, "fail_op_k=0; expected >= 1"),
 ])
 def test_bad_options_are_named(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -103,19 +103,20 @@ def test_other_options_go_to_the_inner_filesystem(s3_server) -> None:
         FaultyFileSystem(fs=store.fs.fs, key="k")
 
 
-def test_transient_every_fails_each_kth_operation_and_a_retry_gets_through() -> None:
+def test_fail_op_k_fails_the_kth_operation_of_any_kind_once() -> None:
     root = f"/rt-faultfs/{uuid.uuid4().hex[:8]}"
-    fs = FaultyFileSystem(fs=fsspec.filesystem("memory"), transient_every=3)
-    assert outcomes(fs, root, 7) == ["ok", "ok", "reset", "ok", "ok", "reset", "ok"]
+    fs = FaultyFileSystem(fs=fsspec.filesystem("memory"), fail_op_k=3)
+    fs.makedirs(root, exist_ok=True)  # operation 1: not only writes count
+    assert outcomes(fs, root, 6) == ["ok", "reset", "ok", "ok", "ok", "ok"]
 
 
 def test_attempt_scoped_options_are_read_when_the_filesystem_is_created(monkeypatch: pytest.MonkeyPatch) -> None:
     # A warm standby gets RT_ATTEMPT only with its assignment, after Python started.
-    monkeypatch.setenv(ATTEMPT_ENV_VAR, json.dumps({"1": {"stop_after_files": 4}, "*": {"transient_every": 5}}))
+    monkeypatch.setenv(ATTEMPT_ENV_VAR, json.dumps({"1": {"stop_after_files": 4}, "*": {"fail_op_k": 5}}))
     monkeypatch.delenv("RT_ATTEMPT", raising=False)
     assert FaultyFileSystem(target_protocol="memory").spec == FaultSpec()  # the supervisor: no faults
     monkeypatch.setenv("RT_ATTEMPT", "1")
     assert FaultyFileSystem(target_protocol="memory").spec == FaultSpec(stop_after_files=4)
     monkeypatch.setenv("RT_ATTEMPT", "3")
-    assert FaultyFileSystem(target_protocol="memory").spec == FaultSpec(transient_every=5)
+    assert FaultyFileSystem(target_protocol="memory").spec == FaultSpec(fail_op_k=5)
     assert env_options({"RT_FAULTFS": json.dumps({"latency_s": 0.1})}) == {"latency_s": 0.1}

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
