@@ -6,10 +6,12 @@ and TensorFlow's heartbeats stay alive), one real run through the chaos harness 
 supervisor, 2 MWMS workers, ``recipes/linear_regression.py``, the reference digest checked),
 then from its ``events.jsonl``:
 
-* ``detected_s``: the last progress -> ``hang_detected``. The last progress is when the
-  supervisor last saw a step marker advance: ``hang_detected``'s ``ts`` minus its
-  ``seconds`` (the watchdog's own stall length, rounded to 0.1 s). It is the hang timeout
-  plus up to one marker read (0.25 s) plus the stack collection.
+* ``detected_s``: the last progress -> ``hang_detected``. The last progress is the newest
+  modification time of the hung attempt's step markers (``attempt-<n>/step-<rank>.txt``,
+  rewritten by each worker after every call), read from the files, not from the
+  supervisor; ``stall_s`` is what the watchdog itself measured (``hang_detected``'s
+  ``seconds``, rounded to 0.1 s). Expected: the hang timeout, plus up to one marker read
+  (0.25 s), plus the stack collection.
 * ``stacks_s``: ``run_state`` -> ``hung`` to ``hang_detected`` (SIGUSR1, the dumps read back).
 * ``killed_s``: the last progress -> the last ``worker_exited`` of the hung attempt.
 * ``first_step_s``: the last progress -> the ``first_step`` of the next attempt (a step of
@@ -19,6 +21,7 @@ then from its ``events.jsonl``:
 Usage::
 
     .venv/bin/python benchmarks/hang_detection.py [--hang-timeout 5] [--seed 0]
+    .venv/bin/python benchmarks/hang_detection.py --runs RUN_DIR...   # re-time finished runs
 
 Writes ``benchmarks/results/hang_detection.json`` with the hang timeout, the date and the
 machine's load (``uptime``) before and after. Event timestamps have millisecond resolution.
@@ -56,11 +59,13 @@ def _ts(record: dict[str, Any]) -> float:
     return dt.datetime.fromisoformat(record["ts"]).timestamp()
 
 
-def timings(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures of the module docstring from one healed run's events (the first hang)."""
+def timings(run_dir: Path) -> dict[str, Any]:
+    """The figures of the module docstring from one healed run (its first hang)."""
+    records = read_events(RunDir(run_dir).events)
     hang = next(r for r in records if r["event"] == "hang_detected")
     attempt = hang["attempt"]
-    last_progress = _ts(hang) - float(hang["seconds"])
+    markers = list(RunDir(run_dir).attempt(attempt).path.glob("step-*.txt"))
+    last_progress = max(marker.stat().st_mtime for marker in markers)
     hung = next(r for r in records if r["event"] == "run_state" and r.get("to") == "hung" and r.get("attempt") == attempt)
     exits = [r for r in records if r["event"] == "worker_exited" and r.get("attempt") == attempt]
     first = next(r for r in records if r["event"] == "first_step" and r.get("attempt") == attempt + 1)
@@ -69,6 +74,7 @@ def timings(records: list[dict[str, Any]]) -> dict[str, Any]:
         "rank": hang["rank"], "global_step": hang["global_step"], "chosen_by": hang.get("chosen_by"),
         "where": hang.get("where"), "timeout_s": hang.get("timeout_s"),
         "detected_s": round(_ts(hang) - last_progress, 2),
+        "stall_s": hang["seconds"],
         "stacks_s": round(_ts(hang) - _ts(hung), 2),
         "killed_s": round(killed - last_progress, 2),
         "first_step_s": round(_ts(first) - last_progress, 2),
@@ -86,9 +92,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds the fault plan: which rank hangs")
     parser.add_argument("--root", type=Path, help="where the runs go (default: a temporary directory)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hang_detection.json")
+    parser.add_argument("--runs", type=Path, nargs="+", metavar="RUN_DIR",
+                        help="time these finished scenario runs instead of running new ones (updates --out's rows)")
     args = parser.parse_args()
     if not args.hang_timeout > 0:
         parser.error(f"--hang-timeout {args.hang_timeout}: expected seconds > 0")
+    if args.runs:
+        report = json.loads(args.out.read_text())
+        rows = {row["run_dir"]: row for row in report["scenarios"]}
+        for run_dir in args.runs:
+            rows[str(run_dir)].update(timings(run_dir))
+        report["retimed_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report["scenarios"], indent=2))
+        return 0
 
     root = args.root or Path(tempfile.mkdtemp(prefix="rt-hang-bench-"))
     load_before = _uptime()
@@ -103,7 +120,7 @@ def main() -> int:
                                "wall_s": round(time.monotonic() - started, 1),
                                "problems": list(result.problems) + list(result.check.violations)}
         try:
-            row.update(timings(read_events(RunDir(Path(result.run_dir)).events)))
+            row.update(timings(Path(result.run_dir)))
         except StopIteration:
             row["error"] = "the run has no hang_detected / next first_step to time"
         results.append(row)

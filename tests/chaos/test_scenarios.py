@@ -28,6 +28,8 @@ def test_the_catalogue_covers_every_nemesis_op_and_has_unique_names() -> None:
     storage = {k for s in CATALOGUE for f in s.faults if isinstance(f, StorageFaults) for k, _ in f.spec}
     assert {"transient_rate", "stop_after_files", "latency_s"} <= storage
     assert any(len(s.faults) >= 3 for s in CATALOGUE)  # several faults in one run
+    hangs = {f.point for s in CATALOGUE for f in s.faults if isinstance(f, WorkerFault) and f.hangs}
+    assert hangs == {"input", "after_step"}  # hang-input, hang-collective
 
 
 def test_the_seeds_experiment_is_exact() -> None:
