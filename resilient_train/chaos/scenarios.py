@@ -285,8 +285,8 @@ CATALOGUE: tuple[Scenario, ...] = (
     ),
     Scenario(
         "hang-collective",
-        "a random worker stops calling the training step after step 12 on attempt 1, process and "
-        "heartbeats alive (its peers wait in the collective): the watchdog (10 s) names it",
+        "a random worker stops calling the training step after the call that finished step 12 on attempt 1, "
+        "process and heartbeats alive (its peers wait in the collective): the watchdog (10 s) names it",
         (WorkerFault("after_step", 12, rank="random", signal=HANG),),
         job=(("hang_timeout", 10),),
     ),
