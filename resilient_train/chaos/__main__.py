@@ -3,7 +3,8 @@
     python -m resilient_train.chaos list
     python -m resilient_train.chaos run SCENARIO... | --all  [--recipe R] [--seed S] [--workers N] [--storage URL]
     python -m resilient_train.chaos soak --minutes M --seed S
-    python -m resilient_train.chaos check RUN_DIR --reference DIGEST [--exit-code N] [--save-every K] [--json]
+    python -m resilient_train.chaos check RUN_DIR --reference DIGEST [--reference-run DIR] [--exit-code N]
+                                          [--save-every K] [--json]
 
 Exit codes: 0 every scenario (or the checked run) passed, 1 at least one failed,
 2 bad command line.
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="check the invariants on a finished run directory")
     check.add_argument("run_dir", type=Path)
     check.add_argument("--reference", required=True, metavar="DIGEST", help="weights_sha256 of the uninterrupted run")
+    check.add_argument("--reference-run", type=Path, metavar="DIR",
+                       help="the reference's run dir: compare committed steps with `resilient-train diff`")
     check.add_argument("--exit-code", type=int, help="the job's exit code, when known")
     check.add_argument("--save-every", type=int, help="default: the run's job.json")
     check.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result = check_run(args.run_dir, args.reference, exit_code=args.exit_code, save_every=args.save_every,
                            storage_options=parse_storage_options(args.storage_option),
-                           check_orphans=not args.no_orphans)
+                           check_orphans=not args.no_orphans, reference_run=args.reference_run)
         print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
         return 0 if result.passed else 1
     try:

@@ -23,6 +23,18 @@ Usable on any run directory, not only the chaos suite's (``python -m resilient_t
    corruption that was injected (and only while no later commit of that step claimed it
    good again).
 6. ``orphans``: no worker process (pids from ``worker_started``) is still alive.
+7. ``trajectory`` (with ``reference_run``, the reference's run dir): ``resilient-train diff``
+   of the run against the reference finds the same weights at every committed step both
+   made (``checkpoint_committed``'s ``weights_sha256``) and the same first batch in every
+   epoch; else it names the first divergent committed step and the last that matched.
+8. ``hang`` (with ``expected_hangs``, attempt -> rank): each attempt that was made to hang
+   has exactly one ``hang_detected``, naming that rank, and the restart's root cause
+   (``gang_restart``'s ``root_cause_rank``; ``summary.json``'s ``root_cause`` when it is
+   the hang) names it too; no other attempt hung.
+9. ``fencing``: nothing committed by a fenced writer: no ``checkpoint_committed`` of an
+   attempt after a newer attempt claimed its generation (``generation_claimed``; appends
+   to the one events.jsonl are ordered), and none by a writer after it was told it is
+   stale (``stale_writer_fenced``).
 
 Why from artefacts: a checker that asks the supervisor how it did would trust the thing
 under test. The attempt's reached step comes from ``attempt_reached`` or, when the
@@ -44,7 +56,8 @@ from resilient_train.rundir.events import read_events
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.stepmarker import highest_step
 
-__all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url"]
+__all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url",
+           "trajectory_check", "hang_checks", "fencing_checks"]
 
 INJECTED_EVENT = "chaos_fault_injected"
 
@@ -78,6 +91,12 @@ class CheckResult:
     checkpoints_bad: tuple[str, ...]
     restored_steps: tuple[int, ...]
     restart_records: tuple[RestartRecord, ...] = field(default=())
+    # From ``resilient-train diff`` against the reference run (all None: not compared; no divergent
+    # step or epoch: identical, last_matching_step is then the last common committed step).
+    first_divergent_step: int | None = None
+    last_matching_step: int | None = None
+    first_divergent_epoch: int | None = None
+    hangs: tuple[dict[str, Any], ...] = ()  # each hang_detected: attempt, rank, global_step, seconds, where
 
     @property
     def passed(self) -> bool:
@@ -244,6 +263,84 @@ def _survivors(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return alive
 
 
+def trajectory_check(run_dir: Path, reference_run: Path, violations: list[str]) -> Any:
+    """``resilient-train diff reference_run run_dir``; returns its Divergence, None when unreadable."""
+    from resilient_train.commands.diff import compare_trajectories, load_trajectory
+    from resilient_train.errors import StorageError
+
+    try:
+        result = compare_trajectories(load_trajectory(str(reference_run), {}), load_trajectory(str(run_dir), {}))
+    except (ValueError, StorageError) as exc:
+        violations.append(f"trajectory: cannot compare with the reference run {reference_run}: {exc}")
+        return None
+    if result.first_divergent_step is not None:
+        last = result.last_matching_step
+        violations.append(
+            f"trajectory: the weights diverge from the reference run at committed global step "
+            f"{result.first_divergent_step} (last matching step: {last if last is not None else 'none'})"
+        )
+    elif not result.common_steps:
+        violations.append(f"trajectory: no committed step in common with the reference run {reference_run}")
+    if result.first_divergent_epoch is not None:
+        violations.append(f"trajectory: epoch {result.first_divergent_epoch}'s first batch differs from the reference run's")
+    return result
+
+
+def hang_checks(
+    records: list[dict[str, Any]], summary: Mapping[str, Any], expected: Mapping[int, int], violations: list[str],
+) -> list[dict[str, Any]]:
+    """Invariant 8 (see the module docstring); returns the hang_detected records."""
+    hangs = [r for r in records if r["event"] == "hang_detected"]
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for hang in hangs:
+        by_attempt.setdefault(hang.get("attempt"), []).append(hang)
+    for attempt, found in sorted(by_attempt.items(), key=lambda item: item[0] or 0):
+        if attempt not in expected:
+            violations.append(f"hang: attempt {attempt} hung (rank {found[0].get('rank')} named, "
+                              f"{found[0].get('where')}) and nothing made it hang")
+    for attempt, rank in sorted(expected.items()):
+        found = by_attempt.get(attempt, [])
+        if len(found) != 1:
+            violations.append(f"hang: attempt {attempt} was made to hang on rank {rank}; "
+                              f"{len(found)} hang_detected events, expected 1")
+            continue
+        named = found[0].get("rank")
+        if named != rank:
+            violations.append(f"hang: attempt {attempt} hung on rank {rank}, but the watchdog named rank {named} "
+                              f"({found[0].get('chosen_by')}; {found[0].get('where')})")
+        restart = next((r for r in records if r["event"] == "gang_restart" and r.get("attempt") == attempt + 1), None)
+        if restart is None:
+            violations.append(f"hang: no gang_restart after attempt {attempt} hung")
+        elif restart.get("root_cause_rank") != rank:
+            violations.append(f"hang: the restart after attempt {attempt} blames rank {restart.get('root_cause_rank')}, "
+                              f"expected rank {rank}")
+    root = summary.get("root_cause") or {}
+    if root.get("type") == "Hang" and root.get("attempt") in expected:
+        rank = expected[root["attempt"]]
+        if root.get("rank") != rank:
+            violations.append(f"hang: summary.json's root cause names rank {root.get('rank')}, expected rank {rank}")
+    return hangs
+
+
+def fencing_checks(records: list[dict[str, Any]], violations: list[str]) -> None:
+    """Invariant 9 (see the module docstring)."""
+    newest_claim = 0  # the highest attempt that claimed a generation so far
+    fenced: set[Any] = set()
+    for record in records:
+        event, attempt = record["event"], record.get("attempt")
+        if event == "generation_claimed" and isinstance(attempt, int):
+            newest_claim = max(newest_claim, attempt)
+        elif event == "stale_writer_fenced":
+            fenced.add(attempt)
+        elif event == "checkpoint_committed":
+            step = record.get("global_step")
+            if attempt in fenced:
+                violations.append(f"fencing: attempt {attempt} committed step {step} after it was fenced")
+            elif isinstance(attempt, int) and attempt < newest_claim:
+                violations.append(f"fencing: attempt {attempt} committed step {step} after attempt {newest_claim} "
+                                  "claimed a newer generation (a stale writer's commit)")
+
+
 def check_run(
     run_dir: str | Path,
     reference: str | None,
@@ -252,8 +349,14 @@ def check_run(
     save_every: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     check_orphans: bool = True,
+    reference_run: str | Path | None = None,
+    expected_hangs: Mapping[int, int] | None = None,
 ) -> CheckResult:
-    """Check every invariant of the module docstring on ``run_dir``; never raises for a bad run."""
+    """Check every invariant of the module docstring on ``run_dir``; never raises for a bad run.
+
+    Invariants 7 and 8 need ``reference_run`` and ``expected_hangs``; without them they are
+    not checked (a user's run dir has neither a reference run nor a fault plan).
+    """
     run_dir = Path(run_dir)
     violations: list[str] = []
     records = load_events(RunDir(run_dir).events)
@@ -335,6 +438,15 @@ def check_run(
         for survivor in _survivors(records):
             violations.append(f"orphans: worker still alive after the run: {survivor}")
 
+    # 7. trajectory
+    divergence = trajectory_check(run_dir, Path(reference_run), violations) if reference_run is not None else None
+
+    # 8. hang
+    hangs = hang_checks(records, summary, expected_hangs, violations) if expected_hangs is not None else []
+
+    # 9. fencing
+    fencing_checks(records, violations)
+
     attempts = {r.get("attempt") for r in records if r["event"] == "worker_started"}
     return CheckResult(
         run_dir=str(run_dir),
@@ -347,6 +459,11 @@ def check_run(
         checkpoints_bad=tuple(bad),
         restored_steps=tuple(restored_steps),
         restart_records=tuple(restarts),
+        first_divergent_step=getattr(divergence, "first_divergent_step", None),
+        last_matching_step=getattr(divergence, "last_matching_step", None),
+        first_divergent_epoch=getattr(divergence, "first_divergent_epoch", None),
+        hangs=tuple({key: hang.get(key) for key in ("attempt", "rank", "global_step", "seconds", "chosen_by", "where")}
+                    for hang in hangs),
     )
 
 
@@ -354,7 +471,9 @@ def render(result: CheckResult) -> str:
     lines = [
         f"run: {result.run_dir}",
         f"restarts: {result.restarts}  restored: {list(result.restored_steps)}  lost steps: {result.lost_steps}",
-        f"digest: {result.digest} ({'matches' if result.digest_match else 'DOES NOT match'} the reference)",
+        f"digest: {result.digest} ({'matches' if result.digest_match else 'DOES NOT match'} the reference)"
+        + (f"; first divergent committed step {result.first_divergent_step} (last matching "
+           f"{result.last_matching_step})" if result.first_divergent_step is not None else ""),
         f"checkpoints verified: {result.checkpoints_verified}"
         + (f"  bad: {'; '.join(result.checkpoints_bad)}" if result.checkpoints_bad else ""),
     ]
@@ -363,6 +482,9 @@ def render(result: CheckResult) -> str:
             f"  attempt {r.attempt}: previous ended by {r.ended_by} at step {r.reached}, newest commit "
             f"{r.newest_committed}, restored {r.restored}, lost {r.lost} (allowed past last commit: {r.allowed})"
         )
+    for hang in result.hangs:
+        lines.append(f"  hang in attempt {hang['attempt']}: rank {hang['rank']} at global step {hang['global_step']} "
+                     f"for {hang['seconds']} s ({hang['chosen_by']}); {hang['where']}")
     lines.append("PASS" if result.passed else "FAIL")
     lines.extend(f"  - {v}" for v in result.violations)
     return "\n".join(lines)

@@ -11,6 +11,11 @@ fsspec filesystem and, driven by a seed, injects:
   (``fail_kind="nospace"``);
 * ``transient_rate``: each operation raises ``ConnectionResetError`` with this
   probability (``random.Random(seed)``, so a seed replays the same faults);
+* ``fail_op_k``: the k-th operation of any kind (1-based) raises ``ConnectionResetError``
+  once: a transient fault with no luck involved, so every process that does k
+  operations is certain to see one (a rate may draw none in a short attempt). Once,
+  not every k-th: a retried unit of work that does a multiple of k operations would
+  meet the fault on every try;
 * ``stop_after_files``: after n completed file writes every further write raises
   :class:`SimulatedCrash`, a ``BaseException`` standing for the chief being killed
   mid-upload (no retry policy may swallow it);
@@ -24,9 +29,14 @@ fsspec filesystem and, driven by a seed, injects:
 It also counts what passes through (``stats``: reads, bytes_read, writes, files_written,
 ops, stalls) so tests can prove, e.g., that a cache hit downloads nothing.
 
-Ways to configure it (later wins): the ``RT_FAULTFS`` environment variable (a JSON
-object, because the chaos suite hands options to worker processes through the
-environment), the URL, keyword arguments / ``storage_options``. Keyword options that
+Ways to configure it (later wins): the environment (a JSON object, because the chaos
+suite hands options to worker processes that way), the URL, keyword arguments /
+``storage_options``. From the environment: ``RT_CHAOS_FAULTFS``, options per attempt
+(``{"<attempt>" or "*": {options}}``, this process's ``RT_ATTEMPT`` picks its entry; a
+process without ``RT_ATTEMPT``, the supervisor, sees none: its storage check and summary
+stay clean), else ``RT_FAULTFS``, options for every process. The attempt is read when the
+filesystem is created, not when Python starts: a warm standby worker gets its attempt's
+environment only when it is handed its assignment. Keyword options that
 are not fault options are passed to the inner filesystem, so ``faulty://s3://b/p``
 takes the same storage_options (key, secret, client_kwargs) as ``s3://b/p``::
 
@@ -47,16 +57,18 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
 from resilient_train.checkpoint._files import abandon_write
+from resilient_train.cluster.environment import ATTEMPT
 
-__all__ = ["FaultyFileSystem", "FaultSpec", "SimulatedCrash", "ENV_VAR"]
+__all__ = ["FaultyFileSystem", "FaultSpec", "SimulatedCrash", "ENV_VAR", "ATTEMPT_ENV_VAR", "env_options"]
 
 ENV_VAR = "RT_FAULTFS"
+ATTEMPT_ENV_VAR = "RT_CHAOS_FAULTFS"  # {"<attempt>" or "*": {options}}: see the module docstring
 _PREFIX = "faulty://"
 
 
@@ -72,6 +84,7 @@ class FaultSpec:
     fail_write_k: int | None = None
     fail_kind: str = "transient"
     transient_rate: float = 0.0
+    fail_op_k: int | None = None
     stop_after_files: int | None = None
     latency_s: float = 0.0
     stall_write_k: int | None = None
@@ -85,6 +98,8 @@ class FaultSpec:
             raise ValueError(f"Received fail_kind={self.fail_kind!r}; expected 'transient', 'permanent' or 'nospace'")
         if not 0.0 <= self.transient_rate <= 1.0:
             raise ValueError(f"Received transient_rate={self.transient_rate!r}; expected 0 <= rate <= 1")
+        if self.fail_op_k is not None and self.fail_op_k < 1:
+            raise ValueError(f"Received fail_op_k={self.fail_op_k!r}; expected >= 1 (1-based)")
         if self.stop_after_files is not None and self.stop_after_files < 0:
             raise ValueError(f"Received stop_after_files={self.stop_after_files!r}; expected >= 0")
         if self.latency_s < 0:
@@ -111,6 +126,16 @@ class FaultSpec:
 _SPEC_KEYS = {f.name for f in fields(FaultSpec)}
 
 
+def env_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The fault options the environment gives this process (see the module docstring)."""
+    scoped = environ.get(ATTEMPT_ENV_VAR)
+    if scoped:
+        attempt = environ.get(ATTEMPT)
+        plan = json.loads(scoped)
+        return dict(plan.get(attempt, plan.get("*")) or {}) if attempt else {}
+    return json.loads(environ.get(ENV_VAR) or "{}")
+
+
 def _split_inner(url: str) -> tuple[str, str]:
     """``faulty://s3://b/p`` -> ("s3", "s3://b/p"); ``faulty:///tmp/x`` -> ("file", "/tmp/x")."""
     rest = url[len(_PREFIX):] if url.startswith(_PREFIX) else url
@@ -130,7 +155,7 @@ class FaultyFileSystem(AbstractFileSystem):
         sleep: Callable[[float], None] = time.sleep,
         **options: Any,
     ) -> None:
-        env = json.loads(os.environ.get(ENV_VAR) or "{}")
+        env = env_options(os.environ)
         unknown = sorted(set(env) - _SPEC_KEYS - {"target_protocol", "target_options"})
         if unknown:
             raise ValueError(f"Received {ENV_VAR} option(s) {unknown}; expected some of {sorted(_SPEC_KEYS)}")
@@ -203,6 +228,8 @@ class FaultyFileSystem(AbstractFileSystem):
                 if self.spec.fail_kind == "permanent":
                     raise PermissionError(f"injected permanent fault: write #{self._write_attempts} {path}")
                 raise ConnectionResetError(f"injected transient fault: write #{self._write_attempts} {path}")
+        if self.stats["ops"] == self.spec.fail_op_k:
+            raise ConnectionResetError(f"injected transient fault in {op} {path} (operation #{self.stats['ops']})")
         if self.spec.transient_rate and self._rng.random() < self.spec.transient_rate:
             raise ConnectionResetError(f"injected transient fault in {op} {path}")
 

@@ -22,12 +22,22 @@ def _row(result: ScenarioResult) -> tuple[str, ...]:
         f"{result.faults_injected}/{result.faults_planned}",
         str(result.check.restarts),
         str(result.check.lost_steps),
-        "yes" if result.check.digest_match else "NO",
+        _digest_cell(result),
         str(result.check.checkpoints_verified) + (f" (+{len(result.check.checkpoints_bad)} bad)"
                                                   if result.check.checkpoints_bad else ""),
         "PASS" if result.passed else "FAIL",
         f"{result.wall_s:.1f} s",
     )
+
+
+def _digest_cell(result: ScenarioResult) -> str:
+    """``yes``, or ``NO`` with the first committed step whose weights left the reference's."""
+    check = result.check
+    if check.digest_match and check.first_divergent_step is None:
+        return "yes"
+    if check.first_divergent_step is not None:
+        return f"NO (from step {check.first_divergent_step}; same until {check.last_matching_step})"
+    return "NO"
 
 
 def table(results: Iterable[ScenarioResult]) -> str:

@@ -4,8 +4,12 @@ A scenario is data (frozen dataclasses), so the catalogue reads as a table and t
 run can compose new ones. Three kinds of fault, chosen by how exactly they must land:
 
 * :class:`WorkerFault` is pulled by the worker itself (``RT_FAULTS``: after a step,
-  before or after a commit, an exception) at an exact global step of an exact attempt.
-  The signal is real (``os.kill`` on its own pid), so the supervisor sees a real death.
+  before or after a commit, an exception, its input's n-th batch) at an exact global step
+  of an exact attempt. The signal is real (``os.kill`` on its own pid), so the supervisor
+  sees a real death; or the fault hangs (``signal="HANG"``): the thread that pulled it
+  blocks forever with the process alive, which only the progress watchdog can end.
+  An ``input`` fault needs the input pipeline to pull it: the harness runs such a
+  scenario on a recipe it generates around the job's (the same batches, one gate each).
 * :class:`ExternalFault` is done to the job from outside by the nemesis (SIGKILL/SIGTERM
   a worker or the supervisor, corrupt the newest checkpoint, kill the chief while an
   upload is in flight). It fires on a :class:`Trigger` read from the job's own event
@@ -30,8 +34,12 @@ __all__ = [
     "plan", "by_name", "random_scenario",
 ]
 
-SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP")
-WORKER_POINTS = ("after_step", "before_commit", "after_commit", "raise")
+HANG = "HANG"  # not a signal: the thread that pulls the fault sleeps forever (runner/faults.py)
+SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", HANG)
+KILL_POINTS = ("after_step", "before_commit", "after_commit", "raise")
+# input: the global_step-th batch the rank's input pipeline reads in its process (counting the
+# chief's extra read of each epoch's first batch, and the prefetch that runs two batches ahead)
+WORKER_POINTS = KILL_POINTS + ("input",)
 EXTERNAL_OPS = (
     "sigkill_worker",       # kill -9 one worker (rank given, "chief" = 0, or "random")
     "sigterm_worker",       # graceful preemption of one worker
@@ -80,9 +88,18 @@ class WorkerFault:
             raise ValueError(f"Received point={self.point!r}; expected one of {WORKER_POINTS}")
         if self.signal not in SIGNALS:
             raise ValueError(f"Received signal={self.signal!r}; expected one of {SIGNALS}")
+        if self.point == "input" and self.signal != HANG:
+            raise ValueError(f"Received point='input' with signal={self.signal!r}; expected signal={HANG!r} "
+                             "(an input pipeline thread can block, not die alone)")
+
+    @property
+    def hangs(self) -> bool:
+        return self.signal == HANG
 
     def describe(self) -> str:
-        what = "raise" if self.point == "raise" else self.signal
+        if self.point == "input":
+            return f"hang rank {self.rank}'s input at batch {self.global_step} (attempt {self.attempt})"
+        what = "raise" if self.point == "raise" else "hang" if self.hangs else self.signal
         return f"{what} rank {self.rank} at {self.point} step {self.global_step} (attempt {self.attempt})"
 
 
@@ -139,8 +156,10 @@ Fault = Union[WorkerFault, ExternalFault, StorageFaults]
 class Scenario:
     """A named set of faults plus what the job must look like under them.
 
-    ``job`` overrides job parameters (e.g. ``save_every_steps``); ``expect_restored``
-    pins the exact restored steps (the seeds' experiment: ``(7,)``).
+    ``job`` overrides job parameters (e.g. ``save_every_steps``, ``hang_timeout``);
+    ``expect_restored`` pins the exact restored steps (the seeds' experiment: ``(7,)``).
+    A new kind of fault is a new dataclass in :data:`Fault` plus its branch in
+    :func:`plan` (random choices) and in the harness (how it is armed, whether it fired).
     """
 
     name: str
@@ -157,6 +176,16 @@ class Scenario:
     @property
     def overrides(self) -> dict[str, Any]:
         return dict(self.job)
+
+    @property
+    def expected_hangs(self) -> dict[int, int]:
+        """attempt -> the rank the watchdog must name (of a planned scenario: ranks resolved)."""
+        return {f.attempt: f.rank for f in self.faults if isinstance(f, WorkerFault) and f.hangs}
+
+    @property
+    def input_faults(self) -> bool:
+        """The job must run on the harness's input-fault recipe (see the module docstring)."""
+        return any(isinstance(f, WorkerFault) and f.point == "input" for f in self.faults)
 
 
 def _ordinal(n: int | str) -> str:
@@ -241,10 +270,25 @@ CATALOGUE: tuple[Scenario, ...] = (
     ),
     Scenario(
         "multi-fault",
-        "transient storage errors (p=0.1) + kill -9 the chief at step 8 + SIGTERM a random worker in attempt 2",
-        (StorageFaults.of(attempts=None, transient_rate=0.1),
+        "transient storage errors in every attempt (each worker's 2nd operation, then p=0.1 seeded) "
+        "+ kill -9 the chief at step 8 + SIGTERM a random worker in attempt 2",
+        (StorageFaults.of(attempts=None, fail_op_k=2, transient_rate=0.1),
          WorkerFault("after_step", 8, rank=0),
          ExternalFault("sigterm_worker", Trigger(nth=2, attempt=2), rank="random")),
+    ),
+    Scenario(
+        "hang-input",
+        "a random worker's input blocks forever at its 18th batch read (mid epoch 2) on attempt 1, a stuck "
+        "read: the watchdog (10 s) names that rank, the group restarts",
+        (WorkerFault("input", 18, rank="random", signal=HANG),),
+        job=(("hang_timeout", 10),),
+    ),
+    Scenario(
+        "hang-collective",
+        "a random worker stops calling the training step after the call that finished step 12 on attempt 1, "
+        "process and heartbeats alive (its peers wait in the collective): the watchdog (10 s) names it",
+        (WorkerFault("after_step", 12, rank="random", signal=HANG),),
+        job=(("hang_timeout", 10),),
     ),
 )
 
@@ -305,7 +349,7 @@ def random_scenario(rng: random.Random, index: int, *, total_steps: int, save_ev
         latest = max(2, total_steps - 2 * save_every)
         kind = rng.choice(["worker", "external", "external"])
         if kind == "worker" and not any(isinstance(f, StorageFaults) and dict(f.spec).get("stop_after_files") for f in faults):
-            point = rng.choice(WORKER_POINTS)
+            point = rng.choice(KILL_POINTS)
             step = rng.randint(1, latest)
             if point in ("before_commit", "after_commit"):
                 step = max(save_every, step - step % save_every)

@@ -9,7 +9,9 @@ right after it committed global step 7" needs the worker itself to pull the trig
 points: ``after_step`` (a step finished), ``mid_upload`` (the chief uploaded the first
 file of the checkpoint, the manifest is not written), ``after_commit`` (MANIFEST.json written),
 ``before_commit`` (checkpoint written locally, nothing uploaded), ``raise`` (an exception from
-the step, like a recipe bug). ``attempt`` defaults to 1, so a restarted group runs clean.
+the step, like a recipe bug), ``input`` (the ``global_step``-th batch this process's input
+pipeline reads; pulled only by a recipe that asks for it, as the chaos suite's generated
+input-fault recipe does: :func:`input_gate`). ``attempt`` defaults to 1, so a restarted group runs clean.
 The signal is real (``os.kill`` on the own pid; SIGSTOP on the calling thread), so the
 supervisor sees a real death. Each fault fires once.
 
@@ -17,6 +19,12 @@ supervisor sees a real death. Each fault fires once.
 node, a paused VM): with ``mid_upload`` the chief stops between two file uploads of a
 checkpoint, its persist thread holding a half-uploaded directory, until a test sends
 SIGCONT. tests/integration/test_stale_writer.py uses it to prove generation fencing.
+
+``"signal": "HANG"`` is not a signal: the calling thread sleeps forever while the process,
+its other threads and TensorFlow's heartbeats stay alive, the failure only the supervisor's
+progress watchdog can end. At ``after_step`` the worker stops calling the training step
+between two calls (its peers wait in the next collective); at ``input`` its input pipeline
+blocks (a stuck network read, a hung data loader).
 """
 
 from __future__ import annotations
@@ -25,12 +33,14 @@ import json
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["FaultPlan", "InjectedFault"]
+__all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
 
-POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise")
+POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input")
+HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
 
 
 class InjectedFault(RuntimeError):
@@ -62,8 +72,9 @@ class FaultPlan:
         for fault in faults:
             if fault.point not in POINTS:
                 raise ValueError(f"RT_FAULTS point {fault.point!r}; expected one of {POINTS}")
-            if not isinstance(getattr(signal, fault.signal, None), signal.Signals):
-                raise ValueError(f"RT_FAULTS signal {fault.signal!r}; expected a signal name such as SIGKILL or SIGSTOP")
+            if fault.signal != HANG and not isinstance(getattr(signal, fault.signal, None), signal.Signals):
+                raise ValueError(f"RT_FAULTS signal {fault.signal!r}; expected a signal name such as SIGKILL "
+                                 f"or SIGSTOP, or {HANG!r}")
         return cls(faults, rank=rank, attempt=attempt)
 
     def hit(self, point: str, global_step: int) -> None:
@@ -72,6 +83,8 @@ class FaultPlan:
             return
         if point == "raise":
             raise InjectedFault(f"injected fault at global_step {global_step}")
+        if fault.signal == HANG:
+            _hang_forever()
         sig = getattr(signal, fault.signal)
         if sig == signal.SIGSTOP:
             # Directed at the calling thread: a process-directed SIGSTOP is handled by the
@@ -80,3 +93,26 @@ class FaultPlan:
             signal.pthread_kill(threading.get_ident(), sig)
             return
         os.kill(os.getpid(), sig)
+
+
+def _hang_forever() -> None:
+    """The stuck thread: never returns (the supervisor's SIGKILL ends the process)."""
+    while True:
+        time.sleep(3600)
+
+
+def input_gate(environ: Mapping[str, str], *, rank: int):
+    """A function for a recipe's input pipeline to call once per batch it reads: it pulls
+    this process's ``input`` faults (``RT_FAULTS``), numbering the batches from 1.
+
+    The attempt is the worker's ``RT_ATTEMPT`` (0 outside a worker: nothing fires there,
+    e.g. in the supervisor's input check).
+    """
+    plan = FaultPlan.from_env(environ, rank=rank, attempt=int(environ.get("RT_ATTEMPT") or 0))
+    batches = [0]
+
+    def read_batch() -> None:
+        batches[0] += 1
+        plan.hit("input", batches[0])
+
+    return read_batch

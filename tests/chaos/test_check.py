@@ -36,14 +36,15 @@ class RunDir:
         self.events.append({"event": event, "ts": "2026-01-01T00:00:00.000+00:00", **fields})
         return self
 
-    def commit(self, step: int, attempt: int) -> "RunDir":
+    def commit(self, step: int, attempt: int, weights: str | None = None) -> "RunDir":
         local = self.path / "staging" / str(step)
         local.mkdir(parents=True)
         (local / "ckpt.index").write_bytes(b"i" * 10)
         (local / "ckpt.data-00000-of-00001").write_bytes(bytes([step % 256]) * 100)
         self.store.commit(local, run_id="r", epoch=step // 10, step_in_epoch=step % 10, global_step=step,
                           world_size=2, weights_sha256=DIGEST, tf_version="2.21")
-        return self.ev("checkpoint_committed", global_step=step, attempt=attempt, role="chief", rank=0)
+        trajectory = {"weights_sha256": weights} if weights else {}
+        return self.ev("checkpoint_committed", global_step=step, attempt=attempt, role="chief", rank=0, **trajectory)
 
     def attempt(self, n: int, reached: int | None) -> "RunDir":
         attempt_dir = self.path / f"attempt-{n}"
@@ -214,3 +215,107 @@ def test_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "PASS" in capsys.readouterr().out
     assert main(["check", str(run), "--reference", OTHER]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- trajectory, hangs, fencing
+
+
+def _weights(step: int) -> str:
+    return f"{step:064x}"
+
+
+def _reference(tmp_path: Path, steps: tuple[int, ...] = (5, 10, 15, 20)) -> Path:
+    """A reference run dir as the checker reads it: its events (what `resilient-train diff` reads)."""
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    events = [{"event": "checkpoint_committed", "global_step": s, "weights_sha256": _weights(s), "attempt": 1}
+              for s in steps]
+    events += [{"event": "input_digest", "epoch": e, "sha256": f"in{e}"} for e in (0, 1)]
+    (ref / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return ref
+
+
+def _hung_run(tmp_path: Path, *, named: int, blamed: int | None = None, weights=_weights) -> RunDir:
+    """Attempt 1 hangs at step 12 (rank 1 stuck), is killed, attempt 2 restores 10 and finishes."""
+    run = RunDir(tmp_path).attempt(1, 12).ev("generation_claimed", generation=1, attempt=1, rank=0)
+    run.ev("input_digest", epoch=0, sha256="in0", attempt=1)
+    run.commit(5, 1, weights(5)).commit(10, 1, weights(10)).ev("input_digest", epoch=1, sha256="in1", attempt=1)
+    run.ev("hang_detected", attempt=1, rank=named, global_step=12, seconds=10.4, chosen_by="main thread not in a "
+           "TensorFlow op", where="main thread in faults.py:108 _hang_forever", role="supervisor")
+    run.ev("worker_exited", rank=0, pid=999_999_001, signal="SIGKILL", role="supervisor", attempt=1)
+    run.ev("gang_restart", attempt=2, root_cause_rank=named if blamed is None else blamed, role="supervisor")
+    run.attempt(2, 20).ev("generation_claimed", generation=2, attempt=2, rank=0)
+    run.ev("restored", global_step=10, attempt=2, role="chief")
+    run.commit(15, 2, weights(15)).commit(20, 2, weights(20))
+    run.summary["root_cause"] = {"type": "Hang", "rank": named, "attempt": 1, "global_step": 12}
+    return run
+
+
+def test_a_healed_hang_naming_the_stuck_rank_with_the_reference_trajectory_passes(tmp_path: Path) -> None:
+    run = _hung_run(tmp_path, named=1).write()
+    result = check_run(run, DIGEST, exit_code=0, reference_run=_reference(tmp_path), expected_hangs={1: 1})
+    assert result.violations == ()
+    assert (result.first_divergent_step, result.last_matching_step, result.first_divergent_epoch) == (None, 20, None)
+    assert [(h["attempt"], h["rank"], h["global_step"]) for h in result.hangs] == [(1, 1, 12)]
+    assert result.restored_steps == (10,) and result.lost_steps == 2
+
+
+def test_the_watchdog_naming_the_wrong_rank_is_a_violation(tmp_path: Path) -> None:
+    run = _hung_run(tmp_path, named=0).write()
+    result = check_run(run, DIGEST, expected_hangs={1: 1})
+    assert [v for v in result.violations if v.startswith("hang")] == [
+        ("hang: attempt 1 hung on rank 1, but the watchdog named rank 0 (main thread not in a TensorFlow op; "
+         "main thread in faults.py:108 _hang_forever)"),
+        "hang: the restart after attempt 1 blames rank 0, expected rank 1",
+        "hang: summary.json's root cause names rank 0, expected rank 1",
+    ]
+
+
+def test_a_hang_nobody_injected_and_an_injected_hang_never_detected_are_violations(tmp_path: Path) -> None:
+    run = _hung_run(tmp_path, named=1).write()
+    assert [v for v in check_run(run, DIGEST, expected_hangs={}).violations if v.startswith("hang")] == [
+        "hang: attempt 1 hung (rank 1 named, main thread in faults.py:108 _hang_forever) and nothing made it hang"]
+    assert [v for v in check_run(run, DIGEST, expected_hangs={1: 1, 2: 0}).violations if v.startswith("hang")] == [
+        "hang: attempt 2 was made to hang on rank 0; 0 hang_detected events, expected 1"]
+    assert check_run(run, DIGEST).hangs == ()  # without a fault plan hangs are not judged
+
+
+def test_the_report_names_the_first_divergent_committed_step(tmp_path: Path) -> None:
+    from resilient_train.chaos.harness import ScenarioResult
+    from resilient_train.chaos.report import table
+
+    run = _hung_run(tmp_path, named=1, weights=lambda s: _weights(s) if s < 15 else OTHER).write()
+    result = check_run(run, DIGEST, reference_run=_reference(tmp_path), expected_hangs={1: 1})
+    assert (result.first_divergent_step, result.last_matching_step) == (15, 10)
+    assert result.violations == (
+        "trajectory: the weights diverge from the reference run at committed global step 15 (last matching step: 10)",)
+    scenario = ScenarioResult("hang-input", 0, str(run), (), 1, 1, (0,), result, (), 1.0)
+    assert "NO (from step 15; same until 10)" in table([scenario])
+
+
+def test_no_committed_step_in_common_with_the_reference_is_a_violation(tmp_path: Path) -> None:
+    run = _hung_run(tmp_path, named=1).write()
+    result = check_run(run, DIGEST, reference_run=_reference(tmp_path, steps=(7,)), expected_hangs={1: 1})
+    assert result.violations == (f"trajectory: no committed step in common with the reference run {tmp_path / 'reference'}",)
+
+
+def test_a_commit_by_a_fenced_or_superseded_writer_is_a_violation(tmp_path: Path) -> None:
+    run = _hung_run(tmp_path, named=1)
+    run.commit(25, 1, _weights(25))  # attempt 1's chief, alive after attempt 2 claimed generation 2
+    run.ev("stale_writer_fenced", attempt=1, generation=1, newer_generation=2, op="commit", path="x")
+    run.commit(30, 1, _weights(30))
+    result = check_run(run.write(), DIGEST, expected_hangs={1: 1})
+    assert [v for v in result.violations if v.startswith("fencing")] == [
+        "fencing: attempt 1 committed step 25 after attempt 2 claimed a newer generation (a stale writer's commit)",
+        "fencing: attempt 1 committed step 30 after it was fenced",
+    ]
+
+
+def test_check_command_compares_with_a_reference_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from resilient_train.chaos.__main__ import main
+
+    run = _hung_run(tmp_path, named=1, weights=lambda s: OTHER if s == 20 else _weights(s)).write()
+    assert main(["check", str(run), "--reference", DIGEST, "--reference-run", str(_reference(tmp_path))]) == 1
+    out = capsys.readouterr().out
+    assert "first divergent committed step 20 (last matching 15)" in out
+    assert "hang in attempt 1: rank 1 at global step 12" not in out  # no fault plan: hangs not judged

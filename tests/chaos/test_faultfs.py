@@ -12,7 +12,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import resilient_train.checkpoint  # noqa: F401  (registers the "faulty" protocol)
 from resilient_train.checkpoint import CheckpointStore, RetryPolicy
-from resilient_train.chaos.faultfs import ENV_VAR, FaultyFileSystem, SimulatedCrash
+from resilient_train.chaos.faultfs import ATTEMPT_ENV_VAR, ENV_VAR, FaultSpec, FaultyFileSystem, SimulatedCrash, env_options
 
 from tests.support.storage import Events, FakeSleep
 
@@ -78,6 +78,7 @@ def test_store_over_a_faulty_url_crashes_where_told(monkeypatch: pytest.MonkeyPa
     ({"fail_write_k": 0}, "fail_write_k=0"),
     ({"fail_kind": "sometimes"}, "fail_kind='sometimes'; expected 'transient', 'permanent' or 'nospace'"),
     ({"transient_rate": 1.5}, "transient_rate=1.5"),
+    ({"fail_op_k": 0}, "fail_op_k=0; expected >= 1"),
 ])
 def test_bad_options_are_named(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -121,3 +122,22 @@ def test_a_stalled_write_goes_on_after_stall_s_or_when_released() -> None:
     assert not writer.is_alive() and held.fs.cat_file(f"{root}/c") == b"3"
     held.pipe_file(f"{root}/d", b"4")  # released for good: later writes pass
     assert held.stats["stalls"] == 1
+
+
+def test_fail_op_k_fails_the_kth_operation_of_any_kind_once() -> None:
+    root = f"/rt-faultfs/{uuid.uuid4().hex[:8]}"
+    fs = FaultyFileSystem(fs=fsspec.filesystem("memory"), fail_op_k=3)
+    fs.makedirs(root, exist_ok=True)  # operation 1: not only writes count
+    assert outcomes(fs, root, 6) == ["ok", "reset", "ok", "ok", "ok", "ok"]
+
+
+def test_attempt_scoped_options_are_read_when_the_filesystem_is_created(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A warm standby gets RT_ATTEMPT only with its assignment, after Python started.
+    monkeypatch.setenv(ATTEMPT_ENV_VAR, json.dumps({"1": {"stop_after_files": 4}, "*": {"fail_op_k": 5}}))
+    monkeypatch.delenv("RT_ATTEMPT", raising=False)
+    assert FaultyFileSystem(target_protocol="memory").spec == FaultSpec()  # the supervisor: no faults
+    monkeypatch.setenv("RT_ATTEMPT", "1")
+    assert FaultyFileSystem(target_protocol="memory").spec == FaultSpec(stop_after_files=4)
+    monkeypatch.setenv("RT_ATTEMPT", "3")
+    assert FaultyFileSystem(target_protocol="memory").spec == FaultSpec(fail_op_k=5)
+    assert env_options({"RT_FAULTFS": json.dumps({"latency_s": 0.1})}) == {"latency_s": 0.1}

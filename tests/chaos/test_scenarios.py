@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from resilient_train.chaos.harness import SITE_DIR, JobSpec, _fault_env
+from resilient_train.chaos.harness import JobSpec, _fault_env
 from resilient_train.chaos.nemesis import EventReader, FaultState, Nemesis, corrupt_newest
 from resilient_train.chaos.scenarios import (
     CATALOGUE, ExternalFault, StorageFaults, Trigger, WorkerFault, by_name, plan, random_scenario,
@@ -31,6 +28,8 @@ def test_the_catalogue_covers_every_nemesis_op_and_has_unique_names() -> None:
     storage = {k for s in CATALOGUE for f in s.faults if isinstance(f, StorageFaults) for k, _ in f.spec}
     assert {"transient_rate", "stop_after_files", "latency_s"} <= storage
     assert any(len(s.faults) >= 3 for s in CATALOGUE)  # several faults in one run
+    hangs = {f.point for s in CATALOGUE for f in s.faults if isinstance(f, WorkerFault) and f.hangs}
+    assert hangs == {"input", "after_step"}  # hang-input, hang-collective
 
 
 def test_the_seeds_experiment_is_exact() -> None:
@@ -74,18 +73,32 @@ def test_fault_env_arms_worker_faults_and_attempt_scoped_storage_faults() -> Non
         {"point": "after_step", "global_step": 8, "rank": 0, "attempt": 1, "signal": "SIGKILL"}]
     assert json.loads(env["RT_CHAOS_FAULTFS"]) == {"1": {"stop_after_files": 4}, "*": {"latency_s": 0.01}}
     assert "RT_FAULTFS" not in env
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(SITE_DIR), "/x"]
+    assert env["PYTHONPATH"] == "/x"  # faultfs reads the attempt's entry itself (test_faultfs.py)
 
 
-@pytest.mark.parametrize("attempt, expected", [("1", {"stop_after_files": 4}), ("2", {"latency_s": 0.01}), (None, None)])
-def test_the_site_shim_gives_each_attempt_its_storage_faults(attempt: str | None, expected: dict | None) -> None:
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(SITE_DIR),
-           "RT_CHAOS_FAULTFS": json.dumps({"1": {"stop_after_files": 4}, "*": {"latency_s": 0.01}})}
-    if attempt:
-        env["RT_ATTEMPT"] = attempt
-    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('RT_FAULTFS'))"],
-                         env=env, capture_output=True, text=True, check=True).stdout.strip()
-    assert (None if out == "None" else json.loads(out)) == expected
+def test_hang_scenarios_plan_the_rank_the_checker_expects() -> None:
+    for name, point in (("hang-input", "input"), ("hang-collective", "after_step")):
+        planned = {seed: plan(by_name(name), seed, workers=3) for seed in range(12)}
+        ranks = {p.faults[0].rank for p in planned.values()}
+        assert ranks == {0, 1, 2}
+        for p in planned.values():
+            [fault] = p.faults
+            assert (fault.point, fault.signal, fault.attempt) == (point, "HANG", 1)
+            assert p.expected_hangs == {1: fault.rank}
+            assert p.overrides == {"hang_timeout": 10}
+        assert {p.input_faults for p in planned.values()} == {point == "input"}
+
+
+def test_an_input_fault_must_hang() -> None:
+    with pytest.raises(ValueError, match="point='input' with signal='SIGKILL'"):
+        WorkerFault("input", 3)
+
+
+def test_soak_scenarios_never_draw_a_hang_or_an_input_fault() -> None:
+    rng = random.Random(3)
+    faults = [f for i in range(200) for f in random_scenario(rng, i, total_steps=30, save_every=5).faults
+              if isinstance(f, WorkerFault)]
+    assert faults and not any(f.hangs or f.point == "input" for f in faults)
 
 
 def test_event_reader_waits_for_a_whole_line(tmp_path: Path) -> None:

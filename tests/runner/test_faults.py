@@ -1,4 +1,5 @@
-"""RT_FAULTS: a SIGSTOP fault freezes the calling process once; a thawed process goes on."""
+"""RT_FAULTS: a SIGSTOP fault freezes the calling process once; a thawed process goes on; a HANG
+fault blocks its thread forever with the process alive; the input gate numbers batches."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import textwrap
 
 import pytest
 
-from resilient_train.runner.faults import FaultPlan
+from resilient_train.runner.faults import FaultPlan, input_gate
 from tests.integration.harness import wait_until_stopped
 
 HIT_TWICE = textwrap.dedent(
     """
     import os
-    from resilient_train.runner.faults import FaultPlan
+    from resilient_train.runner.faults import FaultPlan, input_gate
     plan = FaultPlan.from_env(os.environ, rank=0, attempt=1)
     print("before", flush=True)
     plan.hit("mid_upload", 8)   # stops here until SIGCONT
@@ -46,3 +47,47 @@ def test_an_unknown_signal_name_is_refused():
     fault = [{"point": "mid_upload", "global_step": 8, "signal": "SIGNOPE"}]
     with pytest.raises(ValueError, match="RT_FAULTS signal 'SIGNOPE'; expected a signal name"):
         FaultPlan.from_env({"RT_FAULTS": json.dumps(fault)}, rank=0, attempt=1)
+
+
+HANG_AFTER_3 = textwrap.dedent(
+    """
+    import os
+    from resilient_train.runner.faults import input_gate
+    read_batch = input_gate(os.environ, rank=1)
+    for batch in range(1, 10):
+        read_batch()
+        print(batch, flush=True)
+    """
+)
+
+
+def test_a_hang_fault_blocks_the_input_at_its_batch_and_the_process_stays_alive():
+    fault = [{"point": "input", "global_step": 3, "rank": 1, "attempt": 2, "signal": "HANG"}]
+    child = subprocess.Popen([sys.executable, "-c", HANG_AFTER_3], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "RT_FAULTS": json.dumps(fault), "RT_ATTEMPT": "2"})
+    try:
+        assert child.stdout is not None
+        assert [child.stdout.readline() for _ in range(2)] == ["1\n", "2\n"]
+        # Batch 3 never comes back: the process is alive and sleeping, not dead or stopped.
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=2)
+        assert child.poll() is None
+    finally:
+        child.kill()
+        rest, _ = child.communicate()
+    assert (child.returncode, rest) == (-signal.SIGKILL, "")  # batch 3 never returned
+
+
+def test_an_input_gate_outside_the_faults_attempt_or_rank_reads_every_batch():
+    fault = [{"point": "input", "global_step": 1, "rank": 1, "attempt": 1, "signal": "HANG"}]
+    for environ, rank in (({"RT_ATTEMPT": "2"}, 1), ({"RT_ATTEMPT": "1"}, 0), ({}, 1)):
+        read_batch = input_gate({**environ, "RT_FAULTS": json.dumps(fault)}, rank=rank)
+        for _ in range(3):
+            read_batch()  # returns: no fault of this attempt and rank
+
+
+def test_hang_is_accepted_as_a_pseudo_signal_and_named_in_the_refusal():
+    fault = [{"point": "after_step", "global_step": 8, "signal": "HANG"}]
+    FaultPlan.from_env({"RT_FAULTS": json.dumps(fault)}, rank=0, attempt=1)
+    with pytest.raises(ValueError, match="or 'HANG'"):
+        FaultPlan.from_env({"RT_FAULTS": json.dumps([{**fault[0], "signal": "HUNG"}])}, rank=0, attempt=1)
