@@ -31,11 +31,13 @@ chaos: $(STAMP)
 	$(BIN)/python -m resilient_train.chaos run --all
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/checkpoint_overhead.py
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/reentry.py
 	$(BIN)/python benchmarks/ray_recovery.py
+	$(BIN)/python benchmarks/keras_fit.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -88,23 +88,34 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_plain(recipe: dict[str, Any], save_every: int, work: Path) -> float:
-    ports = _free_ports(2)
+def run_tf_config_workers(script: str, args: list[str], work: Path, workers: int = 2) -> float:
+    """``workers`` processes of a baseline ``script`` with TF_CONFIG on loopback ports.
+
+    The script gets ``args`` and ``--out FILE``; its chief writes {"steps_per_s": ...} there.
+    """
+    ports = _free_ports(workers)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
-    out = work / "plain.json"
+    out = work / "baseline.json"
     procs = []
-    for index in range(2):
+    for index in range(workers):
         env = _env()
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
         procs.append(subprocess.Popen(
-            [sys.executable, str(ROOT / "benchmarks" / "_plain_mwms.py"), recipe["recipe"], "--steps", str(recipe["steps"]),
-             "--batch", str(recipe["batch"]), "--save-every", str(save_every), "--out", str(out)],
+            [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         ))
     errors = [p.communicate(timeout=600)[1] for p in procs]
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"plain loop failed: {errors}")
+        raise RuntimeError(f"{script} failed: {[e[-2000:] for e in errors]}")
     return json.loads(out.read_text())["steps_per_s"]
+
+
+def run_plain(recipe: dict[str, Any], save_every: int, work: Path) -> float:
+    return run_tf_config_workers(
+        "_plain_mwms.py",
+        [recipe["recipe"], "--steps", str(recipe["steps"]), "--batch", str(recipe["batch"]), "--save-every", str(save_every)],
+        work,
+    )
 
 
 def run_ours(recipe: dict[str, Any], config: dict[str, Any], work: Path) -> float:
@@ -133,18 +144,22 @@ def _ts(event: dict[str, Any]) -> float:
     return dt.datetime.fromisoformat(event["ts"]).timestamp()
 
 
-def measure(name: str, config: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
+def measured(run: Callable[[Path], float]) -> dict[str, Any]:
+    """``run(work_dir)``'s steps/s, with the load averages before and after it."""
     work = Path(tempfile.mkdtemp(prefix="rt-throughput-"))
     load_before = os.getloadavg()
     try:
-        if config["kind"] == "plain":
-            rate = run_plain(recipe, config["save_every"], work)
-        else:
-            rate = run_ours(recipe, config, work)
+        rate = run(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"steps_per_s": round(rate, 2), "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in os.getloadavg()]}
+
+
+def measure(name: str, config: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
+    if config["kind"] == "plain":
+        return measured(lambda work: run_plain(recipe, config["save_every"], work))
+    return measured(lambda work: run_ours(recipe, config, work))
 
 
 def main(argv: list[str] | None = None) -> int:

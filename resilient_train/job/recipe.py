@@ -161,7 +161,10 @@ def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None) -> P
     } | {
         alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names
     }
-    compiles = _calls_compile(tree)
+    # A build_model taken from another module (assigned or imported) may compile there; the
+    # source cannot tell, so the worker checks the model it builds (runner/loop.py).
+    own_build_model = any(isinstance(node, ast.FunctionDef) and node.name == "build_model" for node in tree.body)
+    compiles = _calls_compile(tree) or ("build_model" in defined and not own_build_model)
     missing = [name for name in REQUIRED if name not in defined and not (compiles and name in FROM_COMPILE)]
     if missing:
         raise RecipeError(

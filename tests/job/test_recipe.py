@@ -113,6 +113,15 @@ def test_without_compile_build_optimizer_and_loss_are_still_required(tmp_path):
         check_recipe_source(path)
 
 
+def test_a_build_model_taken_from_another_module_may_compile_there(tmp_path):
+    """A twin recipe re-exports a compiled recipe's build_model; its source has no compile()."""
+    write(tmp_path, COMPILED.format(extra=""), name="base.py")
+    twin = "from base import build_model, dataset\n"
+    assert check_recipe_source(write(tmp_path, twin, name="twin.py")).name == "twin.py"
+    assert check_recipe_source(write(tmp_path, "import base\nbuild_model = base.build_model\n"
+                                               "dataset = base.dataset\n", name="twin2.py")).name == "twin2.py"
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
