@@ -1,6 +1,6 @@
 """recipes/digits_keras.py with each batch of epoch ``slow_from_epoch`` and later delayed.
 
-The delay (``step_delay_s``, default 1 s) changes no value (the same batches, bit for bit),
+The delay (``step_delay_s``, default 3 s: a 30 s window for a signal under load) changes no value (the same batches, bit for bit),
 so this recipe's weights, CSV log and callback decisions equal digits_keras's; it only
 gives a test that signals the job after an epoch end time to land inside the next epoch.
 The epochs before ``slow_from_epoch`` run at full speed.
@@ -18,7 +18,7 @@ _digits = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_digits)
 
 DEFAULTS = _digits.DEFAULTS
-PARAMS = {**_digits.PARAMS, "step_delay_s": 1.0, "slow_from_epoch": 3}
+PARAMS = {**_digits.PARAMS, "step_delay_s": 3.0, "slow_from_epoch": 3}
 build_model = _digits.build_model
 callbacks = _digits.callbacks
 eval_dataset = _digits.eval_dataset
