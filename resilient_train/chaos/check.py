@@ -31,7 +31,15 @@ Usable on any run directory, not only the chaos suite's (``python -m resilient_t
    has exactly one ``hang_detected``, naming that rank, and the restart's root cause
    (``gang_restart``'s ``root_cause_rank``; ``summary.json``'s ``root_cause`` when it is
    the hang) names it too; no other attempt hung.
-9. ``fencing``: nothing committed by a fenced writer: no ``checkpoint_committed`` of an
+9. ``stall`` (with ``stalled_attempts``, the attempts whose store was made to stall): each
+   such attempt ended in a failed save (``checkpoint_failed``) whose error names the stall
+   (``TimeoutError: ... made no progress ... (storage stalled)``), was followed by a ``gang_restart`` blaming
+   the chief, and did not hang (no ``hang_detected``); ``summary.json``'s root cause is that
+   storage failure (a ``StorageUnavailableError`` naming the stall), not a hang.
+10. ``unreachable`` (with ``expected_unreachable``, attempt -> rank): the restart after each
+   such attempt blames that rank, and ``summary.json``'s root cause is its
+   ``PeerUnreachableError`` naming the rank and the ``host:port`` it could not reach.
+11. ``fencing``: nothing committed by a fenced writer: no ``checkpoint_committed`` of an
    attempt after a newer attempt claimed its generation (``generation_claimed``; appends
    to the one events.jsonl are ordered), and none by a writer after it was told it is
    stale (``stale_writer_fenced``).
@@ -48,6 +56,7 @@ import ast
 import datetime as dt
 import io
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -57,7 +66,7 @@ from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.stepmarker import highest_step
 
 __all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url",
-           "trajectory_check", "hang_checks", "fencing_checks"]
+           "trajectory_check", "hang_checks", "stall_checks", "unreachable_checks", "fencing_checks"]
 
 INJECTED_EVENT = "chaos_fault_injected"
 
@@ -322,8 +331,75 @@ def hang_checks(
     return hangs
 
 
-def fencing_checks(records: list[dict[str, Any]], violations: list[str]) -> None:
+STALL_WORDS = "(storage stalled)"  # checkpoint/deadline.py's TimeoutError, carried into the save's failure
+_UNREACHABLE = re.compile(r"^rank (\d+) \(\S+\) could not reach rank \d+(?: \(chief\))? at (\S+:\d+) ")
+
+
+def _names_stall(error: str) -> bool:
+    return "TimeoutError" in error and STALL_WORDS in error
+
+
+def _restart_after(records: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
+    return next((r for r in records if r["event"] == "gang_restart" and r.get("attempt") == attempt + 1), None)
+
+
+def stall_checks(
+    records: list[dict[str, Any]], summary: Mapping[str, Any], stalled: Iterable[int], violations: list[str],
+) -> None:
     """Invariant 9 (see the module docstring)."""
+    stalled = sorted(set(stalled))
+    for attempt in stalled:
+        failed = [r for r in records if r["event"] == "checkpoint_failed" and r.get("attempt") == attempt]
+        if not any(_names_stall(str(r.get("error"))) for r in failed):
+            errors = "; ".join(str(r.get("error")) for r in failed) or "none"
+            violations.append(f"stall: attempt {attempt}'s store was stalled, but no checkpoint_failed names the stall "
+                              f"(checkpoint_failed errors: {errors})")
+        hung = [r for r in records if r["event"] == "hang_detected" and r.get("attempt") == attempt]
+        if hung:
+            violations.append(f"stall: attempt {attempt} was declared hung (rank {hung[0].get('rank')}), "
+                              "but its save should have failed on the storage deadline first")
+        restart = _restart_after(records, attempt)
+        if restart is None:
+            violations.append(f"stall: no gang_restart after attempt {attempt}'s save failed")
+        elif restart.get("root_cause_rank") != 0:
+            violations.append(f"stall: the restart after attempt {attempt} blames rank "
+                              f"{restart.get('root_cause_rank')}, expected the chief (rank 0), whose save failed")
+    if not stalled:
+        return
+    root = summary.get("root_cause") or {}
+    if root.get("attempt") not in stalled or not str(root.get("type")).endswith("StorageUnavailableError") \
+            or not _names_stall(str(root.get("message"))):
+        violations.append(f"stall: summary.json's root cause is {root.get('type')} of attempt {root.get('attempt')} "
+                          f"({root.get('message')}), expected the storage failure naming the stall")
+
+
+def unreachable_checks(
+    records: list[dict[str, Any]], summary: Mapping[str, Any], expected: Mapping[int, int], violations: list[str],
+) -> None:
+    """Invariant 10 (see the module docstring)."""
+    for attempt, rank in sorted(expected.items()):
+        restart = _restart_after(records, attempt)
+        if restart is None:
+            violations.append(f"unreachable: no gang_restart after attempt {attempt}, where rank {rank} could not "
+                              "reach its peers")
+        elif restart.get("root_cause_rank") != rank:
+            violations.append(f"unreachable: the restart after attempt {attempt} blames rank "
+                              f"{restart.get('root_cause_rank')}, expected rank {rank}, which could not reach its peers")
+    if not expected:
+        return
+    root = summary.get("root_cause") or {}
+    attempt = root.get("attempt")
+    match = _UNREACHABLE.match(str(root.get("message") or ""))
+    if attempt not in expected or not str(root.get("type")).endswith("PeerUnreachableError"):
+        violations.append(f"unreachable: summary.json's root cause is {root.get('type')} of attempt {attempt} "
+                          f"({root.get('message')}), expected a PeerUnreachableError")
+    elif root.get("rank") != expected[attempt] or match is None or int(match.group(1)) != expected[attempt]:
+        violations.append(f"unreachable: summary.json's root cause (rank {root.get('rank')}: {root.get('message')}) "
+                          f"does not name rank {expected[attempt]} and the host:port it could not reach")
+
+
+def fencing_checks(records: list[dict[str, Any]], violations: list[str]) -> None:
+    """Invariant 11 (see the module docstring)."""
     newest_claim = 0  # the highest attempt that claimed a generation so far
     fenced: set[Any] = set()
     for record in records:
@@ -351,11 +427,14 @@ def check_run(
     check_orphans: bool = True,
     reference_run: str | Path | None = None,
     expected_hangs: Mapping[int, int] | None = None,
+    stalled_attempts: Iterable[int] = (),
+    expected_unreachable: Mapping[int, int] | None = None,
 ) -> CheckResult:
     """Check every invariant of the module docstring on ``run_dir``; never raises for a bad run.
 
-    Invariants 7 and 8 need ``reference_run`` and ``expected_hangs``; without them they are
-    not checked (a user's run dir has neither a reference run nor a fault plan).
+    Invariants 7 to 10 need ``reference_run``, ``expected_hangs``, ``stalled_attempts`` and
+    ``expected_unreachable``; without them they are not checked (a user's run dir has
+    neither a reference run nor a fault plan).
     """
     run_dir = Path(run_dir)
     violations: list[str] = []
@@ -444,7 +523,11 @@ def check_run(
     # 8. hang
     hangs = hang_checks(records, summary, expected_hangs, violations) if expected_hangs is not None else []
 
-    # 9. fencing
+    # 9 + 10. a stalled store, a rank that could not reach its peers
+    stall_checks(records, summary, stalled_attempts, violations)
+    unreachable_checks(records, summary, expected_unreachable or {}, violations)
+
+    # 11. fencing
     fencing_checks(records, violations)
 
     attempts = {r.get("attempt") for r in records if r["event"] == "worker_started"}

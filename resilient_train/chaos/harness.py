@@ -60,6 +60,8 @@ class JobSpec:
     seed: int = 0
     storage_base: str | None = None  # None: <run_dir>/checkpoints
     hang_timeout: float | None = None  # None: the job's default (auto); no part of the reference key
+    storage_timeout: float | None = None  # None: the job's default; no part of the reference key
+    startup_timeout: float | None = None  # None: the job's default; no part of the reference key
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -92,12 +94,16 @@ class JobSpec:
 
     def argv(self, run_dir: Path, storage: str) -> list[str]:
         spec = self.resolved()
-        hang = ["--hang-timeout", f"{spec.hang_timeout:g}"] if spec.hang_timeout is not None else []
+        timeouts = []
+        for flag, value in (("--hang-timeout", spec.hang_timeout), ("--storage-timeout", spec.storage_timeout),
+                            ("--startup-timeout", spec.startup_timeout)):
+            if value is not None:
+                timeouts += [flag, f"{value:g}"]
         return [
             sys.executable, "-m", "resilient_train", "run", spec.recipe,
             "--run-dir", str(run_dir), "--storage", storage, "--workers", str(spec.workers),
             "--epochs", str(spec.epochs), "--steps-per-epoch", str(spec.steps_per_epoch),
-            "--save-every-steps", str(spec.save_every_steps), "--seed", str(spec.seed), *hang,
+            "--save-every-steps", str(spec.save_every_steps), "--seed", str(spec.seed), *timeouts,
         ]
 
     def reference_dir(self, root: Path) -> Path:
@@ -248,7 +254,9 @@ def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> di
     pid = next((r["pid"] for r in records if r.get("event") == "worker_started"
                 and r.get("attempt") == fault.attempt and r.get("rank") == fault.rank), None)
     exit_record = next((r for r in records if r.get("event") == "worker_exited" and r.get("pid") == pid), None)
-    if fault.hangs:  # it never exits by itself: it fired when the watchdog found the group hung
+    if fault.point == "before_join":  # it exits by the reachability check: EXIT_FAILURE, not a signal
+        fired = exit_record is not None and exit_record.get("exit_code") == 1
+    elif fault.hangs:  # it never exits by itself: it fired when the watchdog found the group hung
         fired = any(r.get("event") == "hang_detected" and r.get("attempt") == fault.attempt for r in records)
     elif exit_record is None:
         fired = False  # e.g. the supervisor was SIGKILLed and never saw the exit
@@ -272,6 +280,11 @@ def _storage_fault_fired(fault: StorageFaults, records: list[dict[str, Any]], ru
     elif spec.get("transient_rate"):
         retries = sum(1 for r in records if r.get("event") == "storage_retry")
         fired, detail = retries > 0, {"storage_retries": retries}
+    elif spec.get("stall_write_k"):
+        scope = fault.attempts
+        stalls = sum(1 for r in records if r.get("event") == "storage_retry" and "(storage stalled)" in str(r.get("error"))
+                     and (scope is None or r.get("attempt") in scope))
+        fired, detail = stalls > 0, {"stalled_calls_retried": stalls}
     elif spec.get("stop_after_files") is not None:
         logs = "".join(a.log(0).read_text(errors="replace") for a in RunDir(run_dir).attempts() if a.log(0).exists())
         fired, detail = "SimulatedCrash" in logs, {}
@@ -364,6 +377,7 @@ def run_scenario(
             )
     check = check_run(run_dir, reference, exit_code=exit_codes[-1] if exit_codes else None,
                       save_every=job.save_every_steps, expected_hangs=planned.expected_hangs,
+                      stalled_attempts=planned.stalled_attempts, expected_unreachable=planned.expected_unreachable,
                       reference_run=reference_run if reference_run.is_dir() else None)
     if planned.expect_restored is not None and check.restored_steps != planned.expect_restored:
         problems.append(f"expected restored steps {list(planned.expect_restored)}, got {list(check.restored_steps)}")

@@ -8,6 +8,8 @@ run can compose new ones. Three kinds of fault, chosen by how exactly they must 
   of an exact attempt. The signal is real (``os.kill`` on its own pid), so the supervisor
   sees a real death; or the fault hangs (``signal="HANG"``): the thread that pulled it
   blocks forever with the process alive, which only the progress watchdog can end.
+  A ``before_join`` fault kills nothing: on its attempt the rank probes closed ports in
+  place of its peers at start-up, so the worker's own reachability check fails.
   An ``input`` fault needs the input pipeline to pull it: the harness runs such a
   scenario on a recipe it generates around the job's (the same batches, one gate each).
 * :class:`ExternalFault` is done to the job from outside by the nemesis (SIGKILL/SIGTERM
@@ -40,6 +42,8 @@ KILL_POINTS = ("after_step", "before_commit", "after_commit", "raise")
 # input: the global_step-th batch the rank's input pipeline reads in its process (counting the
 # chief's extra read of each epoch's first batch, and the prefetch that runs two batches ahead)
 WORKER_POINTS = KILL_POINTS + ("input",)
+# before_join: at start-up the rank probes a closed port on 127.0.0.1 for each peer (global_step 0)
+WORKER_POINTS = WORKER_POINTS + ("before_join",)
 EXTERNAL_OPS = (
     "sigkill_worker",       # kill -9 one worker (rank given, "chief" = 0, or "random")
     "sigterm_worker",       # graceful preemption of one worker
@@ -91,12 +95,17 @@ class WorkerFault:
         if self.point == "input" and self.signal != HANG:
             raise ValueError(f"Received point='input' with signal={self.signal!r}; expected signal={HANG!r} "
                              "(an input pipeline thread can block, not die alone)")
+        if self.point == "before_join" and (self.global_step != 0 or self.signal == HANG):
+            raise ValueError(f"Received point='before_join' with global_step={self.global_step!r}, "
+                             f"signal={self.signal!r}; expected global_step=0 and no HANG (nothing has run yet)")
 
     @property
     def hangs(self) -> bool:
         return self.signal == HANG
 
     def describe(self) -> str:
+        if self.point == "before_join":
+            return f"rank {self.rank} cannot reach its peers at start-up (attempt {self.attempt})"
         if self.point == "input":
             return f"hang rank {self.rank}'s input at batch {self.global_step} (attempt {self.attempt})"
         what = "raise" if self.point == "raise" else "hang" if self.hangs else self.signal
@@ -181,6 +190,21 @@ class Scenario:
     def expected_hangs(self) -> dict[int, int]:
         """attempt -> the rank the watchdog must name (of a planned scenario: ranks resolved)."""
         return {f.attempt: f.rank for f in self.faults if isinstance(f, WorkerFault) and f.hangs}
+
+    @property
+    def expected_unreachable(self) -> dict[int, int]:
+        """attempt -> the rank that cannot reach its peers (``before_join``), which the root cause must name."""
+        return {f.attempt: f.rank for f in self.faults if isinstance(f, WorkerFault) and f.point == "before_join"}
+
+    @property
+    def stalled_attempts(self) -> tuple[int, ...]:
+        """The attempts whose store stalls for good (``stall_count=0``): each must end in a failed save."""
+        attempts: set[int] = set()
+        for f in self.faults:
+            spec = dict(f.spec) if isinstance(f, StorageFaults) else {}
+            if spec.get("stall_write_k") and spec.get("stall_count", 1) == 0 and spec.get("stall_s") is None:
+                attempts.update(f.attempts or ())
+        return tuple(sorted(attempts))
 
     @property
     def input_faults(self) -> bool:
@@ -289,6 +313,20 @@ CATALOGUE: tuple[Scenario, ...] = (
         "process and heartbeats alive (its peers wait in the collective): the watchdog (10 s) names it",
         (WorkerFault("after_step", 12, rank="random", signal=HANG),),
         job=(("hang_timeout", 10),),
+    ),
+    Scenario(
+        "stalled-storage",
+        "the store goes quiet for good from the chief's 3rd upload on attempt 1 (the 2nd checkpoint): each call is "
+        "given up after 1 s without progress, retried, and the save fails; the group restarts from the 1st commit",
+        (StorageFaults.of(attempts=(1,), stall_write_k=3, stall_count=0),),
+        job=(("storage_timeout", 1),),
+    ),
+    Scenario(
+        "never-joins",
+        "a random worker cannot reach its peers at start-up on attempt 1 (it probes closed ports): it fails within "
+        "half the start-up timeout (30 s), naming itself and the address; attempt 2 completes",
+        (WorkerFault("before_join", 0, rank="random"),),
+        job=(("startup_timeout", 30),),
     ),
 )
 

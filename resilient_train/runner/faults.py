@@ -11,7 +11,8 @@ file of the checkpoint, the manifest is not written), ``after_commit`` (MANIFEST
 ``before_commit`` (checkpoint written locally, nothing uploaded), ``raise`` (an exception from
 the step, like a recipe bug), ``input`` (the ``global_step``-th batch this process's input
 pipeline reads; pulled only by a recipe that asks for it, as the chaos suite's generated
-input-fault recipe does: :func:`input_gate`). ``attempt`` defaults to 1, so a restarted group runs clean.
+input-fault recipe does: :func:`input_gate`), ``before_join`` (start-up, before the worker probes its
+peers; ``global_step`` 0 and no signal: see below). ``attempt`` defaults to 1, so a restarted group runs clean.
 The signal is real (``os.kill`` on the own pid; SIGSTOP on the calling thread), so the
 supervisor sees a real death. Each fault fires once.
 
@@ -25,6 +26,12 @@ its other threads and TensorFlow's heartbeats stay alive, the failure only the s
 progress watchdog can end. At ``after_step`` the worker stops calling the training step
 between two calls (its peers wait in the next collective); at ``input`` its input pipeline
 blocks (a stuck network read, a hung data loader).
+
+``before_join`` kills nothing: the worker asks :meth:`FaultPlan.take` before it probes its
+peers (runner/worker.py), and when the fault is armed it probes a closed port on 127.0.0.1
+for every peer instead of the peer's TF_CONFIG address, what a firewall or a wrong address
+between two nodes looks like from this rank. The probe and its PeerUnreachableError are
+production code (cluster/reach.py); the fault only decides what is unreachable.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Mapping
 
 __all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
 
-POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input")
+POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join")
 HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
 
 
@@ -76,6 +83,10 @@ class FaultPlan:
                 raise ValueError(f"RT_FAULTS signal {fault.signal!r}; expected a signal name such as SIGKILL "
                                  f"or SIGSTOP, or {HANG!r}")
         return cls(faults, rank=rank, attempt=attempt)
+
+    def take(self, point: str, global_step: int) -> bool:
+        """Whether a fault is armed here (once), for a point whose effect the caller makes."""
+        return self._armed.pop((point, global_step), None) is not None
 
     def hit(self, point: str, global_step: int) -> None:
         fault = self._armed.pop((point, global_step), None)  # once: a thawed SIGSTOP goes on

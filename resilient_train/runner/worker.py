@@ -21,6 +21,7 @@ import threading
 from typing import Any, Mapping
 
 from resilient_train.cluster.environment import WorkerEnvironment
+from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, add_tf_config_arguments, environ_with_tf_config
 from resilient_train.cluster.reach import REACH_SHARE, PortPlaceholder, wait_for_peers
 from resilient_train.cluster.tf_config import ClusterInfo, parse_tf_config
@@ -137,7 +138,10 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     # Before anything slow: every peer's TF_CONFIG address must answer within half the
     # start-up timeout (cluster/reach.py), so a worker that cannot reach the chief says so,
     # naming both, before the supervisor's start-up allowance runs out.
-    placeholder = _reach_peers(cluster, job.startup_timeout)
+    from resilient_train.runner.faults import FaultPlan
+
+    faults = FaultPlan.from_env(environ, rank=cluster.rank, attempt=launched.attempt)
+    placeholder = _reach_peers(cluster, job.startup_timeout, unreachable=faults.take("before_join", 0))
 
     from resilient_train.checkpoint import CheckpointStore, RetryPolicy
     from resilient_train.job.fingerprint import fingerprint_for_worker
@@ -154,7 +158,6 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     if cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
         store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
 
-    from resilient_train.runner.faults import FaultPlan
     from resilient_train.runner.loop import Trainer  # imports TensorFlow
 
     if cluster.is_chief:  # the chief's TensorBoard log follows the event stream
@@ -173,7 +176,7 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
         work_dir=run_dir.work_dir(cluster.rank),
         attempt_dir=attempt_dir.path,
         stop_requested=stop.is_set,
-        faults=FaultPlan.from_env(environ, rank=cluster.rank, attempt=launched.attempt),
+        faults=faults,
     )
     # The multi-worker coordination service installs its own C++ SIGTERM handler
     # (TF's preemption notifier) when the strategy starts, replacing ours: take it back.
@@ -190,13 +193,21 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     return EXIT_PREEMPTED if result is None else EXIT_OK
 
 
-def _reach_peers(cluster: ClusterInfo, startup_timeout: float) -> PortPlaceholder:
-    """Hold this worker's port and wait until every peer's answers; the placeholder to close."""
+def _reach_peers(cluster: ClusterInfo, startup_timeout: float, *, unreachable: bool = False) -> PortPlaceholder:
+    """Hold this worker's port and wait until every peer's answers; the placeholder to close.
+
+    ``unreachable`` (a chaos ``before_join`` fault, runner/faults.py): probe a closed port on
+    127.0.0.1 in place of each peer's address, so this rank cannot reach anyone.
+    """
     if cluster.num_workers < 2 or not cluster.addresses:
         return PortPlaceholder(None)
+    addresses = list(cluster.addresses)
+    if unreachable:
+        closed = iter(free_ports(len(addresses)))  # bound, then released: nothing listens there
+        addresses = [a if r == cluster.rank else f"127.0.0.1:{next(closed)}" for r, a in enumerate(addresses)]
     placeholder = PortPlaceholder(cluster.addresses[cluster.rank])
     try:
-        wait_for_peers(cluster.addresses, cluster.rank, REACH_SHARE * startup_timeout)
+        wait_for_peers(addresses, cluster.rank, REACH_SHARE * startup_timeout)
     except BaseException:
         placeholder.close()
         raise

@@ -319,3 +319,100 @@ def test_check_command_compares_with_a_reference_run(tmp_path: Path, capsys: pyt
     out = capsys.readouterr().out
     assert "first divergent committed step 20 (last matching 15)" in out
     assert "hang in attempt 1: rank 1 at global step 12" not in out  # no fault plan: hangs not judged
+
+
+STALL_ERROR = ("StorageUnavailableError: upload faulty:///c/ckpt-000000000010/ckpt.index failed 5 times; last error: "
+               "TimeoutError: upload faulty:///c/ckpt-000000000010/ckpt.index made no progress for 1 s (storage "
+               "stalled) (the partial upload was removed)")
+
+
+def _stalled_run(tmp_path: Path, *, error: str = STALL_ERROR, hang: bool = False, blamed: int = 0) -> RunDir:
+    """Attempt 1's store goes quiet at step 10's save: the save fails, attempt 2 resumes from 5."""
+    run = RunDir(tmp_path, mode="async").attempt(1, 15).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.commit(5, 1)
+    run.ev("storage_retry", attempt=1, rank=0, op="upload", try_number=1, error="upload made no progress for 1 s "
+           "(storage stalled)")
+    if hang:
+        run.ev("hang_detected", attempt=1, rank=0, global_step=15, where="persist thread", role="supervisor")
+    run.ev("checkpoint_failed", attempt=1, rank=0, global_step=10, error=error)
+    run.ev("worker_exited", rank=0, pid=999_999_001, exit_code=1, role="supervisor", attempt=1)
+    run.ev("gang_restart", attempt=2, root_cause_rank=blamed, role="supervisor")
+    run.attempt(2, 30).ev("restored", global_step=5, attempt=2, role="chief")
+    run.commit(10, 2).commit(15, 2)
+    run.summary["root_cause"] = {"type": "resilient_train.errors.StorageUnavailableError", "rank": blamed,
+                                 "attempt": 1, "global_step": 15, "message": error.split(": ", 1)[1]}
+    return run
+
+
+def test_a_stalled_save_that_fails_and_heals_passes(tmp_path: Path) -> None:
+    result = check_run(_stalled_run(tmp_path).write(), DIGEST, exit_code=0, expected_hangs={}, stalled_attempts=(1,))
+    assert result.violations == ()
+    assert result.restored_steps == (5,) and result.lost_steps == 10  # async: one save in flight, allowed 10
+
+
+def test_a_stalled_attempt_that_hung_or_failed_otherwise_is_a_violation(tmp_path: Path) -> None:
+    other = "StorageUnavailableError: upload x failed 5 times; last error: ConnectionResetError: reset"
+    run = _stalled_run(tmp_path, error=other, hang=True, blamed=1).write()
+    assert [v for v in check_run(run, DIGEST, stalled_attempts=(1,)).violations if v.startswith("stall")] == [
+        f"stall: attempt 1's store was stalled, but no checkpoint_failed names the stall (checkpoint_failed errors: {other})",
+        "stall: attempt 1 was declared hung (rank 0), but its save should have failed on the storage deadline first",
+        "stall: the restart after attempt 1 blames rank 1, expected the chief (rank 0), whose save failed",
+        ("stall: summary.json's root cause is resilient_train.errors.StorageUnavailableError of attempt 1 "
+         "(upload x failed 5 times; last error: ConnectionResetError: reset), expected the storage failure naming the stall"),
+    ]
+    assert not [v for v in check_run(run, DIGEST).violations if v.startswith("stall")]  # no plan: not judged
+
+
+def test_a_stalled_store_with_a_hang_as_root_cause_is_a_violation(tmp_path: Path) -> None:
+    run = _stalled_run(tmp_path)
+    run.summary["root_cause"] = {"type": "Hang", "rank": 0, "attempt": 1, "message": "rank 0 made no progress"}
+    assert [v for v in check_run(run.write(), DIGEST, stalled_attempts=(1,)).violations if v.startswith("stall")] == [
+        "stall: summary.json's root cause is Hang of attempt 1 (rank 0 made no progress), expected the storage "
+        "failure naming the stall"]
+
+
+UNREACHABLE = ("rank 1 (127.0.0.1:4001) could not reach rank 0 (chief) at 127.0.0.1:4999 within 15 s "
+               "(connection refused: nothing listens there); check the address in TF_CONFIG and that no firewall "
+               "blocks the port between the two hosts")
+
+
+def _never_joined_run(tmp_path: Path, *, rank: int = 1, message: str = UNREACHABLE) -> RunDir:
+    run = RunDir(tmp_path).attempt(1, None)
+    run.ev("worker_exited", rank=1, pid=999_999_001, exit_code=1, role="supervisor", attempt=1)
+    run.ev("gang_restart", attempt=2, root_cause_rank=rank, role="supervisor")
+    run.attempt(2, 30).ev("fresh_start", attempt=2, role="chief", global_step=0)
+    run.commit(5, 2).commit(10, 2)
+    run.summary["root_cause"] = {"type": "resilient_train.errors.PeerUnreachableError", "rank": rank, "attempt": 1,
+                                 "global_step": None, "message": message}
+    return run
+
+
+def test_a_rank_that_never_joined_named_with_its_address_passes(tmp_path: Path) -> None:
+    result = check_run(_never_joined_run(tmp_path).write(), DIGEST, exit_code=0, expected_unreachable={1: 1})
+    assert result.violations == ()
+    assert result.restarts == 1 and result.lost_steps == 0
+
+
+def test_blaming_another_rank_or_a_message_without_the_address_is_a_violation(tmp_path: Path) -> None:
+    run = _never_joined_run(tmp_path, rank=0).write()
+    assert [v for v in check_run(run, DIGEST, expected_unreachable={1: 1}).violations if v.startswith("unreach")] == [
+        "unreachable: the restart after attempt 1 blames rank 0, expected rank 1, which could not reach its peers",
+        f"unreachable: summary.json's root cause (rank 0: {UNREACHABLE}) does not name rank 1 and the host:port it "
+        "could not reach",
+    ]
+    (tmp_path / "b").mkdir()
+    vague = "rank 1 could not reach its peers"
+    run = _never_joined_run(tmp_path / "b", message=vague).write()
+    assert [v for v in check_run(run, DIGEST, expected_unreachable={1: 1}).violations if v.startswith("unreach")] == [
+        f"unreachable: summary.json's root cause (rank 1: {vague}) does not name rank 1 and the host:port it could "
+        "not reach"]
+
+
+def test_a_root_cause_that_is_not_the_unreachable_peer_is_a_violation(tmp_path: Path) -> None:
+    run = _never_joined_run(tmp_path)
+    run.summary["root_cause"] = {"type": "resilient_train.errors.GroupBrokenError", "rank": 0, "attempt": 1,
+                                 "message": "the worker group broke: Wait_for_all_tasks_to_register"}
+    assert [v for v in check_run(run.write(), DIGEST, expected_unreachable={1: 1}).violations
+            if v.startswith("unreach")] == [
+        "unreachable: summary.json's root cause is resilient_train.errors.GroupBrokenError of attempt 1 (the worker "
+        "group broke: Wait_for_all_tasks_to_register), expected a PeerUnreachableError"]

@@ -98,7 +98,7 @@ def test_soak_scenarios_never_draw_a_hang_or_an_input_fault() -> None:
     rng = random.Random(3)
     faults = [f for i in range(200) for f in random_scenario(rng, i, total_steps=30, save_every=5).faults
               if isinstance(f, WorkerFault)]
-    assert faults and not any(f.hangs or f.point == "input" for f in faults)
+    assert faults and not any(f.hangs or f.point in ("input", "before_join") for f in faults)
 
 
 def test_event_reader_waits_for_a_whole_line(tmp_path: Path) -> None:
@@ -192,3 +192,34 @@ def test_job_spec_key_depends_on_the_parameters_and_the_recipe_bytes(tmp_path: P
     key = spec.key()
     recipe.write_text("DEFAULTS = {'epochs': 2, 'steps_per_epoch': 4, 'save_every_steps': 2}\n# edited\n")
     assert spec.key() != key
+
+
+def test_never_joins_plans_the_rank_the_checker_expects_and_stalled_storage_its_attempt() -> None:
+    planned = {seed: plan(by_name("never-joins"), seed, workers=3) for seed in range(12)}
+    assert {p.faults[0].rank for p in planned.values()} == {0, 1, 2}
+    for p in planned.values():
+        [fault] = p.faults
+        assert (fault.point, fault.global_step, fault.attempt, fault.hangs) == ("before_join", 0, 1, False)
+        assert p.expected_unreachable == {1: fault.rank} and p.expected_hangs == {} and p.stalled_attempts == ()
+        assert p.overrides == {"startup_timeout": 30}
+    stalled = plan(by_name("stalled-storage"), 0, workers=2)
+    assert stalled.stalled_attempts == (1,) and stalled.expected_unreachable == {}
+    assert stalled.overrides == {"storage_timeout": 1}
+    assert plan(by_name("storage-slow"), 0, workers=2).stalled_attempts == ()  # latency is no stall
+
+
+def test_a_before_join_fault_is_at_step_0_and_does_not_hang() -> None:
+    with pytest.raises(ValueError, match="point='before_join' with global_step=3, signal='SIGKILL'; expected global_step=0"):
+        WorkerFault("before_join", 3)
+    with pytest.raises(ValueError, match="point='before_join' with global_step=0, signal='HANG'"):
+        WorkerFault("before_join", 0, signal="HANG")
+
+
+def test_job_timeouts_become_flags_and_stay_out_of_the_reference_key(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.py"
+    recipe.write_text("DEFAULTS = {'epochs': 2, 'steps_per_epoch': 4, 'save_every_steps': 2}\n")
+    spec = JobSpec(str(recipe)).with_overrides({"storage_timeout": 1, "startup_timeout": 30})
+    argv = spec.argv(tmp_path / "run", "/ckpts")
+    assert argv[argv.index("--storage-timeout") + 1] == "1" and argv[argv.index("--startup-timeout") + 1] == "30"
+    assert "--hang-timeout" not in argv and "--startup-timeout" not in JobSpec(str(recipe)).argv(tmp_path, "/c")
+    assert spec.key() == JobSpec(str(recipe)).key()

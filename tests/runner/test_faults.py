@@ -91,3 +91,25 @@ def test_hang_is_accepted_as_a_pseudo_signal_and_named_in_the_refusal():
     FaultPlan.from_env({"RT_FAULTS": json.dumps(fault)}, rank=0, attempt=1)
     with pytest.raises(ValueError, match="or 'HANG'"):
         FaultPlan.from_env({"RT_FAULTS": json.dumps([{**fault[0], "signal": "HUNG"}])}, rank=0, attempt=1)
+
+
+def test_a_before_join_fault_makes_its_rank_probe_closed_ports_and_fail_naming_the_address(monkeypatch):
+    # The probe itself and its PeerUnreachableError: tests/integration/test_group_broken.py.
+    from resilient_train.cluster.tf_config import build_tf_config, parse_tf_config
+    from resilient_train.runner import worker
+
+    fault = [{"point": "before_join", "global_step": 0, "rank": 1, "attempt": 1}]
+    environ = {"RT_FAULTS": json.dumps(fault)}
+    assert FaultPlan.from_env(environ, rank=1, attempt=2).take("before_join", 0) is False  # attempt 1 only
+    assert FaultPlan.from_env(environ, rank=0, attempt=1).take("before_join", 0) is False  # rank 1 only
+    plan = FaultPlan.from_env(environ, rank=1, attempt=1)
+    assert (plan.take("before_join", 0), plan.take("before_join", 0)) == (True, False)  # once
+
+    monkeypatch.setattr(worker, "free_ports", lambda n: [4999, 5999][:n])
+    probed = []
+    monkeypatch.setattr(worker, "wait_for_peers",
+                        lambda addresses, rank, timeout_s: probed.append((list(addresses), rank, timeout_s)))
+    cluster = parse_tf_config(json.dumps(build_tf_config(["10.0.0.1:2222", "10.0.0.2:2222"], 1)))
+    worker._reach_peers(cluster, 30, unreachable=True).close()
+    worker._reach_peers(cluster, 30).close()
+    assert probed == [(["127.0.0.1:4999", "10.0.0.2:2222"], 1, 15.0), (["10.0.0.1:2222", "10.0.0.2:2222"], 1, 15.0)]
