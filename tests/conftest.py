@@ -3,11 +3,27 @@
 from tests.support.gcsserver import gcs_server  # noqa: F401  (session fixture, started on first use)
 from tests.support.s3server import s3_server  # noqa: F401  (session fixture, started on first use)
 
+import os
+
 import pytest
 import structlog
 
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.slow`` scenarios run with RT_SLOW=1 (``make test-all``) or ``-m slow``.
+
+    Each one is a variant whose guarantee a faster default-suite test already covers (its
+    mark says which); the default suite stays within its time budget on 2 cores.
+    """
+    if os.environ.get("RT_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow scenario; set RT_SLOW=1 (make test-all) to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

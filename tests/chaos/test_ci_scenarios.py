@@ -44,6 +44,7 @@ def test_seeds_experiment_kill_chief_at_7_resumes_from_7(chaos_root: Path) -> No
     assert [f["state"] for f in result.faults] == ["done"]
 
 
+@pytest.mark.slow  # test_supervisor.py's SIGTERM to a worker
 def test_sigterm_to_a_worker_loses_no_step(chaos_root: Path) -> None:
     result = _run("sigterm-worker", CI_SPEC, chaos_root)
     assert result.problems == () and result.check.violations == (), result.to_dict()

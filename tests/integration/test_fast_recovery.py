@@ -48,6 +48,7 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
     assert warm.summary["weights_sha256"] == cold_restart.summary["weights_sha256"]
 
 
+@pytest.mark.slow  # tests/checkpoint's cache tests reject a corrupt copy
 def test_a_corrupt_host_cache_copy_is_rejected_and_shared_storage_used(tmp_path, cold_restart):
     """Shared storage that is not the run dir's disk (a store on that disk shares the host
     cache's inodes: one flipped byte there is the store's too): the fault-injecting

@@ -30,7 +30,7 @@ def start_positions(path):
     return sorted(tuple(line.split()) for line in path.read_text().splitlines())
 
 
-@pytest.mark.parametrize("steps_per_execution", ["1", "3"])
+@pytest.mark.parametrize("steps_per_execution", ["1", pytest.param("3", marks=pytest.mark.slow)])  # 3: slow, a variant
 def test_start_step_recipe_resumes_mid_epoch_exactly(tmp_path, input_bound_reference, steps_per_execution):
     log = tmp_path / "starts.txt"
     job = run_job(INPUT_BOUND, tmp_path / "run", *FLAGS, "--steps-per-execution", steps_per_execution,

@@ -2,6 +2,8 @@
 
 import signal
 
+import pytest
+
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job, run_job_until, worker_pids
 from resilient_train.errors import EXIT_FAILURE
@@ -56,6 +58,7 @@ def test_kill_non_chief_gang_restart_is_exact(tmp_path, digits_reference):
     assert job.summary["lost_steps"] == reached(job, 1) - newest
 
 
+@pytest.mark.slow  # the chaos CI scenario seeds-experiment runs the same kill
 def test_seeds_scenario_kill_chief_at_step_7_resumes_at_7(tmp_path, digits_reference):
     """The seed notes' experiment: checkpoint every step, kill the chief at step 7."""
     run_dir = tmp_path / "run"
@@ -70,6 +73,7 @@ def test_seeds_scenario_kill_chief_at_step_7_resumes_at_7(tmp_path, digits_refer
     assert rerun.summary["lost_steps"] == reached(killed, 1) - 7
 
 
+@pytest.mark.slow  # sync saves: test_steps_per_execution's mid-call kill
 def test_seeds_scenario_in_sync_mode_loses_nothing(tmp_path, digits_reference):
     """Synchronous saves commit before the next step: killed right after the commit of 7,
     the chief has run no step past it."""

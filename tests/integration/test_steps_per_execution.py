@@ -30,7 +30,7 @@ def reached(job, attempt):
     return next(e["global_step"] for e in job.named("attempt_reached") if e["attempt"] == attempt)
 
 
-@pytest.mark.parametrize("steps_per_execution", ["1", "3"])
+@pytest.mark.parametrize("steps_per_execution", [pytest.param("1", marks=pytest.mark.slow), "3"])  # 1: slow, a variant
 def test_n_steps_per_call_trains_the_same_weights_and_commits_the_same_steps(tmp_path, digits_reference,
                                                                            steps_per_execution):
     """The reference ran with the default (auto: the chief sizes calls by time)."""
@@ -50,7 +50,7 @@ def test_n_steps_per_call_trains_the_same_weights_and_commits_the_same_steps(tmp
         # a save point: the call ends exactly at 8, which is committed before the kill
         ({"point": "after_commit", "global_step": 8, "rank": 0}, "async", 8),
         # the epoch end (10) on the non-chief: the chief may or may not have committed 10
-        ({"point": "after_step", "global_step": 10, "rank": 1}, "async", 10),
+        pytest.param({"point": "after_step", "global_step": 10, "rank": 1}, "async", 10, marks=pytest.mark.slow),
     ],
     ids=["mid-call", "save-point", "epoch-end"],
 )

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from resilient_train.chaos.harness import SITE_DIR
 from resilient_train.errors import EXIT_FAILURE
 
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
@@ -61,6 +60,7 @@ def test_gcs_kill_chief_mid_upload_then_resume_exactly(tmp_path, gcs_server, dig
     assert job.summary["checkpoint"] == f"{gcs_server.url_prefix}/ckpt-000000000020"
 
 
+@pytest.mark.slow  # retries: tests/checkpoint on every backend
 def test_transient_storage_faults_at_20_percent_are_retried(tmp_path, digits_reference):
     storage = f"faulty://{tmp_path / 'ckpts'}"
     job = run_job(
@@ -77,10 +77,10 @@ def test_transient_storage_faults_at_20_percent_are_retried(tmp_path, digits_ref
 
 
 def stalled_storage_env(plan: dict) -> dict[str, str]:
-    """Storage faults for some attempts only (chaos/_site/sitecustomize.py): the supervisor
-    and later attempts see a healthy store."""
-    return {"RT_CHAOS_FAULTFS": json.dumps(plan),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE_DIR), os.environ.get("PYTHONPATH")]))}
+    """Storage faults for some attempts only: faulty:// reads RT_CHAOS_FAULTFS with the
+    process's RT_ATTEMPT when it is created, so the supervisor and later attempts see a
+    healthy store."""
+    return {"RT_CHAOS_FAULTFS": json.dumps(plan)}
 
 
 @pytest.mark.slow

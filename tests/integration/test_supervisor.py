@@ -3,6 +3,8 @@
 import os
 import signal
 
+import pytest
+
 from resilient_train.errors import EXIT_FAILURE, EXIT_FATAL, EXIT_PREEMPTED
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job, run_job_until, survivors, worker_pids
@@ -55,6 +57,7 @@ def test_sigterm_to_the_supervisor_exits_retryable_and_rerun_loses_nothing(tmp_p
     assert rerun.summary["weights_sha256"] == digits_reference
 
 
+@pytest.mark.slow  # SIGTERM to the supervisor: the same agreed save
 def test_ctrl_c_to_the_whole_process_group_saves_and_exits_143(tmp_path, digits_reference):
     """A terminal's Ctrl-C reaches supervisor and workers alike: still one agreed save."""
     run_dir = tmp_path / "run"

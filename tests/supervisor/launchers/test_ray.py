@@ -12,6 +12,8 @@ import signal
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from resilient_train.errors import EXIT_FAILURE, EXIT_PREEMPTED, EXIT_USAGE
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job, run_job_until, survivors, worker_pids
@@ -74,6 +76,7 @@ def test_kill_9_of_a_worker_on_another_node_gang_restarts_exactly(tmp_path, ray_
     assert summary["weights_sha256"] == digits_reference
 
 
+@pytest.mark.slow  # the same path as the local launcher's test
 def test_sigterm_to_the_supervisor_exits_143_and_rerun_loses_nothing(tmp_path, ray_cluster, digits_reference):
     run_dir = tmp_path / "run"
     job = run_job_until(
@@ -182,6 +185,7 @@ def test_more_cpus_than_the_cluster_has_is_a_clean_error(tmp_path, ray_cluster):
     assert job.named("worker_started") == []
 
 
+@pytest.mark.slow  # the same guarantee as the local launcher's test
 def test_no_worker_outlives_a_sigkilled_supervisor(tmp_path, ray_cluster):
     """The driver's death makes Ray kill its slot actors; their workers get the parent-death signal."""
     pids: dict[int, int] = {}
