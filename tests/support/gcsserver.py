@@ -20,19 +20,17 @@ Use the session fixture ``gcs_server`` (re-export it from a conftest), or ``Fake
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from resilient_train.cluster.ports import free_ports
+from tests.support._server import ServerProcess, StorageTarget, shared_server
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -54,27 +52,19 @@ def find_fake_gcs() -> str | None:
         return None
 
 
-@dataclass(frozen=True)
-class GCSTarget:
-    """Where a test may write: ``url_prefix`` (``gs://bucket/<unique>``) and the options."""
-
-    url_prefix: str
-    storage_options: dict[str, Any]
-    endpoint_url: str
-    bucket: str
+GCSTarget = StorageTarget  # url_prefix (gs://bucket/<unique>), storage_options, endpoint_url, bucket
 
 
-class FakeGCS:
+class FakeGCS(ServerProcess):
     """Start/stop one fake-gcs-server with a filesystem backend under ``work_dir``."""
 
+    scheme = "gs"
+    name = "fake-gcs-server"
+
     def __init__(self, work_dir: Path, *, bucket: str = BUCKET, startup_timeout_s: float = 30.0) -> None:
-        self.work_dir = Path(work_dir)
-        self.bucket = bucket
-        self.startup_timeout_s = startup_timeout_s
+        super().__init__(work_dir, bucket=bucket, startup_timeout_s=startup_timeout_s, log_name="fake-gcs-server.log")
         (self.port,) = free_ports(1)
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = self.work_dir / "fake-gcs-server.log"
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -90,14 +80,7 @@ class FakeGCS:
         args = [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
                 "-external-url", self.endpoint_url, "-backend", "filesystem", "-filesystem-root", str(data),
                 "-log-level", "warn"]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=self.work_dir)
-        try:
-            self._wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
+        self._spawn(args)
         return self
 
     def _wait_until_ready(self) -> None:
@@ -107,8 +90,7 @@ class FakeGCS:
         deadline = time.monotonic() + self.startup_timeout_s
         last: BaseException | None = None
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited with {self.process.returncode}; log:\n{self._log_tail()}")
+            self._check_alive()
             try:
                 urllib.request.urlopen(f"{self.endpoint_url}/storage/v1/b", timeout=1).close()
             except urllib.error.HTTPError:
@@ -123,33 +105,6 @@ class FakeGCS:
             fs.pipe_file(f"{self.bucket}/.ready", b"ok")
             return
         raise RuntimeError(f"fake-gcs-server not ready after {self.startup_timeout_s}s ({last}); log:\n{self._log_tail()}")
-
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self, grace_s: float = 3.0) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-    def target(self, name: str | None = None) -> GCSTarget:
-        prefix = f"gs://{self.bucket}/{name or uuid.uuid4().hex[:12]}"
-        return GCSTarget(prefix, self.storage_options, self.endpoint_url, self.bucket)
-
-    def __enter__(self) -> FakeGCS:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def _cannot_run(binary: str) -> str | None:
@@ -182,12 +137,4 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSTarget]:
         reason = _cannot_run(binary)
         if reason is not None:
             pytest.skip(f"fake-gcs-server cannot run here: {reason}")
-        _shared["server"] = FakeGCS(tmp_path_factory.mktemp("fake-gcs")).start()
-    _shared["users"] += 1
-    try:
-        yield _shared["server"].target()
-    finally:
-        _shared["users"] -= 1
-        if _shared["users"] == 0:
-            server, _shared["server"] = _shared["server"], None
-            server.stop()
+    yield from shared_server(_shared, lambda: FakeGCS(tmp_path_factory.mktemp("fake-gcs")).start())

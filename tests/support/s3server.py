@@ -14,23 +14,21 @@ Use the session fixture ``s3_server`` (re-export it from a conftest with
 
 from __future__ import annotations
 
-from resilient_train.cluster.ports import free_ports
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+from resilient_train.cluster.ports import free_ports
+from tests.support._server import ServerProcess, StorageTarget, shared_server
 
 __all__ = ["SeaweedS3", "S3Target", "find_weed", "s3_server"]
 
@@ -47,32 +45,24 @@ def find_weed() -> str | None:
     return shutil.which("weed")
 
 
-@dataclass(frozen=True)
-class S3Target:
-    """Where a test may write: ``url_prefix`` (``s3://bucket/<unique>``) and the options."""
-
-    url_prefix: str
-    storage_options: dict[str, Any]
-    endpoint_url: str
-    bucket: str
+S3Target = StorageTarget  # url_prefix (s3://bucket/<unique>), storage_options, endpoint_url, bucket
 
 
-class SeaweedS3:
+class SeaweedS3(ServerProcess):
     """Start/stop one ``weed server`` with master, volume, filer and S3 gateway."""
+
+    scheme = "s3"
+    name = "weed"
 
     def __init__(self, work_dir: Path, *, bucket: str = BUCKET, startup_timeout_s: float = 60.0,
                  access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> None:
         """``access_key``/``secret_key``: the one identity the gateway accepts (anonymous requests
         are refused), so a test can use credentials unique enough to grep for."""
-        self.work_dir = Path(work_dir)
-        self.bucket = bucket
+        super().__init__(work_dir, bucket=bucket, startup_timeout_s=startup_timeout_s, log_name="weed.log")
         self.access_key, self.secret_key = access_key, secret_key
-        self.startup_timeout_s = startup_timeout_s
-        self.process: subprocess.Popen[bytes] | None = None
         (self.master, self.master_grpc, self.volume, self.volume_grpc, self.filer,
          self.filer_grpc, self.s3, self.s3_grpc) = free_ports(8)
         self.endpoint_url = f"http://127.0.0.1:{self.s3}"
-        self.log_path = self.work_dir / "weed.log"
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -105,14 +95,7 @@ class SeaweedS3:
         ]
         # weed puts its gRPC unix sockets in the temp dir: keep them in work_dir, not /tmp
         env = {**os.environ, "TMPDIR": str(self.work_dir)}
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=self.work_dir, env=env)
-        try:
-            self._wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
+        self._spawn(args, env)
         return self
 
     def _wait_until_ready(self) -> None:
@@ -122,8 +105,7 @@ class SeaweedS3:
         deadline = time.monotonic() + self.startup_timeout_s
         last: BaseException | None = None
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}; log:\n{self._log_tail()}")
+            self._check_alive()
             try:
                 urllib.request.urlopen(self.endpoint_url, timeout=1).close()
             except urllib.error.HTTPError:
@@ -143,23 +125,7 @@ class SeaweedS3:
                 time.sleep(0.5)
         raise RuntimeError(f"SeaweedFS S3 not ready after {self.startup_timeout_s}s ({last}); log:\n{self._log_tail()}")
 
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self, grace_s: float = 3.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace_s`` (weed may ignore SIGTERM while draining)."""
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    def _after_stop(self) -> None:
         self._remove_sockets()
 
     def _remove_sockets(self) -> None:
@@ -171,16 +137,6 @@ class SeaweedS3:
             if path.is_socket():
                 path.unlink(missing_ok=True)
 
-    def target(self, name: str | None = None) -> S3Target:
-        prefix = f"s3://{self.bucket}/{name or uuid.uuid4().hex[:12]}"
-        return S3Target(prefix, self.storage_options, self.endpoint_url, self.bucket)
-
-    def __enter__(self) -> SeaweedS3:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
 
 _shared: dict[str, Any] = {"server": None, "users": 0}
 
@@ -189,17 +145,7 @@ _shared: dict[str, Any] = {"server": None, "users": 0}
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Target]:
     """One SeaweedFS for the whole session; yields a unique ``s3://bucket/<run>`` prefix.
 
-    Re-exported from several conftests, the fixture is registered more than once; the
-    server is still started once (reference-counted) and stopped after its last user.
-    Tests needing isolation should append their own sub-prefix (e.g. the test name).
+    Started once however many conftests re-export it (tests/support/_server.py); tests
+    needing isolation append their own sub-prefix (e.g. the test name).
     """
-    if _shared["server"] is None:
-        _shared["server"] = SeaweedS3(tmp_path_factory.mktemp("seaweedfs")).start()
-    _shared["users"] += 1
-    try:
-        yield _shared["server"].target()
-    finally:
-        _shared["users"] -= 1
-        if _shared["users"] == 0:
-            server, _shared["server"] = _shared["server"], None
-            server.stop()
+    yield from shared_server(_shared, lambda: SeaweedS3(tmp_path_factory.mktemp("seaweedfs")).start())
