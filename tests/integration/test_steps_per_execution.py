@@ -48,7 +48,7 @@ def test_n_steps_per_call_trains_the_same_weights_and_commits_the_same_steps(tmp
         # so step 4 is surely committed before that call starts)
         ({"point": "after_step", "global_step": 6, "rank": 0}, "sync", 7),
         # a save point: the call ends exactly at 8, which is committed before the kill
-        ({"point": "after_commit", "global_step": 8, "rank": 0}, "async", 8),
+        pytest.param({"point": "after_commit", "global_step": 8, "rank": 0}, "async", 8, marks=pytest.mark.slow),
         # the epoch end (10) on the non-chief: the chief may or may not have committed 10
         pytest.param({"point": "after_step", "global_step": 10, "rank": 1}, "async", 10, marks=pytest.mark.slow),
     ],
@@ -70,6 +70,7 @@ def test_kills_at_every_kind_of_call_boundary_resume_exactly(tmp_path, digits_re
     assert job.summary["lost_steps"] == reached(job, 1) - restored[0]
 
 
+@pytest.mark.slow  # test_supervisor.py's SIGTERM to a worker, with auto-sized calls
 def test_sigterm_with_n_steps_per_call_loses_no_step(tmp_path, digits_reference):
     def after_first_commit(events):
         return any(e["event"] == "checkpoint_committed" for e in events)
@@ -90,6 +91,7 @@ def test_sigterm_with_n_steps_per_call_loses_no_step(tmp_path, digits_reference)
     assert job.summary["weights_sha256"] == digits_reference
 
 
+@pytest.mark.slow  # test_resume.py's external SIGKILL of the chief, with auto-sized calls
 def test_external_sigkill_of_the_chief_mid_call_resumes_exactly(tmp_path, digits_reference):
     """A real kill lands wherever the chief is, almost always inside a 3-step call
     (0.45 s with the slow recipe); whatever it hit, the rerun restores the newest commit."""

@@ -59,6 +59,7 @@ def test_two_workers_on_two_nodes_match_the_local_run(tmp_path, ray_cluster, dig
     assert not (Path(tempfile.gettempdir()) / "resilient-train-ray" / summary["run_id"]).exists()
 
 
+@pytest.mark.slow  # losing a whole node below gang-restarts on Ray too
 def test_kill_9_of_a_worker_on_another_node_gang_restarts_exactly(tmp_path, ray_cluster, digits_reference):
     job = run_job_until(
         SLOW_DIGITS, tmp_path / "run", *DIGITS_FLAGS, *RAY,
