@@ -564,10 +564,34 @@ class Trainer:
         finally:
             self._phase.restore(previous)
 
-    def _finish_epoch_with_callbacks(self, epoch: int) -> None:
-        """Evaluate, ``on_epoch_end``, agree on stopping, (``on_train_end``,) then save."""
-        assert self._callbacks is not None
+    def _finish_epoch(self, epoch: int) -> None:
+        """Advance the counters past epoch ``epoch``, save, report ``epoch_finished``.
+
+        With callbacks, the evaluation comes first and ``on_epoch_end`` (its logs carry
+        ``val_*``) runs before the save, with the stop agreed by every worker, so the saved
+        callback state has seen the epoch; ``on_train_end`` runs before the final save.
+        Without, the evaluation follows the save (an async commit overlaps it).
+        """
         means = self.stats.means()
+        extra, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
+        self.epoch.assign_add(1)
+        self.step_in_epoch.assign(0)
+        self.stats = _EpochStats()
+        completed = self._stopped or epoch + 1 >= self.job.epochs
+        if completed and self._callbacks:
+            self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
+        self.save(completed=completed)
+        if extra is None:
+            extra = self._after_epoch_saved(epoch)
+        emit("epoch_finished", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
+             loss=means.pop("loss", None), metrics=means, **extra)
+        if self._stopped:
+            emit("training_stopped", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
+                 reason="model.stop_training")
+
+    def _callbacks_epoch_end(self, epoch: int, means: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Evaluate, ``on_epoch_end``, agree on stopping; (the evaluation's event fields, the logs)."""
+        assert self._callbacks is not None
         extra = self._after_epoch_saved(epoch)
         logs = dict(means)
         if "val_loss" in extra:
@@ -575,30 +599,7 @@ class Trainer:
             logs.update({f"val_{name}": value for name, value in extra["val_metrics"].items()})
         logs = self._callbacks.epoch_end(epoch, logs)
         self._stopped = self._agree(self._callbacks.stop_training) or self._stopped
-        self.epoch.assign_add(1)
-        self.step_in_epoch.assign(0)
-        self.stats = _EpochStats()
-        completed = self._stopped or epoch + 1 >= self.job.epochs
-        if completed:
-            self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
-        self.save(completed=completed)
-        emit("epoch_finished", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
-             loss=means.pop("loss", None), metrics=means, **extra)
-        if self._stopped:
-            emit("training_stopped", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
-                 reason="model.stop_training")
-
-    def _finish_epoch(self, epoch: int) -> None:
-        if self._callbacks:
-            return self._finish_epoch_with_callbacks(epoch)
-        means = self.stats.means()
-        self.epoch.assign_add(1)
-        self.step_in_epoch.assign(0)
-        self.stats = _EpochStats()
-        self.save(completed=epoch + 1 >= self.job.epochs)
-        extra = self._after_epoch_saved(epoch)
-        emit("epoch_finished", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
-             loss=means.pop("loss", None), metrics=means, **extra)
+        return extra, logs
 
     def run(self) -> TrainResult | None:
         """Train to the end (returns the result) or until preempted (returns None)."""
