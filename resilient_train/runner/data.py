@@ -60,8 +60,12 @@ def epoch_dataset(
     global_batch_size: int,
     params: dict[str, Any],
     input_check: InputCheck | None = None,
+    worker: tuple[int, int] | None = None,
 ):
     """The distributed dataset for ``epoch``, positioned at ``start_step``.
+
+    ``worker=(rank, workers)``: instead, worker ``rank``'s own ``tf.data.Dataset`` (the same
+    batches its replica would get; for the iterator-state path, runner/iterator_state.py).
 
     TensorFlow's global seed is reset from ``(seed, epoch)`` right before each call of
     ``recipe.dataset`` (runner/determinism.py), so an unseeded shuffle is the same on every
@@ -100,7 +104,12 @@ def epoch_dataset(
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return dataset.with_options(options).skip(skip).take(steps_per_epoch - start_step).prefetch(2)
 
-    return strategy.distribute_datasets_from_function(dataset_fn)
+    if worker is None:
+        return strategy.distribute_datasets_from_function(dataset_fn)
+    # One replica per worker: this worker's pipeline, iterated as a plain (checkpointable)
+    # tf.data iterator; strategy.run hands each batch to the worker's only replica.
+    rank, workers = worker
+    return dataset_fn(tf.distribute.InputContext(workers, rank, workers))
 
 
 def accepts_start_step(dataset_fn: Any) -> bool:
