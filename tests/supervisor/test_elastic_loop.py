@@ -1,0 +1,82 @@
+"""An elastic run's resizes through the supervisor's seams: fake processes, clock, capacity.
+
+The launcher's capacity is scripted (a function of the fake clock); everything else is the
+real loop. The real-process versions are tests/integration/test_elastic.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
+from tests.supervisor.test_supervisor_loop import events, make, run_states
+
+
+def summary(tmp_path) -> dict:
+    return json.loads((tmp_path / "run" / "summary.json").read_text())
+
+
+def resizes(tmp_path) -> list[tuple[int, int, int, str]]:
+    return [(e["attempt"], e["from"], e["to"], e["reason"]) for e in events(tmp_path, "world_size_changed")]
+
+
+def test_a_lost_worker_with_capacity_below_the_group_restarts_smaller_without_spending_a_restart(tmp_path):
+    supervisor, spawner, clock, _ = make(
+        tmp_path,
+        [{"exit_at": None, "on_sigterm": 1}, {"exit_at": 1.0, "exit_code": -9},  # attempt 1: rank 1's node dies
+         {"exit_at": 1.0}],                                                       # attempt 2: one worker finishes
+        workers="1:2", max_restarts=0,
+    )
+    supervisor.launcher.capacity = lambda: 2 if clock.now < 1001.0 else 1
+    assert supervisor.run() == EXIT_OK
+    assert resizes(tmp_path) == [(2, 2, 1, "capacity fell: the launcher can place 1 of 2 workers")]
+    assert len(spawner.calls) == 3
+    result = summary(tmp_path)
+    assert result["world_sizes"] == {"1": 2, "2": 1}
+    assert (result["restarts"], result["membership_changes"], result["preemptions"]) == (0, 1, 0)
+
+
+def test_returning_capacity_stops_the_group_at_an_agreed_save_and_restarts_it_larger(tmp_path):
+    supervisor, spawner, clock, _ = make(
+        tmp_path,
+        [{"exit_at": None, "on_sigterm": EXIT_PREEMPTED},  # attempt 1: one worker, saves on SIGTERM
+         {"exit_at": 1.0}, {"exit_at": 1.0}],              # attempt 2: two workers finish
+        workers="1:2",
+    )
+    supervisor.launcher.capacity = lambda: 1 if clock.now < 1002.0 else 2
+    supervisor._training = lambda: True  # the chief's step marker, which no fake writes
+    assert supervisor.run() == EXIT_OK
+    assert resizes(tmp_path) == [
+        (1, 2, 1, "the launcher can place 1 workers"),  # started below MAX
+        (2, 1, 2, "capacity returned: the launcher can place 2 workers"),
+    ]
+    assert [name for name, _ in spawner.processes[0].signals] == ["SIGTERM"]
+    assert ("running", "resizing", 1) in run_states(tmp_path)
+    assert ("resizing", "stopping", 1) in run_states(tmp_path)
+    result = summary(tmp_path)
+    assert result["world_sizes"] == {"1": 1, "2": 2}
+    assert (result["restarts"], result["membership_changes"], result["preemptions"]) == (0, 1, 0)
+
+
+def test_capacity_below_min_fails_the_run_before_any_worker_starts(tmp_path):
+    supervisor, spawner, _, out = make(tmp_path, [], workers="2:3", global_batch_size=6)
+    supervisor.launcher.capacity = lambda: 1
+    assert supervisor.run() == EXIT_FAILURE
+    assert spawner.calls == []
+    assert [e["reason"] for e in events(tmp_path, "launch_failed")] == [
+        "the launcher can place 1 workers; --workers 2:3 needs at least 2"]
+
+
+def test_a_run_that_is_not_elastic_ignores_capacity_and_spends_its_budget(tmp_path):
+    supervisor, spawner, clock, _ = make(
+        tmp_path,
+        [{"exit_at": None, "on_sigterm": 1}, {"exit_at": 1.0, "exit_code": -9},
+         {"exit_at": 1.0}, {"exit_at": 1.0}],
+        workers=2,
+    )
+    supervisor.launcher.capacity = lambda: 1
+    assert supervisor.run() == EXIT_OK
+    assert events(tmp_path, "world_size_changed") == []
+    result = summary(tmp_path)
+    assert result["world_sizes"] == {"1": 2, "2": 2}
+    assert (result["restarts"], result["membership_changes"]) == (1, 0)
