@@ -80,3 +80,19 @@ def test_a_run_that_is_not_elastic_ignores_capacity_and_spends_its_budget(tmp_pa
     result = summary(tmp_path)
     assert result["world_sizes"] == {"1": 2, "2": 2}
     assert (result["restarts"], result["membership_changes"]) == (1, 0)
+
+
+def test_the_local_launchers_capacity_is_the_run_dirs_local_slots_file(tmp_path):
+    from resilient_train.job.config import JobConfig
+    from resilient_train.rundir.layout import RunDir
+    from resilient_train.supervisor.launchers.local import LocalLauncher
+
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), workers="1:2")
+    launcher = LocalLauncher(job)
+    slots = RunDir(job.run_dir).local_slots
+    assert launcher.capacity() is None  # no file: no limit
+    slots.parent.mkdir(parents=True)
+    slots.write_text("1\n")
+    assert launcher.capacity() == 1
+    slots.write_text("many")
+    assert launcher.capacity() is None  # unreadable: as if absent

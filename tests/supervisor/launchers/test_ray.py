@@ -205,7 +205,8 @@ def test_no_worker_outlives_a_sigkilled_supervisor(tmp_path, ray_cluster):
     assert survivors(pids.values(), within_s=60) == []
 
 
-def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins(tmp_path, ray_cluster):
+@pytest.mark.parametrize("recipe", [SLOW_DIGITS])
+def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins(tmp_path, ray_cluster, recipe):
     """--workers 1:2 on 2 nodes that hold one worker each (2 CPUs): rank 1's node dies with
     no spare -> attempt 2 runs 1 worker from the last commit; a node joins -> attempt 3 is
     back at 2 from attempt 2's agreed save, and the run completes. No restart is spent."""
@@ -214,7 +215,7 @@ def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins
     ray_cluster.remove(ray_cluster.workers[-1].node_id)  # no spare
     flags = (*DIGITS_FLAGS, *RAY, "--cpus-per-worker", "2", "--workers", "1:2", "--set", "step_delay_s=0.5")
     try:
-        job = run_with_triggers(SLOW_DIGITS, tmp_path / "run", *flags, triggers=[
+        job = run_with_triggers(recipe, tmp_path / "run", *flags, triggers=[
             (lambda events: bool(_of(events, "checkpoint_committed", 1)),
              lambda events: ray_cluster.remove(nodes_of(events, 1)[1])),
             (lambda events: bool(_of(events, "first_step", 2)), lambda events: ray_cluster.add_worker()),
