@@ -538,16 +538,16 @@ class Supervisor:
             return self._start(attempt, self.job.workers)
         size, reason = self._resize or (self._placeable(), "")
         self._resize = None
-        low = self.job.world_sizes.start
+        low, previous = self.job.world_sizes.start, self.size or self.job.workers
         while True:
             if size < low:
                 raise RestartNotPlacedError(
                     f"the launcher can place {size} workers; --workers {low}:{self.job.workers} needs at least {low}")
-            if size != (self.size or self.job.workers):
-                emit("world_size_changed", attempt=attempt, **{"from": self.size or self.job.workers},
+            if size != previous:
+                emit("world_size_changed", attempt=attempt, **{"from": previous},
                      to=size, reason=reason or f"the launcher can place {size} workers")
                 self.tail.pump()
-                self.out.write(f"Attempt {attempt}: {self.size or self.job.workers} -> {size} workers\n")
+                self.out.write(f"Attempt {attempt}: {previous} -> {size} workers ({reason or 'capacity'})\n")
             self.size = size
             try:
                 return self._start(attempt, size)

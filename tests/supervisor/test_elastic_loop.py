@@ -96,3 +96,32 @@ def test_the_local_launchers_capacity_is_the_run_dirs_local_slots_file(tmp_path)
     assert launcher.capacity() == 1
     slots.write_text("many")
     assert launcher.capacity() is None  # unreadable: as if absent
+
+
+class PlacesAtMost(object):
+    """Wraps a launcher: starting more than ``most`` workers raises RestartNotPlacedError,
+    while its capacity still claims ``claims`` (another job holds what the totals show)."""
+
+    def __init__(self, launcher, most: int, claims: int) -> None:
+        self._launcher, self.most, self.claims = launcher, most, claims
+
+    def __getattr__(self, name):
+        return getattr(self._launcher, name)
+
+    def capacity(self):
+        return self.claims
+
+    def start(self, specs):
+        from resilient_train.errors import RestartNotPlacedError
+
+        if len(specs) > self.most:
+            raise RestartNotPlacedError(f"could not place {len(specs)} workers")
+        return self._launcher.start(specs)
+
+
+def test_a_size_that_cannot_be_placed_after_all_is_tried_smaller_down_to_min(tmp_path):
+    supervisor, spawner, _, _ = make(tmp_path, [{"exit_at": 1.0}, {"exit_at": 1.0}], workers="1:3", global_batch_size=6)
+    supervisor.launcher = PlacesAtMost(supervisor.launcher, most=2, claims=3)
+    assert supervisor.run() == EXIT_OK
+    assert resizes(tmp_path) == [(1, 3, 2, "no placement for 3 workers")]
+    assert summary(tmp_path)["world_sizes"] == {"1": 2}
