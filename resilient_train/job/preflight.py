@@ -102,8 +102,16 @@ def _check_batch_divisibility(job: JobConfig, defaults: Mapping[str, Any] | None
     if defaults is None:
         return  # computed DEFAULTS: the worker checks after import
     batch = defaults.get("global_batch_size", FALLBACK_DEFAULTS["global_batch_size"])
-    if isinstance(batch, int) and not isinstance(batch, bool) and batch % job.workers:
-        source = "the recipe's DEFAULTS" if "global_batch_size" in defaults else "the default"
+    if not isinstance(batch, int) or isinstance(batch, bool):
+        return
+    source = "the recipe's DEFAULTS" if "global_batch_size" in defaults else "the default"
+    indivisible = job.size_not_dividing(batch)
+    if indivisible is not None and job.elastic:
+        raise ConfigError(
+            f"global_batch_size={batch} (from {source}) is not divisible by {indivisible} workers, a size in "
+            f"--workers {job.min_workers}:{job.workers}; pass a --global-batch-size that every size in MIN..MAX divides"
+        )
+    if indivisible is not None:
         raise ConfigError(
             f"global_batch_size={batch} (from {source}) is not divisible by workers={job.workers}; "
             "pass --global-batch-size with a multiple of --workers, or change --workers"

@@ -22,6 +22,8 @@ launchers, the chaos checker, tests) names a file of a run. Nothing else spells
       local/                       .local            per-host scratch, never shared
         host-cache/                .host_cache       verified checkpoint copies (checkpoint/cache.py)
         rank-<rank>/               .work_dir(rank)   worker staging and restore cache
+      local-slots                  .local_slots      how many workers the local launcher may place (a test
+                                                     hook for elastic runs; absent: no limit)
       tensorboard/                 .tensorboard      the chief's scalars
       model/                       .model            the exported final model
       checkpoints/                 (default --storage; the storage layout is checkpoint/store.py's)
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunDir", "AttemptDir", "attempt_number", "EVENTS", "SUMMARY", "RUN_FILE", "FINGERPRINT", "LOCK", "TENSORBOARD",
-           "MODEL", "LOCAL", "JOB", "CHECKPOINTS"]
+           "MODEL", "LOCAL", "LOCAL_SLOTS", "JOB", "CHECKPOINTS"]
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
@@ -47,6 +49,7 @@ LOCK = "supervisor.lock"
 TENSORBOARD = "tensorboard"
 MODEL = "model"
 LOCAL = "local"
+LOCAL_SLOTS = "local-slots"
 CHECKPOINTS = "checkpoints"
 JOB = "job.json"
 _ATTEMPT = re.compile(r"attempt-(\d+)")
@@ -141,6 +144,10 @@ class RunDir:
     @property
     def local(self) -> Path:
         return self.path / LOCAL
+
+    @property
+    def local_slots(self) -> Path:
+        return self.path / LOCAL_SLOTS
 
     @property
     def host_cache(self) -> Path:

@@ -27,6 +27,8 @@ def assert_refused(code, err, run_dir, fragment):
         (["--set", "learning_rat=0.1"], "Unknown recipe parameter 'learning_rat' in --set learning_rat=0.1; accepted: fail_at_step, learning_rate"),
         (["--set", "learning_rate=fast"], "Recipe parameter learning_rate='fast' is not a valid float"),
         (["--workers", "3"], "global_batch_size=4 (from the recipe's DEFAULTS) is not divisible by workers=3"),
+        (["--workers", "2:4"], "global_batch_size=4 (from the recipe's DEFAULTS) is not divisible by 3 workers, a size in --workers 2:4"),
+        (["--workers", "3:2"], "Received --workers '3:2'; expected MIN <= MAX"),
         (["--storage", "memory://bucket/ckpts"], "--storage memory://bucket/ckpts: memory:// lives inside one process"),
     ],
 )
