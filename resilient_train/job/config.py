@@ -80,6 +80,7 @@ class JobConfig:
     eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
     eval_steps: int | None = None  # None: the whole eval_dataset
     strict_resume: bool = False
+    record_indices: bool = False  # indexed recipes: per-step index digests (rundir/stepindices.py)
     hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
     startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
     storage_timeout: float = 60.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
@@ -173,6 +174,8 @@ class JobConfig:
         _check_ray_fields(self)
         if not isinstance(self.warm_standby, bool):
             raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
+        if not isinstance(self.record_indices, bool):
+            raise ConfigError(f"Received record_indices={self.record_indices!r}; expected true or false")
         if not isinstance(self.force_storage, bool):
             raise ConfigError(f"Received force_storage={self.force_storage!r}; expected true or false")
         try:
@@ -313,7 +316,7 @@ _JOB_FLAGS = (
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
-    "eval_every_epochs", "eval_steps", "strict_resume", "hang_timeout", "startup_timeout",
+    "eval_every_epochs", "eval_steps", "strict_resume", "record_indices", "hang_timeout", "startup_timeout",
     "collective_timeout", "run_dir_mode", "storage_timeout",
 )
 
@@ -413,6 +416,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "then holds a thread for that long (default off; see docs/failures.md, Hangs)")
     add("--strict-resume", action="store_true", default=None,
         help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
+    add("--record-indices", action="store_true", default=None,
+        help="indexed recipes: write a digest of each global step's example indices to "
+        "attempt-<n>/step-indices.txt (one all-gather per step; docs/recipes.md)")
 
 
 def job_from_args(args: argparse.Namespace) -> JobConfig:

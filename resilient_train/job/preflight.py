@@ -50,7 +50,7 @@ _PROCESS_LOCAL_SCHEMES = ("memory://", "faulty://memory://")
 
 def preflight(job: JobConfig) -> None:
     """Raise ``ConfigError`` / ``RecipeError`` for the first mistake found in ``job``."""
-    path = check_recipe_source(job.recipe, eval_every_epochs=job.eval_every_epochs)
+    path = check_recipe_source(job.recipe, eval_every_epochs=job.eval_every_epochs, record_indices=job.record_indices)
     literals = literal_recipe_dicts(path)
     defaults = literals.get("DEFAULTS")
     if defaults is not None:

@@ -12,6 +12,15 @@ Required functions::
     def loss(labels, predictions) -> Tensor        # PER-EXAMPLE loss, shape [batch]
     def dataset(input_context, epoch, seed) -> tf.data.Dataset  # per-replica batches (x, y) or (x, y, w)
 
+or, instead of ``dataset``, the indexed input contract (the runner builds the pipeline, its
+order and every worker's share; runner/indexed.py)::
+
+    def num_examples(params) -> int
+    def example(index, params) -> (x, y) or (x, y, w)  # tensors for int64 scalar `index`; traced
+    def augment(example, seed) -> example               # optional; seed: int64 [2], per position
+
+A recipe defines ``dataset`` or ``num_examples`` + ``example``, never both.
+
 Optional::
 
     def callbacks(params) -> list[keras.callbacks.Callback]  # run where model.fit would; their
@@ -74,14 +83,18 @@ from typing import Any, Callable, Mapping
 
 from resilient_train.errors import RecipeError
 
-__all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DEFAULT_KEYS"]
+__all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DATASET_INPUT", "INDEXED_INPUT", "DEFAULT_KEYS"]
 
-REQUIRED = ("build_model", "build_optimizer", "loss", "dataset")
+REQUIRED = ("build_model", "build_optimizer", "loss")
+# The input: one of the two contracts (``dataset``, or the indexed one).
+DATASET_INPUT = ("dataset",)
+INDEXED_INPUT = ("num_examples", "example")
 # Required unless build_model returns a compiled model (the source calls ``.compile(``).
 FROM_COMPILE = ("build_optimizer", "loss")
 # Optional functions and how many positional parameters each must accept.
-OPTIONAL_ARITY = {"metrics": 2, "eval_dataset": 2, "callbacks": 1}
-_SIGNATURES = {"metrics": "(labels, predictions)", "eval_dataset": "(input_context, seed)", "callbacks": "(params)"}
+OPTIONAL_ARITY = {"metrics": 2, "eval_dataset": 2, "callbacks": 1, "num_examples": 1, "example": 2, "augment": 2}
+_SIGNATURES = {"metrics": "(labels, predictions)", "eval_dataset": "(input_context, seed)", "callbacks": "(params)",
+               "num_examples": "(params)", "example": "(index, params)", "augment": "(example, seed)"}
 # compile() arguments the runner cannot honour, refused when written literally.
 _COMPILE_REFUSED = {
     "run_eagerly": "the runner compiles its own step",
@@ -100,12 +113,20 @@ class Recipe:
     build_model: Callable[[dict], Any]
     build_optimizer: Callable[[dict], Any] | None  # None: taken from a compiled model
     loss: Callable[[Any, Any], Any] | None  # None: taken from a compiled model
-    dataset: Callable[[Any, int, int], Any]
+    dataset: Callable[[Any, int, int], Any] | None  # None: an indexed recipe
     metrics: Callable[[Any, Any], dict] | None = None
     eval_dataset: Callable[[Any, int], Any] | None = None
     callbacks: Callable[[dict], Any] | None = None
     defaults: Mapping[str, int] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
+    num_examples: Callable[[dict], int] | None = None  # the indexed contract (runner/indexed.py)
+    example: Callable[[Any, dict], Any] | None = None
+    augment: Callable[[Any, Any], Any] | None = None
+
+    @property
+    def indexed(self) -> bool:
+        """The runner builds this recipe's input from ``example(index)``."""
+        return self.example is not None
 
 
 def recipe_name(spec: str) -> str:
@@ -140,10 +161,11 @@ def _source_path(spec: str) -> Path:
     return Path(found.origin)
 
 
-def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None) -> Path:
+def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None, record_indices: bool = False) -> Path:
     """Check a recipe without importing it: the file parses and defines the required functions.
 
-    ``eval_every_epochs > 0`` also requires ``eval_dataset`` (the run would evaluate it).
+    ``eval_every_epochs > 0`` also requires ``eval_dataset`` (the run would evaluate it);
+    ``record_indices`` requires the indexed contract (only it has indices to record).
     """
     path = _source_path(spec)
     try:
@@ -165,13 +187,16 @@ def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None) -> P
     # source cannot tell, so the worker checks the model it builds (runner/loop.py).
     own_build_model = any(isinstance(node, ast.FunctionDef) and node.name == "build_model" for node in tree.body)
     compiles = _calls_compile(tree) or ("build_model" in defined and not own_build_model)
-    missing = [name for name in REQUIRED if name not in defined and not (compiles and name in FROM_COMPILE)]
+    # An indexed recipe (one that starts the other contract) is checked for its input below.
+    inputs = () if any(name in defined for name in INDEXED_INPUT) else DATASET_INPUT
+    missing = [name for name in (*REQUIRED, *inputs) if name not in defined and not (compiles and name in FROM_COMPILE)]
     if missing:
         raise RecipeError(
             f"Recipe {path} does not define {', '.join(missing)}; a recipe must define "
-            f"{', '.join(REQUIRED)} (build_optimizer and loss may come from model.compile(); "
-            "see resilient_train/job/recipe.py)"
+            f"{', '.join((*REQUIRED, *DATASET_INPUT))} (build_optimizer and loss may come from model.compile(); "
+            "dataset may be num_examples + example instead; see resilient_train/job/recipe.py)"
         )
+    _check_input_contract(path, defined)
     _check_optional_arity(path, tree)
     _check_keras_usage(path, tree)
     if eval_every_epochs and "eval_dataset" not in defined:
@@ -179,7 +204,29 @@ def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None) -> P
             f"Received eval_every_epochs={eval_every_epochs} but recipe {path} defines no "
             "eval_dataset(input_context, seed); add one or pass --eval-every-epochs 0"
         )
+    if record_indices and "example" not in defined:
+        raise RecipeError(
+            f"Received --record-indices but recipe {path} defines dataset, not the indexed contract; "
+            "record_indices needs num_examples(params) + example(index, params) (docs/recipes.md)"
+        )
     return path
+
+
+def _check_input_contract(path: Path, defined: set[str]) -> None:
+    """``dataset`` or ``num_examples`` + ``example``: exactly one input contract."""
+    indexed = [name for name in (*INDEXED_INPUT, "augment") if name in defined]
+    if "dataset" in defined and indexed:
+        raise RecipeError(
+            f"Recipe {path} defines both dataset and {', '.join(indexed)}; define one input contract: "
+            "dataset(input_context, epoch, seed), or num_examples(params) + example(index, params)"
+        )
+    missing = [name for name in INDEXED_INPUT if name not in defined]
+    if "dataset" not in defined and missing:
+        raise RecipeError(
+            f"Recipe {path} does not define {'dataset' if len(missing) == 2 else missing[0]}; a recipe's input is "
+            "dataset(input_context, epoch, seed), or num_examples(params) + example(index, params) "
+            "(see resilient_train/job/recipe.py)"
+        )
 
 
 def _check_optional_arity(path: Path, tree: ast.Module) -> None:
@@ -245,7 +292,9 @@ def load_recipe(spec: str) -> Recipe:
     """Import a recipe and check it against the contract."""
     path = check_recipe_source(spec)
     module = _import(spec, path)
-    missing = [name for name in REQUIRED if not callable(getattr(module, name, None)) and name not in FROM_COMPILE]
+    inputs = INDEXED_INPUT if callable(getattr(module, "example", None)) else DATASET_INPUT
+    missing = [name for name in (*REQUIRED, *inputs)
+               if not callable(getattr(module, name, None)) and name not in FROM_COMPILE]
     if missing:
         raise RecipeError(f"Recipe {path}: {', '.join(missing)} must be functions")
     defaults = dict(getattr(module, "DEFAULTS", {}) or {})
@@ -262,13 +311,21 @@ def load_recipe(spec: str) -> Recipe:
         build_model=module.build_model,
         build_optimizer=build_optimizer if callable(build_optimizer) else None,
         loss=loss if callable(loss) else None,
-        dataset=module.dataset,
+        dataset=_optional(module, "dataset"),
         metrics=metrics if callable(metrics) else None,
         eval_dataset=eval_dataset if callable(eval_dataset) else None,
         callbacks=callbacks if callable(callbacks) else None,
         defaults=defaults,
         params=dict(getattr(module, "PARAMS", {}) or {}),
+        num_examples=_optional(module, "num_examples"),
+        example=_optional(module, "example"),
+        augment=_optional(module, "augment"),
     )
+
+
+def _optional(module: ModuleType, name: str) -> Callable[..., Any] | None:
+    value = getattr(module, name, None)
+    return value if callable(value) else None
 
 
 def _import(spec: str, path: Path) -> ModuleType:

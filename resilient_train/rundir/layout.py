@@ -16,6 +16,8 @@ launchers, the chaos checker, tests) names a file of a run. Nothing else spells
         error-<rank>.json          .error(rank)      uncaught exception (rundir/errorfile.py)
         step-<rank>.txt            .step_marker(rank) last finished global step (rundir/stepmarker.py)
         phase-<rank>.txt           .phase_marker(rank) what the worker is doing: train, eval, flush... (same)
+        step-indices.txt           .step_indices     per global step, a digest of its example indices
+                                                     (--record-indices; rundir/stepindices.py)
         stacks-<rank>.txt          .stacks(rank)     Python stacks dumped on SIGUSR1 (rundir/stacks.py)
         slurm-task-<rank>.json     .slurm_exit(rank) a Slurm task's exit (launchers/slurm_task.py)
         slurm-term-<rank>          .slurm_term(rank) that Slurm task got SIGTERM
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunDir", "AttemptDir", "attempt_number", "EVENTS", "SUMMARY", "RUN_FILE", "FINGERPRINT", "LOCK", "TENSORBOARD",
-           "MODEL", "LOCAL", "LOCAL_SLOTS", "JOB", "CHECKPOINTS"]
+           "MODEL", "LOCAL", "LOCAL_SLOTS", "JOB", "CHECKPOINTS", "STEP_INDICES"]
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
@@ -52,6 +54,7 @@ LOCAL = "local"
 LOCAL_SLOTS = "local-slots"
 CHECKPOINTS = "checkpoints"
 JOB = "job.json"
+STEP_INDICES = "step-indices.txt"
 _ATTEMPT = re.compile(r"attempt-(\d+)")
 
 
@@ -89,6 +92,10 @@ class AttemptDir:
 
     def phase_marker(self, rank: int) -> Path:
         return self.path / f"phase-{rank}.txt"
+
+    @property
+    def step_indices(self) -> Path:
+        return self.path / STEP_INDICES
 
     def stacks(self, rank: int) -> Path:
         return self.path / f"stacks-{rank}.txt"

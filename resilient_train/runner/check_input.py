@@ -90,6 +90,7 @@ def _probe(recipe_spec: str, order: list[int], *, seed: int, overrides: Mapping[
     from resilient_train.job.recipe import load_recipe, resolve_params
     from resilient_train.runner.data import RecipeInputContext
     from resilient_train.runner.determinism import batch_digest, seed_input_rng
+    from resilient_train.runner.indexed import example_count, indexed_dataset
 
     recipe = load_recipe(recipe_spec)
     params = resolve_params(recipe.params, overrides)
@@ -97,10 +98,17 @@ def _probe(recipe_spec: str, order: list[int], *, seed: int, overrides: Mapping[
     keras.utils.set_random_seed(seed)
     tf.config.experimental.enable_op_determinism()
     context = RecipeInputContext(tf.distribute.InputContext(1, 0, 1), batch, params)
+    steps = recipe.defaults.get("steps_per_epoch", FALLBACK_DEFAULTS["steps_per_epoch"])
+    count = example_count(recipe, params) if recipe.indexed else 0
     digests = {}
     for epoch in order:
         seed_input_rng(seed, epoch)
-        dataset = recipe.dataset(context, epoch, seed)
+        if recipe.indexed:  # the runner's pipeline: example() and augment() are what can differ
+            dataset = indexed_dataset(recipe, params=params, num_examples=count, seed=seed, epoch=epoch, start_step=0,
+                                      steps_per_epoch=max(steps, batches), global_batch_size=batch,
+                                      input_pipeline_id=0, num_input_pipelines=1, per_replica_batch_size=batch)
+        else:
+            dataset = recipe.dataset(context, epoch, seed)
         digests[str(epoch)] = [batch_digest(element) for element in dataset.take(batches)]
     return {"digests": digests}
 

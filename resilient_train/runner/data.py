@@ -5,7 +5,9 @@ batch ``k`` of epoch ``e`` is the same batch on every attempt. Resuming at
 ``step_in_epoch = k`` therefore rebuilds epoch ``e`` positioned at batch ``k``: no iterator
 state needs to be checkpointed, and a changed worker count only changes sharding.
 
-Two ways to get there:
+An indexed recipe (``num_examples`` + ``example``, runner/indexed.py) gets a pipeline the
+runner builds and positions itself; its elements are ``(batch, indices)``. For a
+``dataset`` recipe, two ways to get there:
 
 * the recipe's ``dataset`` accepts a ``start_step`` keyword: it returns the epoch from
   batch ``start_step`` on and can get there cheaply (e.g. ``Dataset.range(start_step, ...)``
@@ -32,6 +34,7 @@ import tensorflow as tf
 
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.determinism import InputCheck, first_batch_digest, seed_input_rng
+from resilient_train.runner.indexed import example_count, indexed_dataset
 
 __all__ = ["RecipeInputContext", "epoch_dataset", "accepts_start_step"]
 
@@ -66,9 +69,19 @@ def epoch_dataset(
     of a separate build of the epoch from its start, for the resume check.
     """
 
+    num_examples = example_count(recipe, params) if recipe.indexed else 0
+
     def build(context: RecipeInputContext, start: int) -> tuple[tf.data.Dataset, int]:
         """The recipe's dataset from batch ``start`` on, and the batches still to skip."""
         seed_input_rng(seed, epoch)
+        if recipe.indexed:  # the runner's own pipeline: positioned, never skipped
+            return indexed_dataset(
+                recipe, params=params, num_examples=num_examples, seed=seed, epoch=epoch, start_step=start,
+                steps_per_epoch=steps_per_epoch, global_batch_size=global_batch_size,
+                input_pipeline_id=context.input_pipeline_id, num_input_pipelines=context.num_input_pipelines,
+                per_replica_batch_size=context.per_replica_batch_size,
+            ), 0
+        assert recipe.dataset is not None  # a recipe has one of the two contracts (job/recipe.py)
         if accepts_start_step(recipe.dataset):
             dataset, skip = recipe.dataset(context, epoch, seed, start_step=start), 0
         else:

@@ -96,6 +96,7 @@ from resilient_train.rundir.stepmarker import (
     StepMarker,
 )
 from resilient_train.rundir.layout import AttemptDir
+from resilient_train.rundir.stepindices import StepIndexLog
 from resilient_train.runner.model_state import rng_state, weights_digest
 
 __all__ = ["Trainer", "TrainResult"]
@@ -186,6 +187,10 @@ class Trainer:
         # What the supervisor's hang watchdog reads besides the step: a phase that may take
         # long without a step (eval, a blocking save) gets the start-up allowance.
         self._phase = PhaseMarker(AttemptDir.at(attempt_dir).phase_marker(cluster.rank) if attempt_dir else None)
+        # --record-indices (indexed recipes): every worker gathers, the chief writes.
+        self._record_indices = job.record_indices and recipe.indexed
+        self._step_indices = StepIndexLog(
+            AttemptDir.at(attempt_dir).step_indices if attempt_dir and cluster.is_chief and self._record_indices else None)
         self._setup()
 
     # ----------------------------------------------------------------- setup
@@ -317,7 +322,11 @@ class Trainer:
         global_batch_size = self.job.global_batch_size
         names = self._value_names
 
-        def step_fn(batch, flags):
+        indexed, record = recipe.indexed, self._record_indices
+
+        def step_fn(element, flags):
+            # An indexed pipeline yields (batch, example indices): runner/indexed.py.
+            batch, indices = element if indexed else (element, None)
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
             with tf.GradientTape() as tape:
                 predictions = model(features, training=True)
@@ -337,14 +346,25 @@ class Trainer:
             first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
             flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags], axis=0)
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, packed)
+            context = tf.distribute.get_replica_context()
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
+            if not record:
+                return reduced
+            # The indices every replica was fed, in replica (= rank) order: the global batch.
+            # tf.identity places them on this replica's device (all_gather needs a device;
+            # the iterator's output has none).
+            return reduced, context.all_gather(tf.identity(indices), axis=0)
 
         @tf.function
         def train_call(iterator, steps, flags):
             rows = tf.TensorArray(tf.float32, size=steps)
+            index_rows = tf.TensorArray(tf.int64, size=steps)
             for i in tf.range(steps):
-                reduced = strategy.run(step_fn, args=(next(iterator), flags))
-                row = strategy.experimental_local_results(reduced)[0]
+                result = strategy.run(step_fn, args=(next(iterator), flags))
+                if record:
+                    result, gathered = result
+                    index_rows = index_rows.write(i, strategy.experimental_local_results(gathered)[0])
+                row = strategy.experimental_local_results(result)[0]
                 rows = rows.write(i, row)
                 # Step by step, each after its step's result: a call that fails part-way
                 # (e.g. the dataset ran out) leaves the counters at the last finished step,
@@ -352,7 +372,7 @@ class Trainer:
                 with tf.control_dependencies([row]):
                     self.global_step.assign_add(1)
                     self.step_in_epoch.assign_add(1)
-            return rows.stack()
+            return (rows.stack(), index_rows.stack()) if record else rows.stack()
 
         return train_call
 
@@ -482,7 +502,13 @@ class Trainer:
         flags = np.array([self._local_stop_flag(), self.policy.time_flag(),
                           self.sizer.proposal() if chief else 0.0], dtype=np.float32)
         started = time.perf_counter()
-        rows = self._train_call(iterator, tf.constant(steps, tf.int32), flags).numpy()
+        result = self._train_call(iterator, tf.constant(steps, tf.int32), flags)
+        if self._record_indices:
+            result, index_rows = result
+            for offset, indices in enumerate(index_rows.numpy(), 1):
+                self._step_indices.write(global_step + offset, indices.tolist())
+            self._step_indices.flush()
+        rows = result.numpy()
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started)
         names = self._value_names

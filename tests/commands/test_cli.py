@@ -48,7 +48,8 @@ def test_recipe_without_required_function(capsys, tmp_path):
     assert err == (
         f"resilient-train: error: Recipe {recipe} does not define build_optimizer, loss, dataset; "
         "a recipe must define build_model, build_optimizer, loss, dataset "
-        "(build_optimizer and loss may come from model.compile(); see resilient_train/job/recipe.py)"
+        "(build_optimizer and loss may come from model.compile(); dataset may be num_examples + example "
+        "instead; see resilient_train/job/recipe.py)"
     )
 
 

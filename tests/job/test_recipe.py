@@ -158,3 +158,37 @@ def test_callbacks_with_the_wrong_parameters_is_named(tmp_path):
     text = COMPILED.format(extra="").replace("def callbacks(params)", "def callbacks()")
     with pytest.raises(RecipeError, match=r"callbacks takes 0 positional parameter\(s\) at line 8; expected callbacks\(params\)"):
         check_recipe_source(write(tmp_path, text))
+
+
+INDEXED = GOOD.replace("def dataset(input_context, epoch, seed): return None\n",
+                       "def num_examples(params): return 10\ndef example(index, params): return None\n")
+
+
+def test_indexed_recipe_loads_without_dataset(tmp_path):
+    recipe = load_recipe(write(tmp_path, INDEXED))
+    assert (recipe.indexed, recipe.dataset, recipe.num_examples({}), recipe.augment) == (True, None, 10, None)
+    assert load_recipe(write(tmp_path, GOOD, name="g.py")).indexed is False
+
+
+def test_both_input_contracts_are_refused(tmp_path):
+    path = write(tmp_path, INDEXED + "def dataset(input_context, epoch, seed): return None\n")
+    with pytest.raises(RecipeError, match=r"defines both dataset and num_examples, example; define one input contract"):
+        check_recipe_source(path)
+
+
+def test_half_an_indexed_contract_names_the_missing_function(tmp_path):
+    path = write(tmp_path, INDEXED.replace("def num_examples(params): return 10\n", ""))
+    with pytest.raises(RecipeError, match=r"does not define num_examples; a recipe's input is dataset"):
+        check_recipe_source(path)
+
+
+def test_example_with_wrong_parameters_is_refused(tmp_path):
+    path = write(tmp_path, INDEXED.replace("def example(index, params)", "def example(index)"))
+    with pytest.raises(RecipeError, match=r"example takes 1 positional parameter\(s\) at line \d+; expected example\(index, params\)"):
+        check_recipe_source(path)
+
+
+def test_record_indices_needs_the_indexed_contract(tmp_path):
+    with pytest.raises(RecipeError, match=r"Received --record-indices but recipe .* defines dataset"):
+        check_recipe_source(write(tmp_path, GOOD), record_indices=True)
+    check_recipe_source(write(tmp_path, INDEXED, name="i.py"), record_indices=True)
