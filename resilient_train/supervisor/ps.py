@@ -36,9 +36,11 @@ from collections import Counter
 from typing import Any
 
 from resilient_train.cluster.ps_cluster import ps_task
+from resilient_train.errors import EXIT_OK
 from resilient_train.job.config import JobConfig
 from resilient_train.rundir.events import emit
 from resilient_train.supervisor.launchers.ps import ParameterServerLauncher
+from resilient_train.supervisor.policy import AttemptOutcome
 from resilient_train.supervisor.state import RunState, WorkerState
 from resilient_train.supervisor.supervisor import POLL_S, Supervisor, Worker
 
@@ -64,6 +66,13 @@ class ParameterServerSupervisor(Supervisor):
 
     def _summary_fields(self) -> dict[str, Any]:
         return {"strategy": "parameter-server", "ps": self.job.ps, "worker_restarts": self.worker_restarts}
+
+    def _outcome(self, attempt: int, workers: list[Worker]) -> AttemptOutcome | None:
+        """Success is the coordinator's alone: it exited 0 with the completed checkpoint
+        committed. The servers were stopped by us then, however they exited."""
+        if workers[0].returncode == EXIT_OK and self._completed_manifest() is not None:
+            return None
+        return super()._outcome(attempt, workers)
 
     # ------------------------------------------------------------ RUNNING
     def _step_running(self) -> None:
