@@ -158,6 +158,13 @@ def test_parameter_server_refusals_exit_2_before_any_process(capsys, tmp_path, r
     assert_refused(code, err, run_dir, fragment)
 
 
+def test_worker_command_refuses_the_parameter_server_tier(capsys):
+    code, err = run_cli(capsys, "worker", RECIPE, "--strategy", "parameter-server")
+    assert code == EXIT_USAGE
+    assert err == ("resilient-train: error: resilient-train worker runs MultiWorkerMirroredStrategy workers only; "
+                   "--strategy parameter-server runs under `resilient-train run` on one host (docs/parameter_server.md)")
+
+
 def test_parameter_server_batch_need_not_divide_by_workers(capsys, tmp_path):
     """One parameter-server step is one worker's batch: --workers 3 with batch 4 passes pre-flight."""
     from resilient_train.errors import ConfigError
