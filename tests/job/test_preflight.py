@@ -150,6 +150,7 @@ def test_a_bad_run_dir_mode_is_one_line_and_exit_2(capsys, tmp_path, mode):
         ("recipes/digits_keras.py", [], "does not define build_optimizer and loss; --strategy parameter-server needs both"),
         (RECIPE, ["--launcher", "ray"], "Received launcher='ray' with strategy='parameter-server'; expected 'local'"),
         (RECIPE, ["--ps", "0"], "Received ps=0"),
+        (RECIPE, ["--workers", "1:2"], "Received --workers 1:2 with strategy='parameter-server'; expected a fixed N"),
     ],
 )
 def test_parameter_server_refusals_exit_2_before_any_process(capsys, tmp_path, recipe, extra, fragment):
