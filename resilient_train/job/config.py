@@ -32,6 +32,7 @@ from resilient_train.job.recipe import recipe_name
 __all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO", "COLLECTIVE_TIMEOUT_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args", "parse_workers"]
 
 LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
+STRATEGIES = ("mirrored", "parameter-server")  # MultiWorkerMirroredStrategy | its own tier (docs/parameter_server.md)
 RAY_STRATEGIES = ("spread", "pack")
 
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
@@ -87,6 +88,8 @@ class JobConfig:
     collective_timeout: float | None = None  # seconds one collective may wait; None ("off"): no limit
     run_dir_mode: int | str = DEFAULT_RUN_DIR_MODE  # "0750" on the command line; an int once validated
     min_workers: int | None = None  # the fewest workers an elastic run goes on with; None: ``workers`` (not elastic)
+    strategy: str = "mirrored"  # or "parameter-server": coordinator + ps + workers (runner/ps.py)
+    ps: int = 1  # --strategy parameter-server: parameter server processes
 
     def __post_init__(self) -> None:
         if not self.recipe:
@@ -146,7 +149,7 @@ class JobConfig:
             raise ConfigError(
                 f"Received collective_timeout={self.collective_timeout!r}; expected 'off' or a finite number of seconds > 0"
             )
-        if self.global_batch_size is not None:
+        if self.global_batch_size is not None and self.strategy == "mirrored":  # PS: one step is one worker's batch
             indivisible = self.size_not_dividing(self.global_batch_size)
             if indivisible is not None and not self.elastic:
                 raise ConfigError(
@@ -172,6 +175,7 @@ class JobConfig:
         if self.launcher not in LAUNCHERS:
             raise ConfigError(f"Received launcher={self.launcher!r}; expected one of {list(LAUNCHERS)}")
         _check_ray_fields(self)
+        _check_strategy_fields(self)
         if not isinstance(self.warm_standby, bool):
             raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
         if not isinstance(self.record_indices, bool):
@@ -280,6 +284,22 @@ def parse_workers(text: str) -> tuple[int, int]:
     return bounds
 
 
+def _check_strategy_fields(job: "JobConfig") -> None:
+    if job.strategy not in STRATEGIES:
+        raise ConfigError(f"Received strategy={job.strategy!r}; expected one of {list(STRATEGIES)}")
+    _check_int("ps", job.ps, minimum=1)
+    if job.strategy == "parameter-server" and job.elastic:
+        raise ConfigError(
+            f"Received --workers {job.min_workers}:{job.workers} with strategy='parameter-server'; expected a fixed N "
+            "(the parameter-server tier restarts a lost worker in place instead of resizing)"
+        )
+    if job.strategy == "parameter-server" and job.launcher != "local":
+        raise ConfigError(
+            f"Received launcher={job.launcher!r} with strategy='parameter-server'; expected 'local' "
+            "(the parameter-server tier places its processes on this host only, docs/parameter_server.md)"
+        )
+
+
 def _check_int(name: str, value: Any, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"Received {name}={value!r}; expected an integer >= {minimum}")
@@ -317,7 +337,7 @@ _JOB_FLAGS = (
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
     "eval_every_epochs", "eval_steps", "strict_resume", "record_indices", "hang_timeout", "startup_timeout",
-    "collective_timeout", "run_dir_mode", "storage_timeout",
+    "collective_timeout", "run_dir_mode", "storage_timeout", "strategy", "ps",
 )
 
 
@@ -414,6 +434,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--collective-timeout", type=_collective_timeout, metavar="SECONDS|off",
         help="fail a collective that waits longer than this (exit 4, the group is restarted); each collective "
         "then holds a thread for that long (default off; see docs/failures.md, Hangs)")
+    add("--strategy", choices=STRATEGIES,
+        help="mirrored (default): MultiWorkerMirroredStrategy; parameter-server: a coordinator, --ps parameter "
+        "servers and --workers workers (docs/parameter_server.md)")
+    add("--ps", type=_positive_or_zero_int, metavar="P", help="--strategy parameter-server: parameter servers (default 1)")
     add("--strict-resume", action="store_true", default=None,
         help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
     add("--record-indices", action="store_true", default=None,

@@ -14,7 +14,10 @@ TensorFlow ops, which must not happen in the supervisor):
 * the effective global batch size (flag, recipe default, fallback) divides by ``--workers``;
 * ``--run-dir`` is (or can become) a directory, not a file;
 * ``--storage`` is not ``memory://``: each worker process has its own memory filesystem,
-  so every checkpoint would be lost with the process that wrote it.
+  so every checkpoint would be lost with the process that wrote it;
+* ``--strategy parameter-server``: the recipe defines ``build_optimizer`` and ``loss`` itself
+  (a recipe that leaves them to ``model.compile()`` trains through Keras ``fit``, which Keras 3
+  cannot run under ParameterServerStrategy; docs/parameter_server.md).
 
 Each failure raises :class:`~resilient_train.errors.ConfigError` or
 :class:`~resilient_train.errors.RecipeError` naming the bad value and what is accepted.
@@ -55,7 +58,10 @@ def preflight(job: JobConfig) -> None:
     defaults = literals.get("DEFAULTS")
     if defaults is not None:
         _check_defaults(path, defaults)
-    _check_batch_divisibility(job, defaults)
+    if job.strategy == "parameter-server":
+        _check_parameter_server_recipe(path)
+    else:  # under parameter servers one step is one worker's batch: nothing to divide
+        _check_batch_divisibility(job, defaults)
     recipe_params = literals.get("PARAMS")
     if recipe_params is not None:
         _check_params(path, recipe_params, job.params)
@@ -115,6 +121,17 @@ def _check_batch_divisibility(job: JobConfig, defaults: Mapping[str, Any] | None
         raise ConfigError(
             f"global_batch_size={batch} (from {source}) is not divisible by workers={job.workers}; "
             "pass --global-batch-size with a multiple of --workers, or change --workers"
+        )
+
+
+def _check_parameter_server_recipe(path: Path) -> None:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    missing = [name for name in ("build_optimizer", "loss") if name not in defined]
+    if missing:
+        raise RecipeError(
+            f"Recipe {path} does not define {' and '.join(missing)}; --strategy parameter-server needs both "
+            "(Keras 3's fit, which a compiled model trains with, has no ParameterServerStrategy support)"
         )
 
 

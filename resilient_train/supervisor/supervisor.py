@@ -567,7 +567,7 @@ class Supervisor:
                                 umask=current_umask()).to_environ()
         env["PYTHONUNBUFFERED"] = "1"
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in range(size)]
+        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in self._ranks(size)]
         write_atomic(attempt_dir.job, self.job.to_json())
         handles = self.launcher.start(specs)
         workers = []
@@ -575,8 +575,17 @@ class Supervisor:
             described = self.launcher.describe(handle)
             address = described.get("address") or described.get("node_ip")
             workers.append(Worker(spec.rank, attempt, handle, spec.log_path, address=str(address) if address else None))
-            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path), **described)
+            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path),
+                 **self._rank_fields(spec.rank), **described)
         return workers
+
+    def _ranks(self, size: int) -> range:
+        """The ranks an attempt of ``size`` workers starts (a tier with other processes says more)."""
+        return range(size)
+
+    def _rank_fields(self, rank: int) -> dict[str, Any]:
+        """Extra ``worker_started`` fields for ``rank`` (the parameter-server tier adds its role)."""
+        return {}
 
     def _not_started(self, attempt: int, exc: RestartNotPlacedError) -> None:
         """The launcher could not start a restart (e.g. no node for a lost slot): the run fails.
@@ -774,8 +783,13 @@ class Supervisor:
             wall_time_s=self.clock() - self._started,
             finished_at=dt.datetime.now(dt.timezone.utc),
         )
+        summary.update(self._summary_fields())
         write_summary(self.run_dir, summary)
         return summary
+
+    def _summary_fields(self) -> dict[str, Any]:
+        """Keys a tier adds at the end of ``summary.json`` (none for MultiWorkerMirroredStrategy)."""
+        return {}
 
     # ------------------------------------------------------------ helpers
     def _completed_manifest(self) -> Manifest | None:
