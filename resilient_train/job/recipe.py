@@ -254,15 +254,14 @@ def _check_input_contract(path: Path, defined: set[str]) -> None:
         )
 
 
-def _top_level_names(tree: ast.Module) -> set[str]:
+def _recipe_function_names(tree: ast.Module) -> set[str]:
+    """Top-level functions and imported names (a script's ``dataset = ...`` variable is neither)."""
     names: set[str] = set()
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(a.asname or a.name for a in node.names)
     return names
 
 
@@ -272,8 +271,10 @@ def _fit_calls(tree: ast.Module) -> list[ast.Call]:
 
 
 def _is_fit_script(tree: ast.Module) -> bool:
-    """No recipe functions (``build_model``, ``dataset``) and at least one ``.fit(`` call."""
-    return not ({"build_model", "dataset"} & _top_level_names(tree)) and bool(_fit_calls(tree))
+    """No recipe functions (``def build_model`` / ``dataset`` / ``num_examples`` / ``example``, or
+    imported) and a ``.fit(`` call."""
+    recipe_functions = {"build_model", *DATASET_INPUT, *INDEXED_INPUT}
+    return not (recipe_functions & _recipe_function_names(tree)) and bool(_fit_calls(tree))
 
 
 def is_fit_script(spec: str) -> bool:

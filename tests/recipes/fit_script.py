@@ -1,0 +1,56 @@
+# The seed tutorial's script (examples/keras_tutorial.py) made short for the integration tests,
+# with what fit scripts also have: callbacks (CSVLogger, EarlyStopping) and code after fit().
+# FIT_SCRIPT_OUT: where the code after fit() appends one line per worker (the tests count them);
+# FIT_SCRIPT_STEP_DELAY_S: seconds each batch sleeps (time for a SIGTERM to land mid-epoch).
+import json
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+
+def digits_dataset(batch_size):
+  digits = load_digits()
+  x_train = (digits.images / 16.0).astype(np.float32)
+  y_train = digits.target.astype(np.int64)
+  return tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(2000).repeat().batch(batch_size)
+
+
+def build_and_compile_cnn_model():
+  model = tf.keras.Sequential([
+      tf.keras.Input(shape=(8, 8)),
+      tf.keras.layers.Reshape(target_shape=(8, 8, 1)),
+      tf.keras.layers.Conv2D(8, 3, activation='relu'),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(32, activation='relu'),
+      tf.keras.layers.Dense(10)
+  ])
+  model.compile(
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      optimizer=tf.keras.optimizers.SGD(learning_rate=0.05),
+      metrics=['accuracy'])
+  return model
+
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+dataset = digits_dataset(64)
+with strategy.scope():
+  model = build_and_compile_cnn_model()
+
+delay = float(os.environ.get("FIT_SCRIPT_STEP_DELAY_S", "0"))
+callbacks = [
+    tf.keras.callbacks.CSVLogger("training_log.csv"),
+    # Stops once the training loss fails to drop by 0.1 in an epoch.
+    tf.keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=0.1),
+    tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(delay)),
+]
+history = model.fit(dataset, epochs=8, steps_per_epoch=10, callbacks=callbacks)
+
+# After fit: runs once, on every worker, when training completed.
+weights = [w.numpy().tolist() for w in model.trainable_weights[-1:]]
+record = {"task": strategy.cluster_resolver.task_id, "epochs": history.epoch,
+          "loss": history.history["loss"], "last_bias": weights}
+with open(os.path.join(os.environ["FIT_SCRIPT_OUT"], "after_fit.jsonl"), "a") as handle:
+  handle.write(json.dumps(record) + "\n")
