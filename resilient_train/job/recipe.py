@@ -372,8 +372,12 @@ def _check_keras_usage(path: Path, tree: ast.Module) -> None:
 
 
 def load_recipe(spec: str) -> Recipe:
-    """Import a recipe and check it against the contract."""
+    """Import a recipe and check it against the contract (never a ``model.fit`` script:
+    importing one would run it)."""
     path = check_recipe_source(spec)
+    if is_fit_script(spec):
+        raise RecipeError(f"{path} is a model.fit script, not a recipe: `resilient-train run` runs it; this "
+                          "command needs a recipe (build_model, dataset, ...)")
     module = _import(spec, path)
     inputs = INDEXED_INPUT if callable(getattr(module, "example", None)) else DATASET_INPUT
     missing = [name for name in (*REQUIRED, *inputs)

@@ -13,6 +13,12 @@ before workers start). Each worker runs the whole script with ``runpy`` under tw
   synthesised from the compiled model (runner/compiled.py) and the callbacks
   (runner/callbacks.py; a ``History`` is added last, and ``fit`` returns it). There is
   one loop: checkpoints, exact resume, SIGTERM and callback state are the recipe path's.
+* ``keras.Model.evaluate`` (after ``fit``): the runner's evaluation (runner/evaluation.py)
+  over the dataset's global batches, each worker its slice; it returns what Keras would
+  (``[loss, *metrics]``, or a dict with ``return_dict=True``). Keras 3's own ``evaluate``
+  fails under MultiWorkerMirroredStrategy on TF 2.21 ("Attempt to convert a value
+  (PerReplica...)"), as ``fit`` does; measured here, ``predict``, ``save`` and calling the
+  model work unchanged (``predict`` returns this worker's shard of its input).
 
 The input is positioned by the runner, as Keras' ``fit`` reads a repeated dataset: ONE
 iterator per process, continuing across epochs, so epoch ``e`` step ``k`` is global batch
@@ -31,6 +37,7 @@ script at ``fit`` (exit 143): the code after ``fit`` does not run then.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import runpy
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -42,6 +49,7 @@ from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.errors import RecipeError
 from resilient_train.job.config import JobConfig
 from resilient_train.job.recipe import FIT_REFUSED, Recipe, recipe_name
+from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
 __all__ = ["FitScript", "ContinuousInput"]
@@ -78,26 +86,29 @@ class ContinuousInput:
         return self._iterator
 
     def _positioned(self, position: int) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-        batch = self.global_batch_size
-
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            pipelines, index = context.num_input_pipelines, context.input_pipeline_id
-            per_pipeline = batch // pipelines
-            per_replica = context.get_per_replica_batch_size(batch)
-
-            def my_slice(*element: Any) -> Any:
-                structure = element if len(element) > 1 else element[0]
-                return tf.nest.map_structure(lambda t: t[index * per_pipeline:(index + 1) * per_pipeline], structure)
-
-            dataset = self.dataset.skip(position).map(my_slice)
-            if per_replica < per_pipeline:  # several replicas on this worker
-                dataset = dataset.rebatch(per_replica)
-            options = tf.data.Options()
-            options.deterministic = True
-            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-            return dataset.with_options(options).prefetch(2)
+            return _worker_slices(self.dataset.skip(position), self.global_batch_size, context).prefetch(2)
 
         return dataset_fn
+
+
+def _worker_slices(dataset: tf.data.Dataset, batch: int, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """This input pipeline's slice of every global batch, in per-replica batches."""
+    pipelines, index = context.num_input_pipelines, context.input_pipeline_id
+    per_pipeline = batch // pipelines
+    per_replica = context.get_per_replica_batch_size(batch)
+
+    def my_slice(*element: Any) -> Any:
+        structure = element if len(element) > 1 else element[0]
+        return tf.nest.map_structure(lambda t: t[index * per_pipeline:(index + 1) * per_pipeline], structure)
+
+    dataset = dataset.map(my_slice)
+    if per_replica < per_pipeline:  # several replicas on this worker
+        dataset = dataset.rebatch(per_replica)
+    options = tf.data.Options()
+    options.deterministic = True
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
 
 
 class FitScript:
@@ -155,18 +166,24 @@ class FitScript:
         def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
             return script._fit(model, *args, **kwargs)
 
+        def evaluate(model: Any, *args: Any, **kwargs: Any) -> Any:
+            return script._evaluate(model, *args, **kwargs)
+
         places = [(tf.distribute, "MultiWorkerMirroredStrategy"),
-                  (tf.distribute.experimental, "MultiWorkerMirroredStrategy"), (keras.Model, "fit")]
+                  (tf.distribute.experimental, "MultiWorkerMirroredStrategy"), (keras.Model, "fit"),
+                  (keras.Model, "evaluate")]
         saved = [(owner, name, owner.__dict__.get(name, getattr(owner, name))) for owner, name in places]
         tf.distribute.MultiWorkerMirroredStrategy = StrategySeam
         tf.distribute.experimental.MultiWorkerMirroredStrategy = StrategySeam
+        defined = {name for owner, name in places if owner is keras.Model and name in vars(keras.Model)}
         keras.Model.fit = fit
+        keras.Model.evaluate = evaluate
         try:
             yield
         finally:
             for owner, name, value in saved:
-                if owner is keras.Model and name not in vars(keras.Model):
-                    del keras.Model.fit
+                if owner is keras.Model and name not in defined:
+                    delattr(keras.Model, name)
                 else:
                     setattr(owner, name, value)
 
@@ -224,6 +241,29 @@ class FitScript:
         if self.result is None:
             raise _Preempted()
         return history
+
+
+    def _evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        """``model.evaluate(dataset, steps=None, return_dict=False)`` after ``fit``, through the
+        runner's evaluation (runner/evaluation.py): Keras 3's own fails under this strategy."""
+        if len(args) > 1 or kwargs.get("y") is not None or kwargs.get("sample_weight") is not None:
+            raise self._refuse("evaluate() on arrays; pass a tf.data.Dataset batched at the global batch size")
+        dataset = args[0] if args else kwargs.get("x")
+        steps, return_dict = kwargs.get("steps"), kwargs.get("return_dict", False)
+        if self.trainer is None or self.strategy is None:
+            raise self._refuse("evaluate() before fit() is not supported")
+        if not isinstance(dataset, tf.data.Dataset):
+            raise self._refuse(f"evaluate() got {type(dataset).__name__}; expected a tf.data.Dataset")
+        if steps is None and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise self._refuse("evaluate() on a repeated dataset without steps=N")
+        batch = _global_batch_size(dataset)
+        recipe = dataclasses.replace(
+            self.trainer.recipe, eval_dataset=lambda context, seed: _worker_slices(dataset, batch, context))
+        evaluator = Evaluator(self.strategy, model, recipe, {}, every_epochs=1, total_epochs=1, seed=self.job.seed,
+                              global_batch_size=batch, max_steps=steps)
+        result = evaluator.evaluate()
+        values = {"loss": result.loss, **result.metrics}
+        return values if return_dict else list(values.values())
 
 
 def _global_batch_size(dataset: tf.data.Dataset) -> int:

@@ -48,6 +48,8 @@ def reference(tmp_path_factory):
     lines = after_fit_lines(root / "out")
     assert sorted(line["task"] for line in lines) == [0, 1]
     assert all(line["epochs"] == list(range(STOP_EPOCH + 1)) for line in lines)
+    assert lines[0]["evaluate"] == lines[1]["evaluate"]  # every worker evaluated all 297 held-out digits
+    assert set(lines[0]["evaluate"]) == {"loss", "accuracy"}
     return job, lines
 
 

@@ -104,3 +104,13 @@ def test_a_script_has_no_literal_defaults(tmp_path):
     from pathlib import Path
 
     assert literal_recipe_dicts(Path(write(tmp_path, SCRIPT))) == {"DEFAULTS": None, "PARAMS": {}}
+
+
+def test_load_recipe_refuses_a_fit_script_without_running_it(tmp_path):
+    from resilient_train.job.recipe import load_recipe
+
+    marker = tmp_path / "ran"
+    path = write(tmp_path, f"open({str(marker)!r}, 'w').close()\n" + SCRIPT)
+    with pytest.raises(RecipeError, match=r"train.py is a model.fit script, not a recipe: `resilient-train run` runs it"):
+        load_recipe(path)
+    assert not marker.exists()

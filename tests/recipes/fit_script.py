@@ -1,5 +1,6 @@
 # The seed tutorial's script (examples/keras_tutorial.py) made short for the integration tests,
-# with what fit scripts also have: callbacks (CSVLogger, EarlyStopping) and code after fit().
+# with what fit scripts also have: callbacks (CSVLogger, EarlyStopping) and code after fit()
+# (model.evaluate on a held-out split, reading weights, writing a file).
 # FIT_SCRIPT_OUT: where the code after fit() appends one line per worker (the tests count them);
 # FIT_SCRIPT_STEP_DELAY_S: seconds each batch sleeps (time for a SIGTERM to land mid-epoch).
 import json
@@ -49,8 +50,11 @@ callbacks = [
 history = model.fit(dataset, epochs=8, steps_per_epoch=10, callbacks=callbacks)
 
 # After fit: runs once, on every worker, when training completed.
-weights = [w.numpy().tolist() for w in model.trainable_weights[-1:]]
+digits = load_digits()
+held_out = tf.data.Dataset.from_tensor_slices(
+    ((digits.images[1500:] / 16.0).astype(np.float32), digits.target[1500:].astype(np.int64))).batch(64)
 record = {"task": strategy.cluster_resolver.task_id, "epochs": history.epoch,
-          "loss": history.history["loss"], "last_bias": weights}
+          "loss": history.history["loss"], "last_bias": model.trainable_weights[-1].numpy().tolist(),
+          "evaluate": model.evaluate(held_out, return_dict=True)}
 with open(os.path.join(os.environ["FIT_SCRIPT_OUT"], "after_fit.jsonl"), "a") as handle:
   handle.write(json.dumps(record) + "\n")
