@@ -64,13 +64,13 @@ def assert_ends_as(job, out_dir, reference):
 
 
 def test_script_kill_chief_mid_epoch_resumes_exactly_and_runs_the_code_after_fit_once(tmp_path, reference):
-    step = STEPS_PER_EPOCH + 5  # inside epoch 1, after the step-10 checkpoint
-    killed = run_script(tmp_path / "run", tmp_path / "out",
-                        faults=[{"point": "after_step", "global_step": step, "rank": 0}])
+    # A save every 4 steps: the chief dies right after committing step 12, inside epoch 1, so
+    # the restarted group re-enters the input at global batch 12 (epoch 1, step 2).
+    killed = run_script(tmp_path / "run", tmp_path / "out", "--save-every-steps", "4",
+                        faults=[{"point": "after_commit", "global_step": 12, "rank": 0}])
     assert killed.returncode == 0, killed.output
     assert killed.summary["restarts"] == 1
-    [restored] = killed.named("restored")
-    assert STEPS_PER_EPOCH <= restored["global_step"] <= step
+    assert [r["global_step"] for r in killed.named("restored")] == [12]
     assert_ends_as(killed, tmp_path / "out", reference)
 
 
@@ -105,9 +105,25 @@ def tutorial_reference(tmp_path_factory):
 
 
 def test_tutorial_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest(tmp_path, tutorial_reference):
-    killed = run_job(TUTORIAL, tmp_path / "killed", faults=[{"point": "after_step", "global_step": 105, "rank": 0}])
+    # Killed right after committing step 100: epoch 1, step 30 of 70.
+    killed = run_job(TUTORIAL, tmp_path / "killed", faults=[{"point": "after_commit", "global_step": 100, "rank": 0}])
     assert killed.returncode == 0, killed.output
     assert killed.summary["restarts"] == 1
-    [restored] = killed.named("restored")
-    assert 70 < restored["global_step"] <= 105  # mid-epoch 1: the input re-enters at a global batch > 0
+    assert [r["global_step"] for r in killed.named("restored")] == [100]
     assert killed.summary["weights_sha256"] == tutorial_reference.summary["weights_sha256"]
+
+
+@pytest.mark.slow
+def test_tutorial_sigterm_saves_exits_143_and_rerun_ends_with_the_uninterrupted_digest(tmp_path, tutorial_reference):
+    run_dir = tmp_path / "run"
+    epoch_0_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 0 for e in events)  # noqa: E731
+    preempted = run_job_until(TUTORIAL, run_dir, when=epoch_0_done,
+                              action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 70 <= stop["global_step"] < 210
+    rerun = run_job(TUTORIAL, run_dir)
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == tutorial_reference.summary["weights_sha256"]
