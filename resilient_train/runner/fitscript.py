@@ -159,7 +159,7 @@ class FitScript:
         script = self
         real = tf.distribute.MultiWorkerMirroredStrategy
 
-        class StrategySeam(real):  # type: ignore[misc, valid-type]
+        class StrategySeam(real):
             def __new__(cls, *args: Any, **kwargs: Any) -> Any:
                 return script._strategy()
 

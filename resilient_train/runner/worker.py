@@ -194,7 +194,6 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
         from resilient_train.runner.fitscript import FitScript
 
         def make_script_trainer(job: JobConfig, recipe: Any, strategy: Any, input_source: Any) -> Any:
-            fingerprint_for_worker(job, recipe.source, {})
             return make_trainer(job, recipe, {}, strategy=strategy, input_source=input_source)
 
         script = FitScript(job, cluster, before_strategy=placeholder.close, make_trainer=make_script_trainer,
