@@ -25,6 +25,7 @@ TUTORIAL = "examples/keras_tutorial.py"
 SCRIPT = "tests/recipes/fit_script.py"
 STEPS_PER_EPOCH = 10
 STOP_EPOCH = 5  # EarlyStopping's last epoch in the reference (0-based)
+ONE_STEP_CALLS = ("--steps-per-execution", "1")
 
 
 def after_fit_lines(out_dir):
@@ -81,7 +82,8 @@ def test_script_sigterm_saves_exits_143_without_the_code_after_fit_and_rerun_end
     monkeypatch.setenv("FIT_SCRIPT_OUT", str(out_dir))
     monkeypatch.setenv("FIT_SCRIPT_STEP_DELAY_S", "0.3")  # 3 s per epoch: the signal lands inside epoch 2
     first_epoch_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 1 for e in events)  # noqa: E731
-    preempted = run_job_until(SCRIPT, run_dir, when=first_epoch_done,
+    # One step per call: the batch-end sleep runs after every step.
+    preempted = run_job_until(SCRIPT, run_dir, *ONE_STEP_CALLS, when=first_epoch_done,
                               action=lambda proc, events: proc.send_signal(signal.SIGTERM))
     assert preempted.returncode == EXIT_PREEMPTED, preempted.output
     [stop] = preempted.named("preempted")
@@ -89,7 +91,7 @@ def test_script_sigterm_saves_exits_143_without_the_code_after_fit_and_rerun_end
     assert after_fit_lines(out_dir) == []  # fit() did not return: the code after it did not run
 
     monkeypatch.setenv("FIT_SCRIPT_STEP_DELAY_S", "0")
-    rerun = run_job(SCRIPT, run_dir)
+    rerun = run_job(SCRIPT, run_dir, *ONE_STEP_CALLS)
     assert rerun.returncode == 0, rerun.output
     assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
     assert rerun.summary["lost_steps"] == 0
