@@ -112,7 +112,7 @@ _COMPILE_REFUSED = {
 _TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_steps")
 # fit() arguments a script may not pass, and why (runner/fitscript.py honours x, epochs,
-# steps_per_epoch, callbacks, verbose).
+# steps_per_epoch, callbacks, and ignores verbose and shuffle, as Keras does for a dataset).
 FIT_REFUSED = {
     "y": "fit on arrays needs a tf.data.Dataset: pass fit(dataset, ...) batched at the global batch size",
     "batch_size": "batch the tf.data.Dataset instead (at the global batch size)",
@@ -124,7 +124,6 @@ FIT_REFUSED = {
     "class_weight": "not supported yet",
     "sample_weight": "not supported: yield (x, y, sample_weight) from the dataset instead",
     "initial_epoch": "the runner resumes at the right epoch itself",
-    "shuffle": "has no effect on a tf.data.Dataset; shuffle the dataset",
 }
 
 

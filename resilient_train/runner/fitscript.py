@@ -54,7 +54,7 @@ from resilient_train.runner.strategy import make_strategy
 
 __all__ = ["FitScript", "ContinuousInput"]
 
-_HONOURED = ("x", "epochs", "steps_per_epoch", "callbacks", "verbose")
+_HONOURED = ("x", "epochs", "steps_per_epoch", "callbacks", "verbose", "shuffle")  # the last two: ignored
 
 
 class _Preempted(BaseException):
