@@ -4,15 +4,16 @@ examples/keras_tutorial.py is the seed notes' multi-worker Keras tutorial (digit
 strategy, compile in scope, ``fit(dataset, epochs=3, steps_per_epoch=70)``. Killed mid-epoch,
 it ends with the uninterrupted run's weights digest.
 
-tests/recipes/fit_script.py is the same kind of script, short, with callbacks (CSVLogger,
-EarlyStopping) and code after ``fit`` that appends one line per worker to
+tests/recipes/fit_script.py is the same kind of script, short, with callbacks (ReduceLROnPlateau,
+EarlyStopping, CSVLogger) and code after ``fit`` that appends one line per worker to
 ``$FIT_SCRIPT_OUT/after_fit.jsonl`` (its task, ``history.epoch``, ``history.history["loss"]``).
 Uninterrupted (the module's one reference run) EarlyStopping ends it after epoch STOP_EPOCH of
 8. Killed or stopped by SIGTERM and re-run, it must end as the reference: same digest, same
-CSV bytes, same early-stop epoch, and the code after ``fit`` ran exactly once per worker, after
+CSV bytes, same learning-rate sequence, same early-stop epoch, and the code after ``fit`` ran exactly once per worker, after
 completion, with the history of the whole run (not only the last attempt's).
 """
 
+import csv
 import json
 import signal
 
@@ -26,6 +27,11 @@ SCRIPT = "tests/recipes/fit_script.py"
 STEPS_PER_EPOCH = 10
 STOP_EPOCH = 5  # EarlyStopping's last epoch in the reference (0-based)
 ONE_STEP_CALLS = ("--steps-per-execution", "1")
+
+
+def learning_rates(run_dir):
+    with open(run_dir / "training_log.csv", newline="") as handle:
+        return [float(row["learning_rate"]) for row in csv.DictReader(handle)]
 
 
 def after_fit_lines(out_dir):
@@ -46,6 +52,8 @@ def reference(tmp_path_factory):
     assert job.returncode == 0, job.output
     assert job.summary["status"] == "completed"
     assert [e["epoch"] for e in job.named("training_stopped")] == [STOP_EPOCH]
+    rates = learning_rates(job.run_dir)
+    assert len(rates) == STOP_EPOCH + 1 and len(set(rates)) > 1  # ReduceLROnPlateau acted
     lines = after_fit_lines(root / "out")
     assert sorted(line["task"] for line in lines) == [0, 1]
     assert all(line["epochs"] == list(range(STOP_EPOCH + 1)) for line in lines)
@@ -58,6 +66,7 @@ def assert_ends_as(job, out_dir, reference):
     ref_job, ref_lines = reference
     assert job.summary["weights_sha256"] == ref_job.summary["weights_sha256"]
     assert (job.run_dir / "training_log.csv").read_bytes() == (ref_job.run_dir / "training_log.csv").read_bytes()
+    assert learning_rates(job.run_dir) == learning_rates(ref_job.run_dir)
     assert [e["epoch"] for e in job.named("training_stopped")] == [STOP_EPOCH]
     # The code after fit() ran once per worker, with the whole run's history.
     lines = after_fit_lines(out_dir)

@@ -1,5 +1,5 @@
 # The seed tutorial's script (examples/keras_tutorial.py) made short for the integration tests,
-# with what fit scripts also have: callbacks (CSVLogger, EarlyStopping) and code after fit()
+# with what fit scripts also have: callbacks (ReduceLROnPlateau, EarlyStopping, CSVLogger) and code after fit()
 # (model.evaluate on a held-out split, reading weights, writing a file).
 # FIT_SCRIPT_OUT: where the code after fit() appends one line per worker (the tests count them);
 # FIT_SCRIPT_STEP_DELAY_S: seconds each batch sleeps (time for a SIGTERM to land mid-epoch).
@@ -42,9 +42,11 @@ with strategy.scope():
 
 delay = float(os.environ.get("FIT_SCRIPT_STEP_DELAY_S", "0"))
 callbacks = [
-    tf.keras.callbacks.CSVLogger("training_log.csv"),
+    # Halves the rate whenever the loss drops by less than 0.3 in an epoch (after epochs 1-5).
+    tf.keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=0.3),
     # Stops once the training loss fails to drop by 0.15 in an epoch (after epoch 5 of 0-7).
     tf.keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=0.15),
+    tf.keras.callbacks.CSVLogger("training_log.csv"),  # after ReduceLROnPlateau: logs learning_rate
     tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(delay)),
 ]
 history = model.fit(dataset, epochs=8, steps_per_epoch=10, callbacks=callbacks)
