@@ -76,6 +76,9 @@ def _check_fit_script_flags(path: Path, job: JobConfig) -> None:
     if job.eval_every_epochs:
         raise ConfigError(f"--eval-every-epochs {job.eval_every_epochs} with the fit() script {path}: a script "
                           "has no eval_dataset(); evaluate after fit() in the script")
+    if job.record_indices:
+        raise ConfigError(f"--record-indices with the fit() script {path}: it needs the indexed recipe contract "
+                          "(num_examples + example); a script's input is its own tf.data.Dataset")
 
 
 def literal_recipe_dicts(path: Path) -> dict[str, dict[str, Any] | None]:

@@ -49,6 +49,7 @@ def test_a_script_with_a_dataset_variable_is_a_script(tmp_path):
 def test_recipes_are_not_fit_scripts(tmp_path):
     assert not is_fit_script("recipes/digits_keras.py")
     assert not is_fit_script("recipes/digits_cnn.py")
+    assert not is_fit_script("recipes/digits_indexed.py")
     # a recipe whose docstring or helper mentions .fit( stays a recipe: it defines dataset()
     path = write(tmp_path, "def build_model(p): pass\ndef dataset(c, e, s): pass\ndef other(m): m.fit(x)\n")
     assert not is_fit_script(path)
@@ -97,6 +98,8 @@ def test_size_flags_are_refused_for_a_script_whose_fit_sets_them(tmp_path):
         with pytest.raises(ConfigError, match=rf"--{flag.replace('_', '-')} {value} with the fit\(\) script .*train.py: "
                                               r"the script's fit\(\) call and its dataset's batch set it"):
             preflight(job)
+    with pytest.raises(ConfigError, match=r"--record-indices with the fit\(\) script .*train.py: it needs the indexed"):
+        preflight(JobConfig(recipe=path, run_dir=str(tmp_path / "run"), workers=2, record_indices=True))
     preflight(JobConfig(recipe=path, run_dir=str(tmp_path / "run"), workers=2))  # no flags: fine
 
 
