@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping
 
 from resilient_train.job.config import FALLBACK_DEFAULTS, JobConfig
 from resilient_train.errors import ConfigError, RecipeError
-from resilient_train.job.recipe import DEFAULT_KEYS, check_recipe_source, resolve_params
+from resilient_train.job.recipe import DEFAULT_KEYS, check_recipe_source, is_fit_script, resolve_params
 from resilient_train.rundir.redact import is_secret_key
 
 __all__ = ["preflight", "literal_recipe_dicts", "command_line_secret_warning"]
@@ -54,6 +54,8 @@ _PROCESS_LOCAL_SCHEMES = ("memory://", "faulty://memory://")
 def preflight(job: JobConfig) -> None:
     """Raise ``ConfigError`` / ``RecipeError`` for the first mistake found in ``job``."""
     path = check_recipe_source(job.recipe, eval_every_epochs=job.eval_every_epochs, record_indices=job.record_indices)
+    if is_fit_script(job.recipe):
+        _check_fit_script_flags(path, job)
     literals = literal_recipe_dicts(path)
     defaults = literals.get("DEFAULTS")
     if defaults is not None:
@@ -69,13 +71,33 @@ def preflight(job: JobConfig) -> None:
     _check_storage(job)
 
 
+def _check_fit_script_flags(path: Path, job: JobConfig) -> None:
+    """A fit script's fit() call sets the sizes; a flag that would differ is refused."""
+    for name in ("epochs", "steps_per_epoch", "global_batch_size"):
+        if getattr(job, name) is not None:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} {getattr(job, name)} with the fit() script {path}: the script's "
+                "fit() call and its dataset's batch set it; leave the flag out"
+            )
+    if job.eval_every_epochs:
+        raise ConfigError(f"--eval-every-epochs {job.eval_every_epochs} with the fit() script {path}: a script "
+                          "has no eval_dataset(); evaluate after fit() in the script")
+    if job.record_indices:
+        raise ConfigError(f"--record-indices with the fit() script {path}: it needs the indexed recipe contract "
+                          "(num_examples + example); a script's input is its own tf.data.Dataset")
+
+
 def literal_recipe_dicts(path: Path) -> dict[str, dict[str, Any] | None]:
     """``DEFAULTS`` and ``PARAMS`` from the recipe's source, where they are literal dicts.
 
     A name that is absent maps to ``{}`` (the recipe has none); one assigned something that
     is not a literal dict maps to ``None`` (unknown before import; the worker checks it).
+    A ``model.fit`` script's sizes come from its fit() call at run time: ``DEFAULTS`` is
+    ``None`` (unknown before it runs).
     """
     tree = ast.parse(path.read_text(), filename=str(path))
+    if is_fit_script(str(path)):
+        return {"DEFAULTS": None, "PARAMS": {}}
     found: dict[str, dict[str, Any] | None] = {"DEFAULTS": {}, "PARAMS": {}}
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
