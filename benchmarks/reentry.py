@@ -8,10 +8,12 @@ Writes benchmarks/results/reentry.json. Recipe: tests/recipes/input_bound.py (sy
 workers. For each re-entry position (step_in_epoch ``early`` and ``late``) a job is killed
 right after committing that step (fault ``after_commit``); then, per repeat, a copy of its
 checkpoint store is resumed and timed from the ``restored`` event to the ``first_step``
-event (the resumed job is killed there). Two recipes: ``start_step`` (input_bound.py,
-positions its index range before the expensive map) and ``skip`` (input_bound_skip.py, the
-runner's ``skip()``, which runs the map of every skipped batch). Target: late
-<= 1.2x early.
+event (the resumed job is killed there). Three recipes: ``start_step`` (input_bound.py,
+positions its index range before the expensive map), ``skip`` (input_bound_skip.py, the
+runner's ``skip()``, which runs the map of every skipped batch) and ``indexed``
+(input_bound_indexed.py, the indexed contract: the runner starts its range of positions at
+the step, runner/indexed.py). Target: late <= 1.2x early. ``--recipes indexed,skip`` runs
+a subset.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ sys.path.insert(0, str(ROOT))
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-RECIPES = {"start_step": "tests/recipes/input_bound.py", "skip": "tests/recipes/input_bound_skip.py"}
+RECIPES = {"start_step": "tests/recipes/input_bound.py", "skip": "tests/recipes/input_bound_skip.py",
+           "indexed": "tests/recipes/input_bound_indexed.py"}
 STEPS_PER_EPOCH = 400
-POSITIONS = {"early": 8, "late": 392}
+POSITIONS = {"early": 20, "late": 380}  # issue 20's positions (before 2026-11-24: 8 and 392)
 
 
 def _flags(run_dir: Path, storage: Path, save_every: int) -> list[str]:
@@ -71,7 +74,9 @@ def time_reentry(recipe: str, storage: Path, step: int, work: Path) -> float:
     shutil.copytree(storage, copy)
     run_dir = work / "resume"
     shutil.rmtree(run_dir, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, "-m", "resilient_train", "run", recipe, *_flags(run_dir, copy, step)],
+    # A new run dir resumes the copied store: it takes over the store's ownership (docs/storage.md).
+    proc = subprocess.Popen([sys.executable, "-m", "resilient_train", "run", recipe, *_flags(run_dir, copy, step),
+                             "--force-storage"],
                             cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 600
@@ -102,18 +107,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(RESULTS / "reentry.json"))
+    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated subset of {list(RECIPES)}")
     args = parser.parse_args(argv)
+    chosen = args.recipes.split(",")
+    unknown = sorted(set(chosen) - set(RECIPES))
+    if unknown:
+        parser.error(f"Received --recipes {args.recipes}; unknown {unknown}, expected names from {list(RECIPES)}")
+    recipes = {name: RECIPES[name] for name in chosen}
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix="rt-reentry-"))
     try:
-        stores = {(r, p): make_checkpoint(RECIPES[r], step, work / f"{r}-{p}")
-                  for r in RECIPES for p, step in POSITIONS.items()}
-        runs: dict[str, dict[str, list[dict[str, Any]]]] = {r: {p: [] for p in POSITIONS} for r in RECIPES}
+        stores = {(r, p): make_checkpoint(recipes[r], step, work / f"{r}-{p}")
+                  for r in recipes for p, step in POSITIONS.items()}
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {r: {p: [] for p in POSITIONS} for r in recipes}
         for _ in range(args.repeats):
-            for recipe in RECIPES:
+            for recipe in recipes:
                 for position, step in POSITIONS.items():  # alternate inside each repeat
                     load = os.getloadavg()[0]
-                    seconds = time_reentry(RECIPES[recipe], stores[(recipe, position)], step, work / "t")
+                    seconds = time_reentry(recipes[recipe], stores[(recipe, position)], step, work / "t")
                     runs[recipe][position].append({"seconds": round(seconds, 3), "load_1min": round(load, 2)})
                     print(f"{recipe:10} {position:5} step_in_epoch {step:3}: {seconds:6.2f} s (load {load:.2f})", flush=True)
     finally:

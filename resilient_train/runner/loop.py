@@ -101,6 +101,12 @@ from resilient_train.runner.model_state import rng_state, weights_digest
 
 __all__ = ["Trainer", "TrainResult"]
 
+# The world_size_changed event's note, by input contract (runner/indexed.py for the first).
+_RESIZE_NOTE_DATASET = ("resuming is sound but the input sharding differs, so weights will not be bit-identical "
+                        "to an uninterrupted run")
+_RESIZE_NOTE_INDEXED = ("every global step trains on the same examples as an uninterrupted run (indexed input); "
+                        "the weights differ from it only by floating-point reduction order")
+
 _STOP = "__stop_requested__"
 _SAVE_DUE = "__save_due__"
 _NEXT_CALL = "__next_call_steps__"
@@ -427,8 +433,8 @@ class Trainer:
                 group=True,
                 checkpoint_world_size=manifest.world_size,
                 world_size=self.cluster.num_workers,
-                note="resuming is sound but the input sharding differs, so weights will not be bit-identical "
-                "to an uninterrupted run",
+                input="indexed" if self.recipe.indexed else "dataset",
+                note=_RESIZE_NOTE_INDEXED if self.recipe.indexed else _RESIZE_NOTE_DATASET,
             )
         emit(
             "restored",
