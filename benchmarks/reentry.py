@@ -74,7 +74,9 @@ def time_reentry(recipe: str, storage: Path, step: int, work: Path) -> float:
     shutil.copytree(storage, copy)
     run_dir = work / "resume"
     shutil.rmtree(run_dir, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, "-m", "resilient_train", "run", recipe, *_flags(run_dir, copy, step)],
+    # A new run dir resumes the copied store: it takes over the store's ownership (docs/storage.md).
+    proc = subprocess.Popen([sys.executable, "-m", "resilient_train", "run", recipe, *_flags(run_dir, copy, step),
+                             "--force-storage"],
                             cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 600

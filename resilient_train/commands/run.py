@@ -29,4 +29,8 @@ def main(args: argparse.Namespace) -> int:
     warning = command_line_secret_warning(args.storage_option, job.storage)
     if warning is not None:
         print(warning, file=sys.stderr)
+    if job.strategy == "parameter-server":
+        from resilient_train.supervisor.ps import ParameterServerSupervisor
+
+        return ParameterServerSupervisor(job, accept_changes=args.accept_changes).run()
     return Supervisor(job, accept_changes=args.accept_changes).run()

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from resilient_train.cluster.slurm import add_tf_config_arguments
+from resilient_train.errors import ConfigError
 from resilient_train.job.config import add_job_arguments, job_from_args
 
 __all__ = ["add_parser", "main"]
@@ -28,4 +29,9 @@ def main(args: argparse.Namespace) -> int:
     from resilient_train.runner.worker import run
 
     job = job_from_args(args)
+    if job.strategy == "parameter-server":
+        raise ConfigError(
+            "resilient-train worker runs MultiWorkerMirroredStrategy workers only; --strategy parameter-server "
+            "runs under `resilient-train run` on one host (docs/parameter_server.md)"
+        )
     return run(job, tf_config_from=args.tf_config_from, port_base=args.port_base, environ=os.environ)

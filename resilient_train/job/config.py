@@ -29,9 +29,10 @@ from resilient_train.rundir.permissions import DEFAULT_RUN_DIR_MODE, parse_mode
 from resilient_train.rundir.redact import drop_redacted, merge_secrets, redact_text, split_secrets
 from resilient_train.job.recipe import recipe_name
 
-__all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO", "COLLECTIVE_TIMEOUT_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args"]
+__all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO", "COLLECTIVE_TIMEOUT_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args", "parse_workers"]
 
 LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
+STRATEGIES = ("mirrored", "parameter-server")  # MultiWorkerMirroredStrategy | its own tier (docs/parameter_server.md)
 RAY_STRATEGIES = ("spread", "pack")
 
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
@@ -51,7 +52,7 @@ def check_steps_per_execution(setting: object) -> None:
 @dataclass(frozen=True)
 class JobConfig:
     recipe: str
-    workers: int = 2
+    workers: int = 2  # the most workers (MAX of ``--workers MIN:MAX``)
     run_dir: str = ""
     storage: str = ""
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # may hold credentials
@@ -87,11 +88,25 @@ class JobConfig:
     storage_timeout: float = 60.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
     collective_timeout: float | None = None  # seconds one collective may wait; None ("off"): no limit
     run_dir_mode: int | str = DEFAULT_RUN_DIR_MODE  # "0750" on the command line; an int once validated
+    min_workers: int | None = None  # the fewest workers an elastic run goes on with; None: ``workers`` (not elastic)
+    strategy: str = "mirrored"  # or "parameter-server": coordinator + ps + workers (runner/ps.py)
+    ps: int = 1  # --strategy parameter-server: parameter server processes
 
     def __post_init__(self) -> None:
         if not self.recipe:
             raise ConfigError("No recipe given; expected a recipe file or module, e.g. recipes/digits_cnn.py")
+        if isinstance(self.workers, str):  # "MIN:MAX" (a flag or a TOML string), or "N"
+            low, high = parse_workers(self.workers)
+            if self.min_workers is not None and self.min_workers != low:
+                raise ConfigError(f"Received workers={self.workers!r} and min_workers={self.min_workers!r}; "
+                                  "expected one of them to give the minimum")
+            object.__setattr__(self, "workers", high)
+            object.__setattr__(self, "min_workers", low if low != high else None)
         _check_int("workers", self.workers, minimum=1)
+        if self.min_workers is not None:
+            _check_int("min_workers", self.min_workers, minimum=1)
+            if self.min_workers > self.workers:
+                raise ConfigError(f"Received --workers {self.min_workers}:{self.workers}; expected MIN <= MAX")
         for name in ("epochs", "steps_per_epoch", "global_batch_size"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), minimum=1)
@@ -135,11 +150,19 @@ class JobConfig:
             raise ConfigError(
                 f"Received collective_timeout={self.collective_timeout!r}; expected 'off' or a finite number of seconds > 0"
             )
-        if self.global_batch_size is not None and self.global_batch_size % self.workers:
-            raise ConfigError(
-                f"Received global_batch_size={self.global_batch_size} with workers={self.workers}; "
-                "expected a global batch size divisible by the number of workers"
-            )
+        if self.global_batch_size is not None and self.strategy == "mirrored":  # PS: one step is one worker's batch
+            indivisible = self.size_not_dividing(self.global_batch_size)
+            if indivisible is not None and not self.elastic:
+                raise ConfigError(
+                    f"Received global_batch_size={self.global_batch_size} with workers={self.workers}; "
+                    "expected a global batch size divisible by the number of workers"
+                )
+            if indivisible is not None:
+                raise ConfigError(
+                    f"Received global_batch_size={self.global_batch_size} with --workers "
+                    f"{self.min_workers}:{self.workers}; {indivisible} workers cannot split it evenly (expected "
+                    "every size in MIN..MAX to divide the global batch, which stays the same at every size)"
+                )
         if self.checkpoint_mode not in ("async", "sync"):
             raise ConfigError(f"Received checkpoint_mode={self.checkpoint_mode!r}; expected 'async' or 'sync'")
         if self.save_every_seconds is not None and (
@@ -153,6 +176,7 @@ class JobConfig:
         if self.launcher not in LAUNCHERS:
             raise ConfigError(f"Received launcher={self.launcher!r}; expected one of {list(LAUNCHERS)}")
         _check_ray_fields(self)
+        _check_strategy_fields(self)
         if not isinstance(self.warm_standby, bool):
             raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
         _check_int("max_iterator_state_bytes", self.max_iterator_state_bytes, minimum=0)
@@ -168,6 +192,20 @@ class JobConfig:
             object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
         if not self.storage:
             object.__setattr__(self, "storage", str(RunDir(self.run_dir).checkpoints))
+
+    @property
+    def elastic(self) -> bool:
+        """``--workers MIN:MAX`` with MIN < MAX: the supervisor may resize the group."""
+        return self.min_workers is not None and self.min_workers < self.workers
+
+    @property
+    def world_sizes(self) -> range:
+        """Every worker count the run may train at, MIN..MAX (just ``workers`` when not elastic)."""
+        return range(self.min_workers if self.min_workers is not None else self.workers, self.workers + 1)
+
+    def size_not_dividing(self, global_batch_size: int) -> int | None:
+        """The first world size that does not divide ``global_batch_size``; None when all do."""
+        return next((n for n in self.world_sizes if global_batch_size % n), None)
 
     def with_recipe_defaults(self, defaults: Mapping[str, int]) -> "JobConfig":
         """Fill the values left unset from the recipe's DEFAULTS, then the fallbacks."""
@@ -234,6 +272,36 @@ def _check_ray_fields(job: "JobConfig") -> None:
         raise ConfigError(f"Received storage_shared={job.storage_shared!r}; expected true or false")
 
 
+def parse_workers(text: str) -> tuple[int, int]:
+    """``"2"`` -> (2, 2), ``"1:4"`` -> (1, 4); ConfigError naming the text otherwise."""
+    low, sep, high = str(text).partition(":")
+    try:
+        bounds = (int(low), int(high)) if sep else (int(low), int(low))
+    except ValueError:
+        raise ConfigError(f"Received --workers {text!r}; expected N or MIN:MAX (integers >= 1)") from None
+    if min(bounds) < 1:
+        raise ConfigError(f"Received --workers {text!r}; expected N or MIN:MAX with both >= 1")
+    if bounds[0] > bounds[1]:
+        raise ConfigError(f"Received --workers {text!r}; expected MIN <= MAX")
+    return bounds
+
+
+def _check_strategy_fields(job: "JobConfig") -> None:
+    if job.strategy not in STRATEGIES:
+        raise ConfigError(f"Received strategy={job.strategy!r}; expected one of {list(STRATEGIES)}")
+    _check_int("ps", job.ps, minimum=1)
+    if job.strategy == "parameter-server" and job.elastic:
+        raise ConfigError(
+            f"Received --workers {job.min_workers}:{job.workers} with strategy='parameter-server'; expected a fixed N "
+            "(the parameter-server tier restarts a lost worker in place instead of resizing)"
+        )
+    if job.strategy == "parameter-server" and job.launcher != "local":
+        raise ConfigError(
+            f"Received launcher={job.launcher!r} with strategy='parameter-server'; expected 'local' "
+            "(the parameter-server tier places its processes on this host only, docs/parameter_server.md)"
+        )
+
+
 def _check_int(name: str, value: Any, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"Received {name}={value!r}; expected an integer >= {minimum}")
@@ -271,7 +339,7 @@ _JOB_FLAGS = (
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
     "eval_every_epochs", "eval_steps", "strict_resume", "record_indices", "max_iterator_state_bytes", "hang_timeout", "startup_timeout",
-    "collective_timeout", "run_dir_mode", "storage_timeout",
+    "collective_timeout", "run_dir_mode", "storage_timeout", "strategy", "ps",
 )
 
 
@@ -280,6 +348,11 @@ def _positive_or_zero_int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _workers(text: str) -> int | str:
+    """``N`` as an int (checked by JobConfig as before); ``MIN:MAX`` as text, which JobConfig parses."""
+    return text if ":" in text else _positive_or_zero_int(text)
 
 
 def _steps_per_execution(text: str) -> int | str:
@@ -308,7 +381,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by ``run`` and ``worker`` (all default to None = config file / recipe)."""
     add = parser.add_argument
     add("--config", metavar="FILE", help="TOML file with the same keys as the flags")
-    add("--workers", type=_positive_or_zero_int, help="worker processes (default 2)")
+    add("--workers", type=_workers, metavar="N|MIN:MAX",
+        help="worker processes (default 2); MIN:MAX: elastic, go on with fewer (down to MIN) when nodes are lost "
+        "and grow back to MAX at the next save when they return (docs/elastic.md)")
     add("--run-dir", help="where logs, events and summary go (default runs/<recipe>)")
     add("--storage", metavar="URL", help="checkpoint storage: path, file://, s3://, gs://, memory:// (default <run-dir>/checkpoints)")
     add("--storage-option", action="append", default=[], metavar="KEY=VALUE",
@@ -361,6 +436,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--collective-timeout", type=_collective_timeout, metavar="SECONDS|off",
         help="fail a collective that waits longer than this (exit 4, the group is restarted); each collective "
         "then holds a thread for that long (default off; see docs/failures.md, Hangs)")
+    add("--strategy", choices=STRATEGIES,
+        help="mirrored (default): MultiWorkerMirroredStrategy; parameter-server: a coordinator, --ps parameter "
+        "servers and --workers workers (docs/parameter_server.md)")
+    add("--ps", type=_positive_or_zero_int, metavar="P", help="--strategy parameter-server: parameter servers (default 1)")
     add("--strict-resume", action="store_true", default=None,
         help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
     add("--max-iterator-state-bytes", type=_positive_or_zero_int, metavar="BYTES",

@@ -5,7 +5,11 @@ the recipe, its params or ``--seed`` used to resume (or report "already complete
 the old state: weights from one job continued under another, and a digest that matches
 neither. The fingerprint records what decides the weights:
 
-    recipe_sha256, params, seed, epochs, steps_per_epoch, global_batch_size, workers
+    recipe_sha256, params, seed, epochs, steps_per_epoch, global_batch_size, workers, strategy
+
+(``strategy``: a run dir trained under MultiWorkerMirroredStrategy is not continued under
+the parameter-server tier, or back, without ``--accept-changes``; fingerprints written
+before it was recorded leave it unknown.)
 
 It is written to ``<run-dir>/fingerprint.json`` when a run starts and into every
 checkpoint manifest's ``extra`` (so a new run dir pointed at old storage is checked too).
@@ -58,6 +62,7 @@ class JobFingerprint:
     steps_per_epoch: int | None
     global_batch_size: int | None
     workers: int
+    strategy: str | None = None  # None: recorded before strategies were (never "changed")
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
@@ -89,6 +94,7 @@ def fingerprint_for_worker(job: JobConfig, recipe_source: str, params: Mapping[s
         steps_per_epoch=job.steps_per_epoch,
         global_batch_size=job.global_batch_size,
         workers=job.workers,
+        strategy=job.strategy,
     )
 
 
@@ -109,7 +115,8 @@ def fingerprint_for_supervisor(job: JobConfig) -> JobFingerprint:
         else:
             sizes[name] = None
     params = _plain(resolve_params(recipe_params, job.params)) if recipe_params is not None else None
-    return JobFingerprint(recipe_sha256=_sha256(path.resolve()), params=params, seed=job.seed, workers=job.workers, **sizes)
+    return JobFingerprint(recipe_sha256=_sha256(path.resolve()), params=params, seed=job.seed, workers=job.workers,
+                          strategy=job.strategy, **sizes)
 
 
 def _plain(params: Mapping[str, Any]) -> dict[str, Any]:

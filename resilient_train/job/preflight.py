@@ -14,7 +14,10 @@ TensorFlow ops, which must not happen in the supervisor):
 * the effective global batch size (flag, recipe default, fallback) divides by ``--workers``;
 * ``--run-dir`` is (or can become) a directory, not a file;
 * ``--storage`` is not ``memory://``: each worker process has its own memory filesystem,
-  so every checkpoint would be lost with the process that wrote it.
+  so every checkpoint would be lost with the process that wrote it;
+* ``--strategy parameter-server``: the recipe defines ``build_optimizer`` and ``loss`` itself
+  (a recipe that leaves them to ``model.compile()`` trains through Keras ``fit``, which Keras 3
+  cannot run under ParameterServerStrategy; docs/parameter_server.md).
 
 Each failure raises :class:`~resilient_train.errors.ConfigError` or
 :class:`~resilient_train.errors.RecipeError` naming the bad value and what is accepted.
@@ -33,7 +36,7 @@ from typing import Any, Iterable, Mapping
 
 from resilient_train.job.config import FALLBACK_DEFAULTS, JobConfig
 from resilient_train.errors import ConfigError, RecipeError
-from resilient_train.job.recipe import DEFAULT_KEYS, check_recipe_source, resolve_params
+from resilient_train.job.recipe import DEFAULT_KEYS, check_recipe_source, is_fit_script, resolve_params
 from resilient_train.rundir.redact import is_secret_key
 
 __all__ = ["preflight", "literal_recipe_dicts", "command_line_secret_warning"]
@@ -51,11 +54,16 @@ _PROCESS_LOCAL_SCHEMES = ("memory://", "faulty://memory://")
 def preflight(job: JobConfig) -> None:
     """Raise ``ConfigError`` / ``RecipeError`` for the first mistake found in ``job``."""
     path = check_recipe_source(job.recipe, eval_every_epochs=job.eval_every_epochs, record_indices=job.record_indices)
+    if is_fit_script(job.recipe):
+        _check_fit_script_flags(path, job)
     literals = literal_recipe_dicts(path)
     defaults = literals.get("DEFAULTS")
     if defaults is not None:
         _check_defaults(path, defaults)
-    _check_batch_divisibility(job, defaults)
+    if job.strategy == "parameter-server":
+        _check_parameter_server_recipe(path)
+    else:  # under parameter servers one step is one worker's batch: nothing to divide
+        _check_batch_divisibility(job, defaults)
     recipe_params = literals.get("PARAMS")
     if recipe_params is not None:
         _check_params(path, recipe_params, job.params)
@@ -63,13 +71,33 @@ def preflight(job: JobConfig) -> None:
     _check_storage(job)
 
 
+def _check_fit_script_flags(path: Path, job: JobConfig) -> None:
+    """A fit script's fit() call sets the sizes; a flag that would differ is refused."""
+    for name in ("epochs", "steps_per_epoch", "global_batch_size"):
+        if getattr(job, name) is not None:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} {getattr(job, name)} with the fit() script {path}: the script's "
+                "fit() call and its dataset's batch set it; leave the flag out"
+            )
+    if job.eval_every_epochs:
+        raise ConfigError(f"--eval-every-epochs {job.eval_every_epochs} with the fit() script {path}: a script "
+                          "has no eval_dataset(); evaluate after fit() in the script")
+    if job.record_indices:
+        raise ConfigError(f"--record-indices with the fit() script {path}: it needs the indexed recipe contract "
+                          "(num_examples + example); a script's input is its own tf.data.Dataset")
+
+
 def literal_recipe_dicts(path: Path) -> dict[str, dict[str, Any] | None]:
     """``DEFAULTS`` and ``PARAMS`` from the recipe's source, where they are literal dicts.
 
     A name that is absent maps to ``{}`` (the recipe has none); one assigned something that
     is not a literal dict maps to ``None`` (unknown before import; the worker checks it).
+    A ``model.fit`` script's sizes come from its fit() call at run time: ``DEFAULTS`` is
+    ``None`` (unknown before it runs).
     """
     tree = ast.parse(path.read_text(), filename=str(path))
+    if is_fit_script(str(path)):
+        return {"DEFAULTS": None, "PARAMS": {}}
     found: dict[str, dict[str, Any] | None] = {"DEFAULTS": {}, "PARAMS": {}}
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
@@ -102,11 +130,30 @@ def _check_batch_divisibility(job: JobConfig, defaults: Mapping[str, Any] | None
     if defaults is None:
         return  # computed DEFAULTS: the worker checks after import
     batch = defaults.get("global_batch_size", FALLBACK_DEFAULTS["global_batch_size"])
-    if isinstance(batch, int) and not isinstance(batch, bool) and batch % job.workers:
-        source = "the recipe's DEFAULTS" if "global_batch_size" in defaults else "the default"
+    if not isinstance(batch, int) or isinstance(batch, bool):
+        return
+    source = "the recipe's DEFAULTS" if "global_batch_size" in defaults else "the default"
+    indivisible = job.size_not_dividing(batch)
+    if indivisible is not None and job.elastic:
+        raise ConfigError(
+            f"global_batch_size={batch} (from {source}) is not divisible by {indivisible} workers, a size in "
+            f"--workers {job.min_workers}:{job.workers}; pass a --global-batch-size that every size in MIN..MAX divides"
+        )
+    if indivisible is not None:
         raise ConfigError(
             f"global_batch_size={batch} (from {source}) is not divisible by workers={job.workers}; "
             "pass --global-batch-size with a multiple of --workers, or change --workers"
+        )
+
+
+def _check_parameter_server_recipe(path: Path) -> None:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    missing = [name for name in ("build_optimizer", "loss") if name not in defined]
+    if missing:
+        raise RecipeError(
+            f"Recipe {path} does not define {' and '.join(missing)}; --strategy parameter-server needs both "
+            "(Keras 3's fit, which a compiled model trains with, has no ParameterServerStrategy support)"
         )
 
 

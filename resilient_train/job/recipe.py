@@ -66,6 +66,12 @@ The runner resets TensorFlow's global seed from ``(seed, epoch)`` right before e
 the resumed epoch's first batch is the one recorded with the checkpoint
 (runner/determinism.py; ``resilient-train check RECIPE`` runs the same check up front).
 
+A ``model.fit`` script: a file that defines neither ``build_model`` nor ``dataset`` and calls
+``.fit(`` once is run as a whole by the worker (runner/fitscript.py), with the runner's
+strategy and training loop behind ``MultiWorkerMirroredStrategy()`` and ``Model.fit``.
+:func:`check_fit_script` refuses here, before workers start, the ``fit`` calls the runner
+cannot honour (:data:`FIT_REFUSED`, a missing ``steps_per_epoch``, two calls, a call in a loop).
+
 This module does not import TensorFlow: the supervisor checks a recipe's shape (it parses,
 defines the required functions) before it spends seconds starting workers.
 """
@@ -83,7 +89,8 @@ from typing import Any, Callable, Mapping
 
 from resilient_train.errors import RecipeError
 
-__all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DATASET_INPUT", "INDEXED_INPUT", "DEFAULT_KEYS"]
+__all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DATASET_INPUT", "INDEXED_INPUT", "DEFAULT_KEYS",
+           "is_fit_script", "check_fit_script", "FIT_REFUSED"]
 
 REQUIRED = ("build_model", "build_optimizer", "loss")
 # The input: one of the two contracts (``dataset``, or the indexed one).
@@ -104,6 +111,20 @@ _COMPILE_REFUSED = {
 }
 _TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_steps")
+# fit() arguments a script may not pass, and why (runner/fitscript.py honours x, epochs,
+# steps_per_epoch, callbacks, and ignores verbose and shuffle, as Keras does for a dataset).
+FIT_REFUSED = {
+    "y": "fit on arrays needs a tf.data.Dataset: pass fit(dataset, ...) batched at the global batch size",
+    "batch_size": "batch the tf.data.Dataset instead (at the global batch size)",
+    "validation_split": "not supported: evaluate after fit, or use a recipe with eval_dataset()",
+    "validation_data": "not supported yet: evaluate after fit, or use a recipe with eval_dataset()",
+    "validation_steps": "not supported yet (no validation_data)",
+    "validation_freq": "not supported yet (no validation_data)",
+    "validation_batch_size": "not supported yet (no validation_data)",
+    "class_weight": "not supported yet",
+    "sample_weight": "not supported: yield (x, y, sample_weight) from the dataset instead",
+    "initial_epoch": "the runner resumes at the right epoch itself",
+}
 
 
 @dataclass(frozen=True)
@@ -172,6 +193,9 @@ def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None, reco
         tree = ast.parse(path.read_text(), filename=str(path))
     except SyntaxError as exc:
         raise RecipeError(f"Recipe {path} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    if _is_fit_script(tree):
+        check_fit_script(path, tree)
+        return path
     defined = {
         node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     } | {
@@ -227,6 +251,64 @@ def _check_input_contract(path: Path, defined: set[str]) -> None:
             "dataset(input_context, epoch, seed), or num_examples(params) + example(index, params) "
             "(see resilient_train/job/recipe.py)"
         )
+
+
+def _recipe_function_names(tree: ast.Module) -> set[str]:
+    """Top-level functions and imported names (a script's ``dataset = ...`` variable is neither)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def _fit_calls(tree: ast.Module) -> list[ast.Call]:
+    return [node for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fit"]
+
+
+def _is_fit_script(tree: ast.Module) -> bool:
+    """No recipe functions (``def build_model`` / ``dataset`` / ``num_examples`` / ``example``, or
+    imported) and a ``.fit(`` call."""
+    recipe_functions = {"build_model", *DATASET_INPUT, *INDEXED_INPUT}
+    return not (recipe_functions & _recipe_function_names(tree)) and bool(_fit_calls(tree))
+
+
+def is_fit_script(spec: str) -> bool:
+    """Whether ``spec`` is a ``model.fit`` script rather than a recipe (a file that does not
+    parse is not: check_recipe_source reports its syntax error)."""
+    try:
+        tree = ast.parse(_source_path(spec).read_text())
+    except SyntaxError:
+        return False
+    return _is_fit_script(tree)
+
+
+def check_fit_script(path: Path, tree: ast.Module) -> None:
+    """Refuse, in one line, a ``fit`` call the runner cannot honour exactly."""
+    calls = _fit_calls(tree)
+    if len(calls) > 1:
+        lines = ", ".join(str(call.lineno) for call in calls)
+        raise RecipeError(f"Script {path} calls fit() {len(calls)} times (lines {lines}); one fit() call is supported")
+    call = calls[0]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)) and any(inner is call for inner in ast.walk(node)):
+            raise RecipeError(f"Script {path} calls fit() inside a loop (line {call.lineno}); one fit() call is supported")
+    keywords = {keyword.arg: keyword for keyword in call.keywords}
+    if None in keywords:
+        raise RecipeError(f"Script {path}: fit(**...) at line {call.lineno}; pass fit's arguments by name")
+    if len(call.args) > 1:
+        raise RecipeError(f"Script {path}: fit() at line {call.lineno} gets {len(call.args)} positional arguments; "
+                          f"expected fit(dataset, epochs=..., steps_per_epoch=..., callbacks=[...]): {FIT_REFUSED['y']}")
+    for name, why in FIT_REFUSED.items():
+        if name in keywords:
+            raise RecipeError(f"Script {path}: fit({name}=...) at line {call.lineno}: {why}")
+    if "steps_per_epoch" not in keywords:
+        raise RecipeError(f"Script {path}: fit() at line {call.lineno} has no steps_per_epoch; pass "
+                          "fit(dataset, epochs=..., steps_per_epoch=N) with a repeated dataset (exact resume counts steps)")
+    _check_keras_usage(path, tree)
 
 
 def _check_optional_arity(path: Path, tree: ast.Module) -> None:
@@ -289,8 +371,12 @@ def _check_keras_usage(path: Path, tree: ast.Module) -> None:
 
 
 def load_recipe(spec: str) -> Recipe:
-    """Import a recipe and check it against the contract."""
+    """Import a recipe and check it against the contract (never a ``model.fit`` script:
+    importing one would run it)."""
     path = check_recipe_source(spec)
+    if is_fit_script(spec):
+        raise RecipeError(f"{path} is a model.fit script, not a recipe: `resilient-train run` runs it; this "
+                          "command needs a recipe (build_model, dataset, ...)")
     module = _import(spec, path)
     inputs = INDEXED_INPUT if callable(getattr(module, "example", None)) else DATASET_INPUT
     missing = [name for name in (*REQUIRED, *inputs)

@@ -24,6 +24,8 @@ launchers, the chaos checker, tests) names a file of a run. Nothing else spells
       local/                       .local            per-host scratch, never shared
         host-cache/                .host_cache       verified checkpoint copies (checkpoint/cache.py)
         rank-<rank>/               .work_dir(rank)   worker staging and restore cache
+      local-slots                  .local_slots      how many workers the local launcher may place (a test
+                                                     hook for elastic runs; absent: no limit)
       tensorboard/                 .tensorboard      the chief's scalars
       model/                       .model            the exported final model
       checkpoints/                 (default --storage; the storage layout is checkpoint/store.py's)
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunDir", "AttemptDir", "attempt_number", "EVENTS", "SUMMARY", "RUN_FILE", "FINGERPRINT", "LOCK", "TENSORBOARD",
-           "MODEL", "LOCAL", "JOB", "CHECKPOINTS", "STEP_INDICES"]
+           "MODEL", "LOCAL", "LOCAL_SLOTS", "JOB", "CHECKPOINTS", "STEP_INDICES"]
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
@@ -49,6 +51,7 @@ LOCK = "supervisor.lock"
 TENSORBOARD = "tensorboard"
 MODEL = "model"
 LOCAL = "local"
+LOCAL_SLOTS = "local-slots"
 CHECKPOINTS = "checkpoints"
 JOB = "job.json"
 STEP_INDICES = "step-indices.txt"
@@ -148,6 +151,10 @@ class RunDir:
     @property
     def local(self) -> Path:
         return self.path / LOCAL
+
+    @property
+    def local_slots(self) -> Path:
+        return self.path / LOCAL_SLOTS
 
     @property
     def host_cache(self) -> Path:

@@ -23,6 +23,12 @@ after 5 batches, about twice the model + optimizer state it would ride with (inp
 38 KB, its prefetched batches). A distributed iterator's saved state is also tied to the
 worker count, and a saved iterator breaks when the pipeline code changes. A recipe-level
 start position keeps the contract a pure function and costs nothing at save time.
+Tried again for issue 20 (TF 2.21, branch indexed-iterator-state-wip): MWMS's per-worker
+iterator is an ``OwnedMultiDeviceIterator``, which ``tf.train.Checkpoint`` refuses, and MWMS
+refuses ``InputReplicationMode.PER_REPLICA``; iterating each worker's own pipeline as a plain
+(saveable) iterator resumes exactly on that path, but at 2 workers trains to other weights
+than the distributed iterator (equal at 1 worker; cause not found), so a run that switches
+between the two is not bit-exact.
 """
 
 from __future__ import annotations

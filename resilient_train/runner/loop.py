@@ -168,8 +168,15 @@ class Trainer:
         stop_requested: Callable[[], bool] = lambda: False,
         faults: FaultPlan | None = None,
         clock: Callable[[], float] = time.monotonic,
+        strategy: tf.distribute.Strategy | None = None,
+        input_source: Callable[[int, int], Any] | None = None,
     ) -> None:
+        """``strategy``: one made already (a fit script's, runner/fitscript.py), else made here.
+        ``input_source(epoch, start)``: the iterator to train epoch ``epoch`` from step
+        ``start`` on, in place of the recipe's per-epoch ``dataset`` (runner/data.py)."""
         self.job = job
+        self._given_strategy = strategy
+        self._input_source = input_source
         self.recipe = recipe
         self.params = params
         self.cluster = cluster
@@ -212,7 +219,7 @@ class Trainer:
     def _setup(self) -> None:
         # The strategy must exist before any other op (collectives are configured at start);
         # runner/strategy.py adds the heartbeat, registration and collective timeouts.
-        self.strategy = make_strategy(self.job, self.cluster)
+        self.strategy = self._given_strategy or make_strategy(self.job, self.cluster)
         keras.utils.set_random_seed(self.job.seed)
         tf.config.experimental.enable_op_determinism()
         with self.strategy.scope():
@@ -609,7 +616,10 @@ class Trainer:
         job = self.job
         steps_per_epoch = job.steps_per_epoch
         self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
-        iterator = self._epoch_iterator(epoch, start)
+        if self._input_source is not None:
+            iterator = self._input_source(epoch, start)
+        else:
+            iterator = self._epoch_iterator(epoch, start)
         step_in_epoch, global_step = start, int(self.global_step.numpy())
         self._phase.enter(PHASE_TRAIN, epoch=epoch, epoch_start_step=global_step - start)
         while step_in_epoch < steps_per_epoch:

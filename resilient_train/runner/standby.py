@@ -75,9 +75,11 @@ def prewarm(recipe: str | None) -> str | None:
     import resilient_train.runner.worker  # noqa: F401
 
     if recipe:
-        from resilient_train.job.recipe import load_recipe
+        from resilient_train.job.recipe import is_fit_script, load_recipe
 
-        load_recipe(recipe)  # its imports; worker.main loads it again (cheap, same result)
+        # A model.fit script is not imported: importing it runs it (runner/fitscript.py).
+        if not is_fit_script(recipe):
+            load_recipe(recipe)  # its imports; worker.main loads it again (cheap, same result)
     tf.config.list_physical_devices()  # safe: does not create the eager context
     return _context_problem()
 

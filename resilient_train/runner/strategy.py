@@ -45,6 +45,8 @@ __all__ = ["make_strategy", "HEARTBEAT_TIMEOUT_S"]
 HEARTBEAT_TIMEOUT_S = 10.0
 
 _COORDINATED_JOBS = ("chief", "worker")
+# Bound at import: a fit script's seam replaces tf.distribute's name (runner/fitscript.py).
+_MULTI_WORKER_MIRRORED = tf.distribute.MultiWorkerMirroredStrategy
 
 
 def make_strategy(job: JobConfig, cluster: ClusterInfo) -> tf.distribute.MultiWorkerMirroredStrategy:
@@ -55,7 +57,7 @@ def make_strategy(job: JobConfig, cluster: ClusterInfo) -> tf.distribute.MultiWo
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=job.collective_timeout,
     )
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
+    return _MULTI_WORKER_MIRRORED(communication_options=communication)
 
 
 def _configure_coordination(register_timeout_s: float) -> None:

@@ -145,12 +145,14 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
 
     from resilient_train.checkpoint import CheckpointStore, RetryPolicy
     from resilient_train.job.fingerprint import fingerprint_for_worker
-    from resilient_train.job.recipe import load_recipe, resolve_params
+    from resilient_train.job.recipe import is_fit_script, load_recipe, resolve_params
 
-    recipe = load_recipe(job.recipe)
-    job = job.with_recipe_defaults(recipe.defaults)
-    params = resolve_params(recipe.params, job.params)
-    fingerprint_for_worker(job, recipe.source, params)  # hashes the source as imported (cached)
+    fit_script = is_fit_script(job.recipe)  # a model.fit script runs whole (runner/fitscript.py)
+    if not fit_script:
+        recipe = load_recipe(job.recipe)
+        job = job.with_recipe_defaults(recipe.defaults)
+        params = resolve_params(recipe.params, job.params)
+        fingerprint_for_worker(job, recipe.source, params)  # hashes the source as imported (cached)
     # The host cache (checkpoint/cache.py): the chief's commits are written through to
     # this host's disk, and every rank restores from there before shared storage.
     store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir.host_cache,
@@ -165,23 +167,41 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
 
         events.add_listener(TensorBoardLog(run_dir.tensorboard))
 
-    placeholder.close()  # the strategy's server binds this port next
-    trainer = Trainer(
-        job,
-        recipe,
-        params,
-        cluster,
-        store=store,
-        run_id=launched.run_id,
-        work_dir=run_dir.work_dir(cluster.rank),
-        attempt_dir=attempt_dir.path,
-        stop_requested=stop.is_set,
-        faults=faults,
-    )
-    # The multi-worker coordination service installs its own C++ SIGTERM handler
-    # (TF's preemption notifier) when the strategy starts, replacing ours: take it back.
-    watch_sigterm()
-    result = trainer.run()
+    def make_trainer(job: JobConfig, recipe: Any, params: dict[str, Any], **seams: Any) -> Any:
+        nonlocal trainer
+        trainer = Trainer(
+            job,
+            recipe,
+            params,
+            cluster,
+            store=store,
+            run_id=launched.run_id,
+            work_dir=run_dir.work_dir(cluster.rank),
+            attempt_dir=attempt_dir.path,
+            stop_requested=stop.is_set,
+            faults=faults,
+            **seams,
+        )
+        return trainer
+
+    def run_trainer(trainer: Any) -> Any:
+        # The multi-worker coordination service installs its own C++ SIGTERM handler
+        # (TF's preemption notifier) when the strategy starts, replacing ours: take it back.
+        watch_sigterm()
+        return trainer.run()
+
+    if fit_script:
+        from resilient_train.runner.fitscript import FitScript
+
+        def make_script_trainer(job: JobConfig, recipe: Any, strategy: Any, input_source: Any) -> Any:
+            return make_trainer(job, recipe, {}, strategy=strategy, input_source=input_source)
+
+        script = FitScript(job, cluster, before_strategy=placeholder.close, make_trainer=make_script_trainer,
+                           run_trainer=run_trainer)
+        result = script.run()  # the script's code after fit() has run when this returns
+    else:
+        placeholder.close()  # the strategy's server binds this port next
+        result = run_trainer(make_trainer(job, recipe, params))
     # Done (or saved for preemption): a late SIGTERM must not turn this clean exit into
     # a death by signal while TensorFlow tears down.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -11,7 +11,10 @@ Design, after torch elastic's agent and tenacity's composable policies:
 * **One counter holds the budget** (torch elastic's ``remaining_restarts``): only failures
   spend ``max_restarts``. Preemptions are not failures (the group saved at an agreed step
   and exited on request), just as elastic's membership changes do not spend restarts; they
-  have their own optional cap, ``max_preemptions``.
+  have their own optional cap, ``max_preemptions``. An elastic run's resizes
+  (``--workers MIN:MAX``: the group lost a node and restarts smaller, or capacity returned
+  and it grows back) are membership changes in exactly torch elastic's sense: they spend
+  nothing, are counted in ``membership_changes`` and restart without a backoff.
 * **Stop and wait rules are tenacity objects** (``stop_after_attempt``,
   ``wait_exponential`` + a uniform jitter), evaluated against a ``RetryCallState`` whose
   attempt number is our counter. tenacity's own ``wait_random`` draws from the global
@@ -144,6 +147,8 @@ class AttemptOutcome:
     and ``global_step`` is where it happened (``None`` if unknown). ``preempted`` is true
     when the group stopped because a preemption was requested, even if some worker's exit
     code does not say so (e.g. it was terminated while the others saved).
+    ``membership_change`` is true when the supervisor restarts the group at another size
+    because capacity changed (an elastic resize): not a failure, whatever the exit codes.
     """
 
     attempt: int
@@ -151,6 +156,7 @@ class AttemptOutcome:
     signature: str = ""
     global_step: int | None = None
     preempted: bool = False
+    membership_change: bool = False
 
     def __post_init__(self) -> None:
         if self.attempt < 0:
@@ -217,7 +223,8 @@ class RestartTracker:
 
     * ``restarts``: restarts granted after failures (the ``max_restarts`` budget spent);
     * ``preemptions``: preempted attempts seen;
-    * ``failures``: failed attempts seen (one more than ``restarts`` once the budget ran out).
+    * ``failures``: failed attempts seen (one more than ``restarts`` once the budget ran out);
+    * ``membership_changes``: elastic resizes (never spend a budget).
 
     After a ``stop`` decision the tracker refuses further outcomes.
     """
@@ -237,6 +244,7 @@ class RestartTracker:
         self.restarts = 0
         self.preemptions = 0
         self.failures = 0
+        self.membership_changes = 0
         self.consecutive_failures = 0
         self._last_failure: AttemptOutcome | None = None
         self._stopped: Decision | None = None
@@ -267,6 +275,15 @@ class RestartTracker:
                 "stop",
                 f"fatal error in attempt {outcome.attempt} ({what}); restarting cannot help",
                 EVENT_FATAL_ERROR,
+            )
+
+        if outcome.membership_change:
+            self.membership_changes += 1
+            return Decision(
+                "restart",
+                f"attempt {outcome.attempt} ended by a membership change; restart not counted "
+                f"({self.membership_changes} membership changes)",
+                backoff_s=PREEMPTION_BACKOFF_S,
             )
 
         if outcome.is_preemption:

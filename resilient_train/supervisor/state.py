@@ -21,6 +21,10 @@ Transitions (``TRANSITIONS``, the only ones the loop may make)::
                                without completing the run
     RUNNING -> HUNG            every worker is alive but none made progress for longer than
                                the watchdog allows (supervisor/watchdog.py)
+    RUNNING -> RESIZING        an elastic run (``--workers MIN:MAX``) runs below MAX and the
+                               launcher can place more workers now
+    RESIZING -> STOPPING       the group was asked (SIGTERM) to agree on a step and save it;
+                               the stop is settled as a membership change, not a failure
     HUNG -> STOPPING           the stacks are collected and the stuck rank is named
                                (``hang_detected``); the group is killed like after a crash
     STOPPING -> SUCCEEDED      the workers finished the run while the stop was under way
@@ -50,6 +54,7 @@ class RunState(str, Enum):
     STARTING = "starting"
     RUNNING = "running"
     HUNG = "hung"
+    RESIZING = "resizing"
     STOPPING = "stopping"
     RESTARTING = "restarting"
     SUCCEEDED = "succeeded"
@@ -73,8 +78,9 @@ _S = RunState
 TRANSITIONS: Mapping[RunState, frozenset[RunState]] = MappingProxyType({
     _S.PREPARING: frozenset({_S.STARTING, _S.SUCCEEDED}),
     _S.STARTING: frozenset({_S.RUNNING, _S.FAILED}),
-    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.STOPPING, _S.HUNG}),
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.STOPPING, _S.HUNG, _S.RESIZING}),
     _S.HUNG: frozenset({_S.STOPPING}),
+    _S.RESIZING: frozenset({_S.STOPPING}),
     _S.STOPPING: frozenset({_S.SUCCEEDED, _S.RESTARTING, _S.FAILED, _S.PREEMPTED}),
     _S.RESTARTING: frozenset({_S.STARTING}),
     _S.SUCCEEDED: frozenset(),

@@ -20,7 +20,7 @@ from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.redact import redact
 from resilient_train.rundir.stepmarker import highest_step
 
-__all__ = ["RunTotals", "reached_step", "count_lost_steps", "final_validation", "build_summary", "write_summary"]
+__all__ = ["RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "build_summary", "write_summary"]
 
 
 @dataclass
@@ -29,6 +29,7 @@ class RunTotals:
 
     restarts: int = 0
     preemptions: int = 0
+    membership_changes: int = 0  # elastic resizes (spend no budget)
     lost_steps: int = 0
     root_cause: dict[str, Any] | None = None
 
@@ -68,6 +69,15 @@ def final_validation(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"val_epoch": last["epoch"] + 1, **{k: last.get(k) for k in ("val_loss", "val_metrics", "val_examples")}}
 
 
+def attempt_world_sizes(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """``{attempt: workers it ran at}`` (as strings, JSON's keys), from ``worker_started``."""
+    ranks: dict[int, set[int]] = {}
+    for record in records:
+        if record.get("event") == "worker_started" and isinstance(record.get("attempt"), int):
+            ranks.setdefault(record["attempt"], set()).add(record.get("rank"))
+    return {str(attempt): len(ranks[attempt]) for attempt in sorted(ranks)}
+
+
 def build_summary(
     *,
     status: str,
@@ -83,6 +93,7 @@ def build_summary(
     finished_at: dt.datetime | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` object (key order is the file's order)."""
+    records = list(records)
     finished_at = finished_at or dt.datetime.now(dt.timezone.utc)
     return {
         "status": status,
@@ -95,9 +106,11 @@ def build_summary(
         "attempts": len(run_dir.attempts()),
         "restarts": totals.restarts,
         "preemptions": totals.preemptions,
+        "membership_changes": totals.membership_changes,
         "lost_steps": totals.lost_steps,
         "root_cause": totals.root_cause,
         "workers": workers,
+        "world_sizes": attempt_world_sizes(records),
         "run_dir": str(run_dir.path),
         "storage": storage_url,
         "events": str(run_dir.events),

@@ -17,13 +17,19 @@ workers restore the last committed checkpoint.
 #              imported) where one is alive, else a cold spawn; each worker gets the Linux
 #              parent-death signal so it can never outlive a SIGKILLed supervisor.
 #              A RestartNotPlacedError (no placement) -> FAILED.
+#              Elastic (--workers MIN:MAX): the attempt's size is min(MAX, the launcher's
+#              capacity()); a size below MIN, or no placement at any size >= MIN -> FAILED. A
+#              size other than the previous attempt's is announced as world_size_changed.
 #   RUNNING    poll children every POLL_S (the OS tells us of a death at once: no waiting
 #              for TensorFlow's ~10 s collective timeout), print new events.jsonl lines,
 #              let the launcher reap and refill its standbys. All exited 0 with the
 #              completed checkpoint committed -> SUCCEEDED; anything else -> STOPPING.
 #              Every WATCH_EVERY_S it reads each rank's step and phase markers into the
 #              ProgressWatchdog (supervisor/watchdog.py): no rank advanced for longer than
-#              the allowance -> HUNG.
+#              the allowance -> HUNG. Elastic and below MAX: every CAPACITY_EVERY_S, once
+#              the attempt trains, ask capacity(); room for more workers -> RESIZING.
+#   RESIZING   SIGTERM the group (the same agreed save as a preemption) -> STOPPING, which
+#              gives it grace_period to save and exit 143; settled as a membership change.
 #   HUNG       send SIGUSR1 through the launcher's handles (workers dump their stacks,
 #              rundir/stacks.py), wait up to STACKS_WAIT_S for the dumps, name the stuck
 #              rank, emit hang_detected -> STOPPING, which SIGKILLs the group at once (a
@@ -38,6 +44,9 @@ workers restore the last committed checkpoint.
 #              save it and exit 143) and SIGKILL whoever is left after grace_period.
 #              Once nobody is left: root cause, then SUCCEEDED (they finished after all),
 #              PREEMPTED (our own stop), or the RestartTracker decides RESTARTING / FAILED.
+#              Elastic: a failed attempt whose launcher can now place fewer workers than the
+#              group had, but >= MIN (a node lost, no spare), and a clean stop for a resize
+#              are membership changes: restarted at the new size, no budget spent.
 #   RESTARTING announce gang_restart, sleep the backoff -> STARTING with attempt + 1.
 #
 # Everything that touches the outside world (launcher, checkpoint store, restart tracker,
@@ -47,6 +56,7 @@ workers restore the last committed checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import signal
@@ -122,6 +132,7 @@ __all__ = ["Supervisor", "RunState", "WorkerState"]
 POLL_S = 0.05
 WATCH_EVERY_S = 0.25  # how often the watchdog reads the step and phase markers
 STACKS_WAIT_S = 2.0  # how long a hung group gets to dump its stacks before it is killed
+CAPACITY_EVERY_S = 1.0  # how often an elastic run below MAX asks the launcher for room
 
 # What each terminal state reports as summary.json's / run_finished's ``status``.
 _STATUS = {RunState.SUCCEEDED: "completed", RunState.PREEMPTED: "preempted", RunState.FAILED: "failed"}
@@ -196,10 +207,14 @@ class Supervisor:
         self._watched_at = 0.0
         self._stall: Stall | None = None  # what HUNG reports
         self._hang: dict[str, Any] | None = None  # the attempt hung: hang_detected's fields
+        self.size: int | None = None  # the current attempt's number of workers
+        self._resize: tuple[int, str] | None = None  # (size, reason) the next attempt starts at
+        self._asked_capacity_at = 0.0
         self._steps: dict[RunState, Callable[[], None]] = {
             RunState.STARTING: self._step_starting,
             RunState.RUNNING: self._step_running,
             RunState.HUNG: self._step_hung,
+            RunState.RESIZING: self._step_resizing,
             RunState.STOPPING: self._step_stopping,
             RunState.RESTARTING: self._step_restarting,
         }
@@ -226,10 +241,12 @@ class Supervisor:
         done = self._completed_manifest()
         if done is not None:
             return self._already_complete(done)
+        elastic = {"min_workers": self.job.world_sizes.start} if self.job.elastic else {}
         emit(
             "run_started",
             recipe=self.job.recipe,
             workers=self.job.workers,
+            **elastic,
             run_dir=str(self.run_dir.path),
             storage=self.store.url,
             launcher=self.launcher.name,
@@ -280,7 +297,7 @@ class Supervisor:
 
     def _step_starting(self) -> None:
         try:
-            self.workers = self._start(self.attempt)
+            self.workers = self._start_at_placeable_size(self.attempt)
         except RestartNotPlacedError as exc:
             self._not_started(self.attempt, exc)
             return
@@ -309,6 +326,12 @@ class Supervisor:
             if failed:
                 self._to(RunState.STOPPING, reason=f"worker {failed[0]} exited abnormally")
                 return
+            grow_to = self._room_to_grow()
+            if grow_to is not None:
+                reason = f"capacity returned: the launcher can place {grow_to} workers"
+                self._resize = (grow_to, reason)
+                self._to(RunState.RESIZING, reason=reason)
+                return
             stall = self._watch_progress()
             if stall is not None:
                 self._stall = stall
@@ -316,6 +339,29 @@ class Supervisor:
                          f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})")
                 return
             self.sleep(POLL_S)
+
+    def _room_to_grow(self) -> int | None:
+        """Elastic, below MAX and training: the larger size the launcher can place now, if any
+        (asked every CAPACITY_EVERY_S)."""
+        if not self.job.elastic or self.size is None or self.size >= self.job.workers:
+            return None
+        now = self.clock()
+        if now - self._asked_capacity_at < CAPACITY_EVERY_S or not self._training():
+            return None
+        self._asked_capacity_at = now
+        size = self._placeable()
+        return size if size > self.size else None
+
+    def _placeable(self) -> int:
+        """min(MAX, the launcher's capacity): the size to start an attempt at."""
+        capacity = self.launcher.capacity()
+        return self.job.workers if capacity is None else min(self.job.workers, capacity)
+
+    def _step_resizing(self) -> None:
+        """Ask the group to stop at an agreed, saved step (as on a preemption) -> STOPPING."""
+        for worker in self._alive():
+            _signal(worker, signal.SIGTERM)
+        self._to(RunState.STOPPING, reason="resize: the group saves at an agreed step")
 
     def _watch_progress(self) -> Stall | None:
         """Feed the watchdog what the markers say (every WATCH_EVERY_S); a Stall when hung."""
@@ -387,6 +433,8 @@ class Supervisor:
                 break
             now = self.clock()
             self._check_launcher_stop()
+            if self._resize is not None and kill_at is None:
+                kill_at = now + self.job.grace_period  # RESIZING asked for the agreed save
             if self.stop_signal is not None and not forwarded:
                 forwarded = True
                 for worker in alive:
@@ -423,9 +471,11 @@ class Supervisor:
             self.totals.preemptions += 1
             self._to(RunState.PREEMPTED, reason=f"stop requested ({self.stop_signal})")
             return
+        outcome = self._as_membership_change(outcome)
         decision = self.tracker.record(outcome)
         self.totals.restarts = self.tracker.restarts
         self.totals.preemptions = self.tracker.preemptions
+        self.totals.membership_changes = self.tracker.membership_changes
         if decision.action == "stop":
             if decision.event:
                 emit(decision.event, reason=decision.reason, attempt=self.attempt)
@@ -436,6 +486,28 @@ class Supervisor:
             return
         self._restart = decision
         self._to(RunState.RESTARTING, reason=decision.reason)
+
+    def _as_membership_change(self, outcome: AttemptOutcome) -> AttemptOutcome:
+        """An elastic run's attempt that ended because membership changed, marked as such.
+
+        Two cases, neither a failure: the group stopped cleanly for a resize (RESIZING), or
+        it broke and the launcher can now place fewer workers than it had but at least MIN
+        (a node lost, no spare; the lost worker is why it broke). Anything else, and any
+        fatal error, stays what it was.
+        """
+        if not self.job.elastic or outcome.exit_class is ExitClass.FATAL:
+            self._resize = None
+            return outcome
+        if self._resize is not None:
+            if outcome.exit_class is ExitClass.PREEMPTED:
+                return dataclasses.replace(outcome, membership_change=True)
+            self._resize = None  # the resize stop went wrong: settle it as what it was
+            return outcome
+        placeable = self._placeable()
+        if self.size is not None and self.job.world_sizes.start <= placeable < self.size:
+            self._resize = (placeable, f"capacity fell: the launcher can place {placeable} of {self.size} workers")
+            return dataclasses.replace(outcome, membership_change=True)
+        return outcome
 
     def _step_restarting(self) -> None:
         decision = self._restart
@@ -455,7 +527,37 @@ class Supervisor:
         self._to(RunState.STARTING)
 
     # ------------------------------------------------------------ attempt
-    def _start(self, attempt: int) -> list[Worker]:
+    def _start_at_placeable_size(self, attempt: int) -> list[Worker]:
+        """Start ``attempt`` at the job's size or, elastic, at the largest size that can be placed.
+
+        Elastic: start at min(MAX, capacity) (or the size a resize decided); when the
+        launcher cannot place that many after all, ask again and retry smaller, down to MIN.
+        ``world_size_changed`` announces a size other than the previous attempt's.
+        """
+        if not self.job.elastic:
+            return self._start(attempt, self.job.workers)
+        size, reason = self._resize or (self._placeable(), "")
+        self._resize = None
+        low, previous = self.job.world_sizes.start, self.size or self.job.workers
+        while True:
+            if size < low:
+                raise RestartNotPlacedError(
+                    f"the launcher can place {size} workers; --workers {low}:{self.job.workers} needs at least {low}")
+            if size != previous:
+                emit("world_size_changed", attempt=attempt, **{"from": previous},
+                     to=size, reason=reason or f"the launcher can place {size} workers")
+                self.tail.pump()
+                self.out.write(f"Attempt {attempt}: {previous} -> {size} workers ({reason or 'capacity'})\n")
+            self.size = size
+            try:
+                return self._start(attempt, size)
+            except RestartNotPlacedError:
+                smaller = min(self._placeable(), size - 1)
+                if smaller < low:
+                    raise
+                size, reason = smaller, f"no placement for {size} workers"
+
+    def _start(self, attempt: int, size: int) -> list[Worker]:
         attempt_dir = self.run_dir.attempt(attempt)
         attempt_dir.path.mkdir(parents=True, exist_ok=True)
         generation = generation_for(self.store, attempt)  # the chief claims it
@@ -465,7 +567,7 @@ class Supervisor:
                                 umask=current_umask()).to_environ()
         env["PYTHONUNBUFFERED"] = "1"
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in range(self.job.workers)]
+        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in self._ranks(size)]
         write_atomic(attempt_dir.job, self.job.to_json())
         handles = self.launcher.start(specs)
         workers = []
@@ -473,8 +575,17 @@ class Supervisor:
             described = self.launcher.describe(handle)
             address = described.get("address") or described.get("node_ip")
             workers.append(Worker(spec.rank, attempt, handle, spec.log_path, address=str(address) if address else None))
-            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path), **described)
+            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path),
+                 **self._rank_fields(spec.rank), **described)
         return workers
+
+    def _ranks(self, size: int) -> range:
+        """The ranks an attempt of ``size`` workers starts (a tier with other processes says more)."""
+        return range(size)
+
+    def _rank_fields(self, rank: int) -> dict[str, Any]:
+        """Extra ``worker_started`` fields for ``rank`` (the parameter-server tier adds its role)."""
+        return {}
 
     def _not_started(self, attempt: int, exc: RestartNotPlacedError) -> None:
         """The launcher could not start a restart (e.g. no node for a lost slot): the run fails.
@@ -672,8 +783,13 @@ class Supervisor:
             wall_time_s=self.clock() - self._started,
             finished_at=dt.datetime.now(dt.timezone.utc),
         )
+        summary.update(self._summary_fields())
         write_summary(self.run_dir, summary)
         return summary
+
+    def _summary_fields(self) -> dict[str, Any]:
+        """Keys a tier adds at the end of ``summary.json`` (none for MultiWorkerMirroredStrategy)."""
+        return {}
 
     # ------------------------------------------------------------ helpers
     def _completed_manifest(self) -> Manifest | None:

@@ -161,3 +161,41 @@ def test_bad_storage_secrets_variable_does_not_echo_it():
         WorkerEnvironment.from_environ({"RT_STORAGE_SECRETS": "s3cr3t"})
     assert str(caught.value) == "Received RT_STORAGE_SECRETS that is not a JSON object; expected what the supervisor sets"
 
+
+
+@pytest.mark.parametrize(
+    "workers, expected",
+    [("2", (2, None, False, [2])), ("1:3", (3, 1, True, [1, 2, 3])), ("2:2", (2, None, False, [2]))],
+)
+def test_workers_min_max_parses_into_max_and_min(workers, expected):
+    job = JobConfig(recipe="r.py", workers=workers, global_batch_size=6)
+    assert (job.workers, job.min_workers, job.elastic, list(job.world_sizes)) == expected
+    assert JobConfig.from_json(job.to_json()) == job
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"workers": "3:2"}, "Received --workers '3:2'; expected MIN <= MAX"),
+        ({"workers": "0:2"}, "Received --workers '0:2'; expected N or MIN:MAX with both >= 1"),
+        ({"workers": "two"}, "Received --workers 'two'; expected N or MIN:MAX (integers >= 1)"),
+        ({"workers": "2:4", "global_batch_size": 32},
+         "Received global_batch_size=32 with --workers 2:4; 3 workers cannot split it evenly"),
+    ],
+)
+def test_bad_workers_ranges_are_named(kwargs, message):
+    with pytest.raises(ConfigError) as info:
+        JobConfig(recipe="r.py", **kwargs)
+    assert message in str(info.value)
+
+
+def test_the_workers_flag_takes_min_max():
+    import argparse
+
+    from resilient_train.job.config import add_job_arguments, job_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("recipe")
+    add_job_arguments(parser)
+    job = job_from_args(parser.parse_args(["r.py", "--workers", "1:2"]))
+    assert (job.workers, job.min_workers) == (2, 1)

@@ -60,6 +60,17 @@ def test_changed_seed_and_param_exit_2_listing_both(tmp_path):
     )
 
 
+def test_a_changed_strategy_is_a_change_and_an_old_fingerprint_without_one_is_not(tmp_path):
+    guard(tmp_path)
+    with pytest.raises(ConfigError) as raised:
+        guard(tmp_path, strategy="parameter-server")
+    assert "(strategy 'mirrored' -> 'parameter-server')" in str(raised.value)
+    recorded = json.loads((tmp_path / "run" / FINGERPRINT_FILE).read_text())
+    del recorded["strategy"]  # written before strategies were recorded
+    (tmp_path / "run" / FINGERPRINT_FILE).write_text(json.dumps(recorded))
+    assert guard(tmp_path, strategy="parameter-server") is None
+
+
 def test_an_edited_recipe_is_a_change(tmp_path):
     recipe = tmp_path / "r.py"
     recipe.write_text(Path(RECIPE).read_text())

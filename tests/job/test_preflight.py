@@ -27,6 +27,8 @@ def assert_refused(code, err, run_dir, fragment):
         (["--set", "learning_rat=0.1"], "Unknown recipe parameter 'learning_rat' in --set learning_rat=0.1; accepted: fail_at_step, learning_rate"),
         (["--set", "learning_rate=fast"], "Recipe parameter learning_rate='fast' is not a valid float"),
         (["--workers", "3"], "global_batch_size=4 (from the recipe's DEFAULTS) is not divisible by workers=3"),
+        (["--workers", "2:4"], "global_batch_size=4 (from the recipe's DEFAULTS) is not divisible by 3 workers, a size in --workers 2:4"),
+        (["--workers", "3:2"], "Received --workers '3:2'; expected MIN <= MAX"),
         (["--storage", "memory://bucket/ckpts"], "--storage memory://bucket/ckpts: memory:// lives inside one process"),
     ],
 )
@@ -140,3 +142,36 @@ def test_a_bad_run_dir_mode_is_one_line_and_exit_2(capsys, tmp_path, mode):
         "that gives the owner rwx, e.g. 0700 or 0750"
     )
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "recipe, extra, fragment",
+    [
+        ("recipes/digits_keras.py", [], "does not define build_optimizer and loss; --strategy parameter-server needs both"),
+        (RECIPE, ["--launcher", "ray"], "Received launcher='ray' with strategy='parameter-server'; expected 'local'"),
+        (RECIPE, ["--ps", "0"], "Received ps=0"),
+        (RECIPE, ["--workers", "1:2"], "Received --workers 1:2 with strategy='parameter-server'; expected a fixed N"),
+    ],
+)
+def test_parameter_server_refusals_exit_2_before_any_process(capsys, tmp_path, recipe, extra, fragment):
+    run_dir = tmp_path / "run"
+    code, err = run_cli(capsys, "run", recipe, "--run-dir", str(run_dir), "--strategy", "parameter-server", *extra)
+    assert_refused(code, err, run_dir, fragment)
+
+
+def test_worker_command_refuses_the_parameter_server_tier(capsys):
+    code, err = run_cli(capsys, "worker", RECIPE, "--strategy", "parameter-server")
+    assert code == EXIT_USAGE
+    assert err == ("resilient-train: error: resilient-train worker runs MultiWorkerMirroredStrategy workers only; "
+                   "--strategy parameter-server runs under `resilient-train run` on one host (docs/parameter_server.md)")
+
+
+def test_parameter_server_batch_need_not_divide_by_workers(capsys, tmp_path):
+    """One parameter-server step is one worker's batch: --workers 3 with batch 4 passes pre-flight."""
+    from resilient_train.errors import ConfigError
+    from resilient_train.job.config import JobConfig
+    from resilient_train.job.preflight import preflight
+
+    preflight(JobConfig(RECIPE, workers=3, strategy="parameter-server", run_dir=str(tmp_path / "run")))
+    with pytest.raises(ConfigError, match="not divisible by workers=3"):
+        preflight(JobConfig(RECIPE, workers=3, run_dir=str(tmp_path / "run")))

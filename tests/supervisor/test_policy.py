@@ -325,3 +325,17 @@ def test_default_random_source_stays_within_bounds() -> None:
     values = [t.backoff_s(1) for _ in range(50)]
     assert all(1.0 <= v <= 2.0 for v in values)
     assert len(set(values)) > 1
+
+
+def test_a_membership_change_restarts_at_once_and_spends_no_budget() -> None:
+    t = tracker(max_restarts=0, max_preemptions=0)
+    decision = t.record(AttemptOutcome(1, ExitClass.FAILED, "killed by SIGKILL", 4, membership_change=True))
+    assert decision == Decision(
+        "restart", "attempt 1 ended by a membership change; restart not counted (1 membership changes)", None, 0.0)
+    assert (t.restarts, t.failures, t.preemptions, t.membership_changes) == (0, 0, 0, 1)
+
+
+def test_a_fatal_error_stops_even_during_a_membership_change() -> None:
+    t = tracker()
+    decision = t.record(AttemptOutcome(1, ExitClass.FATAL, "bad recipe", 4, membership_change=True))
+    assert (decision.action, decision.event) == ("stop", "fatal_error")

@@ -22,6 +22,8 @@ LEGAL = {
     (RunState.RUNNING, RunState.STOPPING),
     (RunState.RUNNING, RunState.HUNG),
     (RunState.HUNG, RunState.STOPPING),
+    (RunState.RUNNING, RunState.RESIZING),
+    (RunState.RESIZING, RunState.STOPPING),
     (RunState.STOPPING, RunState.SUCCEEDED),
     (RunState.STOPPING, RunState.RESTARTING),
     (RunState.STOPPING, RunState.FAILED),
@@ -45,7 +47,7 @@ def test_the_table_is_exactly_the_documented_transitions():
 
 def test_values_are_the_stable_event_names():
     assert [s.value for s in RunState] == [
-        "preparing", "starting", "running", "hung", "stopping", "restarting", "succeeded", "failed", "preempted",
+        "preparing", "starting", "running", "hung", "resizing", "stopping", "restarting", "succeeded", "failed", "preempted",
     ]
 
 

@@ -64,14 +64,16 @@ def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomica
     summary = build_summary(
         status="completed", run_id="r", recipe="recipes/x.py", workers=2, run_dir=run_dir,
         storage_url="file:///s", manifest=manifest, totals=totals,
-        records=[{"event": "epoch_finished", "epoch": 0, "val_loss": 0.5}], wall_time_s=1.23456,
+        records=[{"event": "epoch_finished", "epoch": 0, "val_loss": 0.5},
+                 {"event": "worker_started", "attempt": 1, "rank": 0}, {"event": "worker_started", "attempt": 1, "rank": 1},
+                 {"event": "worker_started", "attempt": 2, "rank": 0}], wall_time_s=1.23456,
         finished_at=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
     )
     assert summary == {
         "status": "completed", "run_id": "r", "recipe": "recipes/x.py",
         "epochs": 2, "global_step": 20, "weights_sha256": "a" * 64, "checkpoint": "file:///s/ckpt-000000000020",
-        "attempts": 2, "restarts": 1, "preemptions": 2, "lost_steps": 3, "root_cause": {"rank": 1},
-        "workers": 2, "run_dir": str(run_dir.path), "storage": "file:///s", "events": str(run_dir.events),
+        "attempts": 2, "restarts": 1, "preemptions": 2, "membership_changes": 0, "lost_steps": 3,
+        "root_cause": {"rank": 1}, "workers": 2, "world_sizes": {"1": 2, "2": 1}, "run_dir": str(run_dir.path), "storage": "file:///s", "events": str(run_dir.events),
         "val_epoch": 1, "val_loss": 0.5, "val_metrics": None, "val_examples": None,
         "wall_time_s": 1.235, "finished_at": "2026-01-02T03:04:05+00:00",
     }

@@ -24,6 +24,7 @@ TF_CONFIG, and a run dir it can write to.
 Lifecycle, driven by the supervisor's single loop::
 
     prepare()                         once; ConfigError for what can be known up front
+    capacity() -> int | None          before each attempt, and every few polls of an elastic run
     start(specs) -> handles           once per attempt, specs in rank order
     maintain(training=...)            every poll: pump files, reap/refill standbys
     stop_requested()                  every poll: True = the engine is stopping the job
@@ -97,6 +98,17 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
         """Start one worker per spec (rank order); return their handles in the same order."""
+
+    def capacity(self) -> int | None:
+        """How many workers could you place now (counting the current attempt's own)?
+
+        None: no limit known, place what is asked (the default). The supervisor of an
+        elastic run (``--workers MIN:MAX``) starts each attempt at ``min(MAX, capacity)``,
+        restarts smaller when capacity fell below the group's size, and grows back at the
+        next save when it rose. Must be cheap: an elastic run asks every
+        ``CAPACITY_EVERY_S`` while training.
+        """
+        return None
 
     def maintain(self, *, training: bool) -> None:
         """Called every poll. ``training``: the chief finished a step of this attempt."""

@@ -5,6 +5,12 @@ seen by ``poll()`` the moment the OS reaps the child; ``--gpus-per-worker`` slic
 CUDA_VISIBLE_DEVICES per rank. Workers write straight into the supervisor's run dir, so
 there is nothing to bring back.
 
+Capacity (``Launcher.capacity``) is unlimited on one host, unless the run dir holds a
+``local-slots`` file (``RunDir.local_slots``): its integer is how many workers may be placed
+now. That file is the local stand-in for nodes that come and go, so elastic runs
+(``--workers MIN:MAX``) can be exercised with real processes on one machine; an unreadable
+file counts as absent.
+
 Warm standbys (supervisor/standby.py) live here: a restart hands each rank a process that
 has already imported TensorFlow and the recipe instead of spawning a cold one.
 """
@@ -19,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from resilient_train.rundir import events
+from resilient_train.rundir.layout import RunDir
 from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.job.config import JobConfig
@@ -94,6 +101,13 @@ class LocalLauncher(Launcher):
             self._addresses[process.pid] = addresses[spec.rank]
             handles.append(process)
         return handles
+
+    def capacity(self) -> int | None:
+        try:
+            slots = int(RunDir(self.job.run_dir).local_slots.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return max(slots, 0)
 
     def maintain(self, *, training: bool) -> None:
         if self.pool is not None:

@@ -26,7 +26,9 @@ the recipe, started once the attempt trained) and replaces only the lost ones: R
 reschedules a dead node's bundles of the placement group onto other nodes (a spare), and
 a new actor (``max_restarts=0``: Ray never restarts one by itself) waits for its bundle
 there. No bundle within the placement timeout means no node can take the lost worker: the
-run fails (``RestartNotPlacedError``). A slot that dies while an attempt starts makes the launcher
+run fails (``RestartNotPlacedError``), unless it is elastic (``--workers MIN:MAX``): then
+``capacity()`` (bundles the alive nodes hold) sizes the next attempt, and a size change
+places a new group of that many bundles. A slot that dies while an attempt starts makes the launcher
 remove every slot and the group and place the attempt anew, once.
 
 Loopback: when the Ray address is on 127.0.0.1/localhost (a test cluster on one machine),
@@ -56,7 +58,7 @@ from resilient_train.errors import ConfigError, RestartNotPlacedError
 from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks, seed_chunks
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 
-__all__ = ["RayLauncher", "RayHandle", "RayPlacementError", "check_storage", "ray_address", "placement_strategy"]
+__all__ = ["RayLauncher", "RayHandle", "RayPlacementError", "check_storage", "ray_address", "placement_strategy", "bundles_on"]
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("RT_RAY_PLACEMENT_TIMEOUT_S", "60"))
 POLL_INTERVAL_S = 0.2
@@ -117,6 +119,11 @@ def job_for_nodes(job: JobConfig) -> JobConfig:
     elif job.storage.startswith("file://"):
         updates["storage"] = "file://" + os.path.abspath(job.storage[len("file://"):])
     return dataclasses.replace(job, **updates)
+
+
+def bundles_on(resources: dict[str, float], bundle: dict[str, float]) -> int:
+    """How many ``bundle``s fit in a node's ``resources`` (0 when one is missing)."""
+    return int(min((resources.get(name, 0.0) // amount for name, amount in bundle.items() if amount > 0), default=0))
 
 
 def unique_addresses(ips: list[str], ports: list[int]) -> bool:
@@ -266,6 +273,21 @@ class RayLauncher(Launcher):
         self._release(final=True)
         if self._ray is not None and self._ray.is_initialized():
             self._ray.shutdown()
+
+    def capacity(self) -> int | None:
+        """How many bundles the alive nodes' total resources hold (our own slots included).
+
+        Totals, not what is available: the current attempt's bundles occupy what it runs on.
+        Another job's use of the cluster is not seen, so a grow it blocks fails placement and
+        the attempt is retried smaller (supervisor). None when Ray does not answer.
+        """
+        if self._ray is None or not self._ray.is_initialized():
+            return None
+        try:
+            nodes = [n for n in self._ray.nodes() if n.get("Alive")]
+        except Exception:  # noqa: BLE001 - no answer from the GCS: no opinion
+            return None
+        return sum(bundles_on(node.get("Resources") or {}, self._bundle()) for node in nodes)
 
     def describe(self, handle: WorkerHandle) -> dict[str, object]:
         if not isinstance(handle, RayHandle):

@@ -52,7 +52,7 @@ from resilient_train.errors import ConfigError
 from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, expand_hostlist
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 
-__all__ = ["SlurmLauncher", "Commands", "SubprocessCommands"]
+__all__ = ["SlurmLauncher", "Commands", "SubprocessCommands", "allocation_nodes"]
 
 # A new attempt listens on other ports than the one before (a task of the old step may still
 # be dying during Slurm's KillWait): base + (attempt - 1) % PORT_ROTATION * workers.
@@ -89,6 +89,15 @@ class _Step:
     attempt_dir: Path
     step_id: str | None = None
     sent: set[int] = field(default_factory=set)
+
+
+def allocation_nodes(scontrol_job: str) -> list[str] | None:
+    """The hosts of ``scontrol show job --oneliner``'s ``NodeList=``; None when it has none."""
+    for field_ in scontrol_job.split():
+        key, _, value = field_.partition("=")
+        if key == "NodeList" and value and value != "(null)":
+            return expand_hostlist(value)
+    return None
 
 
 class SlurmTask:
@@ -134,6 +143,7 @@ class SlurmLauncher(Launcher):
         self.job_id = ""
         self.nodes: list[str] = []
         self.step: _Step | None = None
+        self._tasks_per_node: int | None = None  # SLURM_NTASKS / the allocation's nodes at the start
 
     # ------------------------------------------------------------ seam
     def prepare(self) -> None:
@@ -145,11 +155,15 @@ class SlurmLauncher(Launcher):
             )
         self.nodes = expand_hostlist(self.environ.get("SLURM_JOB_NODELIST", ""))
         tasks = self.environ.get("SLURM_NTASKS")
-        if tasks and tasks.isdigit() and int(tasks) < self.job.workers:
+        fewest = self.job.world_sizes.start  # MIN of an elastic --workers MIN:MAX, else --workers
+        if tasks and tasks.isdigit() and int(tasks) < fewest:
             raise ConfigError(
-                f"Received --workers {self.job.workers} but Slurm job {self.job_id} has {tasks} task(s); "
-                f"submit with --ntasks={self.job.workers} (one task per worker)"
+                f"Received --workers {fewest if fewest == self.job.workers else f'{fewest}:{self.job.workers}'} "
+                f"but Slurm job {self.job_id} has {tasks} task(s); submit with --ntasks={self.job.workers} "
+                "(one task per worker)"
             )
+        if tasks and tasks.isdigit() and self.nodes:
+            self._tasks_per_node = max(1, int(tasks) // len(self.nodes))
         self._check_shared_run_dir()
 
     def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
@@ -162,6 +176,25 @@ class SlurmLauncher(Launcher):
         events.emit("slurm_step_started", step_name=name, slurm_job=self.job_id, attempt=specs[0].attempt,
                     port_base=self._port_base(specs[0].attempt))
         return [SlurmTask(self, self.step, spec.rank) for spec in specs]
+
+    def capacity(self) -> int | None:
+        """The allocation's size now: its nodes (``scontrol show job``) x its tasks per node.
+
+        An allocation loses nodes when one fails under ``--no-kill`` and regains them when it
+        is grown (``scontrol update``); the srun steps then use the nodes it has. None when
+        scontrol gives no answer (the supervisor then places what it asks for).
+        """
+        if not self.job_id or self._tasks_per_node is None:
+            return None
+        try:
+            done = self.commands.run(["scontrol", "show", "job", "--oneliner", self.job_id], dict(self.environ), 10.0)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        nodes = allocation_nodes(done.stdout if done.returncode == 0 else "")
+        if nodes is None:
+            return None
+        self.nodes = nodes
+        return len(nodes) * self._tasks_per_node
 
     def stop_requested(self) -> bool:
         """Slurm itself sent SIGTERM to this attempt's tasks (not the supervisor)."""

@@ -365,3 +365,18 @@ def test_slots_that_do_not_answer_on_a_restart_fail_the_run_not_the_cli(tmp_path
     first[1].free_port = _Method(no_answer)
     with pytest.raises(RestartNotPlacedError, match=r"^could not place 2 workers: Ray slot actors did not answer within \d+ s"):
         launcher.start(specs(2))
+
+
+@pytest.mark.parametrize(
+    "resources, bundle, expected",
+    [
+        ({"CPU": 4.0}, {"CPU": 1.0}, 4),
+        ({"CPU": 4.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}, 1),
+        ({"CPU": 4.0}, {"CPU": 1.0, "GPU": 1.0}, 0),
+        ({"CPU": 1.5}, {"CPU": 2.0}, 0),
+    ],
+)
+def test_bundles_on_counts_what_a_node_holds(resources, bundle, expected):
+    from resilient_train.supervisor.launchers.ray import bundles_on
+
+    assert bundles_on(resources, bundle) == expected

@@ -213,3 +213,37 @@ def test_cli_outside_an_allocation_exits_2_with_one_line(tmp_path, monkeypatch, 
         "resilient-train: error: --launcher slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set); "
         "submit deploy/slurm/run.sbatch with sbatch, or start it under salloc"
     ]
+
+
+class AllocationCommands(FakeCommands):
+    """``scontrol show job`` answers with the allocation's current node list."""
+
+    def __init__(self, shared, nodelist: str) -> None:
+        super().__init__(shared)
+        self.nodelist = nodelist
+
+    def run(self, argv, env, timeout):
+        if argv[0] == "scontrol":
+            self.ran.append(argv)
+            return subprocess.CompletedProcess(argv, 0, f"JobId=77 NodeList={self.nodelist} NumNodes=9\n", "")
+        return super().run(argv, env, timeout)
+
+
+def test_capacity_is_the_allocations_nodes_times_its_tasks_per_node(tmp_path):
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), workers="1:2",
+                    launcher="slurm", global_batch_size=32)
+    commands = AllocationCommands(["n1", "n2"], "n[1-2]")
+    slurm = SlurmLauncher(job, commands=commands, environ=SLURM_ENV, python="py")
+    slurm.prepare()
+    assert slurm.capacity() == 2
+    commands.nodelist = "n2"  # n1 failed under --no-kill: the allocation shrank
+    assert (slurm.capacity(), slurm.nodes) == (1, ["n2"])
+    assert ["scontrol", "show", "job", "--oneliner", "77"] in commands.ran
+
+
+def test_an_elastic_run_needs_only_min_tasks(tmp_path):
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), workers="3:4",
+                    launcher="slurm", global_batch_size=12)
+    slurm = SlurmLauncher(job, commands=FakeCommands(["n1", "n2"]), environ=SLURM_ENV, python="py")
+    with pytest.raises(ConfigError, match=r"Received --workers 3:4 but Slurm job 77 has 2 task\(s\)"):
+        slurm.prepare()

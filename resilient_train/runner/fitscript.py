@@ -1,0 +1,278 @@
+"""An unchanged ``model.fit`` script, run by the runner with the recipe guarantees.
+
+``resilient-train run train.py`` where ``train.py`` creates
+``tf.distribute.MultiWorkerMirroredStrategy()``, builds and compiles a model in its scope,
+builds a ``tf.data`` dataset and calls ``model.fit(dataset, epochs=E, steps_per_epoch=S,
+callbacks=[...])`` (job/recipe.py detects the form and refuses what cannot be honoured
+before workers start). Each worker runs the whole script with ``runpy`` under two seams:
+
+* ``MultiWorkerMirroredStrategy(...)`` (``tf.distribute`` and ``tf.distribute.experimental``)
+  returns the runner's strategy (runner/strategy.py: heartbeat, registration and collective
+  timeouts), made at the script's first call; the script's own arguments are ignored.
+* ``keras.Model.fit`` enters the runner's training loop (runner/loop.py) with a recipe
+  synthesised from the compiled model (runner/compiled.py) and the callbacks
+  (runner/callbacks.py; a ``History`` is added last, and ``fit`` returns it). There is
+  one loop: checkpoints, exact resume, SIGTERM and callback state are the recipe path's.
+* ``keras.Model.evaluate`` (after ``fit``): the runner's evaluation (runner/evaluation.py)
+  over the dataset's global batches, each worker its slice; it returns what Keras would
+  (``[loss, *metrics]``, or a dict with ``return_dict=True``). Keras 3's own ``evaluate``
+  fails under MultiWorkerMirroredStrategy on TF 2.21 ("Attempt to convert a value
+  (PerReplica...)"), as ``fit`` does; measured here, ``predict``, ``save`` and calling the
+  model work unchanged (``predict`` returns this worker's shard of its input).
+
+The input is positioned by the runner, as Keras' ``fit`` reads a repeated dataset: ONE
+iterator per process, continuing across epochs, so epoch ``e`` step ``k`` is global batch
+``e * S + k`` of the script's dataset. A resumed process skips to that batch on its first
+iterator. Each worker keeps its slice of every global batch (what ``fit``'s auto-sharding
+of an in-memory dataset does), so the dataset is batched at the GLOBAL batch size, as the
+Keras tutorial has it. ``tf.data``'s unseeded shuffles draw from TensorFlow's global seed,
+which the runner sets (``--seed``) before the script runs; a reshuffling ``shuffle`` gives
+each NEW iterator other orders, which is why the process never makes a second one.
+
+When the loop completes, ``fit`` returns and the rest of the script runs (evaluate, save):
+once per completed run, on every worker. A stop agreed on SIGTERM saves and ends the
+script at ``fit`` (exit 143): the code after ``fit`` does not run then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import runpy
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import keras
+import tensorflow as tf
+
+from resilient_train.cluster.tf_config import ClusterInfo
+from resilient_train.errors import RecipeError
+from resilient_train.job.config import JobConfig
+from resilient_train.job.recipe import FIT_REFUSED, Recipe, recipe_name
+from resilient_train.runner.evaluation import Evaluator
+from resilient_train.runner.strategy import make_strategy
+
+__all__ = ["FitScript", "ContinuousInput"]
+
+_HONOURED = ("x", "epochs", "steps_per_epoch", "callbacks", "verbose", "shuffle")  # the last two: ignored
+
+
+class _Preempted(BaseException):
+    """Ends the script at ``fit`` after a saved stop (a BaseException: a script's
+    ``except Exception`` must not swallow it)."""
+
+
+class ContinuousInput:
+    """``input_source`` for the Trainer: one distributed iterator per process, positioned at
+    global batch ``epoch * steps_per_epoch + start`` and read on across epochs."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, *, global_batch_size: int,
+                 steps_per_epoch: int) -> None:
+        self.strategy = strategy
+        self.dataset = dataset
+        self.global_batch_size = global_batch_size
+        self.steps_per_epoch = steps_per_epoch
+        self._iterator: Iterator[Any] | None = None
+        self._next_position: int | None = None
+
+    def __call__(self, epoch: int, start: int) -> Iterator[Any]:
+        position = epoch * self.steps_per_epoch + start
+        if self._iterator is None:
+            self._iterator = iter(self.strategy.distribute_datasets_from_function(self._positioned(position)))
+        elif position != self._next_position:  # a second iterator would reshuffle: never guess
+            raise RuntimeError(f"fit script input: asked for global batch {position}, the iterator is at "
+                               f"{self._next_position}")
+        self._next_position = (epoch + 1) * self.steps_per_epoch
+        return self._iterator
+
+    def _positioned(self, position: int) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            return _worker_slices(self.dataset.skip(position), self.global_batch_size, context).prefetch(2)
+
+        return dataset_fn
+
+
+def _worker_slices(dataset: tf.data.Dataset, batch: int, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """This input pipeline's slice of every global batch, in per-replica batches."""
+    pipelines, index = context.num_input_pipelines, context.input_pipeline_id
+    per_pipeline = batch // pipelines
+    per_replica = context.get_per_replica_batch_size(batch)
+
+    def my_slice(*element: Any) -> Any:
+        structure = element if len(element) > 1 else element[0]
+        return tf.nest.map_structure(lambda t: t[index * per_pipeline:(index + 1) * per_pipeline], structure)
+
+    dataset = dataset.map(my_slice)
+    if per_replica < per_pipeline:  # several replicas on this worker
+        dataset = dataset.rebatch(per_replica)
+    options = tf.data.Options()
+    options.deterministic = True
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
+
+
+class FitScript:
+    """One worker's run of a ``model.fit`` script (see the module docstring).
+
+    ``before_strategy()``: called right before the strategy is made (the worker releases
+    its port placeholder). ``make_trainer(job, recipe, strategy, input_source)``: the
+    worker's Trainer. ``run_trainer(trainer)``: runs it (the worker retakes SIGTERM first).
+    """
+
+    def __init__(
+        self,
+        job: JobConfig,
+        cluster: ClusterInfo,
+        *,
+        before_strategy: Callable[[], None],
+        make_trainer: Callable[..., Any],
+        run_trainer: Callable[[Any], Any],
+    ) -> None:
+        self.job = job
+        self.cluster = cluster
+        self.path = Path(job.recipe)
+        self.name = recipe_name(job.recipe)
+        self._before_strategy = before_strategy
+        self._make_trainer = make_trainer
+        self._run_trainer = run_trainer
+        self.strategy: tf.distribute.Strategy | None = None
+        self.trainer: Any = None
+        self.result: Any = None
+        self._fit_calls = 0
+
+    def run(self) -> Any:
+        """Run the script; the TrainResult, or None when a stop was saved at ``fit``."""
+        keras.utils.set_random_seed(self.job.seed)  # no op is made: the strategy still comes first
+        tf.config.experimental.enable_op_determinism()
+        with self._seams():
+            try:
+                runpy.run_path(str(self.path), run_name="__main__")
+            except _Preempted:
+                return None
+        if self._fit_calls == 0:
+            raise RecipeError(f"Script {self.path} ended without calling model.fit(); nothing was trained")
+        return self.result
+
+    # ------------------------------------------------------------------ seams
+    @contextlib.contextmanager
+    def _seams(self):
+        script = self
+        real = tf.distribute.MultiWorkerMirroredStrategy
+
+        class StrategySeam(real):
+            def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+                return script._strategy()
+
+        def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+            return script._fit(model, *args, **kwargs)
+
+        def evaluate(model: Any, *args: Any, **kwargs: Any) -> Any:
+            return script._evaluate(model, *args, **kwargs)
+
+        places = [(tf.distribute, "MultiWorkerMirroredStrategy"),
+                  (tf.distribute.experimental, "MultiWorkerMirroredStrategy"), (keras.Model, "fit"),
+                  (keras.Model, "evaluate")]
+        saved = [(owner, name, owner.__dict__.get(name, getattr(owner, name))) for owner, name in places]
+        tf.distribute.MultiWorkerMirroredStrategy = StrategySeam
+        tf.distribute.experimental.MultiWorkerMirroredStrategy = StrategySeam
+        defined = {name for owner, name in places if owner is keras.Model and name in vars(keras.Model)}
+        keras.Model.fit = fit
+        keras.Model.evaluate = evaluate
+        try:
+            yield
+        finally:
+            for owner, name, value in saved:
+                if owner is keras.Model and name not in defined:
+                    delattr(keras.Model, name)
+                else:
+                    setattr(owner, name, value)
+
+    def _strategy(self) -> tf.distribute.Strategy:
+        if self.strategy is None:
+            self._before_strategy()
+            self.strategy = make_strategy(self.job, self.cluster)
+        return self.strategy
+
+    # -------------------------------------------------------------------- fit
+    def _refuse(self, what: str) -> RecipeError:
+        return RecipeError(f"Script {self.path}: {what}")
+
+    def _fit(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        self._fit_calls += 1
+        if self._fit_calls > 1:
+            raise self._refuse("model.fit() called a second time; one fit() call is supported")
+        if len(args) > 1:
+            raise self._refuse(f"fit() got {len(args)} positional arguments: {FIT_REFUSED['y']}")
+        if args:
+            kwargs["x"] = args[0]
+        for name, value in kwargs.items():
+            if name not in _HONOURED and value is not None:
+                why = FIT_REFUSED.get(name, "not supported")
+                raise self._refuse(f"fit({name}=...): {why}")
+        dataset, epochs, steps = kwargs.get("x"), kwargs.get("epochs", 1), kwargs.get("steps_per_epoch")
+        if self.strategy is None:
+            raise self._refuse("fit() was called without a tf.distribute.MultiWorkerMirroredStrategy(); create "
+                               "one first and build and compile the model in its scope()")
+        if not isinstance(dataset, tf.data.Dataset):
+            raise self._refuse(f"fit() got {type(dataset).__name__}; expected a tf.data.Dataset batched at the "
+                               "global batch size")
+        if not isinstance(steps, int) or steps < 1:
+            raise self._refuse(f"fit(steps_per_epoch={steps!r}); expected a positive int (exact resume counts steps)")
+        if not isinstance(epochs, int) or epochs < 1:
+            raise self._refuse(f"fit(epochs={epochs!r}); expected a positive int")
+        cardinality = int(dataset.cardinality())
+        if 0 <= cardinality < epochs * steps:
+            raise self._refuse(f"the dataset has {cardinality} batches; fit(epochs={epochs}, steps_per_epoch="
+                               f"{steps}) reads {epochs * steps}: add .repeat()")
+        batch = _global_batch_size(dataset)
+        if batch % self.cluster.num_workers:
+            raise self._refuse(f"the dataset's batch of {batch} does not split over {self.cluster.num_workers} "
+                               "workers; batch at a multiple of the worker count")
+        job = self.job.with_recipe_defaults({"epochs": epochs, "steps_per_epoch": steps, "global_batch_size": batch})
+        history = keras.callbacks.History()
+        callbacks = [*(kwargs.get("callbacks") or []), history]
+        recipe = Recipe(
+            name=self.name, source=str(self.path), build_model=lambda params: model, build_optimizer=None,
+            loss=None, dataset=_no_dataset, callbacks=lambda params: list(callbacks),
+        )
+        source = ContinuousInput(self.strategy, dataset, global_batch_size=batch, steps_per_epoch=steps)
+        self.trainer = self._make_trainer(job, recipe, self.strategy, source)
+        self.result = self._run_trainer(self.trainer)
+        if self.result is None:
+            raise _Preempted()
+        return history
+
+
+    def _evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        """``model.evaluate(dataset, steps=None, return_dict=False)`` after ``fit``, through the
+        runner's evaluation (runner/evaluation.py): Keras 3's own fails under this strategy."""
+        if len(args) > 1 or kwargs.get("y") is not None or kwargs.get("sample_weight") is not None:
+            raise self._refuse("evaluate() on arrays; pass a tf.data.Dataset batched at the global batch size")
+        dataset = args[0] if args else kwargs.get("x")
+        steps, return_dict = kwargs.get("steps"), kwargs.get("return_dict", False)
+        if self.trainer is None or self.strategy is None:
+            raise self._refuse("evaluate() before fit() is not supported")
+        if not isinstance(dataset, tf.data.Dataset):
+            raise self._refuse(f"evaluate() got {type(dataset).__name__}; expected a tf.data.Dataset")
+        if steps is None and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise self._refuse("evaluate() on a repeated dataset without steps=N")
+        batch = _global_batch_size(dataset)
+        recipe = dataclasses.replace(
+            self.trainer.recipe, eval_dataset=lambda context, seed: _worker_slices(dataset, batch, context))
+        evaluator = Evaluator(self.strategy, model, recipe, {}, every_epochs=1, total_epochs=1, seed=self.job.seed,
+                              global_batch_size=batch, max_steps=steps)
+        result = evaluator.evaluate()
+        values = {"loss": result.loss, **result.metrics}
+        return values if return_dict else list(values.values())
+
+
+def _global_batch_size(dataset: tf.data.Dataset) -> int:
+    """The leading dimension of the first element (the peek is the same in every process,
+    so it moves a reshuffling shuffle's seeds the same way on every attempt)."""
+    for element in dataset.take(1):
+        return int(tf.nest.flatten(element)[0].shape[0])
+    raise RecipeError("the fit() dataset is empty")
+
+
+def _no_dataset(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a fit script's input comes from ContinuousInput")

@@ -1,0 +1,147 @@
+"""The supervisor of the parameter-server tier: per-role failure handling.
+
+A ``--strategy parameter-server`` run is one coordinator (rank 0, the only process that
+trains and saves), P parameter servers (the variables) and N workers (stateless servers
+that run the coordinator's closures); cluster/ps_cluster.py numbers them. Everything that
+is not about roles is the MultiWorkerMirroredStrategy supervisor's (supervisor.py): run id,
+lock, storage ownership, the generation fence, attempts, restart budget and backoff,
+root cause, exit codes, ``events.jsonl``, ``summary.json``, lost steps. This class only
+replaces how an attempt runs and how it is torn down:
+
+# Implementation:
+#   RUNNING   a worker died -> start it again in place (launchers/ps.py: same TF_CONFIG,
+#             address and port), emit worker_restarted; training goes on: the
+#             ClusterCoordinator re-schedules the closures the worker lost once it is back.
+#             These restarts do not spend the gang restart budget (a preemptible worker is
+#             what the tier is built for), but one rank restarted more than
+#             --max-restarts times in one attempt ends the attempt like a crash.
+#             A parameter server died -> STOPPING: the variables are gone, so the attempt is.
+#             The coordinator exited (done, preempted or failed) -> STOPPING.
+#   STOPPING  our own SIGTERM reaches the coordinator ONLY (it needs ps and workers to
+#             finish its closures and read the variables it saves) and it gets
+#             --grace-period; after a failure it is SIGKILLed at once (a coordinator whose
+#             ps died cannot recover). Then the servers get SIGTERM (they exit 0) and
+#             SIGKILL after the teardown grace. The base class settles the attempt: a ps
+#             or coordinator failure is a gang restart (coordinator + all ps + workers, fresh
+#             ports) that restores the last committed checkpoint.
+#
+# No hang watchdog yet: servers write no step markers, and the coordinator's step marker
+# counts *scheduled* steps (docs/parameter_server.md).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from typing import Any
+
+from resilient_train.cluster.ps_cluster import ps_task
+from resilient_train.errors import EXIT_OK
+from resilient_train.job.config import JobConfig
+from resilient_train.rundir.events import emit
+from resilient_train.supervisor.launchers.ps import ParameterServerLauncher
+from resilient_train.supervisor.policy import AttemptOutcome
+from resilient_train.supervisor.state import RunState, WorkerState
+from resilient_train.supervisor.supervisor import POLL_S, Supervisor, Worker
+
+__all__ = ["ParameterServerSupervisor"]
+
+
+class ParameterServerSupervisor(Supervisor):
+    """Runs one parameter-server job; see the module docstring for what differs from MWMS."""
+
+    def __init__(self, job: JobConfig, *, launcher: ParameterServerLauncher | None = None, **kwargs: Any) -> None:
+        super().__init__(job, launcher=launcher or ParameterServerLauncher(job), **kwargs)
+        self.worker_restarts = 0
+        self._restarts_this_attempt: Counter[int] = Counter()
+
+    def _role(self, rank: int) -> str:
+        return ps_task(rank, self.job.ps, self.job.workers).role
+
+    def _ranks(self, size: int) -> range:
+        return range(1 + self.job.ps + self.job.workers)
+
+    def _rank_fields(self, rank: int) -> dict[str, Any]:
+        return {"role": self._role(rank)}
+
+    def _summary_fields(self) -> dict[str, Any]:
+        return {"strategy": "parameter-server", "ps": self.job.ps, "worker_restarts": self.worker_restarts}
+
+    def _outcome(self, attempt: int, workers: list[Worker]) -> AttemptOutcome | None:
+        """Success is the coordinator's alone: it exited 0 with the completed checkpoint
+        committed. The servers were stopped by us then, however they exited."""
+        if workers[0].returncode == EXIT_OK and self._completed_manifest() is not None:
+            return None
+        return super()._outcome(attempt, workers)
+
+    # ------------------------------------------------------------ RUNNING
+    def _step_running(self) -> None:
+        self._restarts_this_attempt.clear()
+        while True:
+            self._poll()
+            if self.stop_signal is not None:
+                self._to(RunState.STOPPING, reason=f"stop requested ({self.stop_signal})")
+                return
+            coordinator = self.workers[0]
+            if coordinator.returncode is not None:
+                self._to(RunState.STOPPING, reason=f"the coordinator exited ({coordinator.returncode})")
+                return
+            for worker in self.workers[1:]:
+                if worker.returncode is None:
+                    continue
+                if self._role(worker.rank) == "ps":
+                    self._to(RunState.STOPPING, reason=f"parameter server rank {worker.rank} exited")
+                    return
+                if self._restarts_this_attempt[worker.rank] >= self.job.max_restarts:
+                    self._to(RunState.STOPPING, reason=f"worker rank {worker.rank} exited again after "
+                             f"{self.job.max_restarts} restarts in place (--max-restarts)")
+                    return
+                self._restart_in_place(worker)
+            self.sleep(POLL_S)
+
+    def _restart_in_place(self, worker: Worker) -> None:
+        previous = worker.returncode
+        worker.process = self.launcher.restart_in_place(worker.rank)
+        worker.returncode = worker.exit_time = None
+        worker.state = WorkerState.RUNNING
+        self._restarts_this_attempt[worker.rank] += 1
+        self.worker_restarts += 1
+        address = self.launcher.describe(worker.process).get("address")
+        emit("worker_restarted", rank=worker.rank, role="worker", pid=worker.process.pid, attempt=self.attempt,
+             address=address, previous_exit=previous, restarts=self._restarts_this_attempt[worker.rank])
+
+    # ------------------------------------------------------------ STOPPING
+    def _step_stopping(self) -> None:
+        coordinator = self.workers[0]
+        if coordinator.returncode is None:
+            if self.stop_signal is not None:
+                _send(coordinator, signal.SIGTERM)
+                self._wait(lambda: coordinator.returncode is not None, self.job.grace_period)
+            if coordinator.returncode is None:
+                self._kill(coordinator)
+                self._wait(lambda: coordinator.returncode is not None, None)
+        servers = [w for w in self.workers[1:] if w.returncode is None]
+        for server in servers:
+            _send(server, signal.SIGTERM)
+        self._wait(lambda: not self._alive(), self.teardown_grace_s)
+        for server in self._alive():
+            self._kill(server)
+        self._wait(lambda: not self._alive(), None)
+        self._settle()
+
+    def _wait(self, done: Any, timeout_s: float | None) -> None:
+        deadline = None if timeout_s is None else self.clock() + timeout_s
+        while not done() and (deadline is None or self.clock() < deadline):
+            self.sleep(POLL_S)
+            self._poll()
+
+    def _kill(self, worker: Worker) -> None:
+        worker.state = WorkerState.KILLED
+        _send(worker, signal.SIGKILL)
+
+
+def _send(worker: Worker, sig: int) -> None:
+    try:
+        worker.process.send_signal(sig)
+    except ProcessLookupError:
+        pass

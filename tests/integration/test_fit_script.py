@@ -1,0 +1,140 @@
+"""An unchanged model.fit script survives a kill -9 of the chief mid-epoch and a SIGTERM exactly.
+
+examples/keras_tutorial.py is the seed notes' multi-worker Keras tutorial (digits for MNIST):
+strategy, compile in scope, ``fit(dataset, epochs=3, steps_per_epoch=70)``. Killed mid-epoch,
+it ends with the uninterrupted run's weights digest.
+
+tests/recipes/fit_script.py is the same kind of script, short, with callbacks (ReduceLROnPlateau,
+EarlyStopping, CSVLogger) and code after ``fit`` that appends one line per worker to
+``$FIT_SCRIPT_OUT/after_fit.jsonl`` (its task, ``history.epoch``, ``history.history["loss"]``).
+Uninterrupted (the module's one reference run) EarlyStopping ends it after epoch STOP_EPOCH of
+8. Killed or stopped by SIGTERM and re-run, it must end as the reference: same digest, same
+CSV bytes, same learning-rate sequence, same early-stop epoch, and the code after ``fit`` ran exactly once per worker, after
+completion, with the history of the whole run (not only the last attempt's).
+"""
+
+import csv
+import json
+import signal
+
+import pytest
+
+from resilient_train.errors import EXIT_PREEMPTED
+from tests.integration.harness import run_job, run_job_until
+
+TUTORIAL = "examples/keras_tutorial.py"
+SCRIPT = "tests/recipes/fit_script.py"
+STEPS_PER_EPOCH = 10
+STOP_EPOCH = 5  # EarlyStopping's last epoch in the reference (0-based)
+ONE_STEP_CALLS = ("--steps-per-execution", "1")
+
+
+def learning_rates(run_dir):
+    with open(run_dir / "training_log.csv", newline="") as handle:
+        return [float(row["learning_rate"]) for row in csv.DictReader(handle)]
+
+
+def after_fit_lines(out_dir):
+    path = out_dir / "after_fit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_script(run_dir, out_dir, *flags, **kwargs):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return run_job(SCRIPT, run_dir, *flags, env={"FIT_SCRIPT_OUT": str(out_dir)}, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The script's uninterrupted run (one per module)."""
+    root = tmp_path_factory.mktemp("fit_script")
+    job = run_script(root / "run", root / "out")
+    assert job.returncode == 0, job.output
+    assert job.summary["status"] == "completed"
+    assert [e["epoch"] for e in job.named("training_stopped")] == [STOP_EPOCH]
+    rates = learning_rates(job.run_dir)
+    assert len(rates) == STOP_EPOCH + 1 and len(set(rates)) > 1  # ReduceLROnPlateau acted
+    lines = after_fit_lines(root / "out")
+    assert sorted(line["task"] for line in lines) == [0, 1]
+    assert all(line["epochs"] == list(range(STOP_EPOCH + 1)) for line in lines)
+    assert lines[0]["evaluate"] == lines[1]["evaluate"]  # every worker evaluated all 297 held-out digits
+    assert set(lines[0]["evaluate"]) == {"loss", "accuracy"}
+    return job, lines
+
+
+def assert_ends_as(job, out_dir, reference):
+    ref_job, ref_lines = reference
+    assert job.summary["weights_sha256"] == ref_job.summary["weights_sha256"]
+    assert (job.run_dir / "training_log.csv").read_bytes() == (ref_job.run_dir / "training_log.csv").read_bytes()
+    assert learning_rates(job.run_dir) == learning_rates(ref_job.run_dir)
+    assert [e["epoch"] for e in job.named("training_stopped")] == [STOP_EPOCH]
+    # The code after fit() ran once per worker, with the whole run's history.
+    lines = after_fit_lines(out_dir)
+    assert sorted(lines, key=lambda line: line["task"]) == sorted(ref_lines, key=lambda line: line["task"])
+
+
+def test_script_kill_chief_mid_epoch_resumes_exactly_and_runs_the_code_after_fit_once(tmp_path, reference):
+    # A save every 4 steps: the chief dies right after committing step 12, inside epoch 1, so
+    # the restarted group re-enters the input at global batch 12 (epoch 1, step 2).
+    killed = run_script(tmp_path / "run", tmp_path / "out", "--save-every-steps", "4",
+                        faults=[{"point": "after_commit", "global_step": 12, "rank": 0}])
+    assert killed.returncode == 0, killed.output
+    assert killed.summary["restarts"] == 1
+    assert [r["global_step"] for r in killed.named("restored")] == [12]
+    assert_ends_as(killed, tmp_path / "out", reference)
+
+
+def test_script_sigterm_saves_exits_143_without_the_code_after_fit_and_rerun_ends_exactly(
+        tmp_path, reference, monkeypatch):
+    run_dir, out_dir = tmp_path / "run", tmp_path / "out"
+    out_dir.mkdir()
+    monkeypatch.setenv("FIT_SCRIPT_OUT", str(out_dir))
+    monkeypatch.setenv("FIT_SCRIPT_STEP_DELAY_S", "0.3")  # 3 s per epoch: the signal lands inside epoch 2
+    first_epoch_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 1 for e in events)  # noqa: E731
+    # One step per call: the batch-end sleep runs after every step.
+    preempted = run_job_until(SCRIPT, run_dir, *ONE_STEP_CALLS, when=first_epoch_done,
+                              action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 2 * STEPS_PER_EPOCH <= stop["global_step"] < 3 * STEPS_PER_EPOCH
+    assert after_fit_lines(out_dir) == []  # fit() did not return: the code after it did not run
+
+    monkeypatch.setenv("FIT_SCRIPT_STEP_DELAY_S", "0")
+    rerun = run_job(SCRIPT, run_dir, *ONE_STEP_CALLS)
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert_ends_as(rerun, out_dir, reference)
+
+
+@pytest.fixture(scope="module")
+def tutorial_reference(tmp_path_factory):
+    job = run_job(TUTORIAL, tmp_path_factory.mktemp("tutorial") / "reference")
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == 3 * 70
+    return job
+
+
+def test_tutorial_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest(tmp_path, tutorial_reference):
+    # Killed right after committing step 100: epoch 1, step 30 of 70.
+    killed = run_job(TUTORIAL, tmp_path / "killed", faults=[{"point": "after_commit", "global_step": 100, "rank": 0}])
+    assert killed.returncode == 0, killed.output
+    assert killed.summary["restarts"] == 1
+    assert [r["global_step"] for r in killed.named("restored")] == [100]
+    assert killed.summary["weights_sha256"] == tutorial_reference.summary["weights_sha256"]
+
+
+@pytest.mark.slow
+def test_tutorial_sigterm_saves_exits_143_and_rerun_ends_with_the_uninterrupted_digest(tmp_path, tutorial_reference):
+    run_dir = tmp_path / "run"
+    epoch_0_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 0 for e in events)  # noqa: E731
+    preempted = run_job_until(TUTORIAL, run_dir, when=epoch_0_done,
+                              action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 70 <= stop["global_step"] < 210
+    rerun = run_job(TUTORIAL, run_dir)
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == tutorial_reference.summary["weights_sha256"]

@@ -1,0 +1,81 @@
+"""The fit script's worker side: each worker's slice of the global batches, and the fit()
+calls refused at run time (what the source check cannot see)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resilient_train.cluster.tf_config import ClusterInfo
+from resilient_train.errors import RecipeError
+from resilient_train.job.config import JobConfig
+from resilient_train.runner.fitscript import ContinuousInput, FitScript, _worker_slices
+
+
+def global_batches(count=6, batch=4):
+    """Global batch g holds rows 10*g .. 10*g+batch-1: (features, labels)."""
+    rows = np.concatenate([np.arange(batch) + 10 * g for g in range(count)]).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices((rows, -rows)).batch(batch)
+
+
+def test_each_input_pipeline_gets_its_slice_of_every_global_batch():
+    for index, expected in ((0, [[0, 1], [10, 11]]), (1, [[2, 3], [12, 13]])):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=index, num_replicas_in_sync=2)
+        batches = list(_worker_slices(global_batches(), 4, context).take(2))
+        assert [features.numpy().tolist() for features, _ in batches] == expected
+        assert [labels.numpy().tolist() for _, labels in batches] == [[-v for v in row] for row in expected]
+
+
+def test_two_replicas_on_one_worker_get_consecutive_halves_of_its_slice():
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=2)
+    batches = [f.numpy().tolist() for f, _ in _worker_slices(global_batches(), 4, context).take(3)]
+    assert batches == [[0, 1], [2, 3], [10, 11]]
+
+
+class OneWorker:
+    """What ContinuousInput asks of a strategy: distribute_datasets_from_function (one pipeline)."""
+
+    def distribute_datasets_from_function(self, dataset_fn):
+        return dataset_fn(tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1))
+
+
+def test_the_input_starts_at_global_batch_epoch_times_steps_plus_start_and_reads_on_across_epochs():
+    source = ContinuousInput(OneWorker(), global_batches(), global_batch_size=4, steps_per_epoch=2)
+    iterator = source(1, 1)  # epoch 1, step 1: global batch 3
+    assert next(iterator)[0].numpy().tolist() == [30, 31, 32, 33]
+    assert source(2, 0) is iterator  # the next epoch reads on from the same iterator
+    assert next(iterator)[0].numpy().tolist() == [40, 41, 42, 43]
+    with pytest.raises(RuntimeError, match="asked for global batch 1, the iterator is at 6"):
+        source(0, 1)  # a second iterator would reshuffle: refused, never guessed
+
+
+@pytest.fixture
+def script(tmp_path):
+    job = JobConfig(recipe=str(tmp_path / "train.py"), run_dir=str(tmp_path / "run"))
+    cluster = ClusterInfo(num_workers=2, rank=0, task_type="worker", task_index=0)
+    return FitScript(job, cluster, before_strategy=lambda: None, make_trainer=lambda *a: None, run_trainer=lambda t: None)
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((np.zeros(4), np.zeros(4)), {}, r"fit\(\) got 2 positional arguments: fit on arrays needs a tf.data.Dataset"),
+    ((), {"x": np.zeros(4), "y": np.zeros(4)}, r"fit\(y=...\): fit on arrays"),
+    ((global_batches(),), {"steps_per_epoch": 2, "validation_split": 0.1}, r"fit\(validation_split=...\): not supported"),
+    ((global_batches(),), {"steps_per_epoch": 2}, r"fit\(\) was called without a tf.distribute.MultiWorkerMirroredStrategy"),
+])
+def test_fit_calls_refused_at_run_time_name_the_argument(script, args, kwargs, message):
+    with pytest.raises(RecipeError, match=message):
+        script._fit(object(), *args, **kwargs)
+
+
+def test_a_second_fit_call_is_refused(script):
+    script.strategy = OneWorker()
+    with pytest.raises(RecipeError, match=r"fit\(steps_per_epoch=None\); expected a positive int"):
+        script._fit(object(), global_batches())
+    with pytest.raises(RecipeError, match=r"model.fit\(\) called a second time; one fit\(\) call is supported"):
+        script._fit(object(), global_batches(), steps_per_epoch=2)
+
+
+def test_a_finite_dataset_shorter_than_the_run_is_refused(script):
+    script.strategy = OneWorker()
+    with pytest.raises(RecipeError, match=r"the dataset has 6 batches; fit\(epochs=4, steps_per_epoch=2\) reads 8: "
+                                          r"add .repeat\(\)"):
+        script._fit(object(), global_batches(), epochs=4, steps_per_epoch=2)
