@@ -16,13 +16,13 @@ runner builds and positions itself; its elements are ``(batch, indices)``. For a
 * otherwise the runner calls ``.skip(start_step)``, which runs the whole pipeline of every
   skipped batch (the recovery time then grows with the position in the epoch).
 
-Why not checkpoint the tf.data iterator (evaluated when the loop's per-step cost was cut): its state is saved by a
-synchronous op on the training thread (the async twin cannot hold a copy) and holds the
-shuffle and prefetch buffers: for recipes/digits_cnn.py one worker's iterator is 634 KB
-after 5 batches, about twice the model + optimizer state it would ride with (input_bound:
-38 KB, its prefetched batches). A distributed iterator's saved state is also tied to the
-worker count, and a saved iterator breaks when the pipeline code changes. A recipe-level
-start position keeps the contract a pure function and costs nothing at save time.
+Why the tf.data iterator state is only a bounded fallback (runner/iterator_state.py): it is
+saved by a synchronous op on the training thread (the async twin cannot hold a copy) and
+holds the shuffle and prefetch buffers: for recipes/digits_cnn.py one worker's iterator is
+634 KB after 5 batches, about twice the model + optimizer state it would ride with
+(input_bound: 38 KB, its prefetched batches). A saved state is also tied to the worker
+count, and breaks when the pipeline code changes. A recipe-level start position keeps the
+contract a pure function and costs nothing at save time.
 Issue 20 added it back as an option, bounded in size (runner/iterator_state.py): MWMS's
 per-worker iterator is an ``OwnedMultiDeviceIterator``, which ``tf.train.Checkpoint``
 refuses, and MWMS refuses ``InputReplicationMode.PER_REPLICA``, so on that path each worker

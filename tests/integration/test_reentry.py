@@ -82,3 +82,27 @@ def test_a_state_larger_than_the_bound_falls_back_to_skip(tmp_path, input_bound_
     assert (restored["input_reentry"], restored["input_reentry_reason"]) == (
         "skip", "the checkpoint holds no iterator state (it was larger than the bound, or not saved)")
     assert job.summary["weights_sha256"] == input_bound_reference
+
+
+def test_iterator_state_path_trains_to_the_distributed_iterators_weights(tmp_path, input_bound_reference):
+    # Uninterrupted, 2 workers: each worker iterates its own pipeline as a plain tf.data
+    # iterator from step 1; the reference feeds the same batches through MWMS's distributed
+    # iterator (and test_recipe_without_start_step_is_skipped_to_the_same_weights pins this
+    # recipe on that path to it). Before runner/data.py relaxed the plain iterator's batch
+    # dimension as the distributed one does, the weights differed in the last bits.
+    job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS)
+    assert job.returncode == 0, job.output
+    assert [e["kept"] for e in job.named("iterator_state_sized")] == [True]
+    assert job.summary["weights_sha256"] == input_bound_reference
+
+
+def test_iterator_state_saved_by_two_workers_is_not_used_by_one(tmp_path):
+    run_dir = tmp_path / "run"
+    killed = run_job(INPUT_BOUND_SKIP, run_dir, *FLAGS, "--max-restarts", "0", faults=KILL_CHIEF_AFTER_COMMIT_8)
+    assert killed.returncode != 0
+    resumed = run_job(INPUT_BOUND_SKIP, run_dir, *FLAGS, "--workers", "1", "--accept-changes")
+    assert resumed.returncode == 0, resumed.output
+    [restored] = resumed.named("restored")
+    assert (restored["step_in_epoch"], restored["input_reentry"], restored["input_reentry_reason"]) == (
+        8, "skip", "the iterator state was saved by 2 workers; 1 resume (another sharding)")
+    assert resumed.summary["global_step"] == 24
