@@ -258,9 +258,12 @@ class Trainer:
         self._callbacks = self._make_callbacks()
         # How a resumed epoch is re-entered (runner/iterator_state.py); iterator_state may
         # turn into skip at the first mid-epoch save, when the state is measured too large.
-        self._reentry, self._reentry_reason = reentry_path(
-            self.recipe, max_state_bytes=self.job.max_iterator_state_bytes,
-            replicas_per_worker=self.strategy.num_replicas_in_sync // self.cluster.num_workers)
+        if self._input_source is not None:  # a fit script's one iterator (runner/fitscript.py)
+            self._reentry, self._reentry_reason = SKIP, "a fit script's input skips to the position"
+        else:
+            self._reentry, self._reentry_reason = reentry_path(
+                self.recipe, max_state_bytes=self.job.max_iterator_state_bytes,
+                replicas_per_worker=self.strategy.num_replicas_in_sync // self.cluster.num_workers)
         self._iterator: Any = None  # the plain per-worker iterator on the iterator_state path
         self._pipeline_entry = 0  # the step the current epoch's pipeline was built from
         self._state_sized = False
