@@ -20,7 +20,9 @@ the state is written by a synchronous op on the training thread at every mid-epo
 Where the state goes: each worker serializes its iterator (``tf.train.Checkpoint`` of the
 plain ``tf.data`` iterator; MultiWorkerMirroredStrategy's distributed iterator cannot be
 saved, so on this path each worker iterates its own pipeline and ``strategy.run`` hands the
-batch to its single replica: the path needs one replica per worker). The states reach the
+batch to its single replica: the path needs one replica per worker; runner/data.py gives
+those batches the distributed iterator's shapes, so both paths train to the same weights
+and a run may switch between them at any checkpoint). The states reach the
 chief through one all-reduce at the save step (every worker saves the same steps), and
 the chief commits them as ``iterator-<rank>.bin`` beside ``ckpt.*``, before MANIFEST.json
 like every file of a checkpoint; the manifest's ``extra["iterator_state"]`` says the world
