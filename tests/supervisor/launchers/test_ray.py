@@ -205,6 +205,7 @@ def test_no_worker_outlives_a_sigkilled_supervisor(tmp_path, ray_cluster):
     assert survivors(pids.values(), within_s=60) == []
 
 
+@pytest.mark.slow  # the supervisor's resize path is tests/integration/test_elastic.py's; Ray's capacity has unit tests
 @pytest.mark.parametrize("recipe", [SLOW_DIGITS])
 def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins(tmp_path, ray_cluster, recipe):
     """--workers 1:2 on 2 nodes that hold one worker each (2 CPUs): rank 1's node dies with
