@@ -84,10 +84,10 @@ def _run_all(scenarios, spec, args, seeds) -> int:
     for scenario, seed in zip(scenarios, seeds):
         job = spec.with_overrides(scenario.overrides)
         key = job.key()
-        if key not in references:
+        if key not in references and not scenario.parameter_server:  # a ps run has no reference digest
             references[key] = ensure_reference(job, args.root, log=_log)
         _log(f"{scenario.name} (seed {seed}): {scenario.summary}")
-        result = run_scenario(scenario, spec, seed=seed, root=args.root, reference=references[key])
+        result = run_scenario(scenario, spec, seed=seed, root=args.root, reference=references.get(key))
         _log(f"{scenario.name}: {'PASS' if result.passed else 'FAIL'} in {result.wall_s:.1f} s "
              f"(restarts {result.check.restarts}, lost steps {result.check.lost_steps}) -> {result.run_dir}")
         results.append(result)
