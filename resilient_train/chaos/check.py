@@ -80,7 +80,7 @@ from resilient_train.rundir.stepmarker import highest_step
 
 __all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url",
            "trajectory_check", "hang_checks", "stall_checks", "unreachable_checks", "fencing_checks",
-           "ps_checks", "PARAMETER_SERVER"]
+           "ps_checks", "is_parameter_server", "PARAMETER_SERVER"]
 
 INJECTED_EVENT = "chaos_fault_injected"
 PARAMETER_SERVER = "parameter-server"
@@ -432,6 +432,15 @@ def fencing_checks(records: list[dict[str, Any]], violations: list[str]) -> None
                                   "claimed a newer generation (a stale writer's commit)")
 
 
+def is_parameter_server(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` is a ``--strategy parameter-server`` run (summary.json, else job.json)."""
+    try:
+        strategy = json.loads(RunDir(Path(run_dir)).summary.read_text()).get("strategy")
+    except (OSError, ValueError):
+        strategy = None
+    return (strategy or _job_value(Path(run_dir), "strategy")) == PARAMETER_SERVER
+
+
 def ps_checks(
     records: list[dict[str, Any]], summary: Mapping[str, Any], *, total_steps: int | None,
     manifests: Iterable[tuple[int, Mapping[str, Any]]], roles: Mapping[int, str],
@@ -548,7 +557,7 @@ def check_run(
         violations.append(f"exit: summary.json status is {summary.get('status')!r}, expected 'completed'")
 
     # 2. digest (not for a parameter-server run: invariant 12 instead)
-    parameter_server = (summary.get("strategy") or _job_value(run_dir, "strategy")) == PARAMETER_SERVER
+    parameter_server = is_parameter_server(run_dir)
     if parameter_server:
         reference = None
     digest = summary.get("weights_sha256")

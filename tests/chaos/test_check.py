@@ -535,3 +535,20 @@ def test_a_killed_ps_worker_must_be_restarted_in_place(tmp_path: Path) -> None:
         "ps: worker rank 3 killed in attempt 1: 0 worker_restarted events for it, summary worker_restarts 0; "
         "expected >= 1",
     )
+
+
+def test_check_command_needs_a_reference_only_for_an_mwms_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from resilient_train.chaos.__main__ import main
+
+    (tmp_path / "mwms").mkdir()
+    mwms = RunDir(tmp_path / "mwms").attempt(1, 10).commit(10, 1).write()
+    assert main(["check", str(mwms), "--no-orphans"]) == 2
+    assert capsys.readouterr().err == (
+        f"chaos: error: --reference DIGEST is required for {mwms} (a MultiWorkerMirroredStrategy run); "
+        "only a --strategy parameter-server run is checked without one\n")
+    (tmp_path / "ps").mkdir()
+    ps = PsRun(tmp_path / "ps")
+    ps.attempt(1, 20).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    ps.commit(10, 1).commit(20, 1)
+    assert main(["check", str(ps.write()), "--no-orphans"]) == 0
+    assert "PASS" in capsys.readouterr().out
