@@ -121,6 +121,7 @@ class CheckResult:
     last_matching_step: int | None = None
     first_divergent_epoch: int | None = None
     hangs: tuple[dict[str, Any], ...] = ()  # each hang_detected: attempt, rank, global_step, seconds, where
+    strategy: str = "mirrored"  # "parameter-server": invariant 12 instead of the digest (never compared)
 
     @property
     def passed(self) -> bool:
@@ -662,6 +663,7 @@ def check_run(
         first_divergent_step=getattr(divergence, "first_divergent_step", None),
         last_matching_step=getattr(divergence, "last_matching_step", None),
         first_divergent_epoch=getattr(divergence, "first_divergent_epoch", None),
+        strategy=PARAMETER_SERVER if parameter_server else "mirrored",
         hangs=tuple({key: hang.get(key) for key in ("attempt", "rank", "global_step", "seconds", "chosen_by", "where")}
                     for hang in hangs),
     )
@@ -671,7 +673,9 @@ def render(result: CheckResult) -> str:
     lines = [
         f"run: {result.run_dir}",
         f"restarts: {result.restarts}  restored: {list(result.restored_steps)}  lost steps: {result.lost_steps}",
-        f"digest: {result.digest} ({'matches' if result.digest_match else 'DOES NOT match'} the reference)"
+        f"digest: {result.digest} (" + ("not compared: a parameter-server run is bit-identical to no other"
+                                         if result.strategy == PARAMETER_SERVER else
+                                         f"{'matches' if result.digest_match else 'DOES NOT match'} the reference") + ")"
         + (f"; first divergent committed step {result.first_divergent_step} (last matching "
            f"{result.last_matching_step})" if result.first_divergent_step is not None else ""),
         f"checkpoints verified: {result.checkpoints_verified}"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from resilient_train.chaos.harness import JobSpec, ensure_reference, run_scenario
+from resilient_train.chaos.report import table
 from resilient_train.chaos.scenarios import CATALOGUE, by_name
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py")
@@ -74,6 +75,7 @@ def test_ps_kill_restores_the_last_commit_and_blames_the_ps(chaos_root: Path) ->
     assert (fault["state"], fault["rank"], fault["trigger_step"]) == ("done", 1, 20)  # the ps, after the 2nd commit
     assert result.check.restored_steps == (20,) and result.check.restarts == 1
     assert result.exit_codes == (0,)
+    assert "n/a (parameter-server)" in table([result])  # the digest column: no reference to compare with
 
 
 @pytest.mark.slow
