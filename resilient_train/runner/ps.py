@@ -10,7 +10,9 @@
 * ``chief``: the coordinator. It builds the recipe's model and optimizer under
   ``ParameterServerStrategy`` (their variables live on the ps), restores the last committed
   checkpoint, and schedules one closure per training step on whichever worker is free
-  (``ClusterCoordinator.schedule``). It is the only writer of checkpoints.
+  (``ClusterCoordinator.schedule``). It is the only writer of checkpoints, and the only
+  rank that writes step and phase markers (rundir/stepmarker.py): the supervisor's hang
+  watchdog watches it alone (supervisor/ps.py).
 
 What this tier guarantees (docs/parameter_server.md says it for users):
 
