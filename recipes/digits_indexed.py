@@ -24,7 +24,7 @@ _digits = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_digits)
 
 DEFAULTS = _digits.DEFAULTS
-PARAMS = {**_digits.PARAMS, "augment": True}
+PARAMS = _digits.PARAMS
 TRAIN_IMAGES = _digits.TRAIN_IMAGES
 build_model = _digits.build_model
 build_optimizer = _digits.build_optimizer

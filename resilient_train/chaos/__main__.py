@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     job_flags(soak)
     check = sub.add_parser("check", help="check the invariants on a finished run directory")
     check.add_argument("run_dir", type=Path)
-    check.add_argument("--reference", required=True, metavar="DIGEST", help="weights_sha256 of the uninterrupted run")
+    check.add_argument("--reference", metavar="DIGEST", help="weights_sha256 of the uninterrupted run (required, "
+                       "except for a --strategy parameter-server run, which is not bit-identical to any)")
     check.add_argument("--reference-run", type=Path, metavar="DIR",
                        help="the reference's run dir: compare committed steps with `resilient-train diff`")
     check.add_argument("--exit-code", type=int, help="the job's exit code, when known")
@@ -84,10 +85,10 @@ def _run_all(scenarios, spec, args, seeds) -> int:
     for scenario, seed in zip(scenarios, seeds):
         job = spec.with_overrides(scenario.overrides)
         key = job.key()
-        if key not in references:
+        if key not in references and not scenario.parameter_server:  # a ps run has no reference digest
             references[key] = ensure_reference(job, args.root, log=_log)
         _log(f"{scenario.name} (seed {seed}): {scenario.summary}")
-        result = run_scenario(scenario, spec, seed=seed, root=args.root, reference=references[key])
+        result = run_scenario(scenario, spec, seed=seed, root=args.root, reference=references.get(key))
         _log(f"{scenario.name}: {'PASS' if result.passed else 'FAIL'} in {result.wall_s:.1f} s "
              f"(restarts {result.check.restarts}, lost steps {result.check.lost_steps}) -> {result.run_dir}")
         results.append(result)
@@ -110,8 +111,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{scenario.name.ljust(width)}  {'[ci] ' if scenario.ci else ''}{scenario.summary}")
         return 0
     if args.command == "check":
-        from resilient_train.chaos.check import check_run, render
+        from resilient_train.chaos.check import check_run, is_parameter_server, render
         from resilient_train.checkpoint import parse_storage_options
+
+        if args.reference is None and not is_parameter_server(args.run_dir):
+            print(f"chaos: error: --reference DIGEST is required for {args.run_dir} (a MultiWorkerMirroredStrategy "
+                  "run); only a --strategy parameter-server run is checked without one", file=sys.stderr)
+            return 2
 
         result = check_run(args.run_dir, args.reference, exit_code=args.exit_code, save_every=args.save_every,
                            storage_options=parse_storage_options(args.storage_option),

@@ -43,6 +43,19 @@ Usable on any run directory, not only the chaos suite's (``python -m resilient_t
    attempt after a newer attempt claimed its generation (``generation_claimed``; appends
    to the one events.jsonl are ordered), and none by a writer after it was told it is
    stale (``stale_writer_fenced``).
+12. ``ps`` (parameter-server mode, chosen from the run dir: ``summary.json``'s or job.json's
+   ``strategy`` is ``parameter-server``). Such a run is not bit-identical (workers update
+   asynchronously), so invariant 2 is not checked, whatever ``reference`` says; instead
+   exactly what the tier guarantees (docs/parameter_server.md): the final ``global_step``
+   is ``epochs * steps_per_epoch``; no step is counted twice (the committed global steps
+   strictly increase in commit order; the only repeat allowed is the completed final step
+   committed again by an attempt that restored it); every manifest's ``updates_applied``
+   is at least its ``global_step`` (closures run at least once). With ``expected_ps_kills``
+   (attempt -> the rank killed): a killed worker costs no gang restart (no ``gang_restart``,
+   no ``restored``, ``summary.json`` ``restarts`` 0, ``worker_restarts`` >= 1); a killed ps
+   or coordinator is the root cause of the restart after its attempt and of ``summary.json``.
+   Invariants 3 (each restore is the newest commit), 4 (lost steps: the coordinator's step
+   marker counts scheduled steps, an upper bound) and 11 (fencing) hold as for MWMS runs.
 
 Why from artefacts: a checker that asks the supervisor how it did would trust the thing
 under test. The attempt's reached step comes from ``attempt_reached`` or, when the
@@ -66,9 +79,11 @@ from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.stepmarker import highest_step
 
 __all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url",
-           "trajectory_check", "hang_checks", "stall_checks", "unreachable_checks", "fencing_checks"]
+           "trajectory_check", "hang_checks", "stall_checks", "unreachable_checks", "fencing_checks",
+           "ps_checks", "is_parameter_server", "PARAMETER_SERVER"]
 
 INJECTED_EVENT = "chaos_fault_injected"
+PARAMETER_SERVER = "parameter-server"
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,7 @@ class CheckResult:
     last_matching_step: int | None = None
     first_divergent_epoch: int | None = None
     hangs: tuple[dict[str, Any], ...] = ()  # each hang_detected: attempt, rank, global_step, seconds, where
+    strategy: str = "mirrored"  # "parameter-server": invariant 12 instead of the digest (never compared)
 
     @property
     def passed(self) -> bool:
@@ -253,7 +269,7 @@ def _survivors(records: Iterable[Mapping[str, Any]]) -> list[str]:
 
     alive = []
     for record in records:
-        if record.get("event") != "worker_started":
+        if record.get("event") not in ("worker_started", "worker_restarted"):  # restarted: in place (ps tier)
             continue
         pid = record["pid"]
         try:
@@ -417,6 +433,96 @@ def fencing_checks(records: list[dict[str, Any]], violations: list[str]) -> None
                                   "claimed a newer generation (a stale writer's commit)")
 
 
+def is_parameter_server(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` is a ``--strategy parameter-server`` run (summary.json, else job.json)."""
+    try:
+        strategy = json.loads(RunDir(Path(run_dir)).summary.read_text()).get("strategy")
+    except (OSError, ValueError):
+        strategy = None
+    return (strategy or _job_value(Path(run_dir), "strategy")) == PARAMETER_SERVER
+
+
+def ps_checks(
+    records: list[dict[str, Any]], summary: Mapping[str, Any], *, total_steps: int | None,
+    manifests: Iterable[tuple[int, Mapping[str, Any]]], roles: Mapping[int, str],
+    expected_kills: Mapping[int, int], violations: list[str],
+) -> None:
+    """Invariant 12 (see the module docstring). ``manifests``: (global_step, extra) of each
+    committed checkpoint; ``roles``: rank -> role of the job's ranks."""
+    final = summary.get("global_step")
+    if total_steps is None:
+        violations.append("ps: job.json has no epochs/steps_per_epoch; cannot check the final global_step")
+    elif final != total_steps:
+        violations.append(f"ps: final global_step is {final}, expected epochs * steps_per_epoch = {total_steps}")
+    previous: int | None = None
+    restored: dict[Any, int] = {}
+    for record in records:
+        event, attempt = record["event"], record.get("attempt")
+        if event == "restored":
+            restored[attempt] = record.get("global_step")
+        elif event == "checkpoint_committed":
+            step = record.get("global_step")
+            repeat_of_final = step == previous == total_steps and restored.get(attempt) == step
+            if previous is not None and step <= previous and not repeat_of_final:
+                violations.append(f"ps: attempt {attempt} committed global_step {step} after {previous} was "
+                                  "committed (a step counted twice)")
+            previous = step if previous is None else max(previous, step)
+    for step, extra in manifests:
+        applied = extra.get("updates_applied")
+        if not isinstance(applied, int) or applied < step:
+            violations.append(f"ps: checkpoint {step}'s manifest has updates_applied={applied!r}, expected an "
+                              f"int >= its global_step {step} (each step's closure ran at least once)")
+    for attempt, rank in sorted(expected_kills.items()):
+        role = roles.get(rank)
+        if role == "worker":
+            gang = [r.get("attempt") for r in records if r["event"] == "gang_restart"]
+            again = [r.get("global_step") for r in records if r["event"] == "restored"]
+            if gang or again or summary.get("restarts") != 0:
+                violations.append(f"ps: killing worker rank {rank} in attempt {attempt} cost a gang restart "
+                                  f"(gang_restart into attempts {gang}, restored {again}, summary restarts "
+                                  f"{summary.get('restarts')}); expected a restart in place")
+            restarted = [r for r in records if r["event"] == "worker_restarted" and r.get("rank") == rank
+                         and r.get("attempt") == attempt]
+            if not restarted or (summary.get("worker_restarts") or 0) < 1:
+                violations.append(f"ps: worker rank {rank} killed in attempt {attempt}: {len(restarted)} "
+                                  f"worker_restarted events for it, summary worker_restarts "
+                                  f"{summary.get('worker_restarts')}; expected >= 1")
+            continue
+        restart = _restart_after(records, attempt)
+        if restart is None:
+            violations.append(f"ps: no gang_restart after {role} rank {rank} was killed in attempt {attempt}")
+        elif restart.get("root_cause_rank") != rank:
+            violations.append(f"ps: the restart after attempt {attempt} blames rank {restart.get('root_cause_rank')}, "
+                              f"expected the killed {role}, rank {rank}")
+        root = summary.get("root_cause") or {}
+        if (root.get("rank"), root.get("attempt")) != (rank, attempt):
+            violations.append(f"ps: summary.json's root cause is rank {root.get('rank')} of attempt "
+                              f"{root.get('attempt')}, expected the killed {role}, rank {rank} of attempt {attempt}")
+
+
+def _ps_context(run_dir: Path, storage: str | None, storage_options: Mapping[str, Any] | None,
+                violations: list[str]) -> tuple[int | None, list[tuple[int, Mapping[str, Any]]], dict[int, str]]:
+    """(epochs * steps_per_epoch, committed manifests' (global_step, extra), rank -> role) of a ps run."""
+    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.checkpoint.store import Status
+    from resilient_train.cluster.ps_cluster import ps_task
+    from resilient_train.errors import StorageError
+
+    epochs, steps = _job_value(run_dir, "epochs"), _job_value(run_dir, "steps_per_epoch")
+    total = int(epochs) * int(steps) if epochs and steps else None
+    manifests: list[tuple[int, Mapping[str, Any]]] = []
+    if storage:
+        try:
+            manifests = [(info.global_step, info.manifest.extra)
+                         for info in CheckpointStore(inner_storage_url(storage), storage_options).list()
+                         if info.status is Status.OK and info.manifest is not None]
+        except (StorageError, OSError, ValueError) as exc:  # a bad run's storage is reported, never raised
+            violations.append(f"ps: cannot list the manifests at {storage}: {type(exc).__name__}: {exc}")
+    ps, workers = int(_job_value(run_dir, "ps") or 1), int(_job_value(run_dir, "workers") or 1)
+    roles = {rank: ps_task(rank, ps, workers).role for rank in range(1 + ps + workers)}
+    return total, manifests, roles
+
+
 def check_run(
     run_dir: str | Path,
     reference: str | None,
@@ -429,6 +535,7 @@ def check_run(
     expected_hangs: Mapping[int, int] | None = None,
     stalled_attempts: Iterable[int] = (),
     expected_unreachable: Mapping[int, int] | None = None,
+    expected_ps_kills: Mapping[int, int] | None = None,
 ) -> CheckResult:
     """Check every invariant of the module docstring on ``run_dir``; never raises for a bad run.
 
@@ -450,7 +557,10 @@ def check_run(
     if summary.get("status") != "completed":
         violations.append(f"exit: summary.json status is {summary.get('status')!r}, expected 'completed'")
 
-    # 2. digest
+    # 2. digest (not for a parameter-server run: invariant 12 instead)
+    parameter_server = is_parameter_server(run_dir)
+    if parameter_server:
+        reference = None
     digest = summary.get("weights_sha256")
     digest_match = reference is not None and digest == reference
     if reference is not None and not digest_match:
@@ -469,6 +579,8 @@ def check_run(
     # the previous save uploads; one save may be in flight when the kill lands, so a crash
     # may lose up to two intervals. Sync mode keeps the issue's bound of one interval.
     mode = _job_value(run_dir, "checkpoint_mode") or "sync"
+    if parameter_server:
+        mode = "sync"  # the coordinator's saves are synchronous (runner/ps.py), whatever the job says
     crash_allowance = save_every * (2 if mode == "async" else 1)
     reached_of: dict[int, int | None] = {}
     for attempt in RunDir(run_dir).attempts():
@@ -530,6 +642,12 @@ def check_run(
     # 11. fencing
     fencing_checks(records, violations)
 
+    # 12. the parameter-server tier's guarantees
+    if parameter_server:
+        total, manifests, roles = _ps_context(run_dir, storage, storage_options, violations)
+        ps_checks(records, summary, total_steps=total, manifests=manifests, roles=roles,
+                  expected_kills=expected_ps_kills or {}, violations=violations)
+
     attempts = {r.get("attempt") for r in records if r["event"] == "worker_started"}
     return CheckResult(
         run_dir=str(run_dir),
@@ -545,6 +663,7 @@ def check_run(
         first_divergent_step=getattr(divergence, "first_divergent_step", None),
         last_matching_step=getattr(divergence, "last_matching_step", None),
         first_divergent_epoch=getattr(divergence, "first_divergent_epoch", None),
+        strategy=PARAMETER_SERVER if parameter_server else "mirrored",
         hangs=tuple({key: hang.get(key) for key in ("attempt", "rank", "global_step", "seconds", "chosen_by", "where")}
                     for hang in hangs),
     )
@@ -554,7 +673,9 @@ def render(result: CheckResult) -> str:
     lines = [
         f"run: {result.run_dir}",
         f"restarts: {result.restarts}  restored: {list(result.restored_steps)}  lost steps: {result.lost_steps}",
-        f"digest: {result.digest} ({'matches' if result.digest_match else 'DOES NOT match'} the reference)"
+        f"digest: {result.digest} (" + ("not compared: a parameter-server run is bit-identical to no other"
+                                         if result.strategy == PARAMETER_SERVER else
+                                         f"{'matches' if result.digest_match else 'DOES NOT match'} the reference") + ")"
         + (f"; first divergent committed step {result.first_divergent_step} (last matching "
            f"{result.last_matching_step})" if result.first_divergent_step is not None else ""),
         f"checkpoints verified: {result.checkpoints_verified}"

@@ -62,6 +62,8 @@ class JobSpec:
     hang_timeout: float | None = None  # None: the job's default (auto); no part of the reference key
     storage_timeout: float | None = None  # None: the job's default; no part of the reference key
     startup_timeout: float | None = None  # None: the job's default; no part of the reference key
+    strategy: str = "mirrored"  # or "parameter-server" (then ``ps`` parameter servers)
+    ps: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -89,21 +91,24 @@ class JobSpec:
             "recipe": spec.recipe, "recipe_sha256": hashlib.sha256(recipe_bytes).hexdigest(),
             "workers": spec.workers, "epochs": spec.epochs, "steps_per_epoch": spec.steps_per_epoch,
             "save_every_steps": spec.save_every_steps, "seed": spec.seed,
+            **({"strategy": spec.strategy, "ps": spec.ps} if spec.strategy != "mirrored" else {}),
         }, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def argv(self, run_dir: Path, storage: str) -> list[str]:
         spec = self.resolved()
-        timeouts = []
+        flags = []
         for flag, value in (("--hang-timeout", spec.hang_timeout), ("--storage-timeout", spec.storage_timeout),
                             ("--startup-timeout", spec.startup_timeout)):
             if value is not None:
-                timeouts += [flag, f"{value:g}"]
+                flags += [flag, f"{value:g}"]
+        if spec.strategy != "mirrored":
+            flags += ["--strategy", spec.strategy, "--ps", str(spec.ps)]
         return [
             sys.executable, "-m", "resilient_train", "run", spec.recipe,
             "--run-dir", str(run_dir), "--storage", storage, "--workers", str(spec.workers),
             "--epochs", str(spec.epochs), "--steps-per-epoch", str(spec.steps_per_epoch),
-            "--save-every-steps", str(spec.save_every_steps), "--seed", str(spec.seed), *timeouts,
+            "--save-every-steps", str(spec.save_every_steps), "--seed", str(spec.seed), *flags,
         ]
 
     def reference_dir(self, root: Path) -> Path:
@@ -299,14 +304,23 @@ def run_scenario(
     *,
     seed: int,
     root: Path,
-    reference: str,
+    reference: str | None,
     max_invocations: int = 4,
     timeout_s: float = 600.0,
 ) -> ScenarioResult:
-    """Run ``scenario`` once (seeded), check it, return the result (never raises for a bad run)."""
-    planned = plan(scenario, seed, spec.workers)
+    """Run ``scenario`` once (seeded), check it, return the result (never raises for a bad run).
+
+    A parameter-server scenario is not bit-identical to any run: ``reference`` is not used
+    (the checker's parameter-server mode checks the tier's guarantees instead).
+    """
+    planned = plan(scenario, seed, scenario.ranks(spec.workers))
     job = spec.with_overrides(planned.overrides).resolved()
-    reference_run = job.reference_dir(root)
+    reference_run: Path | None = job.reference_dir(root)
+    expected_ps_kills = None
+    if planned.parameter_server:
+        reference, reference_run = None, None
+        expected_ps_kills = {f.trigger.attempt or 1: int(f.rank) for f in planned.faults
+                             if isinstance(f, ExternalFault) and f.op == "sigkill_worker"}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(root) / f"{planned.name}-s{seed}-{stamp}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -378,7 +392,8 @@ def run_scenario(
     check = check_run(run_dir, reference, exit_code=exit_codes[-1] if exit_codes else None,
                       save_every=job.save_every_steps, expected_hangs=planned.expected_hangs,
                       stalled_attempts=planned.stalled_attempts, expected_unreachable=planned.expected_unreachable,
-                      reference_run=reference_run if reference_run.is_dir() else None)
+                      expected_ps_kills=expected_ps_kills,
+                      reference_run=reference_run if reference_run is not None and reference_run.is_dir() else None)
     if planned.expect_restored is not None and check.restored_steps != planned.expect_restored:
         problems.append(f"expected restored steps {list(planned.expect_restored)}, got {list(check.restored_steps)}")
     result = ScenarioResult(

@@ -33,6 +33,8 @@ def _row(result: ScenarioResult) -> tuple[str, ...]:
 def _digest_cell(result: ScenarioResult) -> str:
     """``yes``, or ``NO`` with the first committed step whose weights left the reference's."""
     check = result.check
+    if check.strategy == "parameter-server":
+        return "n/a (parameter-server)"
     if check.digest_match and check.first_divergent_step is None:
         return "yes"
     if check.first_divergent_step is not None:

@@ -33,9 +33,12 @@ from typing import Any, Union
 
 __all__ = [
     "WorkerFault", "ExternalFault", "StorageFaults", "Trigger", "Scenario", "CATALOGUE",
-    "plan", "by_name", "random_scenario",
+    "plan", "by_name", "random_scenario", "PARAMETER_SERVER",
 ]
 
+PARAMETER_SERVER = "parameter-server"  # Scenario.job's strategy for the ParameterServerStrategy tier
+# ranks: 0 coordinator, 1 ps, 2.. workers; 100 steps, so a kill after a commit lands mid-run
+PS_JOB = (("strategy", PARAMETER_SERVER), ("ps", 1), ("epochs", 2), ("steps_per_epoch", 50), ("save_every_steps", 10))
 HANG = "HANG"  # not a signal: the thread that pulls the fault sleeps forever (runner/faults.py)
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", HANG)
 KILL_POINTS = ("after_step", "before_commit", "after_commit", "raise")
@@ -207,6 +210,15 @@ class Scenario:
         return tuple(sorted(attempts))
 
     @property
+    def parameter_server(self) -> bool:
+        """The job runs under ``--strategy parameter-server``: the checker's parameter-server mode."""
+        return self.overrides.get("strategy") == PARAMETER_SERVER
+
+    def ranks(self, workers: int) -> int:
+        """How many ranks a job of ``workers`` workers has: ``workers``, or 1 + ps + workers."""
+        return 1 + int(self.overrides.get("ps", 1)) + workers if self.parameter_server else workers
+
+    @property
     def input_faults(self) -> bool:
         """The job must run on the harness's input-fault recipe (see the module docstring)."""
         return any(isinstance(f, WorkerFault) and f.point == "input" for f in self.faults)
@@ -328,6 +340,20 @@ CATALOGUE: tuple[Scenario, ...] = (
         (WorkerFault("before_join", 0, rank="random"),),
         job=(("startup_timeout", 30),),
     ),
+    Scenario(
+        "ps-kill",
+        "parameter-server tier (2 workers, 1 ps): kill -9 the ps after the 2nd commit, mid-epoch; coordinator and ps "
+        "restart and restore the last commit",
+        (ExternalFault("sigkill_worker", Trigger(nth=2), rank=1),),
+        job=PS_JOB,
+    ),
+    Scenario(
+        "ps-worker-kill",
+        "parameter-server tier (2 workers, 1 ps): kill -9 a seeded-random worker after the 1st commit, mid-epoch; "
+        "it is restarted in place, training goes on without a restore",
+        (ExternalFault("sigkill_worker", Trigger(nth=1), rank="ps-worker"),),
+        job=PS_JOB,
+    ),
 )
 
 
@@ -339,12 +365,19 @@ def by_name(name: str) -> Scenario:
 
 
 def plan(scenario: Scenario, seed: int, workers: int) -> Scenario:
-    """``scenario`` with every random choice resolved from ``random.Random(seed)``."""
+    """``scenario`` with every random choice resolved from ``random.Random(seed)``.
+
+    ``workers`` counts ranks: a parameter-server job's is ``scenario.ranks(N)``, and its
+    ``"ps-worker"`` is a random one of the worker ranks (1 + ps .. the last).
+    """
     rng = random.Random(f"{scenario.name}:{seed}")
+    first_worker = 1 + int(scenario.overrides.get("ps", 1)) if scenario.parameter_server else 0
 
     def rank(value: int | str) -> int:
         if value == "random":
             return rng.randrange(workers)
+        if value == "ps-worker" and scenario.parameter_server and first_worker < workers:
+            return rng.randrange(first_worker, workers)
         if value == "chief":
             return 0
         if not isinstance(value, int) or not 0 <= value < workers:

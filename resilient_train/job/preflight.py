@@ -85,6 +85,9 @@ def _check_fit_script_flags(path: Path, job: JobConfig) -> None:
     if job.record_indices:
         raise ConfigError(f"--record-indices with the fit() script {path}: it needs the indexed recipe contract "
                           "(num_examples + example); a script's input is its own tf.data.Dataset")
+    if job.elastic:
+        raise ConfigError(f"--workers {job.world_sizes.start}:{job.workers} with the fit() script {path}: a script's "
+                          "batch and input are its own, so resizing it is not supported; pass --workers N")
 
 
 def literal_recipe_dicts(path: Path) -> dict[str, dict[str, Any] | None]:

@@ -10,7 +10,9 @@
 * ``chief``: the coordinator. It builds the recipe's model and optimizer under
   ``ParameterServerStrategy`` (their variables live on the ps), restores the last committed
   checkpoint, and schedules one closure per training step on whichever worker is free
-  (``ClusterCoordinator.schedule``). It is the only writer of checkpoints.
+  (``ClusterCoordinator.schedule``). It is the only writer of checkpoints, and the only
+  rank that writes step and phase markers (rundir/stepmarker.py): the supervisor's hang
+  watchdog watches it alone (supervisor/ps.py).
 
 What this tier guarantees (docs/parameter_server.md says it for users):
 
@@ -52,6 +54,8 @@ from resilient_train.rundir.errorfile import recording
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.permissions import current_umask
 from resilient_train.rundir.redact import register_secrets, secret_values
+from resilient_train.rundir.stacks import register as register_stacks
+from resilient_train.rundir.stepmarker import PHASE_FINISH, PHASE_FLUSH, PHASE_INPUT, PHASE_TRAIN, PhaseMarker
 
 __all__ = ["main"]
 
@@ -76,6 +80,9 @@ def main(argv: list[str]) -> int:
         state.locate(attempt_dir.path, task.rank)
         events.configure(run_dir.events, console=sys.stderr, writes_group_events=task.role == "chief",
                          run_id=launched.run_id, attempt=launched.attempt, rank=task.rank, role=task.role)
+        # SIGUSR1 dumps every thread's stack into attempt-<n>/stacks-<rank>.txt, as in an MWMS
+        # worker: the hang watchdog asks the coordinator for them (and must not kill a server).
+        stacks_file = register_stacks(attempt_dir.stacks(task.rank), rank=task.rank)  # noqa: F841 (kept open)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: stop.set())
@@ -124,6 +131,7 @@ class Coordinator:
                                      retry=RetryPolicy(stall_timeout_s=self.job.storage_timeout))
         self.store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
         self.global_step = 0
+        self.phase = PhaseMarker(self.attempt_dir.phase_marker(0))
 
     # ------------------------------------------------------------------ setup
     def _build(self) -> None:
@@ -207,13 +215,23 @@ class Coordinator:
                     updates_applied=manifest.extra.get("updates_applied"))
 
     def _save(self, *, completed: bool) -> None:
+        self.coordinator.join()  # every scheduled closure finished: the ps hold exactly global_step steps
+        # The join above is training (the closures run there; the watchdog's hang timeout
+        # applies); writing and committing is a save, a slow phase with the start-up allowance.
+        previous = self.phase.enter(PHASE_FINISH if completed else PHASE_FLUSH)
+        try:
+            self._write_and_commit(completed=completed)
+        finally:
+            if not completed:
+                self.phase.restore(previous)
+
+    def _write_and_commit(self, *, completed: bool) -> None:
         import tempfile
 
         from resilient_train.runner.checkpointing import SaveRequest, commit_checkpoint
         from resilient_train.runner.faults import FaultPlan
         from resilient_train.runner.model_state import weights_digest
 
-        self.coordinator.join()  # every scheduled closure finished: the ps hold exactly global_step steps
         self.counters["global_step"].assign(self.global_step)
         request = SaveRequest(
             files={}, global_step=self.global_step, epoch=int(self.counters["epoch"].numpy()),
@@ -232,11 +250,13 @@ class Coordinator:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> int:
+        from resilient_train.runner.faults import FaultPlan
         from resilient_train.rundir.stepmarker import StepMarker
 
         self._build()
         self._restore()
         marker = StepMarker(self.attempt_dir.step_marker(0))
+        faults = FaultPlan.from_env(os.environ, rank=0, attempt=self.launched.attempt)
         epochs, steps, every = self.job.epochs, self.job.steps_per_epoch, self.job.save_every_steps
         epoch, in_epoch = int(self.counters["epoch"].numpy()), int(self.counters["step_in_epoch"].numpy())
         if epoch >= epochs:  # a completed checkpoint: commit it again as completed and stop
@@ -244,7 +264,9 @@ class Coordinator:
             return EXIT_OK
         while epoch < epochs:
             self.counters["epoch"].assign(epoch)
+            self.phase.enter(PHASE_INPUT)  # building each worker's input pipeline
             iterator = self._iterator(epoch)
+            self.phase.enter(PHASE_TRAIN, epoch=epoch, epoch_start_step=self.global_step - in_epoch)
             while in_epoch < steps:
                 if self.stop_requested():
                     self._save(completed=False)
@@ -255,6 +277,7 @@ class Coordinator:
                 self.global_step += 1
                 self.counters["step_in_epoch"].assign(in_epoch)
                 marker.write(self.global_step)  # scheduled: an upper bound on steps done
+                faults.hit("after_step", self.global_step)
                 if every and self.global_step % every == 0 and in_epoch < steps:
                     self._save(completed=False)
             epoch, in_epoch = epoch + 1, 0

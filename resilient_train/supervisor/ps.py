@@ -25,8 +25,13 @@ replaces how an attempt runs and how it is torn down:
 #             or coordinator failure is a gang restart (coordinator + all ps + workers, fresh
 #             ports) that restores the last committed checkpoint.
 #
-# No hang watchdog yet: servers write no step markers, and the coordinator's step marker
-# counts *scheduled* steps (docs/parameter_server.md).
+#             The hang watchdog (watchdog.py) watches the coordinator only: it writes the
+#             step and phase markers (scheduled steps; the join before a save is training,
+#             writing the checkpoint a slow phase), while ps and workers are servers that
+#             idle by design between closures and write none. A coordinator that stops
+#             scheduling and joining (a stuck input, a closure that never returns, a hung
+#             thread) -> HUNG (stacks of the coordinator only) -> STOPPING, a gang restart
+#             whose root cause is the coordinator, as a hung MWMS group.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class ParameterServerSupervisor(Supervisor):
 
     def _ranks(self, size: int) -> range:
         return range(1 + self.job.ps + self.job.workers)
+
+    def _watched(self) -> list[Worker]:
+        """The coordinator only: servers idle by design (see the module docstring)."""
+        return [w for w in self.workers if w.rank == 0]
 
     def _rank_fields(self, rank: int) -> dict[str, Any]:
         return {"role": self._role(rank)}
@@ -97,6 +106,12 @@ class ParameterServerSupervisor(Supervisor):
                              f"{self.job.max_restarts} restarts in place (--max-restarts)")
                     return
                 self._restart_in_place(worker)
+            stall = self._watch_progress()
+            if stall is not None:
+                self._stall = stall
+                self._to(RunState.HUNG, reason=f"the coordinator made no progress for {stall.seconds:.0f} s "
+                         f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})")
+                return
             self.sleep(POLL_S)
 
     def _restart_in_place(self, worker: Worker) -> None:

@@ -302,7 +302,7 @@ class Supervisor:
             self._not_started(self.attempt, exc)
             return
         self._watched_at = self.clock()
-        self.watchdog.start_attempt(self._watched_at, [w.rank for w in self.workers])
+        self.watchdog.start_attempt(self._watched_at, [w.rank for w in self._watched()])
         self._stall = self._hang = None
         self._to(RunState.RUNNING)
 
@@ -370,18 +370,24 @@ class Supervisor:
             return None
         self._watched_at = now
         attempt_dir = self.run_dir.attempt(self.attempt)
-        for worker in self.workers:
+        for worker in self._watched():
             step = read_step(attempt_dir.step_marker(worker.rank))
             self.watchdog.observe(now, worker.rank, step, read_phase(attempt_dir.phase_marker(worker.rank)))
         return self.watchdog.check(now)
 
+    def _watched(self) -> list[Worker]:
+        """The workers whose step and phase markers the hang watchdog reads: all of them
+        here; the parameter-server tier's coordinator only (supervisor/ps.py)."""
+        return self.workers
+
     def _step_hung(self) -> None:
-        """Ask every worker for its stacks, name the stuck rank, announce it -> STOPPING."""
+        """Ask every watched worker for its stacks, name the stuck rank, announce it -> STOPPING."""
         stall = self._stall
         if stall is None:
             raise RuntimeError("HUNG entered without a stall")
         attempt_dir = self.run_dir.attempt(self.attempt)
-        alive = self._alive()
+        watched = {w.rank for w in self._watched()}
+        alive = [w for w in self._alive() if w.rank in watched]
         offsets = {w.rank: dump_size(attempt_dir.stacks(w.rank)) for w in alive}
         for worker in alive:
             _signal(worker, STACKS_SIGNAL)
@@ -415,7 +421,7 @@ class Supervisor:
         }
         # A rank that never finished a step never joined training (a peer it cannot reach,
         # a slow restore): name each with its address, the first thing to check.
-        never = {str(w.rank): w.address for w in self.workers if stall.steps.get(w.rank) is None}
+        never = {str(w.rank): w.address for w in self._watched() if stall.steps.get(w.rank) is None}
         if never:
             self._hang["never_trained"] = never
         emit("hang_detected", attempt=self.attempt, **self._hang)

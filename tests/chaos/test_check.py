@@ -416,3 +416,141 @@ def test_a_root_cause_that_is_not_the_unreachable_peer_is_a_violation(tmp_path: 
             if v.startswith("unreach")] == [
         "unreachable: summary.json's root cause is resilient_train.errors.GroupBrokenError of attempt 1 (the worker "
         "group broke: Wait_for_all_tasks_to_register), expected a PeerUnreachableError"]
+
+
+# ----------------------------------------------------------------------------- parameter-server mode (invariant 12)
+
+PS_RANK, WORKER_RANK = 1, 3  # 0 coordinator, 1 ps, 2..3 workers
+
+
+class PsRun(RunDir):
+    """A --strategy parameter-server run dir: 2 epochs x 10 steps, 1 ps, 2 workers."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, save_every=5)
+        self.job.update(strategy="parameter-server", ps=1, workers=2, epochs=2)
+        self.summary.update(strategy="parameter-server", global_step=20, restarts=0, worker_restarts=0,
+                            weights_sha256=OTHER)  # never the reference's: asynchronous updates
+
+    def commit(self, step: int, attempt: int, weights: str | None = None, *, applied: int | None = None) -> "PsRun":
+        local = self.path / "staging" / f"{step}-{attempt}"
+        local.mkdir(parents=True)
+        (local / "ckpt.index").write_bytes(b"i" * 10)
+        (local / "ckpt.data-00000-of-00001").write_bytes(bytes([step % 256]) * 100)
+        self.store.commit(local, run_id="r", epoch=step // 10, step_in_epoch=step % 10, global_step=step,
+                          world_size=2, weights_sha256=DIGEST, tf_version="2.21",
+                          extra={"strategy": "parameter-server", "updates_applied": step + 1 if applied is None else applied})
+        return self.ev("checkpoint_committed", global_step=step, attempt=attempt, role="chief", rank=0)
+
+
+def _ps_kill_run(tmp_path: Path, *, blamed: int = PS_RANK, restored: int = 10, reached: int = 13) -> PsRun:
+    run = PsRun(tmp_path)
+    run.attempt(1, reached).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.commit(5, 1).commit(10, 1)
+    run.ev("chaos_fault_injected", op="sigkill_worker", rank=PS_RANK, attempt=1, role="chaos")
+    run.ev("gang_restart", attempt=2, root_cause_rank=blamed, role="supervisor")
+    run.attempt(2, 20).ev("restored", global_step=restored, attempt=2, role="chief")
+    run.commit(15, 2).commit(20, 2)
+    run.summary.update(restarts=1, root_cause={"rank": blamed, "attempt": 1, "type": "Signal"})
+    return run
+
+
+def test_a_ps_kill_run_passes_without_a_digest_and_names_the_ps(tmp_path: Path) -> None:
+    run = _ps_kill_run(tmp_path)
+    result = check_run(run.write(), DIGEST, exit_code=0, check_orphans=False, expected_ps_kills={1: PS_RANK})
+    assert result.violations == ()  # the reference digest is not compared in this mode
+    assert (result.restored_steps, result.lost_steps, result.digest_match) == ((10,), 3, False)
+
+
+def test_a_ps_run_may_lose_one_save_interval_even_when_the_job_says_async(tmp_path: Path) -> None:
+    run = _ps_kill_run(tmp_path, reached=16)
+    run.job["checkpoint_mode"] = "async"  # the coordinator saves synchronously regardless
+    result = check_run(run.write(), None, check_orphans=False, expected_ps_kills={1: PS_RANK})
+    assert result.violations == (
+        "lost_steps: attempt 1 ended by crash at step 16; 6 steps past the last commit were lost, allowed 5",)
+
+
+def test_a_ps_kill_blamed_on_another_rank_is_named(tmp_path: Path) -> None:
+    run = _ps_kill_run(tmp_path, blamed=WORKER_RANK)
+    result = check_run(run.write(), None, check_orphans=False, expected_ps_kills={1: PS_RANK})
+    assert result.violations == (
+        "ps: the restart after attempt 1 blames rank 3, expected the killed ps, rank 1",
+        "ps: summary.json's root cause is rank 3 of attempt 1, expected the killed ps, rank 1 of attempt 1",
+    )
+
+
+def test_a_ps_restore_of_an_older_commit_counts_steps_twice(tmp_path: Path) -> None:
+    run = PsRun(tmp_path)
+    run.attempt(1, 13).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.commit(5, 1).commit(10, 1)
+    run.ev("gang_restart", attempt=2, root_cause_rank=PS_RANK, role="supervisor")
+    run.attempt(2, 20).ev("restored", global_step=5, attempt=2, role="chief")
+    run.commit(10, 2).commit(15, 2).commit(20, 2)
+    run.summary.update(restarts=1, root_cause={"rank": PS_RANK, "attempt": 1})
+    result = check_run(run.write(), None, check_orphans=False, expected_ps_kills={1: PS_RANK})
+    assert result.violations == (
+        "restore: attempt 2 restored step 5, but the newest committed checkpoint that verifies is 10",
+        "ps: attempt 2 committed global_step 10 after 10 was committed (a step counted twice)",
+    )
+
+
+def test_a_ps_run_short_of_its_steps_or_updates_is_named(tmp_path: Path) -> None:
+    run = PsRun(tmp_path)
+    run.attempt(1, 15).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.commit(5, 1).commit(10, 1, applied=9).commit(15, 1)
+    run.summary.update(global_step=15)
+    result = check_run(run.write(), None, check_orphans=False)
+    assert result.violations == (
+        "ps: final global_step is 15, expected epochs * steps_per_epoch = 20",
+        "ps: checkpoint 10's manifest has updates_applied=9, expected an int >= its global_step 10 "
+        "(each step's closure ran at least once)",
+    )
+
+
+def test_the_completed_step_committed_again_after_restoring_it_is_no_double_count(tmp_path: Path) -> None:
+    run = PsRun(tmp_path)
+    run.attempt(1, 20).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.commit(10, 1).commit(20, 1)
+    run.attempt(2, 20).ev("restored", global_step=20, attempt=2, role="chief")
+    run.ev("checkpoint_committed", global_step=20, attempt=2, role="chief", rank=0)
+    assert check_run(run.write(), None, check_orphans=False).violations == ()
+
+
+def test_a_killed_ps_worker_must_be_restarted_in_place(tmp_path: Path) -> None:
+    run = PsRun(tmp_path)
+    run.attempt(1, 20).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.commit(5, 1).commit(10, 1)
+    run.ev("worker_restarted", rank=WORKER_RANK, attempt=1, pid=999_999_100, role="supervisor")
+    run.commit(15, 1).commit(20, 1)
+    run.summary.update(worker_restarts=1)
+    path = run.write()
+    assert check_run(path, None, check_orphans=False, expected_ps_kills={1: WORKER_RANK}).violations == ()
+
+    (tmp_path / "gang").mkdir()
+    gang = _ps_kill_run(tmp_path / "gang")
+    result = check_run(gang.write(), None, check_orphans=False, expected_ps_kills={1: WORKER_RANK})
+    assert result.violations == (
+        "ps: killing worker rank 3 in attempt 1 cost a gang restart (gang_restart into attempts [2], restored [10], "
+        "summary restarts 1); expected a restart in place",
+        "ps: worker rank 3 killed in attempt 1: 0 worker_restarted events for it, summary worker_restarts 0; "
+        "expected >= 1",
+    )
+
+
+def test_check_command_needs_a_reference_only_for_an_mwms_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from resilient_train.chaos.__main__ import main
+
+    (tmp_path / "mwms").mkdir()
+    mwms = RunDir(tmp_path / "mwms").attempt(1, 10).commit(10, 1).write()
+    assert main(["check", str(mwms), "--no-orphans"]) == 2
+    assert capsys.readouterr().err == (
+        f"chaos: error: --reference DIGEST is required for {mwms} (a MultiWorkerMirroredStrategy run); "
+        "only a --strategy parameter-server run is checked without one\n")
+    (tmp_path / "ps").mkdir()
+    ps = PsRun(tmp_path / "ps")
+    ps.attempt(1, 20).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    ps.commit(10, 1).commit(20, 1)
+    assert main(["check", str(ps.write()), "--no-orphans"]) == 0
+    out = capsys.readouterr().out
+    assert f"digest: {OTHER} (not compared: a parameter-server run is bit-identical to no other)" in out
+    assert out.splitlines()[-1] == "PASS"

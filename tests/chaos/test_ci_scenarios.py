@@ -5,7 +5,11 @@ linear-regression recipe, all with a checkpoint every step so they share the ref
 the seeds' own experiment (kill -9 the chief right after it committed step 7; the run
 must continue from exactly 7) and a SIGTERM to a worker (zero lost steps). About a
 minute or two on 2 cores. The rest of the catalogue runs with RT_SLOW=1 (one test per
-scenario), and all of it with ``python -m resilient_train.chaos run --all``.
+scenario), and all of it with ``python -m resilient_train.chaos run --all``. The
+parameter-server scenarios (``ps-kill``, ``ps-worker-kill``) have no reference: the
+checker's parameter-server mode checks the tier's guarantees instead; each takes about a
+minute on 2 busy cores, and tests/integration/test_parameter_server.py covers the same
+kills by default, so they are RT_SLOW too.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from resilient_train.chaos.harness import JobSpec, ensure_reference, run_scenario
+from resilient_train.chaos.report import table
 from resilient_train.chaos.scenarios import CATALOGUE, by_name
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py")
@@ -55,7 +60,29 @@ def test_sigterm_to_a_worker_loses_no_step(chaos_root: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in ("seed-kill-chief-at-7", "sigterm-worker")])
+@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in ("seed-kill-chief-at-7", "sigterm-worker")
+                                  and not s.parameter_server])
 def test_catalogue_scenario(name: str, chaos_root: Path) -> None:
     result = _run(name, SLOW_SPEC, chaos_root)
     assert result.passed, result.to_dict()
+
+
+@pytest.mark.slow
+def test_ps_kill_restores_the_last_commit_and_blames_the_ps(chaos_root: Path) -> None:
+    result = run_scenario(by_name("ps-kill"), SLOW_SPEC, seed=0, root=chaos_root, reference=None)
+    assert result.problems == () and result.check.violations == (), result.to_dict()
+    [fault] = result.faults
+    assert (fault["state"], fault["rank"], fault["trigger_step"]) == ("done", 1, 20)  # the ps, after the 2nd commit
+    assert result.check.restored_steps == (20,) and result.check.restarts == 1
+    assert result.exit_codes == (0,)
+    assert "n/a (parameter-server)" in table([result])  # the digest column: no reference to compare with
+
+
+@pytest.mark.slow
+def test_ps_worker_kill_restarts_the_worker_in_place_without_a_restore(chaos_root: Path) -> None:
+    result = run_scenario(by_name("ps-worker-kill"), SLOW_SPEC, seed=0, root=chaos_root, reference=None)
+    assert result.problems == () and result.check.violations == (), result.to_dict()
+    [fault] = result.faults
+    assert fault["state"] == "done" and fault["rank"] in (2, 3)  # a worker
+    assert (result.check.restored_steps, result.check.restarts, result.check.lost_steps) == ((), 0, 0)
+    assert result.exit_codes == (0,)

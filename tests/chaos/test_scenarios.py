@@ -223,3 +223,19 @@ def test_job_timeouts_become_flags_and_stay_out_of_the_reference_key(tmp_path: P
     assert argv[argv.index("--storage-timeout") + 1] == "1" and argv[argv.index("--startup-timeout") + 1] == "30"
     assert "--hang-timeout" not in argv and "--startup-timeout" not in JobSpec(str(recipe)).argv(tmp_path, "/c")
     assert spec.key() == JobSpec(str(recipe)).key()
+
+
+def test_ps_scenarios_plan_ranks_of_the_ps_cluster_and_run_under_the_ps_strategy(tmp_path: Path) -> None:
+    ps_kill = plan(by_name("ps-kill"), 0, workers=by_name("ps-kill").ranks(2))
+    assert ps_kill.parameter_server and ps_kill.ranks(2) == 4  # coordinator, 1 ps, 2 workers
+    assert ps_kill.faults == (ExternalFault("sigkill_worker", Trigger(nth=2), rank=1),)
+    worker_kill = by_name("ps-worker-kill")
+    ranks = {plan(worker_kill, seed, workers=worker_kill.ranks(2)).faults[0].rank for seed in range(12)}
+    assert ranks == {2, 3}  # a worker, never the coordinator or the ps
+    recipe = tmp_path / "r.py"
+    recipe.write_text("DEFAULTS = {'epochs': 3, 'steps_per_epoch': 10, 'save_every_steps': 5}\n")
+    spec = JobSpec(str(recipe)).with_overrides(ps_kill.overrides)
+    argv = spec.argv(tmp_path / "run", "/ckpts")
+    assert argv[argv.index("--strategy") + 1:argv.index("--strategy") + 4] == ["parameter-server", "--ps", "1"]
+    assert spec.resolved().total_steps == 100 and spec.key() != JobSpec(str(recipe)).key()
+    assert "--strategy" not in JobSpec(str(recipe)).argv(tmp_path, "/c")

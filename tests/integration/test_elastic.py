@@ -74,6 +74,27 @@ def _of(events: list[dict[str, Any]], name: str, attempt: int) -> list[dict[str,
     return [e for e in events if e["event"] == name and e.get("attempt") == attempt]
 
 
+def assert_shrank_and_grew_back(job: Job) -> None:
+    """2 workers -> 1 (capacity fell, from attempt 1's last commit) -> 2 (capacity returned,
+    from attempt 2's agreed save), completed at the last step with no restart spent."""
+    assert job.returncode == 0, job.output
+    resizes = [(e["attempt"], e["from"], e["to"], e["reason"]) for e in job.named("world_size_changed") if "from" in e]
+    assert resizes == [
+        (2, 2, 1, "capacity fell: the launcher can place 1 of 2 workers"),
+        (3, 1, 2, "capacity returned: the launcher can place 2 workers"),
+    ]
+    summary = job.summary
+    assert summary["world_sizes"] == {"1": 2, "2": 1, "3": 2}
+    assert (summary["restarts"], summary["membership_changes"], summary["preemptions"]) == (0, 2, 0)
+    assert summary["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    events = job.events
+    last_commit_1 = max(e["global_step"] for e in _of(events, "checkpoint_committed", 1))
+    assert [e["global_step"] for e in _of(events, "restored", 2)] == [last_commit_1]
+    saved_for_resize = [e["global_step"] for e in _of(events, "preempted", 2)]
+    assert len(saved_for_resize) == 1
+    assert [e["global_step"] for e in _of(events, "restored", 3)] == saved_for_resize
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The indexed recipe at 2 workers, never resized: (run dir, step -> index digest)."""
@@ -115,23 +136,8 @@ def test_a_node_loss_without_a_spare_shrinks_the_group_and_returning_capacity_gr
     ]
     job = run_with_triggers(recipe, run_dir, "--workers", "1:2", *FLAGS, *RECIPE_FLAGS[recipe], triggers=triggers)
 
-    assert job.returncode == 0, job.output
-    resizes = [(e["attempt"], e["from"], e["to"], e["reason"]) for e in job.named("world_size_changed") if "from" in e]
-    assert resizes == [
-        (2, 2, 1, "capacity fell: the launcher can place 1 of 2 workers"),
-        (3, 1, 2, "capacity returned: the launcher can place 2 workers"),
-    ]
-    summary = job.summary
-    assert summary["world_sizes"] == {"1": 2, "2": 1, "3": 2}
-    assert (summary["restarts"], summary["membership_changes"], summary["preemptions"]) == (0, 2, 0)
-    assert summary["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    assert_shrank_and_grew_back(job)
     events = job.events
-    # Attempt 2 resumed from attempt 1's last commit; attempt 3 from attempt 2's agreed save.
-    last_commit_1 = max(e["global_step"] for e in _of(events, "checkpoint_committed", 1))
-    assert [e["global_step"] for e in _of(events, "restored", 2)] == [last_commit_1]
-    saved_for_resize = [e["global_step"] for e in _of(events, "preempted", 2)]
-    assert len(saved_for_resize) == 1
-    assert [e["global_step"] for e in _of(events, "restored", 3)] == saved_for_resize
     assert not [e for e in events if e["event"] == "gang_restart" and "restart 1 of" in e["reason"]]
     if recipe == INDEXED:
         reference_dir, reference_digests = request.getfixturevalue("uninterrupted")

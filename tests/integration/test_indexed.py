@@ -39,6 +39,7 @@ def test_kill_mid_epoch_resumes_bit_exactly_with_the_same_examples_per_step(tmp_
     assert replayed_conflicts(job.run_dir) == []
 
 
+@pytest.mark.slow  # tests/integration/test_elastic.py proves the same across a 2 -> 1 -> 2 resize
 def test_one_worker_trains_each_step_on_the_examples_of_two(tmp_path, indexed_reference):
     _, digests = indexed_reference
     job = run_job(DIGITS_INDEXED, tmp_path / "run", *FLAGS, "--workers", "1")

@@ -99,3 +99,25 @@ def test_sigterm_saves_exits_143_and_a_rerun_resumes_there(tmp_path):
     (restored,) = rerun.named("restored")
     assert (restored["attempt"], restored["global_step"]) == (2, saved)
     assert rerun.summary["global_step"] == TOTAL_STEPS
+
+
+@pytest.mark.slow  # 90-130 s on 2 busy cores (two attempts of 4 processes plus the 10 s timeout)
+def test_a_hung_coordinator_is_named_by_the_watchdog_and_the_run_restores_the_last_commit(tmp_path):
+    """The coordinator's main thread blocks forever after scheduling step 30 (an RT_FAULTS
+    HANG): it is alive, the servers idle. The watchdog watches the coordinator only, names
+    it after --hang-timeout 10 s, and the gang restart resumes from the commit at 20."""
+    hang = {"point": "after_step", "global_step": 30, "rank": 0, "attempt": 1, "signal": "HANG"}
+    flags = ("--strategy", "parameter-server", "--workers", "2", "--ps", "1", "--epochs", "1",
+             "--steps-per-epoch", "40", "--save-every-steps", "10", "--hang-timeout", "10")
+    job = run_job(RECIPE, tmp_path / "run", *flags, faults=[hang])
+
+    assert job.returncode == 0, job.output
+    [detected] = job.named("hang_detected")
+    assert (detected["attempt"], detected["rank"], detected["global_step"], detected["steps"]) == (1, 0, 30, {"0": 30})
+    (gang,) = job.named("gang_restart")
+    assert (gang["attempt"], gang["root_cause_rank"]) == (2, 0)
+    (restored,) = job.named("restored")
+    assert (restored["attempt"], restored["global_step"]) == (2, 20)  # it hung after scheduling 30, before saving it
+    summary = job.summary
+    assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", 40, 1)
+    assert (summary["root_cause"]["type"], summary["root_cause"]["rank"]) == ("Hang", 0)

@@ -100,6 +100,8 @@ def test_size_flags_are_refused_for_a_script_whose_fit_sets_them(tmp_path):
             preflight(job)
     with pytest.raises(ConfigError, match=r"--record-indices with the fit\(\) script .*train.py: it needs the indexed"):
         preflight(JobConfig(recipe=path, run_dir=str(tmp_path / "run"), workers=2, record_indices=True))
+    with pytest.raises(ConfigError, match=r"--workers 1:2 with the fit\(\) script .*train.py: a script's batch"):
+        preflight(JobConfig(recipe=path, run_dir=str(tmp_path / "run"), workers="1:2"))
     preflight(JobConfig(recipe=path, run_dir=str(tmp_path / "run"), workers=2))  # no flags: fine
 
 

@@ -104,3 +104,39 @@ def test_sigterm_reaches_the_coordinator_first_and_the_servers_only_once_it_is_g
     assert [p.signals[0][0] for p in spawner.processes[1:]] == ["SIGTERM"] * 3
     assert min(p.signals[0][1] for p in spawner.processes[1:]) > kill_at  # the servers outlived the coordinator
     assert summary(tmp_path)["status"] == "preempted"
+
+
+def test_the_watchdog_watches_the_coordinator_only(tmp_path):
+    supervisor, _, _ = make(tmp_path, [{"exit_at": 2.0}, SERVER, SERVER, SERVER])
+    assert supervisor.run() == EXIT_OK
+    assert [w.rank for w in supervisor.workers] == [0, 1, 2, 3]
+    assert [w.rank for w in supervisor._watched()] == [0]
+
+
+def test_a_coordinator_without_progress_is_hung_named_and_the_attempt_restarted(tmp_path):
+    """The coordinator wrote step 7 in phase train, then nothing; the servers write no markers
+    at all (they idle by design), so the hang is the coordinator's after --hang-timeout 5,
+    not a server's after the start-up allowance."""
+    scripts = [{"exit_at": None}, SERVER, SERVER, SERVER, {"exit_at": 1.0}, SERVER, SERVER, SERVER]
+    supervisor, spawner, _ = make(tmp_path, scripts, hang_timeout=5, startup_timeout=60)
+    spawn = spawner.__call__
+
+    def hanging_coordinator(argv, env, log_path):
+        process = spawn(argv, env, log_path)
+        if json.loads(env["TF_CONFIG"])["task"]["type"] == "chief" and env["RT_ATTEMPT"] == "1":
+            (log_path.parent / "step-0.txt").write_text("7\n")
+            (log_path.parent / "phase-0.txt").write_text("train 0 0\n")
+        return process
+
+    supervisor.launcher.spawner = hanging_coordinator
+    assert supervisor.run() == EXIT_OK
+    [hang] = events(tmp_path, "hang_detected")
+    assert (hang["attempt"], hang["rank"], hang["global_step"], hang["phase"], hang["steps"]) == (1, 0, 7, "train", {"0": 7})
+    assert 5.0 < hang["seconds"] <= 5.25 and "never_trained" not in hang
+    coordinator = spawner.processes[0]
+    assert [s for s, _ in coordinator.signals] == ["SIGUSR1", "SIGKILL"]  # stacks, then no grace
+    assert [p.signals[0][0] for p in spawner.processes[1:4]] == ["SIGTERM"] * 3  # servers: no stack request
+    (gang,) = events(tmp_path, "gang_restart")
+    assert (gang["attempt"], gang["root_cause_rank"]) == (2, 0)
+    root = summary(tmp_path)["root_cause"]
+    assert (summary(tmp_path)["status"], root["type"], root["rank"], root["global_step"]) == ("completed", "Hang", 0, 7)

@@ -205,12 +205,13 @@ def test_no_worker_outlives_a_sigkilled_supervisor(tmp_path, ray_cluster):
     assert survivors(pids.values(), within_s=60) == []
 
 
+@pytest.mark.slow  # the supervisor's resize path is tests/integration/test_elastic.py's; Ray's capacity has unit tests
 @pytest.mark.parametrize("recipe", [SLOW_DIGITS])
 def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins(tmp_path, ray_cluster, recipe):
     """--workers 1:2 on 2 nodes that hold one worker each (2 CPUs): rank 1's node dies with
     no spare -> attempt 2 runs 1 worker from the last commit; a node joins -> attempt 3 is
     back at 2 from attempt 2's agreed save, and the run completes. No restart is spent."""
-    from tests.integration.test_elastic import _of, run_with_triggers
+    from tests.integration.test_elastic import _of, assert_shrank_and_grew_back, run_with_triggers
 
     ray_cluster.remove(ray_cluster.workers[-1].node_id)  # no spare
     flags = (*DIGITS_FLAGS, *RAY, "--cpus-per-worker", "2", "--workers", "1:2", "--set", "step_delay_s=0.5")
@@ -223,17 +224,4 @@ def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins
     finally:
         while len(ray_cluster.workers) < 3:  # 3 again for the tests after this one
             ray_cluster.add_worker()
-    assert job.returncode == 0, job.output
-    resizes = [(e["attempt"], e["from"], e["to"], e["reason"]) for e in job.named("world_size_changed") if "from" in e]
-    assert resizes == [
-        (2, 2, 1, "capacity fell: the launcher can place 1 of 2 workers"),
-        (3, 1, 2, "capacity returned: the launcher can place 2 workers"),
-    ]
-    summary = job.summary
-    assert summary["world_sizes"] == {"1": 2, "2": 1, "3": 2}
-    assert (summary["restarts"], summary["membership_changes"], summary["global_step"]) == (0, 2, 20)
-    events = job.events
-    assert [e["global_step"] for e in _of(events, "restored", 2)] == [
-        max(e["global_step"] for e in _of(events, "checkpoint_committed", 1))]
-    assert [e["global_step"] for e in _of(events, "restored", 3)] == [
-        e["global_step"] for e in _of(events, "preempted", 2)]
+    assert_shrank_and_grew_back(job)
