@@ -8,12 +8,14 @@ Writes benchmarks/results/reentry.json. Recipe: tests/recipes/input_bound.py (sy
 workers. For each re-entry position (step_in_epoch ``early`` and ``late``) a job is killed
 right after committing that step (fault ``after_commit``); then, per repeat, a copy of its
 checkpoint store is resumed and timed from the ``restored`` event to the ``first_step``
-event (the resumed job is killed there). Three recipes: ``start_step`` (input_bound.py,
-positions its index range before the expensive map), ``skip`` (input_bound_skip.py, the
-runner's ``skip()``, which runs the map of every skipped batch) and ``indexed``
+event (the resumed job is killed there). Four re-entry paths: ``start_step`` (input_bound.py,
+positions its index range before the expensive map), ``skip`` (input_bound_skip.py with
+``--max-iterator-state-bytes 0``: the runner's ``skip()``, which runs the map of every
+skipped batch), ``iterator_state`` (input_bound_skip.py as it is: each worker's saved
+tf.data iterator state is restored, runner/iterator_state.py) and ``indexed``
 (input_bound_indexed.py, the indexed contract: the runner starts its range of positions at
-the step, runner/indexed.py). Target: late <= 1.2x early. ``--recipes indexed,skip`` runs
-a subset.
+the step, runner/indexed.py). Each resumed job's ``restored`` event must name the path
+(``input_reentry``). Target: late <= 1.2x early. ``--recipes indexed,skip`` runs a subset.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ sys.path.insert(0, str(ROOT))
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-RECIPES = {"start_step": "tests/recipes/input_bound.py", "skip": "tests/recipes/input_bound_skip.py",
-           "indexed": "tests/recipes/input_bound_indexed.py"}
+# re-entry path (the restored event's input_reentry) -> (recipe, extra flags)
+RECIPES = {"start_step": ("tests/recipes/input_bound.py", []),
+           "skip": ("tests/recipes/input_bound_skip.py", ["--max-iterator-state-bytes", "0"]),
+           "iterator_state": ("tests/recipes/input_bound_skip.py", []),
+           "indexed": ("tests/recipes/input_bound_indexed.py", [])}
 STEPS_PER_EPOCH = 400
 POSITIONS = {"early": 20, "late": 380}  # issue 20's positions (before 2026-11-24: 8 and 392)
 
@@ -57,18 +62,20 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def make_checkpoint(recipe: str, step: int, work: Path) -> Path:
-    """A checkpoint store whose newest commit is mid-epoch step ``step``."""
+def make_checkpoint(path: str, step: int, work: Path) -> Path:
+    """A checkpoint store whose newest commit is mid-epoch step ``step`` (re-entry ``path``)."""
+    recipe, extra = RECIPES[path]
     storage = work / "storage"
     faults = json.dumps([{"point": "after_commit", "global_step": step, "rank": 0}])
-    subprocess.run([sys.executable, "-m", "resilient_train", "run", recipe, *_flags(work / "make", storage, step)],
+    subprocess.run([sys.executable, "-m", "resilient_train", "run", recipe, *_flags(work / "make", storage, step), *extra],
                    cwd=ROOT, env=_env(RT_FAULTS=faults), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=900)
     return storage
 
 
-def time_reentry(recipe: str, storage: Path, step: int, work: Path) -> float:
-    """Seconds from ``restored`` to ``first_step`` of a job resuming from ``storage``."""
+def time_reentry(path: str, storage: Path, step: int, work: Path) -> float:
+    """Seconds from ``restored`` to ``first_step`` of a job resuming from ``storage`` by ``path``."""
+    recipe, extra = RECIPES[path]
     copy = work / "storage-copy"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(storage, copy)
@@ -76,7 +83,7 @@ def time_reentry(recipe: str, storage: Path, step: int, work: Path) -> float:
     shutil.rmtree(run_dir, ignore_errors=True)
     # A new run dir resumes the copied store: it takes over the store's ownership (docs/storage.md).
     proc = subprocess.Popen([sys.executable, "-m", "resilient_train", "run", recipe, *_flags(run_dir, copy, step),
-                             "--force-storage"],
+                             *extra, "--force-storage"],
                             cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 600
@@ -86,8 +93,8 @@ def time_reentry(recipe: str, storage: Path, step: int, work: Path) -> float:
             restored = [e for e in events if e["event"] == "restored"]
             first = [e for e in events if e["event"] == "first_step"]
             if restored and first:
-                if restored[0]["step_in_epoch"] != step:
-                    raise RuntimeError(f"restored {restored[0]} instead of step {step}")
+                if (restored[0]["step_in_epoch"], restored[0].get("input_reentry")) != (step, path):
+                    raise RuntimeError(f"restored {restored[0]} instead of step {step} by {path}")
                 return _ts(first[0]) - _ts(restored[0])
             time.sleep(0.05)
         raise RuntimeError(f"no restored/first_step events in {run_dir}")
@@ -113,20 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(RECIPES))
     if unknown:
         parser.error(f"Received --recipes {args.recipes}; unknown {unknown}, expected names from {list(RECIPES)}")
-    recipes = {name: RECIPES[name] for name in chosen}
+    recipes = [name for name in RECIPES if name in chosen]
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix="rt-reentry-"))
     try:
-        stores = {(r, p): make_checkpoint(recipes[r], step, work / f"{r}-{p}")
+        stores = {(r, p): make_checkpoint(r, step, work / f"{r}-{p}")
                   for r in recipes for p, step in POSITIONS.items()}
         runs: dict[str, dict[str, list[dict[str, Any]]]] = {r: {p: [] for p in POSITIONS} for r in recipes}
         for _ in range(args.repeats):
             for recipe in recipes:
                 for position, step in POSITIONS.items():  # alternate inside each repeat
                     load = os.getloadavg()[0]
-                    seconds = time_reentry(recipes[recipe], stores[(recipe, position)], step, work / "t")
+                    seconds = time_reentry(recipe, stores[(recipe, position)], step, work / "t")
                     runs[recipe][position].append({"seconds": round(seconds, 3), "load_1min": round(load, 2)})
-                    print(f"{recipe:10} {position:5} step_in_epoch {step:3}: {seconds:6.2f} s (load {load:.2f})", flush=True)
+                    print(f"{recipe:14} {position:5} step_in_epoch {step:3}: {seconds:6.2f} s (load {load:.2f})", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summary = {}

@@ -82,6 +82,7 @@ class JobConfig:
     eval_steps: int | None = None  # None: the whole eval_dataset
     strict_resume: bool = False
     record_indices: bool = False  # indexed recipes: per-step index digests (rundir/stepindices.py)
+    max_iterator_state_bytes: int = 262144  # runner/iterator_state.py; 0: never save iterator state
     hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
     startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
     storage_timeout: float = 60.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
@@ -178,6 +179,7 @@ class JobConfig:
         _check_strategy_fields(self)
         if not isinstance(self.warm_standby, bool):
             raise ConfigError(f"Received warm_standby={self.warm_standby!r}; expected true or false")
+        _check_int("max_iterator_state_bytes", self.max_iterator_state_bytes, minimum=0)
         if not isinstance(self.record_indices, bool):
             raise ConfigError(f"Received record_indices={self.record_indices!r}; expected true or false")
         if not isinstance(self.force_storage, bool):
@@ -336,7 +338,7 @@ _JOB_FLAGS = (
     "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
     "warm_standby", "launcher", "steps_per_execution",
     "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
-    "eval_every_epochs", "eval_steps", "strict_resume", "record_indices", "hang_timeout", "startup_timeout",
+    "eval_every_epochs", "eval_steps", "strict_resume", "record_indices", "max_iterator_state_bytes", "hang_timeout", "startup_timeout",
     "collective_timeout", "run_dir_mode", "storage_timeout", "strategy", "ps",
 )
 
@@ -440,6 +442,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ps", type=_positive_or_zero_int, metavar="P", help="--strategy parameter-server: parameter servers (default 1)")
     add("--strict-resume", action="store_true", default=None,
         help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
+    add("--max-iterator-state-bytes", type=_positive_or_zero_int, metavar="BYTES",
+        help="dataset recipes without start_step: save each worker's tf.data iterator state with mid-epoch "
+        "checkpoints when it is at most this large, so re-entry replays nothing (default 262144; 0: never)")
     add("--record-indices", action="store_true", default=None,
         help="indexed recipes: write a digest of each global step's example indices to "
         "attempt-<n>/step-indices.txt (one all-gather per step; docs/recipes.md)")

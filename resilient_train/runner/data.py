@@ -16,19 +16,21 @@ runner builds and positions itself; its elements are ``(batch, indices)``. For a
 * otherwise the runner calls ``.skip(start_step)``, which runs the whole pipeline of every
   skipped batch (the recovery time then grows with the position in the epoch).
 
-Why not checkpoint the tf.data iterator (evaluated when the loop's per-step cost was cut): its state is saved by a
-synchronous op on the training thread (the async twin cannot hold a copy) and holds the
-shuffle and prefetch buffers: for recipes/digits_cnn.py one worker's iterator is 634 KB
-after 5 batches, about twice the model + optimizer state it would ride with (input_bound:
-38 KB, its prefetched batches). A distributed iterator's saved state is also tied to the
-worker count, and a saved iterator breaks when the pipeline code changes. A recipe-level
-start position keeps the contract a pure function and costs nothing at save time.
-Tried again for issue 20 (TF 2.21, branch indexed-iterator-state-wip): MWMS's per-worker
-iterator is an ``OwnedMultiDeviceIterator``, which ``tf.train.Checkpoint`` refuses, and MWMS
-refuses ``InputReplicationMode.PER_REPLICA``; iterating each worker's own pipeline as a plain
-(saveable) iterator resumes exactly on that path, but at 2 workers trains to other weights
-than the distributed iterator (equal at 1 worker; cause not found), so a run that switches
-between the two is not bit-exact.
+Why the tf.data iterator state is only a bounded fallback (runner/iterator_state.py): it is
+saved by a synchronous op on the training thread (the async twin cannot hold a copy) and
+holds the shuffle and prefetch buffers: for recipes/digits_cnn.py one worker's iterator is
+634 KB after 5 batches, about twice the model + optimizer state it would ride with
+(input_bound: 38 KB, its prefetched batches). A saved state is also tied to the worker
+count, and breaks when the pipeline code changes. A recipe-level start position keeps the
+contract a pure function and costs nothing at save time.
+Issue 20 added it back as an option, bounded in size (runner/iterator_state.py): MWMS's
+per-worker iterator is an ``OwnedMultiDeviceIterator``, which ``tf.train.Checkpoint``
+refuses, and MWMS refuses ``InputReplicationMode.PER_REPLICA``, so on that path each worker
+iterates its own pipeline as a plain (saveable) iterator. That iterator must hand the step
+the shapes the distributed one does: at 2 workers MWMS's partial-batch handling gives every
+batch an unknown first dimension, and a step traced for a static batch computes gradients
+that differ in the last bits (same batches, same losses; :func:`_distributed_batch_is_dynamic`),
+so the plain path relaxes its batch dimension the same way and trains to the same weights.
 """
 
 from __future__ import annotations
@@ -66,8 +68,12 @@ def epoch_dataset(
     global_batch_size: int,
     params: dict[str, Any],
     input_check: InputCheck | None = None,
+    worker: tuple[int, int] | None = None,
 ):
     """The distributed dataset for ``epoch``, positioned at ``start_step``.
+
+    ``worker=(rank, workers)``: instead, worker ``rank``'s own ``tf.data.Dataset`` (the same
+    batches its replica would get; for the iterator-state path, runner/iterator_state.py).
 
     TensorFlow's global seed is reset from ``(seed, epoch)`` right before each call of
     ``recipe.dataset`` (runner/determinism.py), so an unseeded shuffle is the same on every
@@ -106,7 +112,44 @@ def epoch_dataset(
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return dataset.with_options(options).skip(skip).take(steps_per_epoch - start_step).prefetch(2)
 
-    return strategy.distribute_datasets_from_function(dataset_fn)
+    if worker is None:
+        return strategy.distribute_datasets_from_function(dataset_fn)
+    # One replica per worker: this worker's pipeline, iterated as a plain (checkpointable)
+    # tf.data iterator; strategy.run hands each batch to the worker's only replica.
+    rank, workers = worker
+    dataset = dataset_fn(tf.distribute.InputContext(workers, rank, workers))
+    return _with_dynamic_batch(dataset) if _distributed_batch_is_dynamic(strategy, dataset) else dataset
+
+
+def _distributed_batch_is_dynamic(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset) -> bool:
+    """Whether ``strategy``'s distributed iterator would hand ``dataset``'s batches to the
+    step with an unknown batch dimension (its partial-batch handling).
+
+    Why it matters: the train step is traced from the element's static shapes, and TF
+    compiles a different (equally deterministic) gradient computation for ``(4, 16, 16, 3)``
+    than for ``(None, 16, 16, 3)``; measured on tests/recipes/input_bound_skip.py at 2
+    workers: identical batches and losses, gradients differing in the last bits from step 0,
+    so other weights. MultiWorkerMirroredStrategy turns the handling on for every finite
+    dataset in multi-worker mode (TF 2.21, ``input_lib._enable_get_next_as_optional``); we
+    ask TF's own rule so the plain iterator sees exactly the shapes the distributed one does.
+    """
+    from tensorflow.python.distribute import input_lib  # private: the rule must be TF's own
+
+    return bool(input_lib._enable_get_next_as_optional(strategy, dataset, input_lib._cardinality(dataset)))
+
+
+def _with_dynamic_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` with the first dimension of every tensor of rank >= 1 relaxed to None, as
+    the distributed iterator's element spec has it (``input_lib._rebatch_as_dynamic``); the
+    values are untouched (``PlaceholderWithDefault`` passes its input through)."""
+
+    def relax(component):
+        if not isinstance(component, tf.Tensor) or component.shape.rank in (None, 0):
+            return component  # sparse/ragged keep their spec; a scalar has no batch dimension
+        return tf.raw_ops.PlaceholderWithDefault(input=component, shape=[None, *component.shape[1:]])
+
+    return dataset.map(lambda *element: tf.nest.map_structure(relax, element[0] if len(element) == 1 else element),
+                       deterministic=True)
 
 
 def accepts_start_step(dataset_fn: Any) -> bool:

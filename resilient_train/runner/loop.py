@@ -84,6 +84,15 @@ from resilient_train.runner.data import epoch_dataset
 from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
+from resilient_train.runner.iterator_state import (
+    EXTRA_KEY as ITERATOR_STATE_KEY,
+    ITERATOR_STATE,
+    SKIP,
+    reentry_path,
+    restore_iterator,
+    serialize_iterator,
+    state_file,
+)
 from resilient_train.runner.save_policy import SavePolicy
 from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
@@ -247,6 +256,18 @@ class Trainer:
         self.checkpointer = self._make_checkpointer()
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
         self._callbacks = self._make_callbacks()
+        # How a resumed epoch is re-entered (runner/iterator_state.py); iterator_state may
+        # turn into skip at the first mid-epoch save, when the state is measured too large.
+        if self._input_source is not None:  # a fit script's one iterator (runner/fitscript.py)
+            self._reentry, self._reentry_reason = SKIP, "a fit script's input skips to the position"
+        else:
+            self._reentry, self._reentry_reason = reentry_path(
+                self.recipe, max_state_bytes=self.job.max_iterator_state_bytes,
+                replicas_per_worker=self.strategy.num_replicas_in_sync // self.cluster.num_workers)
+        self._iterator: Any = None  # the plain per-worker iterator on the iterator_state path
+        self._pipeline_entry = 0  # the step the current epoch's pipeline was built from
+        self._state_sized = False
+        self._restored_state: tuple[int, int, bytes] | None = None  # (epoch, entry step, state)
 
     def _make_callbacks(self) -> CallbackRunner | None:
         if self.recipe.callbacks is None:
@@ -427,6 +448,7 @@ class Trainer:
         self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
                                 same_world_size=manifest.world_size == self.cluster.num_workers)
         self._last_saved = manifest.global_step
+        reentry, reentry_reason = self._plan_reentry(manifest, local_dir)
         if manifest.world_size != self.cluster.num_workers:
             emit(
                 "world_size_changed",
@@ -443,7 +465,25 @@ class Trainer:
             step_in_epoch=manifest.step_in_epoch,
             global_step=manifest.global_step,
             checkpoint=f"{self.store.url}/{CheckpointStore.dir_name(manifest.global_step)}",
+            input_reentry=reentry,
+            input_reentry_reason=reentry_reason,
         )
+
+    def _plan_reentry(self, manifest: Manifest, local_dir: Path) -> tuple[str, str]:
+        """How this restore re-enters its epoch: (path, why); keeps a usable iterator state."""
+        if manifest.step_in_epoch == 0:
+            return "epoch_start", "the checkpoint is at an epoch boundary"
+        if self._reentry != ITERATOR_STATE:
+            return self._reentry, self._reentry_reason
+        saved = manifest.extra.get(ITERATOR_STATE_KEY)
+        if not isinstance(saved, dict):
+            return SKIP, "the checkpoint holds no iterator state (it was larger than the bound, or not saved)"
+        if saved.get("world_size") != self.cluster.num_workers:
+            return SKIP, (f"the iterator state was saved by {saved.get('world_size')} workers; "
+                          f"{self.cluster.num_workers} resume (another sharding)")
+        blob = (local_dir / state_file(self.cluster.rank)).read_bytes()
+        self._restored_state = (int(saved["epoch"]), int(saved["entry_step"]), blob)
+        return ITERATOR_STATE, f"restores this worker's {len(blob)}-byte tf.data iterator state"
 
     # ------------------------------------------------------------------ save
     def save(self, *, completed: bool = False, flush: bool = False) -> Manifest | None:
@@ -469,6 +509,8 @@ class Trainer:
     def _save_request(self, completed: bool) -> SaveRequest:
         # Only the chief's copy is ever committed; the others skip encoding (best_weights can be large).
         files = {STATE_FILE: self._callbacks.state(stopped=self._stopped)} if self._callbacks and self.cluster.is_chief else {}
+        iterator_files, iterator_extra = self._iterator_state()
+        files.update(iterator_files)
         return SaveRequest(
             files=files,
             global_step=int(self.global_step.numpy()),
@@ -484,8 +526,40 @@ class Trainer:
                 "recipe_source": str(Path(self.recipe.source).resolve()),  # verify --deep's default recipe
                 "fingerprint": self._fingerprint,
                 **self.input_check.to_extra(int(self.epoch.numpy())),
+                **iterator_extra,
             },
         )
+
+    def _iterator_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """Every worker's iterator state for a mid-epoch save (the chief gets the files).
+
+        Runs on every worker at the same save step: it all-reduces the states' sizes,
+        then, when they are within the bound, the states themselves."""
+        if self._reentry != ITERATOR_STATE or self._iterator is None or int(self.step_in_epoch.numpy()) == 0:
+            return {}, {}
+        blob = serialize_iterator(self._iterator)
+        sizes = self._gather(len(blob))
+        bound = self.job.max_iterator_state_bytes
+        if not self._state_sized:
+            self._state_sized = True
+            emit("iterator_state_sized", group=True, bytes=sizes, max_bytes=bound, kept=max(sizes) <= bound)
+            if max(sizes) > bound:
+                self._reentry, self._reentry_reason = SKIP, (
+                    f"the iterator state ({max(sizes)} bytes) is larger than --max-iterator-state-bytes {bound}")
+                return {}, {}
+        if max(sizes) > bound:  # grew since it was measured: this checkpoint goes without
+            return {}, {}
+        states = self._gather_bytes(blob, sizes)
+        files = {state_file(rank): state for rank, state in enumerate(states)} if self.cluster.is_chief else {}
+        return files, {ITERATOR_STATE_KEY: {"world_size": self.cluster.num_workers, "epoch": int(self.epoch.numpy()),
+                                            "entry_step": self._pipeline_entry, "bytes": sizes}}
+
+    def _gather_bytes(self, mine: bytes, sizes: list[int]) -> list[bytes]:
+        """Every worker's ``mine`` (of the given sizes), indexed by rank (one all-reduce)."""
+        rows = np.zeros((self.cluster.num_workers, max(sizes)), dtype=np.int32)
+        rows[self.cluster.rank, :len(mine)] = np.frombuffer(mine, dtype=np.uint8)
+        summed = self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(lambda: tf.constant(rows)), axis=None)
+        return [summed.numpy()[rank, :size].astype(np.uint8).tobytes() for rank, size in enumerate(sizes)]
 
     # ----------------------------------------------------------------- train
     def drain_pending_checkpoint(self, timeout_s: float) -> None:
@@ -548,11 +622,7 @@ class Trainer:
         if self._input_source is not None:
             iterator = self._input_source(epoch, start)
         else:
-            iterator = iter(epoch_dataset(
-                self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=start,
-                steps_per_epoch=steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,
-                input_check=self.input_check,
-            ))
+            iterator = self._epoch_iterator(epoch, start)
         step_in_epoch, global_step = start, int(self.global_step.numpy())
         self._phase.enter(PHASE_TRAIN, epoch=epoch, epoch_start_step=global_step - start)
         while step_in_epoch < steps_per_epoch:
@@ -575,6 +645,25 @@ class Trainer:
                                         steps_per_epoch=steps_per_epoch, agreed_time_flag=save_due):
                 self.save()
         return True
+
+    def _epoch_iterator(self, epoch: int, start: int):
+        """Epoch ``epoch``'s input from step ``start``: distributed, or on the iterator_state
+        path this worker's plain iterator (restored from the checkpoint when it has one)."""
+        job = self.job
+        plain = self._reentry == ITERATOR_STATE
+        entry, state = start, None
+        if plain and self._restored_state is not None and self._restored_state[0] == epoch:
+            _, entry, state = self._restored_state  # the saved pipeline was built from ``entry``
+        self._restored_state = None
+        iterator = iter(epoch_dataset(
+            self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=entry,
+            steps_per_epoch=job.steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,
+            input_check=self.input_check, worker=(self.cluster.rank, self.cluster.num_workers) if plain else None,
+        ))
+        if state is not None:
+            restore_iterator(iterator, state)
+        self._iterator, self._pipeline_entry = (iterator if plain else None), entry
+        return iterator
 
     def _batch_end_stops(self, batch: int) -> bool:
         """``on_train_batch_end``; True when the callbacks stopped training (all agree)."""

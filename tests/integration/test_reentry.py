@@ -1,8 +1,9 @@
 """Re-entering an epoch mid-way without replaying its input.
 
 tests/recipes/input_bound.py positions its dataset itself (``start_step``); its twin
-input_bound_skip.py does not, so the runner skip()s. Both must resume bit-exactly after a
-kill mid-epoch, and the start_step path must really have been taken.
+input_bound_skip.py does not, so the runner restores each worker's saved tf.data iterator
+state (runner/iterator_state.py), or, with ``--max-iterator-state-bytes 0``, skip()s. All
+must resume bit-exactly after a kill mid-epoch, and the path named must really have been taken.
 """
 
 import pytest
@@ -52,8 +53,56 @@ def test_start_step_recipe_resumes_mid_epoch_exactly(tmp_path, input_bound_refer
 def test_recipe_without_start_step_is_skipped_to_the_same_weights(tmp_path, input_bound_reference):
     log = tmp_path / "starts.txt"
     job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS, "--set", f"start_log={log}",
-                  faults=KILL_CHIEF_AFTER_COMMIT_8)
+                  "--max-iterator-state-bytes", "0", faults=KILL_CHIEF_AFTER_COMMIT_8)
     assert job.returncode == 0, job.output
-    assert [r["step_in_epoch"] for r in job.named("restored")] == [8]
+    assert [(r["step_in_epoch"], r["input_reentry"], r["input_reentry_reason"]) for r in job.named("restored")] == [
+        (8, "skip", "--max-iterator-state-bytes 0")]
     assert {start for _, start in start_positions(log)} == {"None"}  # never told where to start
     assert job.summary["weights_sha256"] == input_bound_reference
+
+
+def test_recipe_without_start_step_restores_its_iterator_state(tmp_path, input_bound_reference):
+    log = tmp_path / "starts.txt"
+    job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS, "--set", f"start_log={log}",
+                  faults=KILL_CHIEF_AFTER_COMMIT_8)
+    assert job.returncode == 0, job.output
+    sized = job.named("iterator_state_sized")[0]  # at the first mid-epoch save (step 4)
+    assert (sized["kept"], len(sized["bytes"]), sized["max_bytes"]) == (True, 2, 262144)
+    restored = job.named("restored")
+    assert [(r["step_in_epoch"], r["input_reentry"]) for r in restored] == [(8, "iterator_state")]
+    assert job.summary["weights_sha256"] == input_bound_reference
+
+
+def test_a_state_larger_than_the_bound_falls_back_to_skip(tmp_path, input_bound_reference):
+    job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS, "--max-iterator-state-bytes", "100",
+                  faults=KILL_CHIEF_AFTER_COMMIT_8)
+    assert job.returncode == 0, job.output
+    assert [e["kept"] for e in job.named("iterator_state_sized")] == [False, False]  # once per attempt
+    [restored] = job.named("restored")
+    assert (restored["input_reentry"], restored["input_reentry_reason"]) == (
+        "skip", "the checkpoint holds no iterator state (it was larger than the bound, or not saved)")
+    assert job.summary["weights_sha256"] == input_bound_reference
+
+
+def test_iterator_state_path_trains_to_the_distributed_iterators_weights(tmp_path, input_bound_reference):
+    # Uninterrupted, 2 workers: each worker iterates its own pipeline as a plain tf.data
+    # iterator from step 1; the reference feeds the same batches through MWMS's distributed
+    # iterator (and test_recipe_without_start_step_is_skipped_to_the_same_weights pins this
+    # recipe on that path to it). Before runner/data.py relaxed the plain iterator's batch
+    # dimension as the distributed one does, the weights differed in the last bits.
+    job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS)
+    assert job.returncode == 0, job.output
+    assert [e["kept"] for e in job.named("iterator_state_sized")] == [True]
+    assert job.summary["weights_sha256"] == input_bound_reference
+
+
+def test_iterator_state_saved_by_two_workers_is_not_used_by_one(tmp_path):
+    run_dir = tmp_path / "run"
+    killed = run_job(INPUT_BOUND_SKIP, run_dir, *FLAGS, "--max-restarts", "0", faults=KILL_CHIEF_AFTER_COMMIT_8)
+    assert killed.returncode != 0
+    resumed = run_job(INPUT_BOUND_SKIP, run_dir, *FLAGS, "--workers", "1", "--accept-changes")
+    assert resumed.returncode == 0, resumed.output
+    [restored] = resumed.named("restored")
+    assert (restored["step_in_epoch"], restored["input_reentry"], restored["input_reentry_reason"]) == (
+        8, "skip", "the iterator state was saved by 2 workers; 1 resume (another sharding)")
+    assert resumed.summary["global_step"] == 24

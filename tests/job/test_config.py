@@ -19,6 +19,7 @@ def test_defaults_derive_run_dir_and_storage_from_recipe_name():
         ({"keep": 0}, "Received keep=0; expected an integer >= 1"),
         ({"eval_steps": 0}, "Received eval_steps=0; expected an integer >= 1"),
         ({"eval_every_epochs": -1}, "Received eval_every_epochs=-1; expected an integer >= 0"),
+        ({"max_iterator_state_bytes": -1}, "Received max_iterator_state_bytes=-1; expected an integer >= 0"),
         ({"grace_period": 0}, "Received grace_period=0; expected a number of seconds > 0"),
         ({"workers": 3, "global_batch_size": 8}, "global_batch_size=8 with workers=3"),
         ({"hang_timeout": 0}, "Received hang_timeout=0; expected 'auto' or a number of seconds > 0"),
