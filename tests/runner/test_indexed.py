@@ -5,7 +5,6 @@ n workers, concatenated in rank order, are the global batch); each pass is a per
 of all examples; re-entry at step k yields exactly the uninterrupted epoch from step k.
 """
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
