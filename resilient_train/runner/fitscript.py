@@ -52,7 +52,7 @@ from resilient_train.job.recipe import FIT_REFUSED, Recipe, recipe_name
 from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
-__all__ = ["FitScript", "ContinuousInput"]
+__all__ = ["FitScript", "ContinuousInput", "model_then_twins"]
 
 _HONOURED = ("x", "epochs", "steps_per_epoch", "callbacks", "verbose", "shuffle")  # the last two: ignored
 
@@ -232,7 +232,7 @@ class FitScript:
         history = keras.callbacks.History()
         callbacks = [*(kwargs.get("callbacks") or []), history]
         recipe = Recipe(
-            name=self.name, source=str(self.path), build_model=lambda params: model, build_optimizer=None,
+            name=self.name, source=str(self.path), build_model=model_then_twins(model), build_optimizer=None,
             loss=None, dataset=_no_dataset, callbacks=lambda params: list(callbacks),
         )
         source = ContinuousInput(self.strategy, dataset, global_batch_size=batch, steps_per_epoch=steps)
@@ -264,6 +264,37 @@ class FitScript:
         result = evaluator.evaluate()
         values = {"loss": result.loss, **result.metrics}
         return values if return_dict else list(values.values())
+
+
+def model_then_twins(model: keras.Model) -> Callable[[dict], keras.Model]:
+    """The recipe's ``build_model`` for a script's compiled ``model``: the model itself on the
+    first call (the Trainer's live model), a twin with its own variables on every later one.
+
+    The async checkpointer snapshots the live state into a twin built by calling
+    ``build_model`` again (runner/loop.py ``_build_twin``) and writes the twin while training
+    goes on. Handing it the live model made the snapshot a no-op and the write read
+    variables the next steps were updating: a checkpoint torn across steps, so a kill and
+    resume ended with other weights now and then (seen once in a suite run). The twin is
+    ``keras.models.clone_model`` compiled with an optimizer of the same class and config;
+    a model Keras cannot clone (a subclassed model) is refused with what to use instead.
+    """
+    calls = 0
+
+    def build_model(params: dict) -> keras.Model:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return model
+        try:
+            twin = keras.models.clone_model(model)
+        except Exception as exc:  # Keras' own refusal, e.g. a subclassed model
+            reason = (str(exc).splitlines() or [""])[0][:160]  # Keras' message runs to many lines
+            raise RecipeError(f"the fit() model cannot be copied for the asynchronous checkpoint ({type(exc).__name__}: "
+                              f"{reason}); pass --checkpoint-mode sync") from None
+        twin.compile(optimizer=type(model.optimizer).from_config(model.optimizer.get_config()))
+        return twin
+
+    return build_model
 
 
 def _global_batch_size(dataset: tf.data.Dataset) -> int:

@@ -79,3 +79,48 @@ def test_a_finite_dataset_shorter_than_the_run_is_refused(script):
     with pytest.raises(RecipeError, match=r"the dataset has 6 batches; fit\(epochs=4, steps_per_epoch=2\) reads 8: "
                                           r"add .repeat\(\)"):
         script._fit(object(), global_batches(), epochs=4, steps_per_epoch=2)
+
+
+def test_the_async_checkpoints_twin_of_a_script_model_has_its_own_variables():
+    """The first build_model call is the live model; later ones (the async checkpoint's twin,
+    the export copy) are clones with their own variables: a twin that IS the live model makes
+    the snapshot a no-op and the background write read variables training is updating."""
+    import keras
+
+    from resilient_train.runner.fitscript import model_then_twins
+
+    model = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.25, momentum=0.5), loss="mse")
+    build_model = model_then_twins(model)
+    assert build_model({}) is model
+    twin = build_model({})
+    assert twin is not model
+    assert [v.shape for v in twin.weights] == [v.shape for v in model.weights]
+    assert not {id(v) for v in twin.weights} & {id(v) for v in model.weights}
+    assert type(twin.optimizer) is keras.optimizers.SGD and twin.optimizer is not model.optimizer
+    assert (float(twin.optimizer.learning_rate), twin.optimizer.momentum) == (0.25, 0.5)
+    model.weights[0].assign(model.weights[0] + 1.0)  # training the live model...
+    assert not np.array_equal(twin.weights[0].numpy(), model.weights[0].numpy())  # ...leaves the twin
+
+
+def test_a_script_model_keras_cannot_clone_is_refused_naming_the_sync_mode():
+    import keras
+
+    from resilient_train.runner.fitscript import model_then_twins
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    model = Subclassed()
+    model(np.zeros((1, 3), np.float32))
+    model.compile(optimizer="sgd", loss="mse")
+    build_model = model_then_twins(model)
+    assert build_model({}) is model
+    with pytest.raises(RecipeError, match=r"the fit\(\) model cannot be copied for the asynchronous checkpoint .*; "
+                                          r"pass --checkpoint-mode sync$"):
+        build_model({})
