@@ -537,9 +537,23 @@ class Trainer:
         then, when they are within the bound, the states themselves."""
         if self._reentry != ITERATOR_STATE or self._iterator is None or int(self.step_in_epoch.numpy()) == 0:
             return {}, {}
-        blob = serialize_iterator(self._iterator)
-        sizes = self._gather(len(blob))
+        try:
+            blob = serialize_iterator(self._iterator)
+        except tf.errors.OpError as exc:  # e.g. a py_function / numpy_function: "EagerPyFunc is stateful"
+            blob, unsaveable = b"", (exc.message or type(exc).__name__).splitlines()[0][:200]
+        else:
+            unsaveable = None
+        sizes = self._gather(-1 if unsaveable is not None else len(blob))  # every worker decides alike
         bound = self.job.max_iterator_state_bytes
+        if min(sizes) < 0:
+            ranks = [rank for rank, size in enumerate(sizes) if size < 0]
+            self._state_sized = True
+            self._reentry, self._reentry_reason = SKIP, (
+                f"the tf.data pipeline of rank(s) {ranks} cannot be saved"
+                + (f" ({unsaveable})" if unsaveable else "") + ": a stateful op such as py_function")
+            emit("iterator_state_sized", group=True, bytes=sizes, max_bytes=bound, kept=False,
+                 reason=self._reentry_reason)
+            return {}, {}
         if not self._state_sized:
             self._state_sized = True
             emit("iterator_state_sized", group=True, bytes=sizes, max_bytes=bound, kept=max(sizes) <= bound)

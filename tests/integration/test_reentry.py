@@ -8,6 +8,7 @@ must resume bit-exactly after a kill mid-epoch, and the path named must really h
 
 import pytest
 
+from tests.integration.conftest import DIGITS_FLAGS
 from tests.integration.harness import run_job
 
 INPUT_BOUND = "tests/recipes/input_bound.py"
@@ -106,3 +107,20 @@ def test_iterator_state_saved_by_two_workers_is_not_used_by_one(tmp_path):
     assert (restored["step_in_epoch"], restored["input_reentry"], restored["input_reentry_reason"]) == (
         8, "skip", "the iterator state was saved by 2 workers; 1 resume (another sharding)")
     assert resumed.summary["global_step"] == 24
+
+
+def test_a_pipeline_that_cannot_be_saved_falls_back_to_skip_and_resumes_exactly(tmp_path, digits_reference):
+    # tests/recipes/slow_digits.py maps a stateful numpy_function over digits_cnn's batches:
+    # TensorFlow refuses to serialize such an iterator ("EagerPyFunc is stateful"). The first
+    # mid-epoch save (step 4) finds that on every rank, all workers agree to save no states,
+    # and the kill after the commit of 8 re-enters by skip() to digits_cnn's exact weights.
+    job = run_job("tests/recipes/slow_digits.py", tmp_path / "run", *DIGITS_FLAGS, "--set", "step_delay_s=0",
+                  "--no-warm-standby", faults=[{"point": "after_commit", "global_step": 8, "rank": 0}])
+    assert job.returncode == 0, job.output
+    sized = job.named("iterator_state_sized")
+    assert [(e["attempt"], e["bytes"], e["kept"]) for e in sized] == [(1, [-1, -1], False), (2, [-1, -1], False)]
+    assert sized[0]["reason"].startswith("the tf.data pipeline of rank(s) [0, 1] cannot be saved (")
+    [restored] = job.named("restored")
+    assert (restored["step_in_epoch"], restored["input_reentry"], restored["input_reentry_reason"]) == (
+        8, "skip", "the checkpoint holds no iterator state (it was larger than the bound, or not saved)")
+    assert job.summary["weights_sha256"] == digits_reference
