@@ -36,8 +36,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/reentry.py
+	$(BIN)/python benchmarks/resize.py
 	$(BIN)/python benchmarks/ray_recovery.py
 	$(BIN)/python benchmarks/keras_fit.py
+	$(BIN)/python benchmarks/ps_throughput.py
 
 clean:
 	rm -rf runs .pytest_cache

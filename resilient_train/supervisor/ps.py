@@ -106,11 +106,7 @@ class ParameterServerSupervisor(Supervisor):
                              f"{self.job.max_restarts} restarts in place (--max-restarts)")
                     return
                 self._restart_in_place(worker)
-            stall = self._watch_progress()
-            if stall is not None:
-                self._stall = stall
-                self._to(RunState.HUNG, reason=f"the coordinator made no progress for {stall.seconds:.0f} s "
-                         f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})")
+            if self._went_hung("the coordinator"):
                 return
             self.sleep(POLL_S)
 

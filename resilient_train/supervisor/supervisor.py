@@ -332,11 +332,7 @@ class Supervisor:
                 self._resize = (grow_to, reason)
                 self._to(RunState.RESIZING, reason=reason)
                 return
-            stall = self._watch_progress()
-            if stall is not None:
-                self._stall = stall
-                self._to(RunState.HUNG, reason=f"no worker made progress for {stall.seconds:.0f} s "
-                         f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})")
+            if self._went_hung("no worker"):
                 return
             self.sleep(POLL_S)
 
@@ -362,6 +358,17 @@ class Supervisor:
         for worker in self._alive():
             _signal(worker, signal.SIGTERM)
         self._to(RunState.STOPPING, reason="resize: the group saves at an agreed step")
+
+    def _went_hung(self, who: str) -> bool:
+        """Feed the watchdog; when ``who`` (the watched workers, named for the reason) made no
+        progress for longer than allowed, keep the stall for HUNG and enter it (True)."""
+        stall = self._watch_progress()
+        if stall is None:
+            return False
+        self._stall = stall
+        self._to(RunState.HUNG, reason=f"{who} made no progress for {stall.seconds:.0f} s "
+                 f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})")
+        return True
 
     def _watch_progress(self) -> Stall | None:
         """Feed the watchdog what the markers say (every WATCH_EVERY_S); a Stall when hung."""

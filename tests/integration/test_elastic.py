@@ -140,9 +140,15 @@ def test_a_node_loss_without_a_spare_shrinks_the_group_and_returning_capacity_gr
     events = job.events
     assert not [e for e in events if e["event"] == "gang_restart" and "restart 1 of" in e["reason"]]
     if recipe == INDEXED:
-        reference_dir, reference_digests = request.getfixturevalue("uninterrupted")
-        assert read_step_indices(run_dir) == reference_digests  # the same examples at every global step
-        assert replayed_conflicts(run_dir) == []  # steps re-trained after the shrink saw them again
-        difference = max_abs_difference(RunDir(run_dir).model / "model.keras", RunDir(reference_dir).model / "model.keras")
-        print(f"max |w_resized - w_uninterrupted| = {difference:.3g}")
-        assert difference < MAX_ABS_DIFFERENCE
+        assert_same_examples_as_uninterrupted(run_dir, request.getfixturevalue("uninterrupted"))
+
+
+def assert_same_examples_as_uninterrupted(run_dir: Path, uninterrupted: tuple[Path, dict[int, str]]) -> None:
+    """The resized run's every global step trained on the uninterrupted run's examples, and
+    its weights differ from that run's by less than MAX_ABS_DIFFERENCE."""
+    reference_dir, reference_digests = uninterrupted
+    assert read_step_indices(run_dir) == reference_digests  # the same examples at every global step
+    assert replayed_conflicts(run_dir) == []  # steps re-trained after the shrink saw them again
+    difference = max_abs_difference(RunDir(run_dir).model / "model.keras", RunDir(reference_dir).model / "model.keras")
+    print(f"max |w_resized - w_uninterrupted| = {difference:.3g}")
+    assert difference < MAX_ABS_DIFFERENCE

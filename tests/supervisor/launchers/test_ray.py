@@ -17,6 +17,10 @@ import pytest
 from resilient_train.errors import EXIT_FAILURE, EXIT_PREEMPTED, EXIT_USAGE
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job, run_job_until, survivors, worker_pids
+from tests.integration.test_elastic import FLAGS as ELASTIC_FLAGS
+from tests.integration.test_elastic import (INDEXED, RECIPE_FLAGS, _of, assert_same_examples_as_uninterrupted,
+                                            assert_shrank_and_grew_back, run_with_triggers)
+from tests.integration.test_elastic import uninterrupted  # noqa: F401  (the fixture, by request.getfixturevalue)
 
 SLOW_DIGITS = "tests/recipes/slow_digits.py"  # digits_cnn, same weights, 0.15 s per step
 RAY = ("--launcher", "ray", "--storage-shared")  # the test nodes share this machine's disk
@@ -206,15 +210,16 @@ def test_no_worker_outlives_a_sigkilled_supervisor(tmp_path, ray_cluster):
 
 
 @pytest.mark.slow  # the supervisor's resize path is tests/integration/test_elastic.py's; Ray's capacity has unit tests
-@pytest.mark.parametrize("recipe", [SLOW_DIGITS])
-def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins(tmp_path, ray_cluster, recipe):
+@pytest.mark.parametrize("recipe", [INDEXED, SLOW_DIGITS])
+def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins(tmp_path, ray_cluster, recipe, request):
     """--workers 1:2 on 2 nodes that hold one worker each (2 CPUs): rank 1's node dies with
     no spare -> attempt 2 runs 1 worker from the last commit; a node joins -> attempt 3 is
-    back at 2 from attempt 2's agreed save, and the run completes. No restart is spent."""
-    from tests.integration.test_elastic import _of, assert_shrank_and_grew_back, run_with_triggers
-
+    back at 2 from attempt 2's agreed save, and the run completes. No restart is spent. With
+    the indexed recipe every global step trained on the uninterrupted 2-worker run's examples
+    (per-step index digests) and the weights are within test_elastic's tolerance of its."""
     ray_cluster.remove(ray_cluster.workers[-1].node_id)  # no spare
-    flags = (*DIGITS_FLAGS, *RAY, "--cpus-per-worker", "2", "--workers", "1:2", "--set", "step_delay_s=0.5")
+    recipe_flags = RECIPE_FLAGS[INDEXED] if recipe == INDEXED else ("--set", "step_delay_s=0.5")
+    flags = (*ELASTIC_FLAGS, *RAY, "--cpus-per-worker", "2", "--workers", "1:2", *recipe_flags)
     try:
         job = run_with_triggers(recipe, tmp_path / "run", *flags, triggers=[
             (lambda events: bool(_of(events, "checkpoint_committed", 1)),
@@ -225,3 +230,5 @@ def test_an_elastic_run_continues_on_the_node_left_and_grows_back_when_one_joins
         while len(ray_cluster.workers) < 3:  # 3 again for the tests after this one
             ray_cluster.add_worker()
     assert_shrank_and_grew_back(job)
+    if recipe == INDEXED:
+        assert_same_examples_as_uninterrupted(job.run_dir, request.getfixturevalue("uninterrupted"))
