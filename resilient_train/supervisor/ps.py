@@ -106,7 +106,7 @@ class ParameterServerSupervisor(Supervisor):
                              f"{self.job.max_restarts} restarts in place (--max-restarts)")
                     return
                 self._restart_in_place(worker)
-            if self._went_hung("the coordinator"):
+            if self._went_hung("the coordinator made no progress"):
                 return
             self.sleep(POLL_S)
 

@@ -332,7 +332,7 @@ class Supervisor:
                 self._resize = (grow_to, reason)
                 self._to(RunState.RESIZING, reason=reason)
                 return
-            if self._went_hung("no worker"):
+            if self._went_hung("no worker made progress"):
                 return
             self.sleep(POLL_S)
 
@@ -359,14 +359,14 @@ class Supervisor:
             _signal(worker, signal.SIGTERM)
         self._to(RunState.STOPPING, reason="resize: the group saves at an agreed step")
 
-    def _went_hung(self, who: str) -> bool:
-        """Feed the watchdog; when ``who`` (the watched workers, named for the reason) made no
-        progress for longer than allowed, keep the stall for HUNG and enter it (True)."""
+    def _went_hung(self, what: str) -> bool:
+        """Feed the watchdog; when the watched workers made no progress for longer than
+        allowed, keep the stall for HUNG and enter it (True), the reason opening with ``what``."""
         stall = self._watch_progress()
         if stall is None:
             return False
         self._stall = stall
-        self._to(RunState.HUNG, reason=f"{who} made no progress for {stall.seconds:.0f} s "
+        self._to(RunState.HUNG, reason=f"{what} for {stall.seconds:.0f} s "
                  f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})")
         return True
 
