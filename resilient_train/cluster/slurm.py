@@ -31,7 +31,7 @@ import hostlist
 from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.errors import ConfigError
 
-__all__ = ["DEFAULT_PORT_BASE", "expand_hostlist", "expand_tasks_per_node", "slurm_addresses", "tf_config_from_slurm", "tf_config_json"]
+__all__ = ["DEFAULT_PORT_BASE", "compress_hostlist", "expand_hostlist", "expand_tasks_per_node", "slurm_addresses", "tf_config_from_slurm", "tf_config_json"]
 
 DEFAULT_PORT_BASE = 8888  # SlurmClusterResolver's default
 
@@ -50,6 +50,11 @@ def expand_hostlist(text: str) -> list[str]:
     if not hosts:
         raise ConfigError(f"Received Slurm node list {text!r}; expected hostnames such as 'node[01-04]'")
     return hosts
+
+
+def compress_hostlist(hosts: list[str]) -> str:
+    """``["n01", "n02", "login"]`` -> ``"login,n[01-02]"``: the compressed syntax Slurm reads."""
+    return hostlist.collect_hostlist(hosts)
 
 
 def expand_tasks_per_node(text: str) -> list[int]:

@@ -35,7 +35,7 @@ _FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OU
 
 _CONFIG = """\
 ClusterName=rt-test
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={controller}
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -44,11 +44,11 @@ AuthType=auth/munge
 AuthInfo=socket={dir}/munge.sock,cred_expire=10
 CredType=cred/munge
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
+SlurmdSpoolDir={dir}/spool{per_node}
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
+SlurmdPidFile={dir}/slurmd{per_node}.pid
 SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
+SlurmdLogFile={dir}/slurmd{per_node}.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -62,8 +62,8 @@ JobAcctGatherType=jobacct_gather/none
 MinJobAge=3600
 KillWait=5
 JobRequeue=1
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+{extra}{nodes}
+PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -76,27 +76,37 @@ class JobState:
 
 
 class SlurmCluster:
-    """The running cluster: its environment (SLURM_CONF) and a few commands."""
+    """The running cluster: its environment (SLURM_CONF) and a few commands.
 
-    def __init__(self, directory: Path) -> None:
+    ``client`` prefixes every command (sbatch, scontrol, ...): empty on localhost; on the
+    multi-node cluster (tests/support/slurm_nodes.py) it enters the controller's host, the
+    only place slurmctld can be reached from.
+    """
+
+    def __init__(self, directory: Path, client: tuple[str, ...] = ()) -> None:
         self.dir = directory
         self.conf = directory / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.client = list(client)
 
     def run(self, *argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(list(argv), env=env or self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run([*self.client, *argv], env=env or self.env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
 
     def sbatch(self, *argv: str, env: dict[str, str], cwd: Path) -> str:
         result = subprocess.run(
-            ["sbatch", "--parsable", *argv], env={**env, "SLURM_CONF": str(self.conf)}, cwd=cwd,
+            [*self.client, "sbatch", "--parsable", *argv], env={**env, "SLURM_CONF": str(self.conf)}, cwd=cwd,
             capture_output=True, text=True, timeout=60, check=False,
         )
         assert result.returncode == 0, f"sbatch failed: {result.stderr}"
         return result.stdout.strip().split(";")[0]
 
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job --oneliner``'s fields (``NodeList``, ``NumNodes``, ``JobState``, ...)."""
+        return dict(re.findall(r"(\w+)=(\S*)", self.run("scontrol", "show", "job", "--oneliner", job_id).stdout))
+
     def job(self, job_id: str) -> JobState:
-        text = self.run("scontrol", "show", "job", "-o", job_id).stdout
-        fields = dict(re.findall(r"(\w+)=(\S*)", text))
+        fields = self.show_job(job_id)
         return JobState(job_id, fields.get("JobState", "?"), fields.get("ExitCode", "?"), int(fields.get("Restarts", 0)))
 
     def wait_job(self, job_id: str, *, timeout: float = 600) -> JobState:
@@ -110,16 +120,25 @@ class SlurmCluster:
         self.run("scancel", job_id)
         raise TimeoutError(f"Slurm job {job_id} not finished after {timeout} s (last state {self.job(job_id)})")
 
-    def wait_idle(self, timeout: float = 60) -> None:
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as sinfo prints it (``idle``, ``allocated``, ``down*``)."""
+        lines = self.run("sinfo", "--Node", "--noheader", "--format=%N %T").stdout.split("\n")
+        return dict(line.split() for line in lines if line.strip())
+
+    def wait_idle(self, *nodes: str, timeout: float = 60) -> None:
+        """Until ``nodes`` (default: every node) are idle."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.run("sinfo", "-h", "-o", "%T").stdout.strip() == "idle":
+            states = self.node_states()
+            if states and all(states.get(node) == "idle" for node in nodes or states):
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"Slurm node not idle after {timeout} s; see {self.dir}/slurmd.log and slurmctld.log")
+        raise TimeoutError(f"Slurm nodes not idle after {timeout} s ({self.node_states()}); "
+                           f"see the slurmd and slurmctld logs in {self.dir}")
 
 
-def _unavailable() -> str | None:
+def unavailable() -> str | None:
+    """Why a local Slurm cluster cannot run here, or None."""
     missing = [name for name in DAEMONS if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
     if missing:
         return f"Slurm is not installed (missing {', '.join(missing)}); run `make slurm-deps` (apt-get install slurm-wlm munge)"
@@ -128,8 +147,19 @@ def _unavailable() -> str | None:
     return None
 
 
-def _start(directory: Path) -> SlurmCluster:
-    sbin = lambda name: shutil.which(name) or str(Path("/usr/sbin", name))  # noqa: E731
+def skip_or_fail(reason: str) -> None:
+    """Skip with ``reason``, unless RT_REQUIRE_SLURM=1 (``make test-all``): then fail."""
+    if os.environ.get("RT_REQUIRE_SLURM") == "1":
+        pytest.fail(f"RT_REQUIRE_SLURM=1 but {reason}")
+    pytest.skip(reason)
+
+
+def sbin(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+def start_munge(directory: Path) -> None:
+    """A private munged for ``directory``: its own key, socket, log, pid and seed files there."""
     directory.chmod(0o700)
     for sub in ("state", "spool"):
         (directory / sub).mkdir()
@@ -140,11 +170,26 @@ def _start(directory: Path) -> SlurmCluster:
          f"--seed-file={directory}/munged.seed", "--origin=127.0.0.1"],
         check=True, timeout=30,
     )
+
+
+def write_config(directory: Path, *, controller: str, nodes: list[str], partition: str, per_node: str = "",
+                 extra: str = "") -> Path:
+    """slurm.conf in ``directory`` with free ports; ``per_node`` suffixes slurmd's spool, pid and
+    log paths (``-%n``: one set per node name)."""
     ctld_port, slurmd_port = free_ports(2)
+    conf = directory / "slurm.conf"
+    conf.write_text(_CONFIG.format(
+        controller=controller, ctld_port=ctld_port, slurmd_port=slurmd_port, dir=directory, per_node=per_node,
+        extra=extra, nodes="\n".join(nodes), partition=partition,
+    ))
+    return conf
+
+
+def _start(directory: Path) -> SlurmCluster:
+    start_munge(directory)
     host = socket.gethostname().split(".")[0]
-    (directory / "slurm.conf").write_text(
-        _CONFIG.format(host=host, ctld_port=ctld_port, slurmd_port=slurmd_port, dir=directory)
-    )
+    write_config(directory, controller=f"{host}(127.0.0.1)", partition="localhost",
+                 nodes=["NodeName=localhost NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN"])
     cluster = SlurmCluster(directory)
     subprocess.run([sbin("slurmctld"), "-i", "-f", str(cluster.conf)], env=cluster.env, check=True, timeout=60)
     subprocess.run([sbin("slurmd"), "-N", "localhost", "-f", str(cluster.conf)], env=cluster.env, check=True, timeout=60)
@@ -152,11 +197,13 @@ def _start(directory: Path) -> SlurmCluster:
     return cluster
 
 
-def _stop(directory: Path) -> None:
-    """Stop the three daemons this fixture started (by their pid files), slurmd first."""
-    for name in ("slurmd", "slurmctld", "munged"):
+def stop(directory: Path) -> None:
+    """Stop the daemons started for ``directory`` (by their pid files): every slurmd first,
+    then slurmctld, then munged."""
+    pid_files = [*sorted(directory.glob("slurmd*.pid")), directory / "slurmctld.pid", directory / "munged.pid"]
+    for pid_file in pid_files:
         try:
-            pid = int((directory / f"{name}.pid").read_text().split()[0])
+            pid = int(pid_file.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             continue
         try:
@@ -170,15 +217,13 @@ def _stop(directory: Path) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    reason = _unavailable()
+    reason = unavailable()
     if reason:
-        if os.environ.get("RT_REQUIRE_SLURM") == "1":
-            pytest.fail(f"RT_REQUIRE_SLURM=1 but {reason}")
-        pytest.skip(reason)
+        skip_or_fail(reason)
     directory = tmp_path_factory.mktemp("slurm")
     try:
         cluster = _start(directory)
         yield cluster
         cluster.run("scancel", "--partition=debug")
     finally:
-        _stop(directory)
+        stop(directory)

@@ -28,6 +28,12 @@ reaches the tasks, not necessarily the supervisor: the wrapper records it, ``sto
 reports it, and the supervisor treats it like its own SIGTERM (agreed save, exit 143), so
 that ``--requeue`` resumes with zero lost steps.
 
+Elastic (``--workers MIN:MAX``): ``capacity()`` is the allocation's nodes now times its tasks
+per node at the start. Submitted with ``--no-kill``, an allocation that loses a node keeps
+running without it and the next attempt is smaller; one grown by an ``expand`` merge
+(``capacity()`` says how) lets the group grow back. Each step names the allocation's nodes
+now in its environment.
+
 Refused up front (exit 2): no allocation (SLURM_JOB_ID unset), more workers than the
 allocation's tasks, and a run dir the nodes do not share (a probe step writes one file per
 node there; the workers write their logs, step markers and error files straight into it).
@@ -49,7 +55,7 @@ from resilient_train.rundir import events
 from resilient_train.job.config import JobConfig
 from resilient_train.rundir.layout import AttemptDir
 from resilient_train.errors import ConfigError
-from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, expand_hostlist
+from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, compress_hostlist, expand_hostlist
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 
 __all__ = ["SlurmLauncher", "Commands", "SubprocessCommands", "allocation_nodes"]
@@ -178,11 +184,23 @@ class SlurmLauncher(Launcher):
         return [SlurmTask(self, self.step, spec.rank) for spec in specs]
 
     def capacity(self) -> int | None:
-        """The allocation's size now: its nodes (``scontrol show job``) x its tasks per node.
+        """The allocation's size now: its nodes (``scontrol show job``) x its tasks per node at the start.
 
-        An allocation loses nodes when one fails under ``--no-kill`` and regains them when it
-        is grown (``scontrol update``); the srun steps then use the nodes it has. None when
-        scontrol gives no answer (the supervisor then places what it asks for).
+        How an allocation changes size (Debian's Slurm 22.05.8, tests/integration/test_slurm_elastic.py):
+
+        * it shrinks when a node fails under ``sbatch --no-kill`` (slurmd silent for
+          SlurmdTimeout, or ``scontrol update nodename=N state=down``): the job keeps running,
+          NodeList and NumNodes drop the node, and the step with tasks there ends (srun:
+          "Node failure on N"). Without ``--no-kill`` Slurm ends or requeues the whole job.
+        * it grows only by a merge, where the site sets
+          ``SchedulerParameters=permit_job_expansion``: a second allocation submitted with
+          ``--dependency=expand:JOBID`` and no step (``salloc --no-shell``) hands its nodes to
+          JOBID with ``scontrol update jobid=SECOND NumNodes=0``. ``scontrol update
+          jobid=JOBID NumNodes=N`` only shrinks, and once a job was resized Slurm refuses
+          every ``scontrol update`` of it without slurmdbd ("the DB index is being set").
+
+        Each later srun step is told the allocation's nodes now (``_env``). None when scontrol
+        gives no answer (the supervisor then places what it asks for).
         """
         if not self.job_id or self._tasks_per_node is None:
             return None
@@ -264,6 +282,12 @@ class SlurmLauncher(Launcher):
     def _env(self, attempt_env: Mapping[str, str]) -> dict[str, str]:
         env = {**self.environ, **attempt_env}
         env.pop("TF_CONFIG", None)  # each task builds its own
+        if self.nodes:
+            # The allocation as it is now, not as the batch step was told at the start: srun
+            # checks --nodes against SLURM_JOB_NODELIST and refuses a grown allocation
+            # otherwise ("srun: error: Only allocated 1 nodes asked for 2").
+            nodelist, count = compress_hostlist(self.nodes), str(len(self.nodes))
+            env.update(SLURM_JOB_NODELIST=nodelist, SLURM_NODELIST=nodelist, SLURM_JOB_NUM_NODES=count, SLURM_NNODES=count)
         return env
 
     def _end_previous_step(self) -> None:
