@@ -6,6 +6,7 @@ import pytest
 
 from resilient_train.errors import ConfigError
 from resilient_train.cluster.slurm import (
+    compress_hostlist,
     environ_with_tf_config,
     expand_hostlist,
     expand_tasks_per_node,
@@ -26,6 +27,15 @@ from resilient_train.cluster.slurm import (
 )
 def test_expand_hostlist(text, hosts):
     assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize(
+    ("hosts", "text"),
+    [(["node0"], "node0"), (["node0", "node1"], "node[0-1]"), (["n08", "n09", "n10", "login"], "login,n[08-10]")],
+)
+def test_compress_hostlist_is_expand_hostlists_inverse(hosts, text):
+    assert compress_hostlist(hosts) == text
+    assert sorted(expand_hostlist(text)) == sorted(hosts)
 
 
 @pytest.mark.parametrize("text", ["n[1-3", "n1-3]", "n[3-1]", "n[a-b]", ""])

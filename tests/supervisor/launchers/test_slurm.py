@@ -241,6 +241,26 @@ def test_capacity_is_the_allocations_nodes_times_its_tasks_per_node(tmp_path):
     assert ["scontrol", "show", "job", "--oneliner", "77"] in commands.ran
 
 
+def test_each_step_is_told_the_allocations_nodes_now_not_those_at_the_start(tmp_path):
+    """srun checks --nodes against SLURM_JOB_NODELIST: a stale list refuses a grown allocation
+    ("Only allocated 1 nodes asked for 2", Slurm 22.05.8)."""
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), workers="1:2",
+                    launcher="slurm", global_batch_size=32)
+    environ = {**SLURM_ENV, "SLURM_JOB_NODELIST": "n1", "SLURM_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1",
+               "SLURM_NNODES": "1", "SLURM_NTASKS": "1"}
+    commands = AllocationCommands(["n1"], "n1")
+    slurm = SlurmLauncher(job, commands=commands, environ=environ, python="py")
+    slurm.prepare()
+    commands.nodelist = "n[1-2]"  # grown by an expand merge
+    assert slurm.capacity() == 2
+    slurm.start(specs(job, tmp_path))
+    argv, env = commands.started[0]
+    assert argv[2:4] == ["--nodes=2", "--ntasks=2"]
+    told = {name: env[name] for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")}
+    assert told == {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+                    "SLURM_NNODES": "2"}
+
+
 def test_an_elastic_run_needs_only_min_tasks(tmp_path):
     job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), workers="3:4",
                     launcher="slurm", global_batch_size=12)
