@@ -69,7 +69,7 @@ def test_a_lost_node_shrinks_the_run_and_an_expanded_allocation_grows_it_back(sl
     cluster.boot("node1")
     cluster.wait_idle("node1")
     grant = cluster.expansion(job_id, "node1")
-    wait_for(lambda: bool(_of(run_dir, "first_step", 2)), "attempt 2 (1 worker) to train")
+    wait_for(lambda: bool(_of(run_dir, "first_step", 2)), "attempt 2 (1 worker) to train", 300)
     cluster.merge(grant)
     assert cluster.allocation(job_id) == ("node[0-1]", "2")
 

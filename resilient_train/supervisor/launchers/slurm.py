@@ -3,7 +3,7 @@
 ``resilient-train run RECIPE --launcher slurm`` runs inside an allocation (``sbatch``,
 ``salloc``; deploy/slurm/run.sbatch), the supervisor in the batch step. Every attempt is
 
-    srun --nodes=K --ntasks=WORKERS --distribution=block --kill-on-bad-exit=0 --wait=0
+    srun --nodes=K --ntasks=WORKERS --distribution=block --kill-on-bad-exit=0 --wait=0 --overlap
          --output=<attempt_dir>/worker-%t.log python -m ...launchers.slurm_task <attempt_dir> --
          python -m resilient_train.runner --job <attempt_dir>/job.json --tf-config-from slurm
 
@@ -19,6 +19,14 @@ cause and to let peers finish a preemption save; it already tears the gang down 
 (SIGTERM, then SIGKILL after a grace). ``--wait=0`` likewise stops srun from killing the
 step some time after the first task exits. Task exit codes come from the slurm_task wrapper
 (``slurm-task-<rank>.json`` in the attempt dir), since srun returns only one status.
+
+Why ``--overlap``: when a node dies and its step's other tasks have already exited (they do
+within seconds, their collectives fail), slurmctld never completes that step (Slurm 22.05.8):
+it kills the lost node's part when it sets the node DOWN, but the step stays listed on every
+node and holds its CPUs there until the job ends, so the next attempt's step waited forever
+("step creation temporarily disabled ... Requested nodes are busy"). Steps of this launcher
+never run side by side (the previous srun is gone before the next starts), so sharing CPUs
+with such a remnant costs nothing.
 
 Signals go to the whole step (``scancel --signal=SIG JOBID.STEPID``): Slurm cannot signal one
 task of a step, and the supervisor only ever signals the whole gang anyway.
@@ -246,6 +254,7 @@ class SlurmLauncher(Launcher):
             "--distribution=block",
             "--kill-on-bad-exit=0",
             "--wait=0",
+            "--overlap",  # a lost node's step may never end in slurmctld (module docstring)
             f"--output={attempt_dir / 'worker-%t.log'}",  # stderr joins it (no --error)
             "--export=ALL",
             self.python, "-m", "resilient_train.supervisor.launchers.slurm_task", str(attempt_dir), "--",

@@ -120,12 +120,12 @@ def test_each_attempt_is_one_srun_step_with_rotating_ports(tmp_path):
     handles = slurm.start(first)
     argv, env = commands.started[0]
     attempt_dir = first[0].attempt_dir
-    assert argv[:10] == [
+    assert argv[:11] == [
         "srun", argv[1], "--nodes=2", "--ntasks=2", "--distribution=block", "--kill-on-bad-exit=0", "--wait=0",
-        f"--output={attempt_dir}/worker-%t.log", "--export=ALL", "py",
+        "--overlap", f"--output={attempt_dir}/worker-%t.log", "--export=ALL", "py",
     ]
     assert argv[1].startswith("--job-name=rt-attempt-1-")
-    assert argv[10:] == [
+    assert argv[11:] == [
         "-m", "resilient_train.supervisor.launchers.slurm_task", str(attempt_dir), "--",
         "py", "-m", "resilient_train.runner", "--job", str(attempt_dir / "job.json"),
         "--tf-config-from", "slurm", "--port-base", "8888",
