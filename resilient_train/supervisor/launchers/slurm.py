@@ -275,13 +275,17 @@ class SlurmLauncher(Launcher):
         self.commands.run(["scancel", f"--signal={name}", step_id], self.environ, timeout=60)
 
     def _step_id(self, step: _Step) -> str | None:
+        """``JOBID.STEPID`` of the step named ``step.name``, by its name in squeue's answer:
+        ``--name`` does not filter ``squeue --steps`` (Slurm 22.05.8 lists every step of the
+        job), and the first line may be an earlier step that never ended (a lost node's)."""
         if step.step_id is None:
             found = self.commands.run(
-                ["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={step.job_id}", f"--name={step.name}"],
+                ["squeue", "--steps", "--noheader", "--format=%i %j", f"--jobs={step.job_id}", f"--name={step.name}"],
                 self.environ,
                 timeout=60,
             )
-            ids = found.stdout.split() if found.returncode == 0 else []
+            lines = found.stdout.splitlines() if found.returncode == 0 else []
+            ids = [fields[0] for fields in map(str.split, lines) if fields[1:] == [step.name]]
             step.step_id = ids[0] if ids else None
         return step.step_id
 

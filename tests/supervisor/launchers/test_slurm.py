@@ -63,8 +63,9 @@ class FakeCommands:
             for node in self.shared:
                 (Path(argv[-1]) / node).touch()
             return subprocess.CompletedProcess(argv, 0, "", "")
-        if argv[0] == "squeue":
-            return subprocess.CompletedProcess(argv, 0, "77.3\n", "")
+        if argv[0] == "squeue":  # every step of the job, whatever --name says (Slurm 22.05.8)
+            name = next(a for a in argv if a.startswith("--name=")).split("=", 1)[1]
+            return subprocess.CompletedProcess(argv, 0, f"77.0 python\n77.2 rt-attempt-0-dead00\n77.3 {name}\n77.batch batch\n", "")
         return subprocess.CompletedProcess(argv, 0, "", "")
 
 
@@ -162,7 +163,7 @@ def test_signals_go_to_the_whole_step_once_each(tmp_path):
     worker.send_signal(signal.SIGKILL)
     name = commands.started[0][0][1].split("=", 1)[1]
     assert commands.ran[1:] == [
-        ["squeue", "--steps", "--noheader", "--format=%i", "--jobs=77", f"--name={name}"],
+        ["squeue", "--steps", "--noheader", "--format=%i %j", "--jobs=77", f"--name={name}"],
         ["scancel", "--signal=TERM", "77.3"],
         ["scancel", "--signal=KILL", "77.3"],
     ]
