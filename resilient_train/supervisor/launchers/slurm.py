@@ -204,8 +204,9 @@ class SlurmLauncher(Launcher):
           ``SchedulerParameters=permit_job_expansion``: a second allocation submitted with
           ``--dependency=expand:JOBID`` and no step (``salloc --no-shell``) hands its nodes to
           JOBID with ``scontrol update jobid=SECOND NumNodes=0``. ``scontrol update
-          jobid=JOBID NumNodes=N`` only shrinks, and once a job was resized Slurm refuses
-          every ``scontrol update`` of it without slurmdbd ("the DB index is being set").
+          jobid=JOBID NumNodes=N`` cannot grow a running job, and once a job was resized
+          Slurm refuses every ``scontrol update`` of it ("the DB index is being set": only
+          slurmdbd assigns one; not tried with slurmdbd).
 
         Each later srun step is told the allocation's nodes now (``_env``). None when scontrol
         gives no answer (the supervisor then places what it asks for).
