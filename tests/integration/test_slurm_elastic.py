@@ -28,11 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from resilient_train.rundir.layout import RunDir
-from resilient_train.rundir.stepindices import read_step_indices, replayed_conflicts
 from tests.integration.harness import REPO, Job, read_events
 from tests.integration.test_elastic import (  # noqa: F401  (uninterrupted: a module fixture)
-    FLAGS, INDEXED, MAX_ABS_DIFFERENCE, RECIPE_FLAGS, assert_shrank_and_grew_back, max_abs_difference, uninterrupted,
+    FLAGS, INDEXED, RECIPE_FLAGS, assert_same_examples_as_uninterrupted, assert_shrank_and_grew_back, uninterrupted,
 )
 from tests.integration.test_slurm import RUN_SBATCH, job_env, output, port_base, wait_for
 from tests.support.slurm_nodes import slurm_nodes  # noqa: F401  (fixture)
@@ -81,9 +79,4 @@ def test_a_lost_node_shrinks_the_run_and_an_expanded_allocation_grows_it_back(sl
     lost = [(e["rank"], e.get("signal")) for e in _of(run_dir, "worker_exited", 1) if e["rank"] == 1]
     assert lost == [(1, "SIGKILL")]  # its node died: no report, counted as SIGKILL once Slurm ended the step
 
-    reference_dir, reference_digests = uninterrupted
-    assert read_step_indices(run_dir) == reference_digests  # the same examples at every global step
-    assert replayed_conflicts(run_dir) == []
-    difference = max_abs_difference(RunDir(run_dir).model / "model.keras", RunDir(reference_dir).model / "model.keras")
-    print(f"max |w_resized - w_uninterrupted| = {difference:.3g}")
-    assert difference < MAX_ABS_DIFFERENCE
+    assert_same_examples_as_uninterrupted(run_dir, uninterrupted)
