@@ -93,6 +93,11 @@ def run_tf_config_workers(script: str, args: list[str], work: Path, workers: int
 
     The script gets ``args`` and ``--out FILE``; its chief writes {"steps_per_s": ...} there.
     """
+    return run_tf_config_workers_json(script, args, work, workers)["steps_per_s"]
+
+
+def run_tf_config_workers_json(script: str, args: list[str], work: Path, workers: int = 2) -> dict[str, Any]:
+    """:func:`run_tf_config_workers`, returning everything the chief wrote to ``--out``."""
     ports = _free_ports(workers)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     out = work / "baseline.json"
@@ -107,7 +112,7 @@ def run_tf_config_workers(script: str, args: list[str], work: Path, workers: int
     errors = [p.communicate(timeout=600)[1] for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{script} failed: {[e[-2000:] for e in errors]}")
-    return json.loads(out.read_text())["steps_per_s"]
+    return json.loads(out.read_text())
 
 
 def run_plain(recipe: dict[str, Any], save_every: int, work: Path) -> float:

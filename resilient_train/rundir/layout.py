@@ -24,6 +24,7 @@ launchers, the chaos checker, tests) names a file of a run. Nothing else spells
       local/                       .local            per-host scratch, never shared
         host-cache/                .host_cache       verified checkpoint copies (checkpoint/cache.py)
         rank-<rank>/               .work_dir(rank)   worker staging and restore cache
+          tmp/                     .temp_dir(rank)   the worker's TMPDIR, removed at exit (rundir/scratch.py)
       local-slots                  .local_slots      how many workers the local launcher may place (a test
                                                      hook for elastic runs; absent: no limit)
       tensorboard/                 .tensorboard      the chief's scalars
@@ -171,6 +172,9 @@ class RunDir:
 
     def work_dir(self, rank: int) -> Path:
         return self.local / f"rank-{rank}"
+
+    def temp_dir(self, rank: int) -> Path:
+        return self.work_dir(rank) / "tmp"
 
     def attempt(self, number: int) -> AttemptDir:
         if number < 1:

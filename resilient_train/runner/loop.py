@@ -94,6 +94,7 @@ from resilient_train.runner.iterator_state import (
     state_file,
 )
 from resilient_train.runner.save_policy import SavePolicy
+from resilient_train.runner.teardown import IteratorReaper
 from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
@@ -115,6 +116,9 @@ _RESIZE_NOTE_DATASET = ("resuming is sound but the input sharding differs, so we
                         "to an uninterrupted run")
 _RESIZE_NOTE_INDEXED = ("every global step trains on the same examples as an uninterrupted run (indexed input); "
                         "the weights differ from it only by floating-point reduction order")
+
+# An epoch's input whose teardown took this long is reported (input_torn_down).
+_SLOW_TEARDOWN_S = 1.0
 
 _STOP = "__stop_requested__"
 _SAVE_DUE = "__save_due__"
@@ -194,6 +198,8 @@ class Trainer:
         self._stop_noticed = False
         self._stop_agreed = False
         self._stopped_input: Any = None  # the epoch's iterator when a stop left it mid-epoch
+        # Finished epochs' iterators are torn down off the training thread (runner/teardown.py).
+        self._reaper = IteratorReaper(on_wait=self._teardown_waited, on_teardown=_report_teardown)
         self._last_saved: int | None = None
         self._stopped = False  # a callback set model.stop_training (agreed by every worker)
         self._callback_state: bytes | None = None  # the restored checkpoint's callbacks.json
@@ -631,13 +637,31 @@ class Trainer:
 
     def _train_epoch(self, epoch: int, start: int, progress: "_Progress") -> bool:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
+        self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
+        if self._input_source is not None:  # a fit script's one iterator: it outlives the epoch
+            return self._train_steps(self._input_source(epoch, start), epoch, start, progress)
+        iterator = self._epoch_iterator(epoch, start)
+        ended = self._train_steps(iterator, epoch, start, progress)
+        if ended:
+            # Its teardown blocked the training thread for tens of seconds at epoch ends
+            # (runner/teardown.py): the reaper thread drops it while the next epoch trains.
+            self._iterator = None
+            self._reaper.retire(iterator, epoch)
+        else:
+            # Kept past the preemption save: tearing down a pipeline mid-epoch (a parallel
+            # map's in-flight elements, the distributed prefetch) took 2.5-7.4 s in 3 of 6
+            # stops measured; the worker leaves by os._exit.
+            self._stopped_input = iterator
+        del iterator
+        return ended
+
+    def _teardown_waited(self, seconds: float) -> None:
+        emit("input_teardown_waited", epoch=int(self.epoch.numpy()), waited_s=round(seconds, 3))
+
+    def _train_steps(self, iterator: Any, epoch: int, start: int, progress: "_Progress") -> bool:
+        """Train epoch ``epoch`` from ``start`` on ``iterator``; False if preempted mid-epoch."""
         job = self.job
         steps_per_epoch = job.steps_per_epoch
-        self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
-        if self._input_source is not None:
-            iterator = self._input_source(epoch, start)
-        else:
-            iterator = self._epoch_iterator(epoch, start)
         step_in_epoch, global_step = start, int(self.global_step.numpy())
         self._phase.enter(PHASE_TRAIN, epoch=epoch, epoch_start_step=global_step - start)
         while step_in_epoch < steps_per_epoch:
@@ -655,10 +679,6 @@ class Trainer:
             if stop:
                 self._stop_agreed = True
                 if step_in_epoch < steps_per_epoch:
-                    # Kept past the preemption save: tearing down a pipeline mid-epoch (a
-                    # parallel map's in-flight elements, the distributed prefetch) took
-                    # 2.5-7.4 s in 3 of 6 stops measured; the worker leaves by os._exit.
-                    self._stopped_input = iterator
                     return False
             elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
                                         steps_per_epoch=steps_per_epoch, agreed_time_flag=save_due):
@@ -818,6 +838,13 @@ class _Progress:
         )
         self.last = self.window_start = now
         self.window_steps = 0
+
+
+def _report_teardown(epoch: int, seconds: float) -> None:
+    """On the reaper thread: a finished epoch's input took ``seconds`` to tear down (only
+    the slow ones are reported; runner/teardown.py)."""
+    if seconds >= _SLOW_TEARDOWN_S:
+        emit("input_torn_down", epoch=epoch, seconds=round(seconds, 3))
 
 
 def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:

@@ -33,6 +33,7 @@ from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.stacks import register as register_stacks
 from resilient_train.rundir.permissions import current_umask
 from resilient_train.rundir.redact import register_secrets, secret_values
+from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
 
 __all__ = ["main", "run", "parse_args", "exit_process"]
 
@@ -93,6 +94,7 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     run_dir = RunDir(job.run_dir)
     attempt_dir = run_dir.attempt(launched.attempt)
     attempt_dir.path.mkdir(parents=True, exist_ok=True)
+    use_private_tempdir(run_dir.temp_dir(cluster.rank))  # autograph's files; removed by exit_process
     state.locate(attempt_dir.path, cluster.rank)  # from here on, failures are recorded
     # SIGUSR1 dumps every thread's stack into attempt-<n>/stacks-<rank>.txt: what the
     # supervisor's hang watchdog asks for before it kills a group that stopped progressing.
@@ -242,6 +244,7 @@ def exit_process(code: int) -> None:
     (the multi-worker coordination service waits at a shutdown barrier for its peers) and a
     signal landing in it turns a clean exit into a death by signal.
     """
+    remove_private_tempdir()  # the atexit handlers that would have removed its files never run
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -43,11 +43,18 @@ def test_kill_chief_mid_epoch_then_rerun_resumes_exactly(tmp_path, digits_refere
 
 
 def test_kill_non_chief_gang_restart_is_exact(tmp_path, digits_reference):
+    # The run's system temp dir: autograph writes a file there per traced function, and
+    # workers leave by os._exit, so without their own TMPDIR (rundir/scratch.py) the files
+    # stayed behind (3,364 after one suite run).
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
     # One step per call, so the kill lands right after step 13 (a longer call would end at
     # the save point 16 first, which the chief may commit before it is stopped).
     job = run_job(DIGITS, tmp_path / "run", *DIGITS_FLAGS, "--steps-per-execution", "1",
-                  faults=[{"point": "after_step", "global_step": 13, "rank": 1}])
+                  faults=[{"point": "after_step", "global_step": 13, "rank": 1}], env={"TMPDIR": str(system_tmp)})
     assert job.returncode == 0, job.output
+    assert sorted(p.name for p in system_tmp.iterdir()) == []
+    assert sorted(str(p) for p in (tmp_path / "run" / "local").glob("rank-*/tmp")) == []
     assert [g["attempt"] for g in job.named("gang_restart")] == [2]
     assert job.named("gang_restart")[0]["root_cause_rank"] == 1
     newest = committed_steps(job, 1)[-1]
