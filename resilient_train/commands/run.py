@@ -17,6 +17,9 @@ def add_parser(subparsers: Any) -> None:
     add_job_arguments(parser)
     parser.add_argument("--accept-changes", action="store_true",
                         help="continue a run whose recipe, params, seed or sizes changed (default: refuse, exit 2)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every event on the console as its key=value line (as events.jsonl records it) "
+                        "instead of sentences and the progress line")
     parser.set_defaults(handler=main)
 
 
@@ -32,5 +35,5 @@ def main(args: argparse.Namespace) -> int:
     if job.strategy == "parameter-server":
         from resilient_train.supervisor.ps import ParameterServerSupervisor
 
-        return ParameterServerSupervisor(job, accept_changes=args.accept_changes).run()
-    return Supervisor(job, accept_changes=args.accept_changes).run()
+        return ParameterServerSupervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()
+    return Supervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()

@@ -1,7 +1,22 @@
-"""The human view of a run: one line per interesting event, read from events.jsonl.
+"""The human view of a run, read from events.jsonl: sentences for people, fields for developers.
 
-The supervisor does not print its own prose: it tails the same event stream other tools
-read, so what a person sees and what ``events.jsonl`` records cannot drift apart.
+The supervisor does not print its own prose about events: it tails the same event stream
+other tools read, so what a person sees and what ``events.jsonl`` records cannot drift apart.
+
+What the default console shows is decided in one place, :data:`CONSOLE`: for every event of
+docs/events.md either a function that turns the record into a sentence (it may return
+None when this occurrence says nothing a person needs, e.g. a worker that exited 0) or
+None, hidden. Hidden events are evidence for tools and developers (``iterator_state_sized``,
+``checkpoint_waited``, ``generation_claimed``, ...): ``--verbose`` shows every event instead
+as the ``HH:MM:SS event key=value ...`` line of :func:`~resilient_train.rundir.events.render_line`,
+and an event missing from the table is shown that way too until someone decides for it.
+
+``train_progress`` is not a line but the progress display: the whole run's position,
+percentage and ETA (``step 1,220/8,000  15%  ETA 4m10s``) when the planned epochs are known.
+On a terminal it is one line redrawn in place (carriage return), wiped before any other
+line prints and redrawn by the next progress event; in a log it is a line every
+:data:`LOG_PROGRESS_EVERY_S` seconds of the events' clock, from an attempt's second progress
+event on (the first one's rate includes tracing the first step).
 
 One numbering for people: the console counts epochs from 1 everywhere (progress, epoch
 ends, commits, restores); the events' ``epoch`` and ``step_in_epoch`` fields stay 0-based.
@@ -9,49 +24,61 @@ ends, commits, restores); the events' ``epoch`` and ``step_in_epoch`` fields sta
 
 from __future__ import annotations
 
+import datetime as _dt
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 from resilient_train.rundir.events import EventReader, render_line
 
-__all__ = ["EventTail", "render_event"]
+__all__ = ["Console", "EventTail", "render_event", "hang_line", "progress_line", "CONSOLE", "LOG_PROGRESS_EVERY_S"]
+
+LOG_PROGRESS_EVERY_S = 10.0  # a log (not a terminal) gets one progress line per this many seconds
+_RATE_WEIGHT = 0.3  # the ETA's steps/s: each train_progress's rate moves the average this far
 
 
-def _metrics(record: dict[str, Any], skip: set[str]) -> str:
-    parts = []
-    for key, value in record.items():
-        if key in skip or not isinstance(value, (int, float)) or isinstance(value, bool):
-            continue
-        parts.append(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}")
-    return "  ".join(parts)
+@dataclass
+class Facts:
+    """What a sentence needs beyond its own record; the tail keeps it up to date."""
+
+    rejected: int = 0  # checkpoints rejected since the last restore decision
+    lost_steps: int = 0  # steps the previous attempt reached beyond the one this restore starts from
 
 
-def _validation_text(record: dict[str, Any]) -> str:
-    """``  val_loss 0.2100  val_accuracy 0.9400`` when the epoch was evaluated, else ''."""
-    loss = record.get("val_loss")
-    if not isinstance(loss, (int, float)):
-        return ""
-    parts = [f"val_loss {loss:.4f}"]
-    parts += [f"val_{k} {v:.4f}" for k, v in (record.get("val_metrics") or {}).items()]
-    return "  " + "  ".join(parts)
+def _s(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
 
 
-def _position(record: dict[str, Any]) -> str:
+def _position(record: Mapping[str, Any]) -> str:
     """``epoch 2, step 20``: the console counts epochs from 1 (events' ``epoch`` is 0-based)."""
     return f"epoch {record['epoch'] + 1}, step {record['step_in_epoch']}"
 
 
-# Recorded for tools, not worth a line for people: ``worker_started`` repeats what the
-# attempt's other lines say, ``run_state`` (supervisor/state.py) narrates every transition,
-# ``input_digest`` is evidence for ``resilient-train diff``, one hash per epoch.
-_HIDDEN = frozenset({"worker_started", "run_state", "input_digest"})
+def _checkpoint_position(record: Mapping[str, Any]) -> str:
+    """Where a checkpoint is: ``epoch 2, step 20``, or ``end of epoch 1`` for a checkpoint at an
+    epoch boundary (its ``epoch`` counts finished epochs, so "epoch 2, step 0" would read as
+    if epoch 2 had begun)."""
+    if record["step_in_epoch"] == 0 and record["epoch"] > 0:
+        return f"end of epoch {record['epoch']}"
+    return _position(record)
 
-_PROGRESS_KEYS = {
-    "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s", "steps_per_call", "attempt", "rank",
-}
+
+def _metrics(values: Mapping[str, Any], prefix: str = "") -> str:
+    return "  ".join(
+        f"{prefix}{k} {v:.4f}" for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    )
 
 
-def hang_line(record: dict[str, Any]) -> str:
+def _validation_text(record: Mapping[str, Any]) -> str:
+    """``  val_loss 0.2100  val_accuracy 0.9400`` when the epoch was evaluated, else ''."""
+    loss = record.get("val_loss")
+    if not isinstance(loss, (int, float)):
+        return ""
+    return "  " + "  ".join(filter(None, [f"val_loss {loss:.4f}", _metrics(record.get("val_metrics") or {}, "val_")]))
+
+
+def hang_line(record: Mapping[str, Any]) -> str:
     """``rank 1 made no progress for 31 s at global step 24 (epoch 1, step 4); main thread in ...``
 
     From a ``hang_detected`` event's fields (the same words are the root cause's message);
@@ -72,71 +99,426 @@ def hang_line(record: dict[str, Any]) -> str:
     return line
 
 
-def render_event(record: dict[str, Any], *, rejected: int = 0) -> str | None:
-    """A readable line for ``record``, or None for events not worth a line.
+# ------------------------------------------------------------ sentences, one per shown event
+
+def _run_started(r: Mapping[str, Any], _: Facts) -> str:
+    workers = f"{r['min_workers']} to {r['workers']} workers" if r.get("min_workers") else _s(r["workers"], "worker")
+    launcher = f" ({r['launcher']} launcher)" if r.get("launcher") else ""
+    return f"training {r['recipe']} on {workers}{launcher}; run dir {r['run_dir']}, checkpoints in {r['storage']}"
+
+
+def _job_changed(r: Mapping[str, Any], _: Facts) -> str:
+    changes = ", ".join(f"{name} {c.get('was')} -> {c.get('now')}" for name, c in (r.get("changes") or {}).items())
+    return f"the job changed since this run dir was last used ({changes}); going on: {r.get('accepted')}"
+
+
+def _storage_claimed(r: Mapping[str, Any], _: Facts) -> str | None:
+    if not r.get("forced"):
+        return None  # the first claim of a storage: nothing happened that a person must know
+    return (f"took over storage {r['storage']} from run {r.get('previous_run_id')} "
+            f"({r.get('previous_run_dir')}) as --force-storage asked")
+
+
+def _lost(facts: Facts) -> str:
+    return f"; lost {_s(facts.lost_steps, 'step')} (they are trained again)" if facts.lost_steps else ""
+
+
+def _fresh_start(r: Mapping[str, Any], facts: Facts) -> str:
+    if facts.rejected:
+        noun = "checkpoint was" if facts.rejected == 1 else "checkpoints were"
+        return f"no restorable checkpoint: {facts.rejected} {noun} rejected (see above); starting from step 0" + _lost(facts)
+    return "no checkpoint found: starting from step 0" + _lost(facts)
+
+
+def _restored(r: Mapping[str, Any], facts: Facts) -> str:
+    return f"restored global step {r['global_step']} ({_checkpoint_position(r)}) from {r['checkpoint']}" + _lost(facts)
+
+
+def _checkpoint_committed(r: Mapping[str, Any], _: Facts) -> str:
+    return f"checkpoint committed at global step {r['global_step']} ({_checkpoint_position(r)}) -> {r['path']}"
+
+
+def _checkpoint_rejected(r: Mapping[str, Any], _: Facts) -> str:
+    return f"checkpoint {r['path']} rejected: {r['reason']}"
+
+
+def _checkpoint_failed(r: Mapping[str, Any], _: Facts) -> str:
+    return f"saving global step {r.get('global_step')} failed in the background: {r.get('error')}"
+
+
+def _epoch_finished(r: Mapping[str, Any], _: Facts) -> str:
+    loss = r.get("loss")
+    parts = [f"epoch {r['epoch'] + 1} finished"]
+    if isinstance(loss, (int, float)):
+        parts.append(f"loss {loss:.4f}")
+    metrics = _metrics(r.get("metrics") or {})
+    if metrics:
+        parts.append(metrics)
+    return "  ".join(parts) + _validation_text(r)
+
+
+def _training_stopped(r: Mapping[str, Any], _: Facts) -> str:
+    return (f"training stopped early after epoch {r['epoch'] + 1} at global step {r['global_step']}: "
+            f"a recipe callback set {r.get('reason')}")
+
+
+def _model_exported(r: Mapping[str, Any], _: Facts) -> str:
+    return f"model of global step {r['global_step']} exported to {r['path']}"
+
+
+def _model_export_failed(r: Mapping[str, Any], _: Facts) -> str:
+    return f"could not export the model to {r['path']} (the run still completes): {r['error']}"
+
+
+def _gang_restart(r: Mapping[str, Any], _: Facts) -> str:
+    return f"restarting every worker as attempt {r['attempt']} in {r.get('backoff_s', 0):.1f} s: {r['reason']}"
+
+
+def _preemption_requested(r: Mapping[str, Any], _: Facts) -> str:
+    source = str(r.get("source", ""))
+    who, _, what = source.partition(":")
+    asked = {"supervisor": f"the run got {what}", "worker": f"worker {what} got a stop signal",
+             "launcher": f"the {what} launcher asked to stop"}.get(who, f"stop requested ({source})")
+    return f"{asked}: the workers save at one agreed step, then stop"
+
+
+def _preempted(r: Mapping[str, Any], _: Facts) -> str:
+    where = f" ({_checkpoint_position(r)})" if r.get("epoch") is not None and r.get("step_in_epoch") is not None else ""
+    return f"saved global step {r['global_step']}{where} and stopped"
+
+
+def _hang_detected(r: Mapping[str, Any], _: Facts) -> str:
+    return f"hang: {hang_line(r)} (stacks: {r['stacks']})"
+
+
+def _storage_retry(r: Mapping[str, Any], _: Facts) -> str:
+    return (f"storage {r.get('op')} of {r.get('path')} failed ({r.get('error')}); "
+            f"try {r.get('try_number')} again in {r.get('wait_s', 0):.1f} s")
+
+
+def _ray_connected(r: Mapping[str, Any], _: Facts) -> str:
+    return f"joined the Ray cluster at {r.get('address')} ({_s(r.get('nodes', 0), 'node')} alive)"
+
+
+def _node_lost(r: Mapping[str, Any], _: Facts) -> str:
+    return f"node {r.get('node_ip')} was lost with worker slot {r.get('slot')} (pid {r.get('pid')})"
+
+
+def _world_size_changed(r: Mapping[str, Any], _: Facts) -> str | None:
+    if "from" in r:
+        return None  # the supervisor's resize: its own "Attempt n: a -> b workers (reason)" line says it
+    return (f"the checkpoint was written by {_s(r['checkpoint_world_size'], 'worker')}, this attempt has "
+            f"{r['world_size']}: {r.get('note')}")
+
+
+def _stale_writer_fenced(r: Mapping[str, Any], _: Facts) -> str:
+    return (f"refused to let a worker of a superseded attempt (generation {r.get('generation')}, now "
+            f"{r.get('newer_generation')}) {r.get('op')} {r.get('path')}")
+
+
+def _input_mismatch(r: Mapping[str, Any], _: Facts) -> str:
+    then = "stopping (--strict-resume)" if r.get("strict") else "training on"
+    return (f"epoch {r['epoch'] + 1}'s input differs from the one recorded with {r.get('checkpoint')}, so the "
+            f"resumed run will not match an uninterrupted one; {then}")
+
+
+def _worker_restarted(r: Mapping[str, Any], _: Facts) -> str:
+    return (f"worker {r['rank']} ({r.get('previous_exit')}) was started again in place at {r.get('address')} "
+            f"(pid {r.get('pid')})")
+
+
+def _run_finished(r: Mapping[str, Any], _: Facts) -> str | None:
+    restarts, preemptions, lost = (int(r.get(k) or 0) for k in ("restarts", "preemptions", "lost_steps"))
+    if not (restarts or preemptions or lost):
+        return None  # the supervisor's "Run completed: ..." line says the rest
+    return f"{_s(restarts, 'restart')}, {_s(preemptions, 'preemption')}; lost {_s(lost, 'step')} in all"
+
+
+def _chaos_fault_injected(r: Mapping[str, Any], _: Facts) -> str:
+    target = f" on {r['target']}" if r.get("target") else ""
+    return f"chaos harness: {r.get('op')}{target} (trigger: {r.get('trigger')})"
+
+
+Sentence = Callable[[Mapping[str, Any], Facts], "str | None"]
+
+_PROGRESS = "train_progress"  # the progress display, not a line
+
+# The decision table: every event of docs/events.md (tests/supervisor/test_console.py keeps it
+# complete). A function: its sentence on the default console. None: hidden there (why, after
+# the name); ``--verbose`` shows every event as its key=value line.
+CONSOLE: Mapping[str, Sentence | None] = {
+    # run
+    "run_started": _run_started,
+    "run_state": None,  # each state transition; the sentences below say what happened
+    "run_finished": _run_finished,  # restarts / preemptions / lost steps, when any
+    "run_already_complete": None,  # the supervisor's "already completed ... nothing to do" line
+    "attempt_reached": None,  # feeds the lost steps of the next restore's sentence
+    "attempt_incomplete": None,  # the supervisor's "Attempt n: workers exited 0 but ..." line
+    "job_changed": _job_changed,
+    # workers
+    "worker_started": None,  # repeated per rank and attempt; the run_started line says how many
+    "worker_exited": None,  # exit 0 is normal; a failure is the root cause block the supervisor prints
+    "worker_failed": None,  # ditto (and its peers' teardown is not news)
+    "worker_preempted": None,  # preemption_requested / preempted say it once for the group
+    "worker_restarted": _worker_restarted,
+    "first_step": None,  # the progress display shows training has begun
+    "server_started": None,  # parameter-server tier processes serving
+    "server_stopped": None,
+    "slurm_step_started": None,  # the launcher's srun step name and ports
+    # training
+    "fresh_start": _fresh_start,
+    "restored": _restored,
+    _PROGRESS: None,  # not a line: the progress display (EventTail)
+    "epoch_finished": _epoch_finished,
+    "training_stopped": _training_stopped,
+    "training_completed": None,  # the supervisor's "Run completed: ..." line
+    "iterator_state_sized": None,  # how the next restore re-enters the epoch (restored says)
+    "input_digest": None,  # evidence for `resilient-train diff`, one hash per epoch
+    "input_mismatch": _input_mismatch,
+    "world_size_changed": _world_size_changed,
+    "preemption_requested": _preemption_requested,  # once per attempt (EventTail)
+    "preempted": _preempted,
+    # checkpoints and storage
+    "checkpoint_committed": _checkpoint_committed,
+    "checkpoint_rejected": _checkpoint_rejected,
+    "checkpoint_waited": None,  # an async save waited for the previous upload: a timing
+    "checkpoint_failed": _checkpoint_failed,
+    "checkpoint_fetched": None,  # where a restore read from: a timing
+    "cache_rejected": None,  # a local copy failed verification; the restore reads the shared one
+    "cache_write_failed": None,  # the host cache is an optimisation
+    "garbage_collected": None,  # old checkpoints deleted as --keep says
+    "storage_retry": _storage_retry,
+    "storage_claimed": _storage_claimed,  # only a take-over (--force-storage)
+    "generation_claimed": None,  # each attempt's fencing token
+    "stale_writer_fenced": _stale_writer_fenced,
+    # supervisor policy
+    "gang_restart": _gang_restart,
+    "restart_budget_exhausted": None,  # the supervisor's "Stopping: <reason>" line
+    "crash_loop_detected": None,  # ditto
+    "fatal_error": None,  # ditto
+    "launch_failed": None,  # the supervisor's "Stopping: attempt n could not start" line
+    "hang_detected": _hang_detected,
+    # warm standby
+    "standby_started": None,  # pre-imported spare processes: an optimisation
+    "standby_ready": None,
+    "standby_lost": None,
+    "standby_disabled": None,
+    # outputs
+    "model_exported": _model_exported,
+    "model_export_failed": _model_export_failed,
+    # Ray launcher
+    "ray_connected": _ray_connected,
+    "placement_ready": None,  # bundle placement details
+    "placement_lost": None,  # a slot died while starting; the launcher retries
+    "node_lost": _node_lost,
+    # chaos harness
+    "chaos_fault_injected": _chaos_fault_injected,
+}
+
+
+def render_event(record: Mapping[str, Any], *, rejected: int = 0, lost_steps: int = 0) -> str | None:
+    """The default console's line for ``record`` (``HH:MM:SS  sentence``), or None.
 
     ``rejected``: checkpoints rejected since the last restore decision, so a fresh start
-    after rejecting every checkpoint does not read as "no checkpoint found".
+    after rejecting every checkpoint does not read as "no checkpoint found"; ``lost_steps``:
+    what the previous attempt trained beyond the step a restore starts from.
+    An event the table does not know yet is shown as its key=value line.
     """
-    event = record.get("event")
-    ts = str(record.get("ts", ""))[11:19]
-    r = record
-    if event == "train_progress":
-        return (
-            f"{ts}  epoch {r['epoch'] + 1}  step {r['step_in_epoch']:>4}/{r['steps_per_epoch']}"
-            f"  (global {r['global_step']})  {_metrics(r, _PROGRESS_KEYS | {'ts'})}"
-            f"  {r.get('steps_per_s', 0):.1f} steps/s"
-        )
-    if event == "epoch_finished":
-        metrics = "  ".join(f"{k} {v:.4f}" for k, v in (r.get("metrics") or {}).items())
-        loss = r.get("loss")
-        loss_text = f"loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
-        line = f"{ts}  epoch {r['epoch'] + 1} finished  {loss_text}  {metrics}".rstrip()
-        return line + _validation_text(r)
-    if event == "checkpoint_committed":
-        return (
-            f"{ts}  checkpoint committed at global step {r['global_step']} "
-            f"({_position(r)}) -> {r['path']}"
-        )
-    if event == "restored":
-        return (
-            f"{ts}  restored global step {r['global_step']} ({_position(r)}) from {r['checkpoint']}"
-        )
-    if event == "hang_detected":
-        return f"{ts}  hang: {hang_line(r)} (stacks: {r['stacks']})"
-    if event == "fresh_start" and rejected:
-        noun = "checkpoint was" if rejected == 1 else "checkpoints were"
-        return f"{ts}  no restorable checkpoint: {rejected} {noun} rejected (see above); starting from step 0"
-    if event == "fresh_start":
-        return f"{ts}  no checkpoint found: starting from step 0"
-    if event in _HIDDEN:
+    event = str(record.get("event"))
+    if event not in CONSOLE:
+        return render_line(dict(record))
+    sentence = CONSOLE[event]
+    if sentence is None:
         return None
-    return render_line(record)
+    try:
+        text = sentence(record, Facts(rejected, lost_steps))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        # A record without the fields its sentence needs (an older writer, a hand-made
+        # event) must not stop the supervisor: show its fields as they are.
+        return render_line(dict(record))
+    return f"{_clock(record)}  {text}" if text else None
+
+
+# ------------------------------------------------------------ progress
+
+def _clock(record: Mapping[str, Any]) -> str:
+    return str(record.get("ts", ""))[11:19]
+
+
+def _duration(seconds: float) -> str:
+    """``45s``, ``4m10s``, ``2h05m``."""
+    total = int(round(seconds))
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m{total % 60:02d}s"
+    return f"{total // 3600}h{total % 3600 // 60:02d}m"
+
+
+_PROGRESS_FIELDS = frozenset({
+    "event", "ts", "run_id", "level", "group", "role", "epoch", "step_in_epoch", "steps_per_epoch", "global_step",
+    "steps_per_s", "steps_per_call", "attempt", "rank",
+})
+
+
+def progress_line(record: Mapping[str, Any], *, epochs: int | None, steps_per_s: float) -> str:
+    """``06:55:29  step 1,220/8,000  15%  ETA 4m10s  epoch 2/5  loss 0.4100  27.1 steps/s``.
+
+    The percentage counts the whole run by global step (a resumed run starts where it
+    is), the ETA divides the steps left by ``steps_per_s``. Without the planned ``epochs``
+    (a recipe whose DEFAULTS are computed) it shows the global step and the epoch only.
+    """
+    step, per_epoch = record["global_step"], record["steps_per_epoch"]
+    epoch = f"epoch {record['epoch'] + 1}"
+    if epochs:
+        total = epochs * per_epoch
+        eta = _duration(max(total - step, 0) / steps_per_s) if steps_per_s > 0 else "?"
+        head = f"step {step:,}/{total:,}  {min(100, 100 * step // total)}%  ETA {eta}  {epoch}/{epochs}"
+    else:
+        head = f"step {step:,}  {epoch}"
+    metrics = _metrics({k: v for k, v in record.items() if k not in _PROGRESS_FIELDS})
+    parts = [head, metrics, f"{steps_per_s:.1f} steps/s"]
+    return f"{_clock(record)}  " + "  ".join(p for p in parts if p)
+
+
+def _event_time(record: Mapping[str, Any]) -> float | None:
+    try:
+        return _dt.datetime.fromisoformat(str(record.get("ts"))).timestamp()
+    except ValueError:
+        return None
+
+
+class Console:
+    """The supervisor's output stream: lines, and on a terminal one progress line redrawn in place.
+
+    Every write (the tail's and the supervisor's own) goes through it, so the progress
+    line is always wiped (carriage return, spaces, carriage return) before another line is
+    printed; ``width`` (the terminal's columns) bounds it, as a wrapped line cannot be
+    redrawn with a carriage return.
+    """
+
+    def __init__(self, out: TextIO, *, tty: bool = False, width: int | None = None) -> None:
+        self.out = out
+        self.tty = tty
+        self.width = width if width is not None else shutil.get_terminal_size().columns
+        self._shown = 0  # characters of the progress line now on the terminal
+
+    def write(self, text: str) -> int:
+        self._wipe()
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def progress(self, text: str) -> None:
+        if not self.tty:
+            self.out.write(text + "\n")
+            return
+        text = text[: max(self.width - 1, 1)]
+        self.out.write("\r" + text.ljust(self._shown))
+        self._shown = len(text)
+
+    def _wipe(self) -> None:
+        if self._shown:
+            self.out.write("\r" + " " * self._shown + "\r")
+            self._shown = 0
+
+
+@dataclass
+class _Run:
+    """What the tail remembers between events."""
+
+    rejected: int = 0
+    reached: dict[int, int] = field(default_factory=dict)  # attempt -> highest global step (attempt_reached)
+    stop_announced: bool = False  # preemption_requested shown for the current attempt
+    steps_per_s: float | None = None  # the ETA's rate, averaged over recent train_progress events
+    progress_events: int = 0  # train_progress events of this attempt
+    logged_progress_at: float | None = None  # a log's last progress line (the event's clock)
 
 
 class EventTail:
-    """Follows events.jsonl from its current end and prints each new event's line."""
+    """Follows events.jsonl from its current end and shows each new event.
 
-    def __init__(self, path: Path, out: TextIO, *, start_at_end: bool = True) -> None:
+    Default: :data:`CONSOLE`'s sentences and the progress display; ``verbose``: every event
+    as its key=value line. ``epochs`` (the planned number, when known) gives the progress
+    its total and ETA.
+    """
+
+    def __init__(self, path: Path, out: TextIO | Console, *, start_at_end: bool = True, verbose: bool = False,
+                 epochs: int | None = None) -> None:
         self.reader = EventReader(path, start_at_end=start_at_end)
-        self.out = out
-        self._rejected = 0
+        self.console = out if isinstance(out, Console) else Console(out)
+        self.verbose = verbose
+        self.epochs = epochs
+        self._run = _Run()
 
-    def _count_rejections(self, record: dict[str, Any]) -> None:
-        event = record.get("event")
-        if event == "checkpoint_rejected":
-            self._rejected += 1
-        elif event in ("fresh_start", "restored"):
-            self._rejected = 0
+    @property
+    def out(self) -> TextIO:
+        return self.console.out
 
     def pump(self) -> list[dict[str, Any]]:
-        """Print and return the records appended since the last call."""
+        """Show and return the records appended since the last call."""
         new = self.reader.read_new()
         for record in new:
-            text = render_event(record, rejected=self._rejected)
-            self._count_rejections(record)
-            if text:
-                self.out.write(text + "\n")
+            self._show(record)
         if new:
-            self.out.flush()
+            self.console.flush()
         return new
+
+    def _show(self, record: dict[str, Any]) -> None:
+        if self.verbose:
+            self.console.write(render_line(record) + "\n")
+            return
+        event, run = record.get("event"), self._run
+        if event == _PROGRESS:
+            self._progress(record)
+            return
+        lost = 0
+        if event in ("restored", "fresh_start") and isinstance(record.get("attempt"), int):
+            reached = run.reached.get(record["attempt"] - 1)
+            lost = max(0, reached - record["global_step"]) if reached is not None else 0
+        text = None
+        if not (event == "preemption_requested" and run.stop_announced):
+            text = render_event(record, rejected=run.rejected, lost_steps=lost)
+        self._remember(record)
+        if text:
+            self.console.write(text + "\n")
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        event, run = record.get("event"), self._run
+        if event == "checkpoint_rejected":
+            run.rejected += 1
+        elif event in ("fresh_start", "restored"):
+            run.rejected = 0
+            run.stop_announced = False
+            run.steps_per_s = None  # a new attempt: the rate starts over
+            run.progress_events = 0
+            run.logged_progress_at = None
+        elif event == "attempt_reached" and isinstance(record.get("attempt"), int):
+            run.reached[record["attempt"]] = record["global_step"]
+        elif event == "preemption_requested":
+            run.stop_announced = True
+
+    def _progress(self, record: dict[str, Any]) -> None:
+        """The progress display. An attempt's first event measured its first step's tracing too:
+        its rate stands only until the second event's replaces it, and a log's first
+        progress line waits for that second event."""
+        run = self._run
+        run.progress_events += 1
+        rate = float(record.get("steps_per_s") or 0.0)
+        if run.steps_per_s is None or run.progress_events == 2:
+            run.steps_per_s = rate
+        else:
+            run.steps_per_s += _RATE_WEIGHT * (rate - run.steps_per_s)
+        try:
+            text = progress_line(record, epochs=self.epochs, steps_per_s=run.steps_per_s)
+        except (KeyError, TypeError, ValueError):  # a malformed record: its fields, as render_event does
+            self.console.write(render_line(record) + "\n")
+            return
+        if not self.console.tty:
+            now = _event_time(record)
+            if run.progress_events < 2 or (run.logged_progress_at is not None and now is not None
+                                           and now - run.logged_progress_at < LOG_PROGRESS_EVERY_S):
+                return
+            run.logged_progress_at = now
+        self.console.progress(text)

@@ -76,7 +76,7 @@ from resilient_train.errors import (
     RestartNotPlacedError,
 )
 from resilient_train.job.config import JobConfig
-from resilient_train.job.fingerprint import guard_job
+from resilient_train.job.fingerprint import fingerprint_for_supervisor, guard_job
 from resilient_train.job.recipe import recipe_name
 from resilient_train.rundir import events
 from resilient_train.rundir.atomic import write_atomic
@@ -94,7 +94,7 @@ from resilient_train.rundir.stacks import (
     read_dump,
 )
 from resilient_train.rundir.stepmarker import read_phase, read_step
-from resilient_train.supervisor.console import EventTail, hang_line
+from resilient_train.supervisor.console import Console, EventTail, hang_line
 from resilient_train.supervisor.launchers import (
     Launcher,
     WorkerHandle,
@@ -181,12 +181,18 @@ class Supervisor:
         teardown_grace_s: float = 3.0,
         backoff_initial_s: float = 0.25,
         accept_changes: bool = False,
+        verbose: bool = False,
     ) -> None:
-        """``backoff_initial_s`` shapes the default tracker only; a given ``tracker`` brings its own policy."""
+        """``backoff_initial_s`` shapes the default tracker only; a given ``tracker`` brings its own policy.
+
+        ``verbose``: the console shows every event as its key=value line instead of sentences
+        and the progress display (supervisor/console.py).
+        """
         self.job = job
         self.accept_changes = accept_changes
+        self.verbose = verbose
         register_secrets(secret_values(job.secrets()))  # no event, file or line of ours shows them
-        self.out = RedactingWriter(out)
+        self.out = Console(RedactingWriter(out), tty=_isatty(out))
         self.launcher = launcher or make_launcher(job)
         self.store = store if store is not None else CheckpointStore(
             job.storage, job.storage_options, retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
@@ -268,7 +274,8 @@ class Supervisor:
         self.run_id = load_or_create_run_id(self.run_dir, recipe=self.job.recipe)
         lock.record(run_id=self.run_id)
         events.configure(self.run_dir.events, console=None, run_id=self.run_id, role="supervisor")
-        self.tail = EventTail(self.run_dir.events, self.out)
+        planned_epochs = fingerprint_for_supervisor(self.job).epochs  # None: the recipe computes it
+        self.tail = EventTail(self.run_dir.events, self.out, verbose=self.verbose, epochs=planned_epochs)
         self.store.check()
         changed = guard_job(self.job, _newest_extra(self.store), accept_changes=self.accept_changes)
         if changed is not None:
@@ -817,6 +824,14 @@ class Supervisor:
 
 
 _STOPPED_NOTE = "stopped responding (process stopped, e.g. SIGSTOP; the supervisor SIGKILLed it)"
+
+
+def _isatty(stream: TextIO) -> bool:
+    """A terminal gets the progress line redrawn in place; a file or pipe gets periodic lines."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 def _is_stopped(pid: int) -> bool:
