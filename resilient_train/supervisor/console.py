@@ -272,6 +272,8 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "epoch_finished": _epoch_finished,
     "training_stopped": _training_stopped,
     "training_completed": None,  # the supervisor's "Run completed: ..." line
+    "input_torn_down": None,  # a finished epoch's input took long to tear down, off the training thread
+    "input_teardown_waited": None,  # an epoch end waited for a retired input's teardown: a timing
     "iterator_state_sized": None,  # how the next restore re-enters the epoch (restored says)
     "input_digest": None,  # evidence for `resilient-train diff`, one hash per epoch
     "input_mismatch": _input_mismatch,
