@@ -503,8 +503,8 @@ class EventTail:
 
     def _progress(self, record: dict[str, Any]) -> None:
         """The progress display. An attempt's first event measured its first step's tracing too:
-        its rate stands only until the second event's replaces it, and a log's first
-        progress line waits for that second event."""
+        its rate stands only until the second event's replaces it, its ETA is ``?``, and a
+        log's first progress line waits for that second event."""
         run = self._run
         run.progress_events += 1
         rate = float(record.get("steps_per_s") or 0.0)
@@ -513,7 +513,8 @@ class EventTail:
         else:
             run.steps_per_s += _RATE_WEIGHT * (rate - run.steps_per_s)
         try:
-            text = progress_line(record, epochs=self.epochs, steps_per_s=run.steps_per_s)
+            text = progress_line(record, epochs=self.epochs,
+                                 steps_per_s=run.steps_per_s if run.progress_events >= 2 else 0.0)
         except (KeyError, TypeError, ValueError):  # a malformed record: its fields, as render_event does
             self.console.write(render_line(record) + "\n")
             return
