@@ -363,19 +363,19 @@ _PROGRESS_FIELDS = frozenset({
 })
 
 
-def progress_line(record: Mapping[str, Any], *, epochs: int | None, steps_per_s: float) -> str:
+def progress_line(record: Mapping[str, Any], *, epochs: int | None, steps_per_s: float, eta: bool = True) -> str:
     """``06:55:29  step 1,220/8,000  15%  ETA 4m10s  epoch 2/5  loss 0.4100  27.1 steps/s``.
 
     The percentage counts the whole run by global step (a resumed run starts where it
-    is), the ETA divides the steps left by ``steps_per_s``. Without the planned ``epochs``
+    is), the ETA divides the steps left by ``steps_per_s`` (``?`` while ``eta`` is false). Without the planned ``epochs``
     (a recipe whose DEFAULTS are computed) it shows the global step and the epoch only.
     """
     step, per_epoch = record["global_step"], record["steps_per_epoch"]
     epoch = f"epoch {record['epoch'] + 1}"
     if epochs:
         total = epochs * per_epoch
-        eta = _duration(max(total - step, 0) / steps_per_s) if steps_per_s > 0 else "?"
-        head = f"step {step:,}/{total:,}  {min(100, 100 * step // total)}%  ETA {eta}  {epoch}/{epochs}"
+        left = _duration(max(total - step, 0) / steps_per_s) if eta and steps_per_s > 0 else "?"
+        head = f"step {step:,}/{total:,}  {min(100, 100 * step // total)}%  ETA {left}  {epoch}/{epochs}"
     else:
         head = f"step {step:,}  {epoch}"
     metrics = _metrics({k: v for k, v in record.items() if k not in _PROGRESS_FIELDS})
@@ -513,8 +513,8 @@ class EventTail:
         else:
             run.steps_per_s += _RATE_WEIGHT * (rate - run.steps_per_s)
         try:
-            text = progress_line(record, epochs=self.epochs,
-                                 steps_per_s=run.steps_per_s if run.progress_events >= 2 else 0.0)
+            text = progress_line(record, epochs=self.epochs, steps_per_s=run.steps_per_s,
+                                 eta=run.progress_events >= 2)
         except (KeyError, TypeError, ValueError):  # a malformed record: its fields, as render_event does
             self.console.write(render_line(record) + "\n")
             return
