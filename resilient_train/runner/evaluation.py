@@ -19,7 +19,7 @@ Refuses: ``--eval-every-epochs N > 0`` for a recipe without ``eval_dataset`` (a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import tensorflow as tf
@@ -88,6 +88,9 @@ class Evaluator:
         self.global_batch_size = global_batch_size
         self.max_steps = max_steps
         self._step = self._make_eval_step()
+        # Where a finished evaluation's iterator goes: by default dropped here; the Trainer
+        # hands it to its reaper thread (runner/teardown.py), as it does each epoch's input.
+        self.retire: Callable[[Any], Any] = lambda iterator: None
 
     @classmethod
     def for_job(cls, strategy, model, recipe: Recipe, params: dict[str, Any], job: JobConfig) -> "Evaluator | None":
@@ -115,9 +118,12 @@ class Evaluator:
     def evaluate(self) -> Validation:
         """One pass over the eval split on every worker (collective: all workers must call it)."""
         totals: dict[str, float] = {}
-        for features, labels in self._dataset():
+        iterator = iter(self._dataset())
+        for features, labels in iterator:
             for name, value in self._step(features, labels).items():
                 totals[name] = totals.get(name, 0.0) + float(value)
+        self.retire(iterator)
+        del iterator
         examples = int(totals.pop(_EXAMPLES, 0.0))
         if examples == 0:
             raise RecipeError(f"recipe {self.recipe.name}: eval_dataset() yielded no examples")

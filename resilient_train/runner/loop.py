@@ -262,6 +262,8 @@ class Trainer:
         self._train_call = self._make_train_call()
         self.checkpointer = self._make_checkpointer()
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
+        if self._evaluator is not None:
+            self._evaluator.retire = lambda iterator: self._reaper.retire(iterator, ("eval", int(self.epoch.numpy())))
         self._callbacks = self._make_callbacks()
         # How a resumed epoch is re-entered (runner/iterator_state.py); iterator_state may
         # turn into skip at the first mid-epoch save, when the state is measured too large.
@@ -646,7 +648,7 @@ class Trainer:
             # Its teardown blocked the training thread for tens of seconds at epoch ends
             # (runner/teardown.py): the reaper thread drops it while the next epoch trains.
             self._iterator = None
-            self._reaper.retire(iterator, epoch)
+            self._reaper.retire(iterator, ("train", epoch))
         else:
             # Kept past the preemption save: tearing down a pipeline mid-epoch (a parallel
             # map's in-flight elements, the distributed prefetch) took 2.5-7.4 s in 3 of 6
@@ -840,11 +842,12 @@ class _Progress:
         self.window_steps = 0
 
 
-def _report_teardown(epoch: int, seconds: float) -> None:
-    """On the reaper thread: a finished epoch's input took ``seconds`` to tear down (only
-    the slow ones are reported; runner/teardown.py)."""
+def _report_teardown(label: tuple[str, int], seconds: float) -> None:
+    """On the reaper thread: a finished epoch's input (``("train", epoch)``) or an
+    evaluation's (``("eval", epochs done)``) took ``seconds`` to tear down; only the slow
+    ones are reported (runner/teardown.py)."""
     if seconds >= _SLOW_TEARDOWN_S:
-        emit("input_torn_down", epoch=epoch, seconds=round(seconds, 3))
+        emit("input_torn_down", input=label[0], epoch=label[1], seconds=round(seconds, 3))
 
 
 def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:

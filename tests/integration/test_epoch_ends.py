@@ -18,7 +18,7 @@ def test_the_next_epoch_trains_while_the_finished_epochs_input_is_torn_down(tmp_
     assert job.returncode == 0, job.output
     assert job.summary["global_step"] == 15
     events = job.events
-    torn = [e for e in events if e["event"] == "input_torn_down" and e["rank"] == 0]
+    torn = [e for e in events if e["event"] == "input_torn_down" and e["rank"] == 0 and e["input"] == "train"]
     # Epoch 0's teardown really waited for the in-flight calls (the stall being tested) ...
     assert [e["epoch"] for e in torn][:1] == [0] and torn[0]["seconds"] >= 4.0
     # ... and meanwhile the chief trained epoch 1: its steps come before that teardown ended.
