@@ -644,15 +644,16 @@ class Trainer:
             return self._train_steps(self._input_source(epoch, start), epoch, start, progress)
         iterator = self._epoch_iterator(epoch, start)
         ended = self._train_steps(iterator, epoch, start, progress)
-        if ended:
+        if ended and not self._stop_agreed:
             # Its teardown blocked the training thread for tens of seconds at epoch ends
             # (runner/teardown.py): the reaper thread drops it while the next epoch trains.
             self._iterator = None
             self._reaper.retire(iterator, ("train", epoch))
         else:
-            # Kept past the preemption save: tearing down a pipeline mid-epoch (a parallel
-            # map's in-flight elements, the distributed prefetch) took 2.5-7.4 s in 3 of 6
-            # stops measured; the worker leaves by os._exit.
+            # A stop: kept past the preemption save (which must not wait for room in the
+            # reaper either). Tearing down a pipeline mid-epoch (a parallel map's in-flight
+            # elements, the distributed prefetch) took 2.5-7.4 s in 3 of 6 stops measured;
+            # the worker leaves by os._exit.
             self._stopped_input = iterator
         del iterator
         return ended
