@@ -73,11 +73,16 @@ def test_losing_a_node_without_a_spare_shrinks_to_one_worker_and_completes(
     attempts = sorted({e["attempt"] for e in job.named("worker_started")})
     assert attempts == [1, 2]
     assert nodes_of(events, 2) == {0: survivor}
-    # it resumed from the last commit before the loss, and never went back past it
+    # it resumed from a commit of attempt 1, never one before its last commit event: the
+    # chief's newest commits can die with its node before their events come back, so the
+    # restored step may be past the last event's (a save step, in storage all the same)
     committed_1 = [e["global_step"] for e in events if e["event"] == "checkpoint_committed" and e["attempt"] == 1]
     assert len(committed_1) >= 3 and committed_1[:3] == [10, 20, 30]
-    restored = [e["global_step"] for e in job.named("restored") if e["attempt"] == shrink["attempt"]]
-    assert restored == [committed_1[-1]]
+    restored = [e["global_step"] for e in job.named("restored") if e["attempt"] == 2]
+    assert len(restored) == 1 and restored[0] % SAVE_EVERY == 0
+    assert committed_1[-1] <= restored[0] < EPOCHS * STEPS_PER_EPOCH
+    if lost_rank == 1:  # the chief lived: every commit's event came back
+        assert restored == [committed_1[-1]]
 
     assert (summary["status"], summary["global_step"]) == ("completed", EPOCHS * STEPS_PER_EPOCH)
     assert summary["world_sizes"] == {"1": 2, "2": 1}
