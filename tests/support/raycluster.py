@@ -14,6 +14,7 @@ timeout 10 s, threshold 5: ~15-25 s) to a check every 500 ms, failing after 3 mi
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -27,6 +28,7 @@ HEALTH_CHECK = {
     "health_check_timeout_ms": 500,
     "health_check_failure_threshold": 3,
 }
+SLOW_HEALTH_CHECK = {**HEALTH_CHECK, "health_check_failure_threshold": 10}
 _OBJECT_STORE_BYTES = 80 * 1024 * 1024
 
 
@@ -34,6 +36,7 @@ _OBJECT_STORE_BYTES = 80 * 1024 * 1024
 class RayTestCluster:
     cluster: Any
     address: str
+    cpus_per_node: int = CPUS_PER_NODE
     workers: list[Any] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
@@ -45,7 +48,8 @@ class RayTestCluster:
 
     def add_worker(self) -> None:
         self.workers.append(
-            self.cluster.add_node(node_ip_address="127.0.0.1", num_cpus=CPUS_PER_NODE, object_store_memory=_OBJECT_STORE_BYTES)
+            self.cluster.add_node(node_ip_address="127.0.0.1", num_cpus=self.cpus_per_node,
+                                  object_store_memory=_OBJECT_STORE_BYTES)
         )
         self.cluster.wait_for_nodes()
 
@@ -56,7 +60,7 @@ class RayTestCluster:
         self.cluster.remove_node(node, allow_graceful=False)
 
 
-def start_cluster(nodes: int = NODES) -> RayTestCluster:
+def start_cluster(nodes: int = NODES, cpus_per_node: int = CPUS_PER_NODE, health_check: dict[str, int] = HEALTH_CHECK) -> RayTestCluster:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     from ray.cluster_utils import Cluster
 
@@ -67,25 +71,24 @@ def start_cluster(nodes: int = NODES) -> RayTestCluster:
             "num_cpus": 0,
             "include_dashboard": False,
             "object_store_memory": _OBJECT_STORE_BYTES,
-            "_system_config": dict(HEALTH_CHECK),
+            "_system_config": dict(health_check),
         },
     )
-    test_cluster = RayTestCluster(cluster, cluster.address)
+    test_cluster = RayTestCluster(cluster, cluster.address, cpus_per_node)
     for _ in range(nodes):
         test_cluster.add_worker()
     return test_cluster
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[RayTestCluster]:
-    """A fresh 3-node loopback cluster per test module, shut down after it.
-
-    Its address is put in this process's environment (RAY_ADDRESS), which the jobs the
-    tests start inherit (tests/integration/harness.py copies os.environ).
-    """
+@contextlib.contextmanager
+def joined_cluster(
+    nodes: int = NODES, cpus_per_node: int = CPUS_PER_NODE, health_check: dict[str, int] = HEALTH_CHECK
+) -> Iterator[RayTestCluster]:
+    """A fresh loopback cluster whose address is in this process's environment (RAY_ADDRESS),
+    which the jobs the tests start inherit (tests/integration/harness.py copies os.environ)."""
     pytest.importorskip("ray", reason="Ray not installed: pip install 'resilient-train[ray]'")
     saved = {key: os.environ.get(key) for key in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
-    test_cluster = start_cluster()
+    test_cluster = start_cluster(nodes, cpus_per_node, health_check)
     os.environ.update(test_cluster.env())
     try:
         yield test_cluster
@@ -96,3 +99,19 @@ def ray_cluster() -> Iterator[RayTestCluster]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayTestCluster]:
+    """A fresh 3-node cluster (2 CPUs each) per test module, shut down after it."""
+    with joined_cluster() as test_cluster:
+        yield test_cluster
+
+
+@pytest.fixture(scope="module")
+def one_cpu_ray_cluster() -> Iterator[RayTestCluster]:
+    """A fresh 2-node cluster of 1 CPU each per test module: one default worker per node,
+    no spare. Ray declares a removed node dead after ``SLOW_HEALTH_CHECK`` (~5 s), so the
+    supervisor sees the attempt end while Ray still lists the node alive."""
+    with joined_cluster(nodes=2, cpus_per_node=1, health_check=SLOW_HEALTH_CHECK) as test_cluster:
+        yield test_cluster

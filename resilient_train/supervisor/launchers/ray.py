@@ -20,6 +20,14 @@ What the supervisor learns, and how:
   How fast Ray knows a node is gone is Ray's health check (``health_check_period_ms``,
   ``health_check_failure_threshold``; README "Ray").
 
+Every Ray call on a slot actor (where, free_port, start, poll, close) is answered through
+one helper, ``_answers``: an actor or node death (``SLOT_LOST_ERRORS``), whichever call
+notices it first, is a lost slot (``_SlotsLost``), never an error of the run. A killed
+node's death reaches different calls depending on when Ray declares it dead: the attempt's
+``poll`` (then the attempt ends; the node may still be listed alive, so the next attempt is
+asked at the old size), or, seconds later, the next attempt's replacement slot, which Ray
+had put on that node's bundle.
+
 Either way the supervisor does its usual gang restart. The next attempt reuses every slot
 actor that is alive (each may hold a warm standby: a process that imported TensorFlow and
 the recipe, started once the attempt trained) and replaces only the lost ones: Ray
@@ -28,8 +36,11 @@ a new actor (``max_restarts=0``: Ray never restarts one by itself) waits for its
 there. No bundle within the placement timeout means no node can take the lost worker: the
 run fails (``RestartNotPlacedError``), unless it is elastic (``--workers MIN:MAX``): then
 ``capacity()`` (bundles the alive nodes hold) sizes the next attempt, and a size change
-places a new group of that many bundles. A slot that dies while an attempt starts makes the launcher
-remove every slot and the group and place the attempt anew, once.
+places a new group of that many bundles. A slot that dies while an attempt starts (placed,
+replaced or started) makes the launcher remove every slot and the group and place the
+attempt anew, once; an elastic run's placement that the alive nodes cannot hold
+(``capacity()``) fails at once, so the supervisor starts the attempt at the size they hold
+instead of waiting out the placement timeout for a group that cannot come.
 
 Loopback: when the Ray address is on 127.0.0.1/localhost (a test cluster on one machine),
 the driver must say so too: Ray resolves "127.0.0.1" to the machine's interface address
@@ -58,12 +69,26 @@ from resilient_train.errors import ConfigError, RestartNotPlacedError
 from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks, seed_chunks
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
 
-__all__ = ["RayLauncher", "RayHandle", "RayPlacementError", "check_storage", "ray_address", "placement_strategy", "bundles_on"]
+__all__ = ["RayLauncher", "RayHandle", "RayPlacementError", "check_storage", "ray_address", "placement_strategy", "bundles_on",
+           "SLOT_LOST_ERRORS", "slot_lost_errors"]
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("RT_RAY_PLACEMENT_TIMEOUT_S", "60"))
 POLL_INTERVAL_S = 0.2
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
+# What a Ray call on a slot actor raises when the actor or its node died (ray.exceptions):
+# the actor (ActorDiedError, ActorUnavailableError: RayActorError), its node, its worker
+# process, the reply's object with the node, or the actor's bundle (group removed, or no
+# node can ever hold it). GetTimeoutError is not here: a slot that does not answer in time
+# may be alive; each caller says what silence means.
+SLOT_LOST_ERRORS = (
+    "RayActorError",
+    "NodeDiedError",
+    "WorkerCrashedError",
+    "ObjectLostError",
+    "ActorPlacementGroupRemoved",
+    "ActorUnschedulableError",
+)
 
 
 class RayPlacementError(ConfigError):
@@ -124,6 +149,21 @@ def job_for_nodes(job: JobConfig) -> JobConfig:
 def bundles_on(resources: dict[str, float], bundle: dict[str, float]) -> int:
     """How many ``bundle``s fit in a node's ``resources`` (0 when one is missing)."""
     return int(min((resources.get(name, 0.0) // amount for name, amount in bundle.items() if amount > 0), default=0))
+
+
+def slot_lost_errors(exceptions: Any) -> tuple[type[BaseException], ...]:
+    """The exception types of ``SLOT_LOST_ERRORS`` that this Ray's ``ray.exceptions`` has."""
+    return tuple(getattr(exceptions, name) for name in SLOT_LOST_ERRORS if hasattr(exceptions, name))
+
+
+class _SlotsLost(Exception):
+    """Ray calls on slots failed because the slot actor or its node died (never escapes
+    this module: ``start`` places anew, ``pump`` reports the worker lost)."""
+
+    def __init__(self, slots: list[int], cause: BaseException) -> None:
+        super().__init__(f"slot actors {slots} lost: {_first_line(cause)}")
+        self.slots = slots
+        self.cause = cause
 
 
 def unique_addresses(ips: list[str], ports: list[int]) -> bool:
@@ -224,19 +264,22 @@ class RayLauncher(Launcher):
     def _place_and_start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
         run_id = specs[0].env.get("RT_RUN_ID", "run")
         for tries_left in (1, 0):
-            lost = [i for i in range(len(self._slots)) if self._dead(i)]
-            if len(self._slots) != len(specs):
-                self._release()
-                self._place(len(specs), run_id=run_id)
-            elif lost:
-                self._replace(lost, run_id=run_id)
             try:
+                lost = [i for i in range(len(self._slots)) if self._dead(i)]
+                if len(self._slots) != len(specs):
+                    self._release()
+                    self._place(len(specs), run_id=run_id)
+                elif lost:
+                    self._replace(lost, run_id=run_id)
                 return self._start_on_slots(specs)
-            except self._ray.exceptions.RayActorError as exc:
-                events.emit("placement_lost", error=type(exc).__name__, retry=bool(tries_left))
+            except _SlotsLost as lost_slots:
+                events.emit("placement_lost", error=type(lost_slots.cause).__name__, slots=lost_slots.slots,
+                            retry=bool(tries_left))
                 self._release()
                 if not tries_left:
-                    raise RayPlacementError(f"Ray slot actors died twice while starting workers: {_first_line(exc)}") from None
+                    raise RayPlacementError(
+                        f"Ray slot actors died twice while starting workers: {_first_line(lost_slots.cause)}"
+                    ) from None
             except self._ray.exceptions.GetTimeoutError:
                 raise RayPlacementError(
                     f"Ray slot actors did not answer within {PLACEMENT_TIMEOUT_S:.0f} s while starting workers"
@@ -247,12 +290,13 @@ class RayLauncher(Launcher):
         ports = self._ports()
         addresses = [f"{s.node_ip}:{p}" for s, p in zip(self._slots, ports)]
         job_json = self.node_job.to_json()
-        refs = []
-        for spec, slot in zip(specs, self._slots):
+        refs = {}
+        for index, (spec, slot) in enumerate(zip(specs, self._slots)):
             env = {**spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
             seed = seed_chunks(Path(self.job.run_dir)) if spec.rank == 0 and not slot.started else ()
-            refs.append(slot.actor.start.remote(job_json, spec.rank, spec.attempt, env, seed))
-        started = self._ray.get(refs, timeout=PLACEMENT_TIMEOUT_S)
+            refs[index] = self._send(index, slot.actor, "start", job_json, spec.rank, spec.attempt, env, seed)
+        answers = self._answers(refs, timeout=PLACEMENT_TIMEOUT_S)
+        started = [answers[index] for index in range(len(specs))]
         for slot in self._slots:
             slot.started = True
         self._handles = {}
@@ -266,8 +310,8 @@ class RayLauncher(Launcher):
         self.pump()
         if training and self.job.warm_standby and not self._prestarted:
             self._prestarted = True
-            for slot in self._slots:
-                slot.actor.prestart_standby.remote(self.node_job.recipe)
+            for index in range(len(self._slots)):
+                self._tell(index, "prestart_standby", self.node_job.recipe)
 
     def close(self) -> None:
         self._release(final=True)
@@ -313,12 +357,17 @@ class RayLauncher(Launcher):
                     continue
                 ref, slot.pending = slot.pending, None
                 try:
-                    self._take(handle, slot, ray.get(ref))
-                except ray.exceptions.RayActorError as exc:
-                    self._lost(handle, slot, exc)
+                    report = self._answers({index: ref}, timeout=0)[index]
+                except _SlotsLost as lost:
+                    self._lost(handle, slot, lost.cause)
                     continue
+                self._take(handle, slot, report)
             if handle.returncode is None and now - slot.last_poll >= POLL_INTERVAL_S:
-                slot.pending = slot.actor.poll.remote()
+                try:
+                    slot.pending = self._send(index, slot.actor, "poll")
+                except _SlotsLost as lost:
+                    self._lost(handle, slot, lost.cause)
+                    continue
                 slot.last_poll = now
 
     def _take(self, handle: RayHandle, slot: _SlotState, report: SlotReport) -> None:
@@ -346,7 +395,47 @@ class RayLauncher(Launcher):
             return False
 
     def signal(self, slot: int, sig: int) -> None:
-        self._slots[slot].actor.signal.remote(int(sig))  # fire and forget; a dead actor ignores it
+        self._tell(slot, "signal", int(sig))
+
+    # ------------------------------------------------------------ calls on slots
+    def _answers(self, refs: dict[int, Any], *, timeout: float) -> dict[int, Any]:
+        """Slot index -> the answer to its call ``refs[index]``: every Ray reply from a slot comes here.
+
+        The first answer that is an actor or node death (``SLOT_LOST_ERRORS``) raises
+        ``_SlotsLost`` at once, naming that slot, without waiting for the others; no
+        answer from some slot within ``timeout`` raises Ray's ``GetTimeoutError``.
+        """
+        ray = self._ray
+        lost_errors = slot_lost_errors(ray.exceptions)
+        pending = dict(refs)
+        answers: dict[int, Any] = {}
+        deadline = self.clock() + timeout
+        while pending:
+            ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=max(0.0, deadline - self.clock()))
+            if not ready:
+                raise ray.exceptions.GetTimeoutError(
+                    f"slots {sorted(pending)} did not answer within {timeout:.0f} s")
+            for index in [i for i, ref in pending.items() if ref in ready]:
+                try:
+                    answers[index] = ray.get(pending.pop(index))
+                except lost_errors as exc:
+                    raise _SlotsLost([index], exc) from None
+        return answers
+
+    def _send(self, index: int, actor: Any, method: str, *args: Any) -> Any:
+        """Call ``method`` on slot ``index``'s ``actor``: its ObjectRef (answered by ``_answers``);
+        ``_SlotsLost`` when Ray refuses the call because it already knows the actor dead."""
+        try:
+            return getattr(actor, method).remote(*args)
+        except slot_lost_errors(self._ray.exceptions) as exc:
+            raise _SlotsLost([index], exc) from None
+
+    def _tell(self, index: int, method: str, *args: Any) -> None:
+        """Fire and forget ``method`` on slot ``index``: a lost slot's next ``poll`` says so."""
+        try:
+            self._send(index, self._slots[index].actor, method, *args)
+        except _SlotsLost:
+            pass
 
     # ------------------------------------------------------------ placement
     def _place(self, count: int, *, run_id: str) -> None:
@@ -354,6 +443,7 @@ class RayLauncher(Launcher):
         from ray.util.placement_group import placement_group
 
         bundle = self._bundle()
+        self._check_room(count)
         group = placement_group([dict(bundle) for _ in range(count)], strategy=placement_strategy(self.job.ray_strategy))
         self._group = group
         ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
@@ -363,11 +453,13 @@ class RayLauncher(Launcher):
                 f"{PLACEMENT_TIMEOUT_S:.0f} s; cluster resources: {ray.available_resources()}"
             )
         actors = [self._new_actor(index, run_id) for index in range(count)]
+        # the slots first, so that a _release after a lost one kills them all
+        self._slots = [_SlotState(actor, "", "") for actor in actors]
         try:
-            where = ray.get([a.where.remote() for a in actors], timeout=PLACEMENT_TIMEOUT_S)
+            where = self._answers({i: self._send(i, a, "where") for i, a in enumerate(actors)}, timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise RayPlacementError(f"Ray placed the workers but their actors did not start within {PLACEMENT_TIMEOUT_S:.0f} s") from None
-        self._slots = [_SlotState(actor, node_id, node_ip) for actor, (node_id, node_ip) in zip(actors, where)]
+        self._slots = [_SlotState(actor, *where[index]) for index, actor in enumerate(actors)]
         events.emit("placement_ready", strategy=self.job.ray_strategy, nodes=[s.node_id for s in self._slots])
 
     def _replace(self, indices: list[int], *, run_id: str) -> None:
@@ -379,11 +471,14 @@ class RayLauncher(Launcher):
         can take the lost worker.
         """
         ray = self._ray
+        self._check_room(len(self._slots))
         for index in indices:
             _kill_quietly(ray, self._slots[index].actor)
         actors = {index: self._new_actor(index, run_id) for index in indices}
+        for index, actor in actors.items():  # so that a _release after a lost one kills them too
+            self._slots[index] = _SlotState(actor, "", "")
         try:
-            where = ray.get([actors[i].where.remote() for i in indices], timeout=PLACEMENT_TIMEOUT_S)
+            where = self._answers({i: self._send(i, actors[i], "where") for i in indices}, timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             for actor in actors.values():
                 _kill_quietly(ray, actor)
@@ -392,11 +487,22 @@ class RayLauncher(Launcher):
                 f"within {PLACEMENT_TIMEOUT_S:.0f} s: no node took the bundles {indices} of the lost slots; "
                 f"cluster resources: {ray.available_resources()}"
             ) from None
-        for index, (node_id, node_ip) in zip(indices, where):
-            self._slots[index] = _SlotState(actors[index], node_id, node_ip)
+        for index in indices:
+            self._slots[index] = _SlotState(actors[index], *where[index])
         self._handles = {}
         events.emit("placement_ready", strategy=self.job.ray_strategy, nodes=[s.node_id for s in self._slots],
                     replaced=indices)
+
+    def _check_room(self, count: int) -> None:
+        """Elastic: fail a placement the alive nodes cannot hold at once (RayPlacementError),
+        so that the supervisor starts the attempt at the size they hold. A fixed-size run
+        waits for its placement instead (a spare node may join in time)."""
+        if not self.job.elastic:
+            return
+        capacity = self.capacity()
+        if capacity is not None and capacity < count:
+            raise RayPlacementError(
+                f"Ray could not place {count} workers with {self._bundle()} each: the alive nodes hold {capacity}")
 
     def _bundle(self) -> dict[str, float]:
         bundle: dict[str, float] = {"CPU": float(self.job.cpus_per_worker)}
@@ -418,7 +524,9 @@ class RayLauncher(Launcher):
     def _ports(self) -> list[int]:
         ips = [s.node_ip for s in self._slots]
         for _ in range(20):
-            ports = self._ray.get([s.actor.free_port.remote(s.node_ip) for s in self._slots], timeout=PLACEMENT_TIMEOUT_S)
+            refs = {i: self._send(i, s.actor, "free_port", s.node_ip) for i, s in enumerate(self._slots)}
+            answers = self._answers(refs, timeout=PLACEMENT_TIMEOUT_S)
+            ports = [answers[i] for i in range(len(self._slots))]
             if unique_addresses(ips, ports):
                 return ports
         raise RayPlacementError(f"could not find {len(ips)} distinct free ports on nodes {ips}")
@@ -434,12 +542,13 @@ class RayLauncher(Launcher):
         node-local files; ``final``: the node's run directory too, see _slot.Slot.close).
         """
         ray = self._ray
-        for slot in self._slots:
+        for index, slot in enumerate(self._slots):
             try:
-                apply_chunks(Path(self.job.run_dir), ray.get(slot.actor.close.remote(final), timeout=30))
-            except Exception:  # noqa: BLE001 - a dead or stuck actor is killed below either way
+                rest = self._answers({index: self._send(index, slot.actor, "close", final)}, timeout=30)[index]
+                apply_chunks(Path(self.job.run_dir), rest)
+            except Exception:  # noqa: BLE001 - lost, stuck, or close failed: the actor is killed below either way
                 pass
-            ray.kill(slot.actor, no_restart=True)
+            _kill_quietly(ray, slot.actor)
         self._slots = []
         self._handles = {}
         if self._group is not None:

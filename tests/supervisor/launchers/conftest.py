@@ -1,1 +1,1 @@
-from tests.support.raycluster import ray_cluster  # noqa: F401
+from tests.support.raycluster import one_cpu_ray_cluster, ray_cluster  # noqa: F401

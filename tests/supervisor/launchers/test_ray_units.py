@@ -10,7 +10,7 @@ from resilient_train.cli import main as cli_main
 from resilient_train.job.config import JobConfig
 from resilient_train.errors import EXIT_USAGE, ConfigError
 from resilient_train.rundir.events import read_events
-from resilient_train.supervisor.launchers._slot import FileChunk, _Pump, apply_chunks
+from resilient_train.supervisor.launchers._slot import FileChunk, SlotReport, _Pump, apply_chunks
 from resilient_train.supervisor.launchers.ray import (
     check_storage,
     is_loopback,
@@ -138,6 +138,9 @@ class _FakeRay:
 
     def get(self, refs, timeout=None):
         return [ref() for ref in refs] if isinstance(refs, list) else refs()
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return list(refs), []  # a thunk is always ready: calling it answers or raises
 
     def kill(self, actor, no_restart=True):
         actor.killed = True
@@ -380,3 +383,232 @@ def test_bundles_on_counts_what_a_node_holds(resources, bundle, expected):
     from resilient_train.supervisor.launchers.ray import bundles_on
 
     assert bundles_on(resources, bundle) == expected
+
+
+# ------------------------------------------------------------------ every Ray call on a slot
+def _ray_deaths():
+    """One of each death ray.exceptions reports on a call to an actor (the real classes)."""
+    exceptions = pytest.importorskip("ray.exceptions")
+    return [
+        exceptions.ActorDiedError(),
+        exceptions.ActorUnavailableError("The actor is temporarily unavailable: node unreachable", None),
+        exceptions.RayActorError(error_msg="The actor died because its node has died."),
+        exceptions.NodeDiedError("the node died"),
+        exceptions.WorkerCrashedError(),
+        exceptions.ObjectLostError("ab" * 14, None, ""),
+        exceptions.ActorPlacementGroupRemoved(),
+        exceptions.ActorUnschedulableError("no node can hold the bundle"),
+    ]
+
+
+class _RealErrorsRay(_FakeRay):
+    """_FakeRay with the real ray.exceptions, and a cluster of ``alive`` nodes of 1 CPU."""
+
+    def __init__(self, alive=("node-0", "node-1")):
+        import ray.exceptions
+
+        self.exceptions = ray.exceptions
+        self.alive = list(alive)
+        self.killed = []
+
+    def kill(self, actor, no_restart=True):
+        self.killed.append(actor)
+
+    def nodes(self):
+        return [{"NodeID": n, "Alive": True, "Resources": {"CPU": 1.0}} for n in self.alive]
+
+    def is_initialized(self):
+        return True
+
+
+class _Refusing:
+    """An actor method whose ``.remote()`` raises at once (Ray already knows the actor dead)."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def remote(self, *args):
+        raise self.error
+
+
+def _dead_actor(error):
+    """A slot actor whose every call answers ``error`` (raised by ray.get, as Ray does)."""
+    def die(*args):
+        raise error
+    actor = _FakeSlotActor(False, 0)
+    for method in ("free_port", "start", "where", "close", "poll", "signal", "prestart_standby"):
+        setattr(actor, method, _Method(die))
+    return actor
+
+
+@pytest.mark.parametrize("death", _ray_deaths(), ids=lambda e: type(e).__name__)
+def test_every_death_ray_reports_on_a_slot_call_is_that_slot_lost(death):
+    from resilient_train.supervisor.launchers.ray import RayLauncher, _SlotsLost
+
+    launcher = RayLauncher(job(storage="s3://b/p"), ray_module=_RealErrorsRay())
+    asked = []
+    refs = {0: lambda: asked.append(0) or "answer", 1: _Method(lambda: (_ for _ in ()).throw(death)).remote()}
+    with pytest.raises(_SlotsLost) as raised:
+        launcher._answers(refs, timeout=5)
+    assert (raised.value.slots, raised.value.cause) == ([1], death)
+
+
+def test_a_slot_that_does_not_answer_in_time_is_a_timeout_not_a_loss():
+    import ray.exceptions
+
+    from resilient_train.supervisor.launchers.ray import RayLauncher
+
+    fake = _RealErrorsRay()
+    fake.wait = lambda refs, num_returns=1, timeout=None: ([], list(refs))
+    launcher = RayLauncher(job(storage="s3://b/p"), ray_module=fake)
+    with pytest.raises(ray.exceptions.GetTimeoutError, match=r"slots \[0\] did not answer within 5 s"):
+        launcher._answers({0: lambda: "never"}, timeout=5)
+
+
+def test_an_error_of_the_slots_own_code_is_not_a_loss():
+    from resilient_train.supervisor.launchers.ray import RayLauncher
+
+    launcher = RayLauncher(job(storage="s3://b/p"), ray_module=_RealErrorsRay())
+    with pytest.raises(OSError, match="disk full"):
+        launcher._answers({0: _Method(lambda: (_ for _ in ()).throw(OSError("disk full"))).remote()}, timeout=5)
+
+
+@pytest.fixture
+def removed_groups(monkeypatch):
+    """The placement groups _release removes (Ray's remove_placement_group, faked)."""
+    import importlib
+
+    module = importlib.import_module("ray.util.placement_group")  # ray.util's attribute is the function
+    removed = []
+    monkeypatch.setattr(module, "remove_placement_group", removed.append)
+    return removed
+
+
+def _launcher_on(tmp_path, fake, actors, *, workers="2"):
+    """A RayLauncher whose slots are ``actors`` (on node-<i>), in a fake placement group;
+    the test fakes ``_new_actor`` and ``_place`` where it needs them."""
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+    from resilient_train.supervisor.launchers.api import WorkerSpec
+
+    min_workers = 1 if workers == "1:2" else None
+    launcher = ray_launcher.RayLauncher(job(storage="s3://b/p", workers=2, min_workers=min_workers), ray_module=fake)
+    launcher._slots = [ray_launcher._SlotState(a, f"node-{i}", "127.0.0.1") for i, a in enumerate(actors)]
+    launcher._group = object()
+
+    def specs(attempt, size=2):
+        return [WorkerSpec(rank, attempt, launcher.job, {"RT_RUN_ID": "r"}, tmp_path) for rank in range(size)]
+
+    return launcher, specs
+
+
+def test_the_replacement_of_a_lost_chief_that_dies_on_its_dead_node_is_placed_anew(tmp_path, removed_groups):
+    """Issue 30: the chief's node died; Ray put the replacement slot on that node's bundle
+    before declaring the node dead, so its ``where`` answers ActorDiedError: a lost slot, and
+    the attempt is placed anew (a spare here), not an error of the run."""
+    import ray.exceptions
+
+    fake = _RealErrorsRay(alive=("node-1", "node-2"))
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_on(tmp_path, fake, first)
+    handles = launcher._start_on_slots(specs(1))
+    launcher._started = True
+    handles[0].lost, handles[0].returncode = "slot actor lost", -9
+    death = ray.exceptions.ActorDiedError()
+    doomed = _dead_actor(death)
+    launcher._new_actor = lambda index, run_id: doomed if index == 0 else pytest.fail(f"slot {index} replaced")
+    placed = [_FakeSlotActor(False, 5002), _FakeSlotActor(False, 5003)]
+
+    def place(count, *, run_id):
+        assert count == 2
+        from resilient_train.supervisor.launchers.ray import _SlotState
+        launcher._slots = [_SlotState(a, f"node-{i + 1}", "127.0.0.1") for i, a in enumerate(placed)]
+
+    launcher._place = place
+    handles = launcher.start(specs(2))
+    assert [h.pid for h in handles] == [200, 201]
+    assert [s.actor for s in launcher._slots] == placed
+    assert doomed in fake.killed and first[1] in fake.killed  # the first placement released whole
+    assert len(removed_groups) == 1
+
+
+@pytest.mark.parametrize("lost_slot", [0, 1])
+def test_an_elastic_run_whose_replacement_slot_dies_asks_the_supervisor_for_a_smaller_size_at_once(
+    tmp_path, lost_slot, removed_groups
+):
+    """The same death on a 2-node cluster with no spare: once Ray lists one node alive, a
+    new placement of 2 cannot come, so start fails at once (the supervisor shrinks to 1)."""
+    import ray.exceptions
+
+    from resilient_train.errors import RestartNotPlacedError
+
+    fake = _RealErrorsRay(alive=("node-0", "node-1"))
+    first = [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)]
+    launcher, specs = _launcher_on(tmp_path, fake, first, workers="1:2")
+    handles = launcher._start_on_slots(specs(1))
+    launcher._started = True
+    handles[lost_slot].lost, handles[lost_slot].returncode = "slot actor lost", -9
+
+    def new_actor(index, run_id):
+        assert index == lost_slot
+        fake.alive.remove(f"node-{lost_slot}")  # Ray declares the node dead while the actor waits there
+        return _dead_actor(ray.exceptions.ActorDiedError())
+
+    launcher._new_actor = new_actor
+    with pytest.raises(RestartNotPlacedError) as raised:
+        launcher.start(specs(2))
+    assert str(raised.value) == "could not place 2 workers: Ray could not place 2 workers with {'CPU': 1.0} each: the alive nodes hold 1"
+    assert launcher._slots == [] and len(removed_groups) == 1  # released: the smaller attempt places anew
+
+
+def test_a_poll_that_answers_a_node_death_reports_the_worker_lost_with_its_node(tmp_path):
+    import ray.exceptions
+
+    from resilient_train.supervisor.launchers.ray import RayHandle
+
+    fake = _RealErrorsRay(alive=("node-0",))
+    launcher, _ = _launcher_on(tmp_path, fake, [_FakeSlotActor(False, 5000), _dead_actor(ray.exceptions.ActorDiedError())])
+    launcher._handles = {0: RayHandle(launcher, 0, 100, False), 1: RayHandle(launcher, 1, 101, False)}
+    launcher._slots[0].actor.poll = _Method(lambda: SlotReport(None))
+    launcher.pump()  # sends the polls
+    launcher.pump()  # takes the answers
+    assert [(h.returncode, h.lost) for h in launcher._handles.values()] == [(None, None), (-9, "node lost")]
+
+
+def test_a_poll_ray_refuses_at_once_reports_the_worker_lost(tmp_path):
+    import ray.exceptions
+
+    from resilient_train.supervisor.launchers.ray import RayHandle
+
+    fake = _RealErrorsRay(alive=("node-0", "node-1"))
+    dead = _FakeSlotActor(False, 5001)
+    dead.poll = _Refusing(ray.exceptions.ActorDiedError())
+    launcher, _ = _launcher_on(tmp_path, fake, [_FakeSlotActor(False, 5000), dead])
+    launcher._slots[0].actor.poll = _Method(lambda: SlotReport(None))
+    launcher._handles = {0: RayHandle(launcher, 0, 100, False), 1: RayHandle(launcher, 1, 101, False)}
+    assert (launcher._handles[1].poll(), launcher._handles[1].lost) == (-9, "slot actor lost")
+    assert launcher._handles[0].returncode is None
+
+
+def test_signals_standbys_and_release_on_a_dead_slot_do_not_raise(tmp_path):
+    import ray.exceptions
+
+    from resilient_train.supervisor.launchers.ray import RayHandle
+
+    fake = _RealErrorsRay()
+    dead = _dead_actor(ray.exceptions.ActorDiedError())
+    dead.signal = dead.prestart_standby = _Refusing(ray.exceptions.ActorDiedError())
+    alive = _FakeSlotActor(False, 5000)
+    signalled = []
+    alive.signal = _Method(signalled.append)
+    alive.prestart_standby = _Method(lambda recipe: 1)
+    launcher, _ = _launcher_on(tmp_path, fake, [alive, dead])
+    launcher._handles = {0: RayHandle(launcher, 0, 100, False), 1: RayHandle(launcher, 1, 101, False)}
+    launcher.signal(1, 15)
+    launcher.signal(0, 15)
+    launcher._prestarted = False
+    launcher.job = launcher.job.__class__(**{**launcher.job.__dict__, "warm_standby": True})
+    launcher.pump = lambda: None
+    launcher.maintain(training=True)
+    launcher._group = None
+    launcher._release()
+    assert fake.killed == [alive, dead] and launcher._slots == []
