@@ -197,6 +197,9 @@ class Trainer:
         self._fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
         self._stop_noticed = False
         self._stop_agreed = False
+        # True from a fresh start (no checkpoint) until this process's first call of steps
+        # finished: a failure in between is the job's bug, not a fault (runner/diagnose.py).
+        self.untrained_fresh_start = False
         self._stopped_input: Any = None  # the epoch's iterator when a stop left it mid-epoch
         # Finished epochs' iterators are torn down off the training thread (runner/teardown.py).
         self._reaper = IteratorReaper(on_wait=self._teardown_waited, on_teardown=_report_teardown)
@@ -440,6 +443,7 @@ class Trainer:
         agreed = self._gather(mine)[0]
         if agreed < 0:
             emit("fresh_start", group=True, epoch=0, step_in_epoch=0, global_step=0)
+            self.untrained_fresh_start = True
             return
         if found is None or mine != agreed:
             found = self.store.fetch(agreed, cache_dir)
@@ -619,6 +623,7 @@ class Trainer:
                 self._step_indices.write(global_step + offset, indices.tolist())
             self._step_indices.flush()
         rows = result.numpy()
+        self.untrained_fresh_start = False  # a step finished: later failures may be faults
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started)
         names = self._value_names

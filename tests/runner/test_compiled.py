@@ -247,3 +247,15 @@ def test_a_metric_that_fails_in_keras_fails_the_same_way_here():
 def test_a_named_metric_whose_state_is_not_a_mean_is_refused(name):
     with pytest.raises(RecipeError, match=r"whose state is not a mean of per-example values"):
         from_compiled(recipe(), _compiled(1, loss="mse", metrics=[name]))
+
+
+def test_docs_keras_lists_exactly_the_names_tested_here():
+    """docs/keras.md's list of compile losses and metrics tested against plain Keras is this file's."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "keras.md").read_text()
+    listed = {kind: re.search(rf"^\* {kind}: (.*?)(?=^\* )", text, re.MULTILINE | re.DOTALL).group(1)
+              for kind in ("losses", "metrics")}
+    assert sorted(re.findall(r"`(\w+)`", listed["losses"])) == sorted(LOSS_CASES)
+    assert sorted(re.findall(r"`(\w+)`", listed["metrics"])) == sorted(METRIC_CASES)
