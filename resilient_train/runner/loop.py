@@ -62,7 +62,7 @@ from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.job.config import JobConfig
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
-from resilient_train.rundir.events import emit
+from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.checkpointing import (
@@ -106,6 +106,7 @@ from resilient_train.rundir.stepmarker import (
     StepMarker,
 )
 from resilient_train.rundir.layout import AttemptDir
+from resilient_train.runner.tensorboard import TensorBoardLog
 from resilient_train.rundir.stepindices import StepIndexLog
 from resilient_train.runner.model_state import rng_state, weights_digest
 
@@ -294,10 +295,13 @@ class Trainer:
             # Callbacks reach the optimizer as model.optimizer (ReduceLROnPlateau). Set
             # without Keras' tracking so the checkpoint's object graph stays the twin's.
             object.__setattr__(self.model, "optimizer", self.optimizer)
-        return CallbackRunner(
+        runner = CallbackRunner(
             callbacks, self.model, recipe_name=self.recipe.name, is_chief=self.cluster.is_chief,
             output_dir=Path(self.job.run_dir), epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
         )
+        for log_dir in runner.tensorboard_dirs:  # a TensorBoard callback: the runner's scalars there too
+            add_listener(TensorBoardLog(log_dir))
+        return runner
 
     def _make_checkpointer(self) -> Checkpointer:
         """HOW this worker saves, decided once. async: the chief (and every worker only if

@@ -91,3 +91,22 @@ def test_a_failure_after_the_first_step_is_still_restarted(tmp_path, plain_keras
     assert job.summary["attempts"] == 2 and job.summary["restarts"] == 1
     assert [e["attempt"] for e in job.named("fresh_start")] == [1, 2]
     assert history(out) == plain_keras
+
+
+def test_a_tensorboard_callback_gets_the_runners_scalars_in_its_log_dir(tmp_path, plain_keras):
+    """keras.callbacks.TensorBoard(log_dir="tb_logs") in the script: no refusal; its log_dir
+    (relative: resolved as CSVLogger's, docs/keras.md) holds the scalars of the run dir's
+    tensorboard/, one per step, and nothing of the callback's own (no train/ subdirectory)."""
+    from resilient_train.runner.tensorboard import read_scalars
+
+    job, out = run_script(tmp_path, "tensorboard", env={"FIT_TENSORBOARD": "tb_logs"},
+                          faults=[{"point": "raise", "global_step": 3, "rank": 0}])
+    assert job.returncode == 0, job.output
+    assert job.summary["restarts"] == 1  # attempt 2 resumes from step 2's checkpoint
+    log_dir = job.run_dir / "tb_logs"
+    scalars = read_scalars(log_dir)
+    assert scalars == read_scalars(job.run_dir / "tensorboard")
+    assert scalars["epoch/loss"] == [(step, loss)  # float32 values, written as float32: exact
+                                     for step, loss in enumerate(plain_keras["loss"], 1)]
+    assert scalars["run/restarts"] == [(0, 0.0), (2, 1.0)]
+    assert sorted(p.name for p in log_dir.iterdir() if p.is_dir()) == []

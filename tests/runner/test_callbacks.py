@@ -207,8 +207,8 @@ def Counter_list():
     ("callback", "message"),
     [
         (lambda tmp: keras.callbacks.BackupAndRestore(str(tmp / "b")),
-         r"callbacks\(\)\[0\] BackupAndRestore: resilient-train already backs up and restores"),
-        (lambda tmp: keras.callbacks.TensorBoard(str(tmp / "tb")), r"callbacks\(\)\[0\] TensorBoard: not supported yet"),
+         r"callbacks\(\)\[0\] BackupAndRestore: remove it: resilient-train already backs up and restores"),
+        (lambda tmp: keras.callbacks.ProgbarLogger(), r"callbacks\(\)\[0\] ProgbarLogger: not supported yet"),
         (lambda tmp: "EarlyStopping", r"callbacks\(\)\[0\] is a str; expected a keras.callbacks.Callback"),
     ],
 )
@@ -231,3 +231,20 @@ def test_state_encoding_keeps_arrays_and_infinities_exactly():
     assert decoded["best"] == math.inf
     assert [(w.dtype, w.shape, w.tolist()) for w in decoded["weights"]] == \
         [(w.dtype, w.shape, w.tolist()) for w in state["weights"]]
+
+
+def test_a_tensorboard_callback_is_honoured_by_the_runners_scalars_on_the_chief_only(tmp_path):
+    """Its Keras hooks never run (it writes nothing of its own); the chief lists its log_dir,
+    relative paths resolved like CSVLogger's, for the runner's TensorBoard writer; its state
+    entry keeps the callback list's indices."""
+    def callbacks():
+        return [keras.callbacks.TensorBoard("tb_logs"), keras.callbacks.History()]
+
+    chief = Process(callbacks, tmp_path)
+    chief.epoch(0, {"loss": 1.0})
+    assert chief.runner.tensorboard_dirs == [tmp_path / "tb_logs"]
+    assert not (tmp_path / "tb_logs").exists()  # nothing written by the callback itself
+    worker = Process(callbacks, tmp_path, is_chief=False)
+    assert worker.runner.tensorboard_dirs == []
+    resumed = Process(callbacks, tmp_path, carried=chief.checkpoint())
+    assert resumed.runner.tensorboard_dirs == [tmp_path / "tb_logs"]
