@@ -218,8 +218,12 @@ class CallbackRunner:
         output_dir: Path,
         epochs: int,
         steps_per_epoch: int,
+        validates: bool,
     ) -> None:
         self.all = list(callbacks)
+        # Without validation a CSVLogger writes no val_* columns: Keras' own adds them, all
+        # "NA", whenever the first epoch's logs have none (for validation_freq > 1).
+        self.validates = validates
         refused = refused_callback(self.all)
         if refused is not None:
             raise RecipeError(f"recipe {recipe_name}: callbacks()[{refused[0]}] {refused[1]}")
@@ -269,6 +273,8 @@ class CallbackRunner:
         """Returns the logs as the callbacks left them (ReduceLROnPlateau adds ``learning_rate``)."""
         logs = dict(logs)
         for _, cb in self._dispatched:
+            if isinstance(cb, keras.callbacks.CSVLogger) and cb.keys is None and not self.validates:
+                cb.keys = sorted(logs)  # the columns Keras would pick, without its val_* additions
             cb.on_epoch_end(epoch, logs)
         return logs
 

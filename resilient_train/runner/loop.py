@@ -298,6 +298,7 @@ class Trainer:
         runner = CallbackRunner(
             callbacks, self.model, recipe_name=self.recipe.name, is_chief=self.cluster.is_chief,
             output_dir=Path(self.job.run_dir), epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
+            validates=self._evaluator is not None,
         )
         for log_dir in runner.tensorboard_dirs:  # a TensorBoard callback: the runner's scalars there too
             add_listener(TensorBoardLog(log_dir))

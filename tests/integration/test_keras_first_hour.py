@@ -15,6 +15,10 @@ ranks for losses, not for metrics). Under resilient-train that failure happens b
 step of a fresh start: a bug in the job, so exit 3 at once, one line, no restart spent. A
 failure once a step finished (an injected ``raise`` after step 1, still no checkpoint) is
 restarted as before.
+
+With ``keras.callbacks.TensorBoard(log_dir=...)`` (issue 36 item 8) the script is not refused:
+the callback's log_dir gets the runner's scalars, each step once across a restart; the
+CSVLogger beside it has no ``val_*`` columns (item 7: the run has no validation).
 """
 
 from __future__ import annotations
@@ -110,3 +114,8 @@ def test_a_tensorboard_callback_gets_the_runners_scalars_in_its_log_dir(tmp_path
                                      for step, loss in enumerate(plain_keras["loss"], 1)]
     assert scalars["run/restarts"] == [(0, 0.0), (2, 1.0)]
     assert sorted(p.name for p in log_dir.iterdir() if p.is_dir()) == []
+    # The CSVLogger beside it: no val_* columns without validation (Keras' own writes them, all NA),
+    # each epoch once across the restart.
+    rows = (job.run_dir / "train_log.csv").read_text().splitlines()
+    assert rows[0] == "epoch,accuracy,loss"
+    assert [row.split(",")[0] for row in rows[1:]] == [str(e) for e in range(STEPS)]

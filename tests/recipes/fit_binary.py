@@ -2,7 +2,7 @@
 # shape (N,), a sigmoid Dense(1) output (N, 1). Plain Keras aligns the ranks; so must the runner.
 # FIT_PLAIN=1: run as plain Keras (`python fit_binary.py`, the default strategy), the reference.
 # FIT_METRICS: compile's metrics, comma-separated (default "accuracy").
-# FIT_TENSORBOARD: a keras.callbacks.TensorBoard(log_dir=FIT_TENSORBOARD) callback.
+# FIT_TENSORBOARD: a keras.callbacks.TensorBoard(log_dir=FIT_TENSORBOARD) and a CSVLogger("train_log.csv").
 # FIT_SCRIPT_OUT: where the code after fit() writes history.json (the per-epoch loss; one step
 # per epoch, so each value is one step's loss).
 import json
@@ -29,7 +29,9 @@ with strategy.scope():
                   metrics=os.environ.get("FIT_METRICS", "accuracy").split(","))
 
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
-callbacks = [keras.callbacks.TensorBoard(log_dir=os.environ["FIT_TENSORBOARD"])] if os.environ.get("FIT_TENSORBOARD") else []
+callbacks = []
+if os.environ.get("FIT_TENSORBOARD"):
+    callbacks += [keras.callbacks.TensorBoard(log_dir=os.environ["FIT_TENSORBOARD"]), keras.callbacks.CSVLogger("train_log.csv")]
 history = model.fit(dataset, epochs=8, steps_per_epoch=1, verbose=0, callbacks=callbacks)
 
 with open(os.path.join(os.environ["FIT_SCRIPT_OUT"], "history.json"), "w") as handle:
