@@ -90,7 +90,7 @@ from typing import Any, Callable, Mapping
 from resilient_train.errors import RecipeError
 
 __all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DATASET_INPUT", "INDEXED_INPUT", "DEFAULT_KEYS",
-           "is_fit_script", "check_fit_script", "FIT_REFUSED"]
+           "is_fit_script", "check_fit_script", "FIT_REFUSED", "CALLBACKS_REFUSED"]
 
 REQUIRED = ("build_model", "build_optimizer", "loss")
 # The input: one of the two contracts (``dataset``, or the indexed one).
@@ -110,6 +110,15 @@ _COMPILE_REFUSED = {
     "weighted_metrics": "only metrics=[...] is supported",
 }
 _TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
+# Keras callbacks the runner refuses, and why: here, by name, before workers start when the
+# source names them (check_fit_script, _check_keras_usage); runner/callbacks.py refuses the
+# imported objects with the same words.
+CALLBACKS_REFUSED = {
+    "BackupAndRestore": "remove it: resilient-train already backs up and restores (input position and callback state included)",
+    "ProgbarLogger": "not supported yet: the runner reports progress as events (remove it)",
+    "RemoteMonitor": "not supported yet (remove it)",
+    "SwapEMAWeights": "not supported yet (remove it)",
+}
 DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_steps")
 # fit() arguments a script may not pass, and why (runner/fitscript.py honours x, epochs,
 # steps_per_epoch, callbacks, and ignores verbose and shuffle, as Keras does for a dataset).
@@ -308,7 +317,7 @@ def check_fit_script(path: Path, tree: ast.Module) -> None:
     if "steps_per_epoch" not in keywords:
         raise RecipeError(f"Script {path}: fit() at line {call.lineno} has no steps_per_epoch; pass "
                           "fit(dataset, epochs=..., steps_per_epoch=N) with a repeated dataset (exact resume counts steps)")
-    _check_keras_usage(path, tree)
+    _check_keras_usage(path, tree, fit_line=call.lineno)
 
 
 def _check_optional_arity(path: Path, tree: ast.Module) -> None:
@@ -335,15 +344,15 @@ def _is_compile_call(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compile"
 
 
-def _check_keras_usage(path: Path, tree: ast.Module) -> None:
+def _check_keras_usage(path: Path, tree: ast.Module, *, fit_line: int | None = None) -> None:
     """What the runner cannot honour, when the source says it literally (the worker checks
-    the imported recipe again: runner/compiled.py, runner/callbacks.py)."""
+    the imported recipe again: runner/compiled.py, runner/callbacks.py). ``fit_line``: the
+    script's fit() call, which a refused callback is named against."""
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Name, ast.Attribute)) and (getattr(node, "id", None) or getattr(node, "attr", None)) == "BackupAndRestore":
-            raise RecipeError(
-                f"Recipe {path} uses BackupAndRestore at line {node.lineno}; remove it: resilient-train "
-                "already backs up and restores (input position and callback state included)"
-            )
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if name in CALLBACKS_REFUSED:
+            where = f"Recipe {path}" if fit_line is None else f"Script {path}: the fit() call at line {fit_line}"
+            raise RecipeError(f"{where} uses {name} at line {node.lineno}; {CALLBACKS_REFUSED[name]}")
         if isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name in _TRAINER_OVERRIDES:

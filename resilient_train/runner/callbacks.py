@@ -23,10 +23,16 @@ run on the chief only; relative paths resolve inside the run directory. ``CSVLog
 state is the file's size at the save: a restore truncates the file there, so a resumed
 run has no duplicated and no missing rows.
 
+``keras.callbacks.TensorBoard`` is honoured by what the runner already writes: its Keras
+hooks never run (its own writer would log every attempt's steps again after a resume); on
+the chief, the runner's TensorBoard scalars (runner/tensorboard.py: the same tags as the
+run dir's ``tensorboard/``, each step once across kills) are also written into the
+callback's ``log_dir``, resolved as the other callbacks' paths (:attr:`CallbackRunner.tensorboard_dirs`).
+
 Refused (``RecipeError``, one line): anything that is not a ``keras.callbacks.Callback``,
 ``BackupAndRestore`` (the runner does it, with the input position and callback state
-too), and built-ins whose state is not covered yet (``TensorBoard``, ``ProgbarLogger``,
-``RemoteMonitor``, ``SwapEMAWeights``).
+too), and built-ins whose state is not covered yet (``CALLBACKS_REFUSED`` in job/recipe.py,
+which refuses the literal cases before workers start).
 """
 
 from __future__ import annotations
@@ -41,20 +47,16 @@ import keras
 import numpy as np
 
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
+from resilient_train.job.recipe import CALLBACKS_REFUSED
 
-__all__ = ["CallbackRunner", "STATE_FILE", "encode_state", "decode_state"]
+__all__ = ["CallbackRunner", "STATE_FILE", "encode_state", "decode_state", "refused_callback"]
 
 STATE_FILE = "callbacks.json"  # committed in each checkpoint directory beside ckpt.*
 _FORMAT = 1
 
-_CHIEF_ONLY = (keras.callbacks.CSVLogger, keras.callbacks.ModelCheckpoint)
-_REFUSED = {
-    "BackupAndRestore": "resilient-train already backs up and restores (input position and callback state included); remove it",
-    "TensorBoard": "not supported yet; the runner writes TensorBoard logs itself (run dir tensorboard/)",
-    "ProgbarLogger": "not supported yet; the runner reports progress as events",
-    "RemoteMonitor": "not supported yet",
-    "SwapEMAWeights": "not supported yet",
-}
+_CHIEF_ONLY = (keras.callbacks.CSVLogger, keras.callbacks.ModelCheckpoint, keras.callbacks.TensorBoard)
+# Honoured by the runner's own writers instead of their hooks (see the module docstring).
+_NOT_DISPATCHED = (keras.callbacks.TensorBoard,)
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 
 
@@ -174,6 +176,7 @@ _EXTRACTORS: dict[type, tuple[Callable[[Any], dict], Callable[[Any, dict], None]
     keras.callbacks.LearningRateScheduler: (_stateless_get, _stateless_set),
     keras.callbacks.TerminateOnNaN: (_stateless_get, _stateless_set),
     keras.callbacks.LambdaCallback: (_stateless_get, _stateless_set),
+    keras.callbacks.TensorBoard: (_stateless_get, _stateless_set),  # its scalars' truncation: runner/tensorboard.py
 }
 
 
@@ -186,14 +189,16 @@ def _extractor(cb: Any) -> tuple[Callable[[Any], dict], Callable[[Any, dict], No
     return _stateless_get, _stateless_set
 
 
-def _check(recipe_name: str, index: int, cb: Any) -> None:
-    if not isinstance(cb, keras.callbacks.Callback):
-        raise RecipeError(
-            f"recipe {recipe_name}: callbacks()[{index}] is a {type(cb).__name__}; expected a keras.callbacks.Callback"
-        )
-    for kind in type(cb).__mro__:
-        if kind.__module__.startswith("keras") and kind.__name__ in _REFUSED:
-            raise RecipeError(f"recipe {recipe_name}: callbacks()[{index}] {kind.__name__}: {_REFUSED[kind.__name__]}")
+def refused_callback(callbacks: Sequence[Any]) -> tuple[int, str] | None:
+    """(index, why) of the first callback the runner refuses, else None; ``why`` reads after
+    ``callbacks[index]`` (``TensorBoard: ...`` / ``is a str; expected ...``)."""
+    for index, cb in enumerate(callbacks):
+        if not isinstance(cb, keras.callbacks.Callback):
+            return index, f"is a {type(cb).__name__}; expected a keras.callbacks.Callback"
+        for kind in type(cb).__mro__:
+            if kind.__module__.startswith("keras") and kind.__name__ in CALLBACKS_REFUSED:
+                return index, f"{kind.__name__}: {CALLBACKS_REFUSED[kind.__name__]}"
+    return None
 
 
 def _overrides(cb: Any, name: str) -> bool:
@@ -213,10 +218,15 @@ class CallbackRunner:
         output_dir: Path,
         epochs: int,
         steps_per_epoch: int,
+        validates: bool,
     ) -> None:
         self.all = list(callbacks)
-        for index, cb in enumerate(self.all):
-            _check(recipe_name, index, cb)
+        # Without validation a CSVLogger writes no val_* columns: Keras' own adds them, all
+        # "NA", whenever the first epoch's logs have none (for validation_freq > 1).
+        self.validates = validates
+        refused = refused_callback(self.all)
+        if refused is not None:
+            raise RecipeError(f"recipe {recipe_name}: callbacks()[{refused[0]}] {refused[1]}")
         self.recipe_name = recipe_name
         self.model = model
         # (index in the recipe's list, callback): indices name the state entries, so a
@@ -224,6 +234,10 @@ class CallbackRunner:
         self.active = [(i, cb) for i, cb in enumerate(self.all) if is_chief or not isinstance(cb, _CHIEF_ONLY)]
         for _, cb in self.active:
             _resolve_paths(cb, Path(output_dir))
+        # Where the chief also writes the runner's TensorBoard scalars (a TensorBoard callback's log_dir).
+        self.tensorboard_dirs = [Path(cb.log_dir) for _, cb in self.active if isinstance(cb, keras.callbacks.TensorBoard)]
+        self._dispatched = [(i, cb) for i, cb in self.active if not isinstance(cb, _NOT_DISPATCHED)]
+        for _, cb in self._dispatched:
             cb.set_model(model)
             cb.set_params({"epochs": epochs, "steps": steps_per_epoch, "verbose": 0})
         # From the full list, not the active one: every worker must agree whether batch ends
@@ -235,7 +249,7 @@ class CallbackRunner:
     def train_begin(self, *, resuming: bool) -> None:
         """``on_train_begin``; ``resuming``: a log file is kept (``restore`` cuts it back)."""
         self.model.stop_training = False
-        for _, cb in self.active:
+        for _, cb in self._dispatched:
             if resuming and isinstance(cb, keras.callbacks.CSVLogger):
                 append, cb.append = cb.append, True
                 cb.on_train_begin({})
@@ -244,26 +258,28 @@ class CallbackRunner:
                 cb.on_train_begin({})
 
     def epoch_begin(self, epoch: int) -> None:
-        for _, cb in self.active:
+        for _, cb in self._dispatched:
             cb.on_epoch_begin(epoch, {})
 
     def batch_begin(self, batch: int) -> None:
-        for _, cb in self.active:
+        for _, cb in self._dispatched:
             cb.on_train_batch_begin(batch, {})
 
     def batch_end(self, batch: int, logs: dict[str, float]) -> None:
-        for _, cb in self.active:
+        for _, cb in self._dispatched:
             cb.on_train_batch_end(batch, dict(logs))
 
     def epoch_end(self, epoch: int, logs: dict[str, float]) -> dict[str, float]:
         """Returns the logs as the callbacks left them (ReduceLROnPlateau adds ``learning_rate``)."""
         logs = dict(logs)
-        for _, cb in self.active:
+        for _, cb in self._dispatched:
+            if isinstance(cb, keras.callbacks.CSVLogger) and cb.keys is None and not self.validates:
+                cb.keys = sorted(logs)  # the columns Keras would pick, without its val_* additions
             cb.on_epoch_end(epoch, logs)
         return logs
 
     def train_end(self, logs: dict[str, float]) -> None:
-        for _, cb in self.active:
+        for _, cb in self._dispatched:
             cb.on_train_end(dict(logs))
 
     @property
@@ -306,8 +322,8 @@ class CallbackRunner:
 
 
 def _resolve_paths(cb: Any, output_dir: Path) -> None:
-    """Relative ``CSVLogger`` / ``ModelCheckpoint`` paths land in the run directory."""
-    for attribute in ("filename", "filepath"):
+    """Relative ``CSVLogger`` / ``ModelCheckpoint`` / ``TensorBoard`` paths land in ``output_dir``."""
+    for attribute in ("filename", "filepath", "log_dir"):
         value = getattr(cb, attribute, None) if isinstance(cb, _CHIEF_ONLY) else None
         if isinstance(value, str) and not os.path.isabs(value) and "://" not in value:
             path = output_dir / value

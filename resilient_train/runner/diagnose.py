@@ -12,6 +12,16 @@ as before (a transient failure).
 Batch-structure and loss-shape mistakes are raised as RecipeError directly where the step
 is traced (``runner/batches.py``).
 
+One rule covers what no list of known mistakes can: a failure after a FRESH start (no
+checkpoint restored) and before this process finished its first call of training steps
+(the trainer's ``untrained_fresh_start``). Nothing has trained yet, so nothing a restart
+restores differs: it is the job's bug (a loss that refuses the label shapes, a typo in a
+callback), and every restart fails the same way. It becomes a RecipeError with the
+underlying error's one line, and the run stops at once (exit 3) instead of spending a
+restart before the crash-loop rule stops it. A failure that may be the machine's or the
+network's stays restartable even there (:data:`_MAY_BE_TRANSIENT`), and so does any failure
+once a step finished or after a restore.
+
 :func:`group_broken` is the opposite case: a failure that is not this worker's at all.
 When a peer dies, freezes or becomes unreachable, every survivor's collective fails with
 one of TensorFlow's ``UnavailableError``, ``DeadlineExceededError`` (the collective
@@ -33,7 +43,7 @@ from typing import Any
 from resilient_train.errors import GroupBrokenError, RecipeError
 from resilient_train.rundir.errorfile import is_secondary
 
-__all__ = ["explain", "group_broken"]
+__all__ = ["explain", "group_broken", "headline"]
 
 _WHY_MAX = 300
 _NODE = re.compile(r"Detected at node (\S+)")
@@ -42,13 +52,25 @@ _EMPTY_HEADLINES = frozenset({"Graph execution error:"})
 _GROUP_ERRORS = frozenset({"UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError"})
 
 _IMPORT_OP = "Collective ops must be configured at program startup"
+# Failures a restart may cure even before the first step: the OS, the network, memory or a
+# device (matched by class name along the MRO: OSError covers ConnectionError, TimeoutError
+# and the storage errors; TensorFlow's InternalError/UnknownError come from the runtime).
+_MAY_BE_TRANSIENT = frozenset({"OSError", "MemoryError", "ResourceExhaustedError", "InternalError", "UnknownError"})
+# autograph's "in user code: ... <Type>Error: <message>": the innermost error line.
+_TRACED_ERROR = re.compile(r"^\s*(\w+(?:Error|Exception)): (.+)$", re.MULTILINE)
+_OP_SUFFIX = re.compile(r"\s*(\[\[.*?\]\])?\s*(\[Op:[^\]]*\])?\s*$")
 # autograph turns an exception raised while tracing into a StagingError ("in user code:
 # ... RecipeError: <message>"); the message is ours, so take it back out.
 _RAISED_WHILE_TRACING = re.compile(r"^\s*RecipeError: (.+)$", re.MULTILINE)
 
 
-def explain(exc: BaseException, *, recipe_name: str, trainer: Any | None, steps_per_epoch: int | None) -> RecipeError | None:
-    """A RecipeError with the fix for a known deterministic recipe failure, else None."""
+def explain(exc: BaseException, *, recipe_name: str, trainer: Any | None, steps_per_epoch: int | None,
+            job_label: str | None = None) -> RecipeError | None:
+    """A RecipeError with the fix for a known deterministic recipe failure, else None.
+
+    ``job_label`` names the job in the fresh-start rule's message (``Script train.py`` for
+    a fit script; default ``recipe <recipe_name>``).
+    """
     type_name = type(exc).__name__
     message = str(exc)
     traced = _RAISED_WHILE_TRACING.search(message)
@@ -69,7 +91,34 @@ def explain(exc: BaseException, *, recipe_name: str, trainer: Any | None, steps_
                 f"recipe {recipe_name}: dataset() yielded {yielded} batches for epoch {epoch}; "
                 f"steps_per_epoch is {steps_per_epoch}: add .repeat() (or lower --steps-per-epoch)"
             )
+    if getattr(trainer, "untrained_fresh_start", False) and not _may_be_transient(exc):
+        return RecipeError(
+            f"{job_label or f'recipe {recipe_name}'}: failed before the first training step of a fresh start "
+            f"(a bug in the job, not a fault: a restart fails the same way): {headline(exc)}"
+        )
     return None
+
+
+def _may_be_transient(exc: BaseException) -> bool:
+    return any(cls.__name__ in _MAY_BE_TRANSIENT for cls in type(exc).__mro__)
+
+
+def headline(exc: BaseException) -> str:
+    """``Type: the line that says what went wrong``, on one line: the innermost error of an
+    exception raised while tracing, the op's message of a graph execution error."""
+    message = str(exc)
+    if "in user code:" in message:
+        found = _TRACED_ERROR.findall(message)
+        if found:
+            name, text = found[-1]
+            return f"{name}: {text.strip()[:_WHY_MAX]}"
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if lines and lines[0] in _EMPTY_HEADLINES:  # TensorFlow's: the op's message ends it, before "[[{{node ...}}]]"
+        told = [line for line in lines[1:] if not line.startswith("[[")]
+        text = _OP_SUFFIX.sub("", told[-1]) if told else ""
+    else:
+        text = lines[0] if lines else ""
+    return f"{type(exc).__name__}: {text[:_WHY_MAX]}" if text else type(exc).__name__
 
 
 def group_broken(exc: BaseException) -> GroupBrokenError | None:

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import runpy
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -49,6 +51,7 @@ from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.errors import RecipeError
 from resilient_train.job.config import JobConfig
 from resilient_train.job.recipe import FIT_REFUSED, Recipe, recipe_name
+from resilient_train.runner.callbacks import refused_callback
 from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
@@ -228,9 +231,13 @@ class FitScript:
         if batch % self.cluster.num_workers:
             raise self._refuse(f"the dataset's batch of {batch} does not split over {self.cluster.num_workers} "
                                "workers; batch at a multiple of the worker count")
+        given = list(kwargs.get("callbacks") or [])
+        refused = refused_callback(given)  # in the script's terms (recipe terms would name no callbacks())
+        if refused is not None:
+            raise self._refuse(f"the fit() call at line {self._fit_line()}: callbacks[{refused[0]}] {refused[1]}")
         job = self.job.with_recipe_defaults({"epochs": epochs, "steps_per_epoch": steps, "global_batch_size": batch})
         history = keras.callbacks.History()
-        callbacks = [*(kwargs.get("callbacks") or []), history]
+        callbacks = [*given, history]
         recipe = Recipe(
             name=self.name, source=str(self.path), build_model=model_then_twins(model), build_optimizer=None,
             loss=None, dataset=_no_dataset, callbacks=lambda params: list(callbacks),
@@ -242,6 +249,16 @@ class FitScript:
             raise _Preempted()
         return history
 
+
+    def _fit_line(self) -> int | str:
+        """The script's line that called fit() (the innermost frame of the script's file)."""
+        target = os.path.abspath(self.path)
+        frame = sys._getframe(1)
+        while frame is not None:
+            if os.path.abspath(frame.f_code.co_filename) == target:
+                return frame.f_lineno
+            frame = frame.f_back
+        return "?"
 
     def _evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         """``model.evaluate(dataset, steps=None, return_dict=False)`` after ``fit``, through the

@@ -62,7 +62,7 @@ from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.job.config import JobConfig
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
-from resilient_train.rundir.events import emit
+from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.checkpointing import (
@@ -106,6 +106,7 @@ from resilient_train.rundir.stepmarker import (
     StepMarker,
 )
 from resilient_train.rundir.layout import AttemptDir
+from resilient_train.runner.tensorboard import TensorBoardLog
 from resilient_train.rundir.stepindices import StepIndexLog
 from resilient_train.runner.model_state import rng_state, weights_digest
 
@@ -197,6 +198,9 @@ class Trainer:
         self._fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
         self._stop_noticed = False
         self._stop_agreed = False
+        # True from a fresh start (no checkpoint) until this process's first call of steps
+        # finished: a failure in between is the job's bug, not a fault (runner/diagnose.py).
+        self.untrained_fresh_start = False
         self._stopped_input: Any = None  # the epoch's iterator when a stop left it mid-epoch
         # Finished epochs' iterators are torn down off the training thread (runner/teardown.py).
         self._reaper = IteratorReaper(on_wait=self._teardown_waited, on_teardown=_report_teardown)
@@ -291,10 +295,14 @@ class Trainer:
             # Callbacks reach the optimizer as model.optimizer (ReduceLROnPlateau). Set
             # without Keras' tracking so the checkpoint's object graph stays the twin's.
             object.__setattr__(self.model, "optimizer", self.optimizer)
-        return CallbackRunner(
+        runner = CallbackRunner(
             callbacks, self.model, recipe_name=self.recipe.name, is_chief=self.cluster.is_chief,
             output_dir=Path(self.job.run_dir), epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
+            validates=self._evaluator is not None,
         )
+        for log_dir in runner.tensorboard_dirs:  # a TensorBoard callback: the runner's scalars there too
+            add_listener(TensorBoardLog(log_dir))
+        return runner
 
     def _make_checkpointer(self) -> Checkpointer:
         """HOW this worker saves, decided once. async: the chief (and every worker only if
@@ -440,6 +448,7 @@ class Trainer:
         agreed = self._gather(mine)[0]
         if agreed < 0:
             emit("fresh_start", group=True, epoch=0, step_in_epoch=0, global_step=0)
+            self.untrained_fresh_start = True
             return
         if found is None or mine != agreed:
             found = self.store.fetch(agreed, cache_dir)
@@ -619,6 +628,7 @@ class Trainer:
                 self._step_indices.write(global_step + offset, indices.tolist())
             self._step_indices.flush()
         rows = result.numpy()
+        self.untrained_fresh_start = False  # a step finished: later failures may be faults
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started)
         names = self._value_names

@@ -103,13 +103,15 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     trainer: Any = None
 
     def diagnose(exc: Exception) -> Exception | None:
-        from resilient_train.job.recipe import recipe_name
+        from resilient_train.job.recipe import is_fit_script, recipe_name
         from resilient_train.runner.diagnose import explain, group_broken
 
         broken = group_broken(exc)  # a peer's failure seen from here: exit 4, never a recipe bug
         if broken is not None:
             return broken
-        return explain(exc, recipe_name=recipe_name(job.recipe), trainer=trainer, steps_per_epoch=job.steps_per_epoch)
+        label = f"Script {job.recipe}" if is_fit_script(job.recipe) else None
+        return explain(exc, recipe_name=recipe_name(job.recipe), trainer=trainer, steps_per_epoch=job.steps_per_epoch,
+                       job_label=label)
 
     def drain() -> None:
         if trainer is not None:

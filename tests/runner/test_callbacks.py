@@ -23,7 +23,7 @@ from resilient_train.runner.callbacks import CallbackRunner, decode_state, encod
 class Process:
     """What one worker process holds: a model, its optimizer, the recipe's callbacks."""
 
-    def __init__(self, make_callbacks, tmp_path, *, is_chief=True, carried=None):
+    def __init__(self, make_callbacks, tmp_path, *, is_chief=True, carried=None, validates=True):
         self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
         self.optimizer = keras.optimizers.SGD(learning_rate=0.1)
         self.optimizer.build(self.model.trainable_variables)
@@ -32,7 +32,7 @@ class Process:
             self.model.set_weights(carried["weights"])
             self.optimizer.learning_rate = carried["learning_rate"]
         self.runner = CallbackRunner(make_callbacks(), self.model, recipe_name="r", is_chief=is_chief,
-                                     output_dir=tmp_path, epochs=10, steps_per_epoch=4)
+                                     output_dir=tmp_path, epochs=10, steps_per_epoch=4, validates=validates)
         self.runner.train_begin(resuming=carried is not None)
         self.stopped = self.runner.restore(carried["callbacks"]) if carried is not None else False
 
@@ -207,8 +207,8 @@ def Counter_list():
     ("callback", "message"),
     [
         (lambda tmp: keras.callbacks.BackupAndRestore(str(tmp / "b")),
-         r"callbacks\(\)\[0\] BackupAndRestore: resilient-train already backs up and restores"),
-        (lambda tmp: keras.callbacks.TensorBoard(str(tmp / "tb")), r"callbacks\(\)\[0\] TensorBoard: not supported yet"),
+         r"callbacks\(\)\[0\] BackupAndRestore: remove it: resilient-train already backs up and restores"),
+        (lambda tmp: keras.callbacks.ProgbarLogger(), r"callbacks\(\)\[0\] ProgbarLogger: not supported yet"),
         (lambda tmp: "EarlyStopping", r"callbacks\(\)\[0\] is a str; expected a keras.callbacks.Callback"),
     ],
 )
@@ -231,3 +231,34 @@ def test_state_encoding_keeps_arrays_and_infinities_exactly():
     assert decoded["best"] == math.inf
     assert [(w.dtype, w.shape, w.tolist()) for w in decoded["weights"]] == \
         [(w.dtype, w.shape, w.tolist()) for w in state["weights"]]
+
+
+def test_a_tensorboard_callback_is_honoured_by_the_runners_scalars_on_the_chief_only(tmp_path):
+    """Its Keras hooks never run (it writes nothing of its own); the chief lists its log_dir,
+    relative paths resolved like CSVLogger's, for the runner's TensorBoard writer; its state
+    entry keeps the callback list's indices."""
+    def callbacks():
+        return [keras.callbacks.TensorBoard("tb_logs"), keras.callbacks.History()]
+
+    chief = Process(callbacks, tmp_path)
+    chief.epoch(0, {"loss": 1.0})
+    assert chief.runner.tensorboard_dirs == [tmp_path / "tb_logs"]
+    assert not (tmp_path / "tb_logs").exists()  # nothing written by the callback itself
+    worker = Process(callbacks, tmp_path, is_chief=False)
+    assert worker.runner.tensorboard_dirs == []
+    resumed = Process(callbacks, tmp_path, carried=chief.checkpoint())
+    assert resumed.runner.tensorboard_dirs == [tmp_path / "tb_logs"]
+
+
+@pytest.mark.parametrize(("validates", "header"), [(False, "epoch,loss"), (True, "epoch,loss,val_loss")])
+def test_a_csv_log_has_val_columns_only_when_the_run_validates(tmp_path, validates, header):
+    """Keras' CSVLogger adds val_* columns (all "NA") when the first logs have none; without
+    validation the runner's has none, and a resume keeps the columns it started with."""
+    make = lambda: [keras.callbacks.CSVLogger("log.csv")]
+    process = Process(make, tmp_path, validates=validates)
+    process.epoch(0, {"loss": 1.0})
+    resumed = Process(make, tmp_path, carried=process.checkpoint(), validates=validates)
+    resumed.epoch(1, {"loss": 0.5})
+    resumed.runner.train_end({})
+    rows = {False: ["0,1.0", "1,0.5"], True: ["0,1.0,NA", "1,0.5,NA"]}[validates]
+    assert (tmp_path / "log.csv").read_text().splitlines() == [header, *rows]

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from resilient_train.errors import EXIT_GROUP_BROKEN, GroupBrokenError, exit_code_for
+from resilient_train.errors import EXIT_FATAL, EXIT_GROUP_BROKEN, GroupBrokenError, RecipeError, exit_code_for
 from resilient_train.runner.diagnose import explain, group_broken
 
 
@@ -118,3 +118,62 @@ def test_anything_else_is_not_a_broken_group(exc):
     if exc is None:
         exc = _tf_error("InvalidArgumentError", "Incompatible shapes: [8,10] vs. [8,1]")
     assert group_broken(exc) is None
+
+
+# ------------------------------------------- a failure before a fresh start's first step
+class InvalidArgumentError(Exception):
+    """Stands for tf.errors.InvalidArgumentError (a graph execution error's message)."""
+
+
+class ResourceExhaustedError(Exception):
+    """Stands for tf.errors.ResourceExhaustedError (out of memory: a restart may cure it)."""
+
+
+def fresh(untrained):
+    return SimpleNamespace(epoch=Counter(0), step_in_epoch=Counter(0), untrained_fresh_start=untrained)
+
+
+TRACED_RANK_ERROR = ValueError(
+    "in user code:\n\n    File \"loop.py\", line 376, in step_fn  *\n        per_example = ...\n"
+    "    File \"keras/src/backend/tensorflow/nn.py\", line 1461, in binary_crossentropy\n        raise ValueError(\n\n"
+    "    ValueError: Arguments `target` and `output` must have the same rank (ndim). Received: "
+    "target.shape=(None,), output.shape=(None, 1)\n"
+)
+
+
+def test_a_failure_before_the_first_step_of_a_fresh_start_is_the_jobs_bug_in_one_line():
+    error = explain(TRACED_RANK_ERROR, recipe_name="r", trainer=fresh(True), steps_per_epoch=10)
+    assert isinstance(error, RecipeError) and exit_code_for(error) == EXIT_FATAL
+    assert str(error) == (
+        "recipe r: failed before the first training step of a fresh start (a bug in the job, not a fault: a restart "
+        "fails the same way): ValueError: Arguments `target` and `output` must have the same rank (ndim). "
+        "Received: target.shape=(None,), output.shape=(None, 1)"
+    )
+
+
+def test_a_fit_script_is_named_by_its_file():
+    error = explain(KeyError("units"), recipe_name="train", trainer=fresh(True), steps_per_epoch=10,
+                    job_label="Script /jobs/train.py")
+    assert str(error).startswith("Script /jobs/train.py: failed before the first training step of a fresh start")
+    assert str(error).endswith(": KeyError: 'units'")
+
+
+def test_a_graph_execution_error_keeps_the_ops_message():
+    exc = InvalidArgumentError("Graph execution error:\n\nDetected at node GatherV2 defined at (most recent call "
+                               "last):\n  File \"r.py\", line 20, in <module>\n\nindices[0] = 10 is not in [0, 3)\n"
+                               "\t [[{{node GatherV2}}]] [Op:__inference_h_25]")
+    error = explain(exc, recipe_name="r", trainer=fresh(True), steps_per_epoch=10)
+    assert str(error).endswith("): InvalidArgumentError: indices[0] = 10 is not in [0, 3)")
+
+
+@pytest.mark.parametrize("trainer", [fresh(False), None, SimpleNamespace(epoch=Counter(0), step_in_epoch=Counter(0))],
+                         ids=["after_a_step_or_a_restore", "before_the_trainer", "no_flag"])
+def test_the_same_failure_once_a_step_finished_or_after_a_restore_stays_restartable(trainer):
+    assert explain(TRACED_RANK_ERROR, recipe_name="r", trainer=trainer, steps_per_epoch=10) is None
+
+
+@pytest.mark.parametrize("exc", [ConnectionResetError("peer reset"), TimeoutError("slow"), OSError("disk"),
+                                 MemoryError(), ResourceExhaustedError("OOM when allocating")],
+                         ids=lambda e: type(e).__name__)
+def test_a_failure_a_restart_may_cure_stays_restartable_even_before_the_first_step(exc):
+    assert explain(exc, recipe_name="r", trainer=fresh(True), steps_per_epoch=10) is None

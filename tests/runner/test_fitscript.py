@@ -124,3 +124,19 @@ def test_a_script_model_keras_cannot_clone_is_refused_naming_the_sync_mode():
     with pytest.raises(RecipeError, match=r"the fit\(\) model cannot be copied for the asynchronous checkpoint .*; "
                                           r"pass --checkpoint-mode sync$"):
         build_model({})
+
+
+def test_a_callback_refused_at_run_time_names_the_script_and_its_fit_line(script):
+    """A callback the source check cannot see (built by a helper, not named literally) is
+    refused in the script's terms: its file, the line of its fit() call, fit's callbacks index."""
+    import keras
+
+    script.strategy = OneWorker()
+    source = "\n\ncallbacks = [keras.callbacks.History(), make()]\nmodel.fit(dataset, steps_per_epoch=2, callbacks=callbacks)\n"
+    code = compile(source, str(script.path), "exec")  # frames of this code are the script's own
+    model = type("Model", (), {"fit": lambda self, *a, **k: script._fit(self, *a, **k)})()
+    namespace = {"keras": keras, "make": keras.callbacks.ProgbarLogger, "model": model, "dataset": global_batches()}
+    with pytest.raises(RecipeError) as caught:
+        exec(code, namespace)
+    assert str(caught.value) == (f"Script {script.path}: the fit() call at line 4: callbacks[1] ProgbarLogger: "
+                                 "not supported yet: the runner reports progress as events (remove it)")
