@@ -194,8 +194,10 @@ class Supervisor:
         register_secrets(secret_values(job.secrets()))  # no event, file or line of ours shows them
         self.out = Console(RedactingWriter(out), tty=_isatty(out))
         self.launcher = launcher or make_launcher(job)
+        self.tail: EventTail | None = None  # the console's view of events.jsonl, from _prepare on
         self.store = store if store is not None else CheckpointStore(
-            job.storage, job.storage_options, retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
+            job.storage, job.storage_options, emit=self._emit_shown,
+            retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
         self.signals = signals if signals is not None else ProcessSignals()
         self.clock = clock
@@ -267,6 +269,14 @@ class Supervisor:
         finally:
             self.launcher.close()
             self.signals.restore()
+
+    def _emit_shown(self, event: str, **fields: Any) -> None:
+        """The store's events, shown on the console at once: a retry of the storage probe in
+        ``_prepare`` (or of a listing between polls) blocks the loop that pumps the tail, and
+        a person watching would see nothing until every retry had run."""
+        emit(event, **fields)
+        if self.tail is not None:
+            self.tail.pump()
 
     # ------------------------------------------------------------ prepare
     def _prepare(self, lock: RunDirLock) -> None:
