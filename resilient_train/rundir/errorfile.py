@@ -327,8 +327,9 @@ class RootCause:
     """The failure that ended an attempt, and what else failed after it.
 
     ``secondary_ranks`` are the other failed workers; ``secondary_details`` describes each
-    in one line. ``global_step`` is the root cause's own step, or, when it left no error
-    file, the lowest step its peers recorded (synchronous training: all were at one step).
+    in one line. ``global_step`` is the root cause's own step, or, when it recorded none
+    (a SIGKILLed worker leaves no error file), the step the attempt reached: the number
+    ``lost_steps`` counts from (rundir/stepmarker.py ``reached_step``).
     """
 
     rank: int
@@ -409,6 +410,7 @@ def choose_root_cause(
     log_tail: Callable[[int], list[str]],
     exit_notes: Mapping[int, str] | None = None,
     torn_down: Collection[int] = (),
+    reached: int | None = None,
 ) -> RootCause | None:
     """Pick the root cause of an attempt; ``None`` when no worker failed.
 
@@ -421,6 +423,8 @@ def choose_root_cause(
     ``torn_down``: ranks the supervisor SIGKILLed while tearing the group down after a
     failure; one that recorded no error of its own is secondary (its SIGKILL is ours, not
     its failure), so a survivor's "the group broke" names what happened instead.
+    ``reached``: the highest step the attempt's workers finished (rundir/stepmarker.py
+    ``reached_step``), the root cause's step when it recorded none of its own.
     """
     notes = exit_notes or {}
     by_rank = {e.rank: e for e in errors}
@@ -441,9 +445,7 @@ def choose_root_cause(
     root, others = failures[0], failures[1:]
     step = root.error.global_step if root.error is not None else None
     if step is None:
-        peer_steps = [f.error.global_step for f in others if f.error is not None]
-        known = [s for s in peer_steps if s is not None]
-        step = min(known) if known else None
+        step = reached
     return RootCause(
         rank=root.rank,
         pid=root.pid,

@@ -705,12 +705,13 @@ class Supervisor:
         if self._hang is not None and self.stop_signal is None:
             return self._hung_outcome(attempt)
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
+        reached = self._reached(attempt)
         root = choose_root_cause(
             exits, read_errors(attempt_dir.path), lambda rank: log_tail(attempt_dir.log(rank), 15),
             exit_notes={w.rank: _STOPPED_NOTE for w in workers if w.stopped},
             torn_down={w.rank for w in workers if w.state is WorkerState.KILLED and not w.stopped},
+            reached=reached,
         )
-        reached = self._reached(attempt)
         if reached is not None:
             emit("attempt_reached", attempt=attempt, global_step=reached)
         preempted = self.stop_signal is not None or any(w.returncode == EXIT_PREEMPTED for w in workers)

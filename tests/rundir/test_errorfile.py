@@ -344,7 +344,7 @@ def test_primary_sigkill_beats_an_earlier_secondary_error() -> None:
         asked.append(rank)
         return ["step 7 loss=0.1"]
 
-    root = choose_root_cause(exits, errors, log_tail)
+    root = choose_root_cause(exits, errors, log_tail, reached=7)  # the SIGKILLed rank recorded no step
 
     assert root is not None
     assert (root.rank, root.pid, root.exit_description, root.error) == (
