@@ -72,7 +72,8 @@ __all__ = [
     "choose_root_cause",
     "tail_lines",
     "log_tail",
-    "is_startup_noise",
+    "is_tf_noise",
+    "TF_NOISE_PATTERNS",
 ]
 
 _log = logging.getLogger(__name__)
@@ -459,24 +460,31 @@ def choose_root_cause(
     )
 
 
-# TensorFlow's start-up chatter: true on every run, never the cause of a failure.
-_STARTUP_NOISE = re.compile(
-    r"oneDNN custom operations are on|TF_ENABLE_ONEDNN_OPTS|cudart|Could not find cuda drivers"
-    r"|failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory|TF-TRT Warning"
-    r"|This TensorFlow binary is optimized|rebuild TensorFlow with the appropriate compiler flags"
-    r"|All log messages before absl::InitializeLog|computation_placer\.cc|cpu_feature_guard\.cc"
-    r"|successful NUMA node read",
-)
+# TensorFlow's chatter in a worker log: lines that appear on healthy runs too, so they never
+# explain a failure and only push the lines that do out of the root cause's log tail. One
+# named pattern per source; add to this list, nowhere else.
+TF_NOISE_PATTERNS: dict[str, str] = {
+    "start-up: oneDNN": r"oneDNN custom operations are on|TF_ENABLE_ONEDNN_OPTS",
+    "start-up: no CUDA": r"cudart|Could not find cuda drivers|failed call to cuInit",
+    "start-up: CUDA plugins": r"Unable to register cu(DNN|FFT|BLAS) factory|TF-TRT Warning",
+    "start-up: CPU features": r"This TensorFlow binary is optimized|rebuild TensorFlow with the appropriate "
+                              r"compiler flags|cpu_feature_guard\.cc",
+    "start-up: logging": r"All log messages before absl::InitializeLog|computation_placer\.cc"
+                         r"|successful NUMA node read",
+    # An eager strategy.run (a recipe's own, or TensorFlow's; ours are tf.functions, runner/loop.py):
+    "eager strategy advice": r"Using \w+Strategy eagerly has significant overhead",
+}
+_TF_NOISE = re.compile("|".join(f"(?:{pattern})" for pattern in TF_NOISE_PATTERNS.values()))
 
 
-def is_startup_noise(line: str) -> bool:
-    """A TensorFlow start-up line (oneDNN, CUDA runtime probing, CPU features)."""
-    return _STARTUP_NOISE.search(line) is not None
+def is_tf_noise(line: str) -> bool:
+    """A line of :data:`TF_NOISE_PATTERNS` (start-up chatter, eager-strategy advice)."""
+    return _TF_NOISE.search(line) is not None
 
 
 def log_tail(path: Path, n: int = 15) -> list[str]:
-    """The last ``n`` lines of a worker log that are not TensorFlow start-up noise."""
-    lines = [line for line in tail_lines(path, 4 * n + 50) if not is_startup_noise(line)]
+    """The last ``n`` lines of a worker log that are not TensorFlow noise (:data:`TF_NOISE_PATTERNS`)."""
+    lines = [line for line in tail_lines(path, 4 * n + 50) if not is_tf_noise(line)]
     return lines[-n:]
 
 
