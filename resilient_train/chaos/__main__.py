@@ -26,9 +26,10 @@ DEFAULT_ROOT = Path("runs/chaos")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.chaos", description="Fault injection for resilient-train jobs.")
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.chaos", description="Fault injection for resilient-train jobs.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="the scenarios, one line each")
+    sub.add_parser("list", allow_abbrev=False, help="the scenarios, one line each")
 
     def job_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"recipe file (default {DEFAULT_RECIPE})")
@@ -42,14 +43,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help=f"where runs go (default {DEFAULT_ROOT})")
         p.add_argument("--report", type=Path, help="default: <root>/chaos-report.json")
 
-    run = sub.add_parser("run", help="run scenarios and check their invariants")
+    run = sub.add_parser("run", allow_abbrev=False, help="run scenarios and check their invariants")
     run.add_argument("scenarios", nargs="*", metavar="SCENARIO")
     run.add_argument("--all", action="store_true", help="every scenario of the catalogue")
     job_flags(run)
-    soak = sub.add_parser("soak", help="random faults from the whole catalogue until time runs out")
+    soak = sub.add_parser("soak", allow_abbrev=False, help="random faults from the whole catalogue until time runs out")
     soak.add_argument("--minutes", type=float, required=True)
     job_flags(soak)
-    check = sub.add_parser("check", help="check the invariants on a finished run directory")
+    check = sub.add_parser("check", allow_abbrev=False, help="check the invariants on a finished run directory")
     check.add_argument("run_dir", type=Path)
     check.add_argument("--reference", metavar="DIGEST", help="weights_sha256 of the uninterrupted run (required, "
                        "except for a --strategy parameter-server run, which is not bit-identical to any)")

@@ -59,8 +59,9 @@ Usable on any run directory, not only the chaos suite's (``python -m resilient_t
 
 Why from artefacts: a checker that asks the supervisor how it did would trust the thing
 under test. The attempt's reached step comes from ``attempt_reached`` or, when the
-supervisor was SIGKILLed and never wrote it, from the workers' step markers
-(``attempt-<n>/step-<rank>.txt``), so kills of the supervisor are counted too.
+supervisor was SIGKILLed and never wrote it, from the workers' step markers and error files
+(``attempt-<n>/step-<rank>.txt``; rundir/stepmarker.py ``reached_step``), so kills of the
+supervisor are counted too.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ from typing import Any, Iterable, Mapping
 
 from resilient_train.rundir.events import read_events
 from resilient_train.rundir.layout import RunDir
-from resilient_train.rundir.stepmarker import highest_step
+from resilient_train.rundir.stepmarker import reached_step
 
 __all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url",
            "trajectory_check", "hang_checks", "stall_checks", "unreachable_checks", "fencing_checks",
@@ -584,7 +585,7 @@ def check_run(
     crash_allowance = save_every * (2 if mode == "async" else 1)
     reached_of: dict[int, int | None] = {}
     for attempt in RunDir(run_dir).attempts():
-        reached_of[attempt.number] = highest_step(attempt.path)
+        reached_of[attempt.number] = reached_step(attempt.path)
     for record in records:
         if record["event"] == "attempt_reached":
             reached_of[record["attempt"]] = max(record["global_step"], reached_of.get(record["attempt"]) or 0)

@@ -206,7 +206,8 @@ def _describe_change(name: str, old: Any, new: Any) -> str:
 
 
 def format_text(a: Trajectory, b: Trajectory, result: Divergence) -> list[str]:
-    """The human view: one fact per line, the verdict last."""
+    """The human view: one fact per line, the verdict last; epochs counted from 1, as the console does
+    (``as_record``, the --json view, keeps the events' 0-based epoch)."""
     lines = [f"A: {a.source}: {len(a.weights)} committed steps, {len(a.inputs)} epoch input digests",
              f"B: {b.source}: {len(b.weights)} committed steps, {len(b.inputs)} epoch input digests"]
     if result.only_a or result.only_b:
@@ -223,7 +224,7 @@ def format_text(a: Trajectory, b: Trajectory, result: Divergence) -> list[str]:
         lines.append("no committed global step in common: nothing to compare")
     epoch = result.first_divergent_epoch
     if epoch is not None:
-        lines.append(f"first divergent epoch input: epoch {epoch} (first batch A {_short(a.inputs[epoch])}, "
+        lines.append(f"first divergent epoch input: epoch {epoch + 1} (first batch A {_short(a.inputs[epoch])}, "
                      f"B {_short(b.inputs[epoch])})")
     elif result.common_epochs:
         lines.append(f"epoch inputs identical in all {len(result.common_epochs)} common epochs")

@@ -5,7 +5,9 @@ hash-checked, restored into the recipe's model, and its weights digest must equa
 manifest's ``weights_sha256`` before anything is written; the files themselves are written
 by ``runner/export.py`` ``export_model`` (the same writer as the chief's export at
 completion). Exit codes (errors.py): 0 exported, 1 the checkpoint is corrupt or does not
-fit the recipe, 2 nothing committed under URL (or the CLI's usage errors).
+fit the recipe, 2 nothing committed under URL, or no committed checkpoint at ``--step`` (one
+line listing the committed steps: a step ``--keep`` removed and one that never existed read
+the same), or the CLI's usage errors.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError, CheckpointIncompatibleError
 
-__all__ = ["add_parser", "main", "export_command", "training_checkpoint", "read_checkpoint"]
+__all__ = ["add_parser", "main", "export_command", "committed_steps_text", "training_checkpoint", "read_checkpoint"]
 
 _FORMATS = ("keras", "saved_model")  # runner/export.py FORMATS, without importing numpy to build the parser
 
@@ -62,15 +64,13 @@ def export_command(
     overrides: Mapping[str, str],
 ) -> int:
     """``resilient-train export``: verify checkpoint ``step`` (default newest), then export it."""
-    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.checkpoint import CheckpointStore, Status
     from resilient_train.job.recipe import load_recipe, resolve_params
     from resilient_train.rundir import events
     from resilient_train.runner.export import EXPORT_FILE, export_model
     from resilient_train.runner.model_state import weight_paths
 
     events.configure(None, console=None)  # the store's progress events are not this command's output
-    recipe = load_recipe(recipe_spec)
-    params = resolve_params(recipe.params, overrides)
     store = CheckpointStore(url, storage_options)
     if step is None:
         manifest = store.latest_manifest()
@@ -78,6 +78,14 @@ def export_command(
             print(f"resilient-train export: no committed checkpoint under {url}", file=sys.stderr)
             return EXIT_USAGE
         step = manifest.global_step
+    else:  # before the recipe is loaded (TensorFlow): a step that is not there is known from one listing
+        committed = [info.global_step for info in store.list() if info.status is not Status.UNCOMMITTED]
+        if step not in committed:
+            print(f"resilient-train export: no checkpoint at step {step} under {url}; "
+                  f"{committed_steps_text(committed)}", file=sys.stderr)
+            return EXIT_USAGE
+    recipe = load_recipe(recipe_spec)
+    params = resolve_params(recipe.params, overrides)
     with tempfile.TemporaryDirectory(prefix="rt-export-") as scratch:
         try:
             manifest, local_dir = store.fetch(step, Path(scratch))
@@ -97,6 +105,17 @@ def export_command(
     print(f"Exported global step {record['global_step']} (weights_sha256 {record['weights_sha256']}) "
           f"to {out}: {', '.join(record['files'].values())}, {EXPORT_FILE}")
     return EXIT_OK
+
+
+def committed_steps_text(steps: Sequence[int], *, shown: int = 8) -> str:
+    """``committed: 250, 275, 300``; more than ``shown`` steps keep the first two and the newest
+    ones (``committed: 10, 20, ..., 280, 290, 300 (30 in all)``); none: ``nothing is committed``."""
+    if not steps:
+        return "nothing is committed there"
+    if len(steps) <= shown:
+        return "committed: " + ", ".join(map(str, steps))
+    head, tail = steps[:2], steps[-(shown - 2):]
+    return f"committed: {', '.join(map(str, head))}, ..., {', '.join(map(str, tail))} ({len(steps)} in all)"
 
 
 def _fresh_model(recipe: Any, params: Mapping[str, Any]) -> Any:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, TextIO
 
 from resilient_train.checkpoint.store import CheckpointInfo, CheckpointStore, Status
+from resilient_train.supervisor.console import checkpoint_position
 from resilient_train.errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError,
                                    CheckpointIncompatibleError, ConfigError, RecipeError, StorageError)
 
@@ -76,7 +77,9 @@ def main(args: argparse.Namespace) -> int:
     return verify_command(args.url, options, as_json=args.json, hash=True, deep=deep)
 
 
-_HEADER = ("global_step", "epoch", "step_in_epoch", "size", "status")
+# "where" is the console's wording (1-based epochs: ``epoch 2, step 100``, ``end of epoch 1``);
+# the --json fields keep the manifest's 0-based epoch and step_in_epoch.
+_HEADER = ("global_step", "where", "size", "status")
 
 
 def status_text(info: CheckpointInfo) -> str:
@@ -127,13 +130,14 @@ def format_rows(infos: Iterable[CheckpointInfo]) -> str:
         manifest = info.manifest
         rows.append((
             str(info.global_step),
-            str(manifest.epoch) if manifest else "-",
-            str(manifest.step_in_epoch) if manifest else "-",
+            checkpoint_position({"epoch": manifest.epoch, "step_in_epoch": manifest.step_in_epoch}) if manifest else "-",
             _human(info.size),
             status_text(info),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER) - 1)]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows]
+    aligned = [str.rjust, str.ljust, str.rjust]  # global_step, where, size
+    lines = ["  ".join(align(cell, w) for align, cell, w in zip(aligned, row[:-1], widths)) + "  " + row[-1]
+             for row in rows]
     return "\n".join(lines)
 
 

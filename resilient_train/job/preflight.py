@@ -15,12 +15,16 @@ TensorFlow ops, which must not happen in the supervisor):
 * ``--run-dir`` is (or can become) a directory, not a file;
 * ``--storage`` is not ``memory://``: each worker process has its own memory filesystem,
   so every checkpoint would be lost with the process that wrote it;
+* an object store's endpoint resolves and accepts a TCP connection within seconds
+  (checkpoint/endpoint.py): the storage client's own retries against a dead endpoint take
+  minutes, and the supervisor's probe of the store would wait through all of them;
 * ``--strategy parameter-server``: the recipe defines ``build_optimizer`` and ``loss`` itself
   (a recipe that leaves them to ``model.compile()`` trains through Keras ``fit``, which Keras 3
   cannot run under ParameterServerStrategy; docs/parameter_server.md).
 
-Each failure raises :class:`~resilient_train.errors.ConfigError` or
-:class:`~resilient_train.errors.RecipeError` naming the bad value and what is accepted.
+Each failure raises :class:`~resilient_train.errors.ConfigError`,
+:class:`~resilient_train.errors.RecipeError` or (the endpoint)
+:class:`~resilient_train.errors.StorageError` naming the bad value and what is accepted.
 
 One thing is a warning, not a failure (:func:`command_line_secret_warning`): a credential
 given as ``--storage-option`` works, and is kept off disk (rundir/redact.py), but a command
@@ -34,6 +38,7 @@ import ast
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from resilient_train.checkpoint.endpoint import check_reachable
 from resilient_train.job.config import FALLBACK_DEFAULTS, JobConfig
 from resilient_train.errors import ConfigError, RecipeError
 from resilient_train.job.recipe import DEFAULT_KEYS, check_recipe_source, is_fit_script, resolve_params
@@ -198,6 +203,7 @@ def _check_storage(job: JobConfig) -> None:
             f"--storage {job.storage}: memory:// lives inside one process and every worker is its own "
             "process, so no checkpoint would survive a restart; use a directory, file:// or s3://"
         )
+    check_reachable(job.storage, job.storage_options)
 
 
 def command_line_secret_warning(pairs: Iterable[str], storage: str) -> str | None:

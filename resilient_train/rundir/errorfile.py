@@ -72,7 +72,8 @@ __all__ = [
     "choose_root_cause",
     "tail_lines",
     "log_tail",
-    "is_startup_noise",
+    "is_tf_noise",
+    "TF_NOISE_PATTERNS",
 ]
 
 _log = logging.getLogger(__name__)
@@ -327,8 +328,9 @@ class RootCause:
     """The failure that ended an attempt, and what else failed after it.
 
     ``secondary_ranks`` are the other failed workers; ``secondary_details`` describes each
-    in one line. ``global_step`` is the root cause's own step, or, when it left no error
-    file, the lowest step its peers recorded (synchronous training: all were at one step).
+    in one line. ``global_step`` is the root cause's own step, or, when it recorded none
+    (a SIGKILLed worker leaves no error file), the step the attempt reached: the number
+    ``lost_steps`` counts from (rundir/stepmarker.py ``reached_step``).
     """
 
     rank: int
@@ -409,6 +411,7 @@ def choose_root_cause(
     log_tail: Callable[[int], list[str]],
     exit_notes: Mapping[int, str] | None = None,
     torn_down: Collection[int] = (),
+    reached: int | None = None,
 ) -> RootCause | None:
     """Pick the root cause of an attempt; ``None`` when no worker failed.
 
@@ -421,6 +424,8 @@ def choose_root_cause(
     ``torn_down``: ranks the supervisor SIGKILLed while tearing the group down after a
     failure; one that recorded no error of its own is secondary (its SIGKILL is ours, not
     its failure), so a survivor's "the group broke" names what happened instead.
+    ``reached``: the highest step the attempt's workers finished (rundir/stepmarker.py
+    ``reached_step``), the root cause's step when it recorded none of its own.
     """
     notes = exit_notes or {}
     by_rank = {e.rank: e for e in errors}
@@ -441,9 +446,7 @@ def choose_root_cause(
     root, others = failures[0], failures[1:]
     step = root.error.global_step if root.error is not None else None
     if step is None:
-        peer_steps = [f.error.global_step for f in others if f.error is not None]
-        known = [s for s in peer_steps if s is not None]
-        step = min(known) if known else None
+        step = reached
     return RootCause(
         rank=root.rank,
         pid=root.pid,
@@ -457,24 +460,31 @@ def choose_root_cause(
     )
 
 
-# TensorFlow's start-up chatter: true on every run, never the cause of a failure.
-_STARTUP_NOISE = re.compile(
-    r"oneDNN custom operations are on|TF_ENABLE_ONEDNN_OPTS|cudart|Could not find cuda drivers"
-    r"|failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory|TF-TRT Warning"
-    r"|This TensorFlow binary is optimized|rebuild TensorFlow with the appropriate compiler flags"
-    r"|All log messages before absl::InitializeLog|computation_placer\.cc|cpu_feature_guard\.cc"
-    r"|successful NUMA node read",
-)
+# TensorFlow's chatter in a worker log: lines that appear on healthy runs too, so they never
+# explain a failure and only push the lines that do out of the root cause's log tail. One
+# named pattern per source; add to this list, nowhere else.
+TF_NOISE_PATTERNS: dict[str, str] = {
+    "start-up: oneDNN": r"oneDNN custom operations are on|TF_ENABLE_ONEDNN_OPTS",
+    "start-up: no CUDA": r"cudart|Could not find cuda drivers|failed call to cuInit",
+    "start-up: CUDA plugins": r"Unable to register cu(DNN|FFT|BLAS) factory|TF-TRT Warning",
+    "start-up: CPU features": r"This TensorFlow binary is optimized|rebuild TensorFlow with the appropriate "
+                              r"compiler flags|cpu_feature_guard\.cc",
+    "start-up: logging": r"All log messages before absl::InitializeLog|computation_placer\.cc"
+                         r"|successful NUMA node read",
+    # An eager strategy.run (a recipe's own, or TensorFlow's; ours are tf.functions, runner/loop.py):
+    "eager strategy advice": r"Using \w+Strategy eagerly has significant overhead",
+}
+_TF_NOISE = re.compile("|".join(f"(?:{pattern})" for pattern in TF_NOISE_PATTERNS.values()))
 
 
-def is_startup_noise(line: str) -> bool:
-    """A TensorFlow start-up line (oneDNN, CUDA runtime probing, CPU features)."""
-    return _STARTUP_NOISE.search(line) is not None
+def is_tf_noise(line: str) -> bool:
+    """A line of :data:`TF_NOISE_PATTERNS` (start-up chatter, eager-strategy advice)."""
+    return _TF_NOISE.search(line) is not None
 
 
 def log_tail(path: Path, n: int = 15) -> list[str]:
-    """The last ``n`` lines of a worker log that are not TensorFlow start-up noise."""
-    lines = [line for line in tail_lines(path, 4 * n + 50) if not is_startup_noise(line)]
+    """The last ``n`` lines of a worker log that are not TensorFlow noise (:data:`TF_NOISE_PATTERNS`)."""
+    lines = [line for line in tail_lines(path, 4 * n + 50) if not is_tf_noise(line)]
     return lines[-n:]
 
 

@@ -6,6 +6,14 @@ counts lost steps (the supervisor, the chaos checker) reads them after the attem
 even if the supervisor itself was SIGKILLed in between. The supervisor's progress
 watchdog (supervisor/watchdog.py) reads them while the attempt runs.
 
+What an attempt *reached* (:func:`reached_step`, the one definition behind ``attempt_reached``,
+``summary.json`` ``lost_steps``, the console's "lost N steps" and the chaos checker) is the
+highest global step any of its workers finished. The step marker is written after each
+compiled call, so it lags a call that fails part-way (a peer killed mid-call: the survivors'
+collective breaks); the steps finished inside that call are in the worker's error file,
+whose ``global_step`` is read from the step counter that advances step by step inside the
+call (runner/loop.py ``train_call``), the same number the root cause reports. Both count.
+
 Beside it, ``phase-<rank>.txt`` says which phase the worker is in, rewritten only when the
 phase changes (a few writes per epoch): ``train <epoch> <epoch_start_step>`` while it
 trains (the global step at which that epoch began, so a reader can tell the step within
@@ -21,9 +29,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from resilient_train.rundir.errorfile import read_errors
 from resilient_train.rundir.layout import AttemptDir
 
-__all__ = ["StepMarker", "PhaseMarker", "Phase", "highest_step", "read_step", "read_phase",
+__all__ = ["StepMarker", "PhaseMarker", "Phase", "highest_step", "reached_step", "read_step", "read_phase",
            "PHASE_STARTUP", "PHASE_TRAIN", "PHASE_INPUT", "PHASE_EVAL", "PHASE_FLUSH", "PHASE_FINISH", "PHASES"]
 
 PHASE_STARTUP = "startup"  # never written: the absence of a phase marker
@@ -117,4 +126,15 @@ def highest_step(attempt_dir: Path) -> int | None:
             steps.append(int(path.read_text().strip() or "0"))
         except (OSError, ValueError):
             continue
+    return max(steps) if steps else None
+
+
+def reached_step(attempt_dir: Path) -> int | None:
+    """The highest global step any worker of the attempt finished: its step marker, or the
+    ``global_step`` of its error file when it failed inside a call (module docstring).
+    None when the attempt left neither."""
+    steps = [error.global_step for error in read_errors(attempt_dir) if error.global_step is not None]
+    marker = highest_step(attempt_dir)
+    if marker is not None:
+        steps.append(marker)
     return max(steps) if steps else None

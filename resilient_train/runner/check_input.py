@@ -114,7 +114,7 @@ def _probe(recipe_spec: str, order: list[int], *, seed: int, overrides: Mapping[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.check_input")
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.check_input", allow_abbrev=False)
     parser.add_argument("recipe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--order", default="0,1")

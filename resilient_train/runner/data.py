@@ -148,8 +148,9 @@ def _with_dynamic_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
             return component  # sparse/ragged keep their spec; a scalar has no batch dimension
         return tf.raw_ops.PlaceholderWithDefault(input=component, shape=[None, *component.shape[1:]])
 
-    return dataset.map(lambda *element: tf.nest.map_structure(relax, element[0] if len(element) == 1 else element),
-                       deterministic=True)
+    # Sequential (no num_parallel_calls), so in order: ``deterministic=True`` here only made
+    # tf.data warn in every worker log that it has no effect.
+    return dataset.map(lambda *element: tf.nest.map_structure(relax, element[0] if len(element) == 1 else element))
 
 
 def accepts_start_step(dataset_fn: Any) -> bool:

@@ -264,6 +264,7 @@ class Trainer:
         )
         self._value_names: list[str] = []  # the packed row's layout, filled when traced
         self._train_call = self._make_train_call()
+        self._sum_over_workers = _make_sum_over_workers(self.strategy)
         self.checkpointer = self._make_checkpointer()
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
         if self._evaluator is not None:
@@ -431,11 +432,7 @@ class Trainer:
         """Every worker's ``value``, indexed by rank (one all-reduce)."""
         vector = np.zeros(self.cluster.num_workers, dtype=np.float64)
         vector[self.cluster.rank] = value
-        summed = self.strategy.reduce(
-            tf.distribute.ReduceOp.SUM,
-            self.strategy.run(lambda: tf.constant(vector)),
-            axis=None,
-        )
+        summed = self._sum_over_workers(tf.constant(vector))
         return [int(v) for v in summed.numpy()]
 
     # --------------------------------------------------------------- restore
@@ -590,7 +587,7 @@ class Trainer:
         """Every worker's ``mine`` (of the given sizes), indexed by rank (one all-reduce)."""
         rows = np.zeros((self.cluster.num_workers, max(sizes)), dtype=np.int32)
         rows[self.cluster.rank, :len(mine)] = np.frombuffer(mine, dtype=np.uint8)
-        summed = self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(lambda: tf.constant(rows)), axis=None)
+        summed = self._sum_over_workers(tf.constant(rows))
         return [summed.numpy()[rank, :size].astype(np.uint8).tobytes() for rank, size in enumerate(sizes)]
 
     # ----------------------------------------------------------------- train
@@ -859,6 +856,24 @@ def _report_teardown(label: tuple[str, int], seconds: float) -> None:
     ones are reported (runner/teardown.py)."""
     if seconds >= _SLOW_TEARDOWN_S:
         emit("input_torn_down", input=label[0], epoch=label[1], seconds=round(seconds, 3))
+
+
+def _make_sum_over_workers(strategy: Any) -> Callable[[tf.Tensor], tf.Tensor]:
+    """``sum(value)`` over every worker (one all-reduce), as a tf.function.
+
+    Called eagerly, ``strategy.run`` costs a per-call retrace and TensorFlow logs "Using
+    CollectiveAllReduceStrategy eagerly has significant overhead" (up to 5 times a process:
+    it crowded the root cause's log tail). Traced once per dtype; ``reduce_retracing`` lets
+    the iterator-state rows (their width varies with the states' size) share one trace.
+    Every worker calls it at the same points in the same order, as it did eagerly, so the
+    collectives still pair up.
+    """
+
+    @tf.function(reduce_retracing=True)
+    def sum_over_workers(value: tf.Tensor) -> tf.Tensor:
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(value,)), axis=None)
+
+    return sum_over_workers
 
 
 def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:

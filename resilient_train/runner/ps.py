@@ -63,7 +63,7 @@ PREFIX = "resilient-train ps"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.ps")
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.ps", allow_abbrev=False)
     parser.add_argument("--job", required=True, help="job file written by the supervisor (job.json)")
     with recording(PREFIX) as state:
         args = parser.parse_args(argv)

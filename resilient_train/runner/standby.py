@@ -190,7 +190,7 @@ def _become_worker(assignment: dict[str, Any], stdin: TextIO) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.standby")
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.standby", allow_abbrev=False)
     parser.add_argument("--recipe", help="recipe to import ahead (its imports only)")
     args = parser.parse_args(argv)
     ready_fd = int(os.environ[STANDBY_READY_FD]) if os.environ.get(STANDBY_READY_FD) else None

@@ -46,7 +46,7 @@ _DRAIN_ON_ERROR_S = 2.5
 
 def parse_args(argv: list[str]) -> tuple[JobConfig, argparse.Namespace]:
     """The runner's own command line: ``--job job.json`` or the flags of ``resilient-train run``."""
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner")
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner", allow_abbrev=False)
     parser.add_argument("--job", help="job file written by the supervisor (job.json)")
     parser.add_argument("recipe_arg", nargs="?", metavar="RECIPE")
     add_job_arguments(parser)

@@ -19,7 +19,9 @@ line prints and redrawn by the next progress event; in a log it is a line every
 event on (the first one's rate includes tracing the first step).
 
 One numbering for people: the console counts epochs from 1 everywhere (progress, epoch
-ends, commits, restores); the events' ``epoch`` and ``step_in_epoch`` fields stay 0-based.
+ends, commits, restores), and so do the ``verify``/``ls`` tables and ``diff``'s text
+(:func:`checkpoint_position`); the events' ``epoch`` and ``step_in_epoch`` fields, and every
+``--json`` output, stay 0-based.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Any, Callable, Mapping, TextIO
 
 from resilient_train.rundir.events import EventReader, render_line
 
-__all__ = ["Console", "EventTail", "render_event", "hang_line", "progress_line", "CONSOLE", "LOG_PROGRESS_EVERY_S"]
+__all__ = ["Console", "EventTail", "render_event", "hang_line", "progress_line", "checkpoint_position", "CONSOLE",
+           "LOG_PROGRESS_EVERY_S"]
 
 LOG_PROGRESS_EVERY_S = 10.0  # a log (not a terminal) gets one progress line per this many seconds
 _RATE_WEIGHT = 0.3  # the ETA's steps/s: each train_progress's rate moves the average this far
@@ -55,10 +58,11 @@ def _position(record: Mapping[str, Any]) -> str:
     return f"epoch {record['epoch'] + 1}, step {record['step_in_epoch']}"
 
 
-def _checkpoint_position(record: Mapping[str, Any]) -> str:
+def checkpoint_position(record: Mapping[str, Any]) -> str:
     """Where a checkpoint is: ``epoch 2, step 20``, or ``end of epoch 1`` for a checkpoint at an
     epoch boundary (its ``epoch`` counts finished epochs, so "epoch 2, step 0" would read as
-    if epoch 2 had begun)."""
+    if epoch 2 had begun). ``record``: the 0-based ``epoch`` and ``step_in_epoch`` of an event
+    or manifest; ``verify``/``ls`` tables say it the same way."""
     if record["step_in_epoch"] == 0 and record["epoch"] > 0:
         return f"end of epoch {record['epoch']}"
     return _position(record)
@@ -131,11 +135,11 @@ def _fresh_start(r: Mapping[str, Any], facts: Facts) -> str:
 
 
 def _restored(r: Mapping[str, Any], facts: Facts) -> str:
-    return f"restored global step {r['global_step']} ({_checkpoint_position(r)}) from {r['checkpoint']}" + _lost(facts)
+    return f"restored global step {r['global_step']} ({checkpoint_position(r)}) from {r['checkpoint']}" + _lost(facts)
 
 
 def _checkpoint_committed(r: Mapping[str, Any], _: Facts) -> str:
-    return f"checkpoint committed at global step {r['global_step']} ({_checkpoint_position(r)}) -> {r['path']}"
+    return f"checkpoint committed at global step {r['global_step']} ({checkpoint_position(r)}) -> {r['path']}"
 
 
 def _checkpoint_rejected(r: Mapping[str, Any], _: Facts) -> str:
@@ -183,7 +187,7 @@ def _preemption_requested(r: Mapping[str, Any], _: Facts) -> str:
 
 
 def _preempted(r: Mapping[str, Any], _: Facts) -> str:
-    where = f" ({_checkpoint_position(r)})" if r.get("epoch") is not None and r.get("step_in_epoch") is not None else ""
+    where = f" ({checkpoint_position(r)})" if r.get("epoch") is not None and r.get("step_in_epoch") is not None else ""
     return f"saved global step {r['global_step']}{where} and stopped"
 
 

@@ -18,7 +18,7 @@ from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.rundir.atomic import write_atomic
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.redact import redact
-from resilient_train.rundir.stepmarker import highest_step
+from resilient_train.rundir import stepmarker
 
 __all__ = ["RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "build_summary", "write_summary"]
 
@@ -35,18 +35,20 @@ class RunTotals:
 
 
 def reached_step(run_dir: RunDir, attempt: int) -> int | None:
-    """The highest global step any worker of ``attempt`` finished (its step markers);
-    None without markers, or for attempt 0 (there is none before the first)."""
+    """The highest global step any worker of ``attempt`` finished (rundir/stepmarker.py
+    ``reached_step``: step markers and error files); None when it left neither, or for
+    attempt 0 (there is none before the first)."""
     if attempt < 1:
         return None
-    return highest_step(run_dir.attempt(attempt).path)
+    return stepmarker.reached_step(run_dir.attempt(attempt).path)
 
 
 def count_lost_steps(run_dir: RunDir, records: Iterable[dict[str, Any]]) -> int:
     """Steps executed that a later restore discarded, over the run's whole history.
 
     For every ``restored`` event of attempt ``a``, the steps attempt ``a-1`` reached
-    (its step markers survive any kill, even of the supervisor) beyond the restored step;
+    (:func:`reached_step`: its step markers and error files survive any kill, even of the
+    supervisor) beyond the restored step;
     a ``fresh_start`` (nothing was committed before the kill) restores step 0.
     """
     lost = 0

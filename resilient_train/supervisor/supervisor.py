@@ -194,8 +194,10 @@ class Supervisor:
         register_secrets(secret_values(job.secrets()))  # no event, file or line of ours shows them
         self.out = Console(RedactingWriter(out), tty=_isatty(out))
         self.launcher = launcher or make_launcher(job)
+        self.tail: EventTail | None = None  # the console's view of events.jsonl, from _prepare on
         self.store = store if store is not None else CheckpointStore(
-            job.storage, job.storage_options, retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
+            job.storage, job.storage_options, emit=self._emit_shown,
+            retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
         self.signals = signals if signals is not None else ProcessSignals()
         self.clock = clock
@@ -267,6 +269,14 @@ class Supervisor:
         finally:
             self.launcher.close()
             self.signals.restore()
+
+    def _emit_shown(self, event: str, **fields: Any) -> None:
+        """The store's events, shown on the console at once: a retry of the storage probe in
+        ``_prepare`` (or of a listing between polls) blocks the loop that pumps the tail, and
+        a person watching would see nothing until every retry had run."""
+        emit(event, **fields)
+        if self.tail is not None:
+            self.tail.pump()
 
     # ------------------------------------------------------------ prepare
     def _prepare(self, lock: RunDirLock) -> None:
@@ -695,12 +705,13 @@ class Supervisor:
         if self._hang is not None and self.stop_signal is None:
             return self._hung_outcome(attempt)
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
+        reached = self._reached(attempt)
         root = choose_root_cause(
             exits, read_errors(attempt_dir.path), lambda rank: log_tail(attempt_dir.log(rank), 15),
             exit_notes={w.rank: _STOPPED_NOTE for w in workers if w.stopped},
             torn_down={w.rank for w in workers if w.state is WorkerState.KILLED and not w.stopped},
+            reached=reached,
         )
-        reached = self._reached(attempt)
         if reached is not None:
             emit("attempt_reached", attempt=attempt, global_step=reached)
         preempted = self.stop_signal is not None or any(w.returncode == EXIT_PREEMPTED for w in workers)

@@ -90,3 +90,48 @@ def test_a_user_error_never_prints_url_user_info(capsys, tmp_path):
                         "--storage", "memory://me:pa55word@bucket/ckpts")
     assert code == EXIT_USAGE
     assert "pa55word" not in err and "memory://***@bucket/ckpts" in err
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["run", "recipes/linear_regression.py", "--wokers", "2"],
+         "resilient-train run: error: unrecognized arguments: --wokers 2; did you mean --workers?"),
+        # Abbreviations are refused: --epoch 1 --steps-per-ep 20 used to train 20 steps silently.
+        (["run", "recipes/linear_regression.py", "--epoch", "1", "--steps-per-ep", "20"],
+         "resilient-train run: error: unrecognized arguments: --epoch 1 --steps-per-ep 20; "
+         "did you mean --epochs (for --epoch), --steps-per-epoch (for --steps-per-ep)?"),
+        (["verify", "/tmp/x", "--jsn"], "resilient-train verify: error: unrecognized arguments: --jsn; did you mean --json?"),
+        (["ls", "/tmp/x", "--xyzzy"], "resilient-train ls: error: unrecognized arguments: --xyzzy"),
+    ],
+)
+def test_an_unknown_or_abbreviated_flag_is_two_lines_with_the_closest_flag_and_exit_2(capsys, argv, line):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == EXIT_USAGE
+    prog = line.partition(": error:")[0]
+    assert capsys.readouterr().err.splitlines() == [line, f"{prog} --help lists what is accepted"]
+
+
+def test_no_parser_accepts_abbreviations():
+    import argparse
+
+    from resilient_train.cli import _parser
+
+    top = _parser()
+    (subparsers,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    parsers = {"resilient-train": top, **subparsers.choices}
+    assert {name: p.allow_abbrev for name, p in parsers.items()} == {name: False for name in parsers}
+    assert sorted(subparsers.choices) == ["check", "diff", "doctor", "export", "ls", "run", "verify", "worker"]
+
+
+def test_a_mistyped_flag_in_a_real_process_is_refused_before_anything_runs(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "resilient_train", "run", "recipes/linear_regression.py",
+                           "--run-dir", str(tmp_path / "run"), "--wokers", "2"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == EXIT_USAGE
+    assert proc.stderr.splitlines() == [
+        "resilient-train run: error: unrecognized arguments: --wokers 2; did you mean --workers?",
+        "resilient-train run --help lists what is accepted",
+    ]
+    assert not (tmp_path / "run").exists()

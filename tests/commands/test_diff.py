@@ -95,7 +95,7 @@ def test_run_dirs_that_diverge_name_the_step_the_epoch_and_the_seed(tmp_path):
     assert lines[2:] == [
         f"first divergent global step: 8 (A {W[2][:12]}, B {W[4][:12]})",
         "last matching global step: 4",
-        f"first divergent epoch input: epoch 1 (first batch A {W[6][:12]}, B {W[7][:12]})",
+        f"first divergent epoch input: epoch 2 (first batch A {W[6][:12]}, B {W[7][:12]})",  # 1-based, as the console
         "job fingerprint differs: seed 1 -> 7",
         "diverged",
     ]

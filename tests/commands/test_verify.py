@@ -57,8 +57,9 @@ def test_table_names_the_damage_and_the_newest_restorable(memory_backend: Backen
     assert code == EXIT_FAILURE
     lines = out.splitlines()
     assert lines[0] == store.url
-    assert lines[1].split() == ["global_step", "epoch", "step_in_epoch", "size", "status"]
-    assert lines[2].split() == ["1", "0", "1", "20.8", "KiB", "ok"]
+    # One numbering for people: the console's "epoch 1, step 1" (the manifest says epoch 0).
+    assert lines[1].split() == ["global_step", "where", "size", "status"]
+    assert lines[2].split() == ["1", "epoch", "1,", "step", "1", "20.8", "KiB", "ok"]
     assert lines[3].endswith("torn: missing file ckpt.index")
     assert lines[4].endswith(f"corrupt: sha256 mismatch in {DATA_FILE}")
     assert lines[5] == f"newest restorable: global_step 1 ({store.url}/ckpt-000000000001)"
@@ -97,7 +98,7 @@ def test_a_truncated_manifest_is_a_corrupt_manifest_and_fails(memory_backend: Ba
     code, out, _ = run(store.url, {}, as_json=False, hash=True)
     assert code == EXIT_FAILURE
     lines = out.splitlines()
-    assert lines[3].split()[:5] == ["8", "-", "-", "20.8", "KiB"]
+    assert lines[3].split()[:4] == ["8", "-", "20.8", "KiB"]
     assert "corrupt manifest: " in lines[3]
     assert lines[4] == f"newest restorable: global_step 4 ({store.url}/ckpt-000000000004)"
     assert lines[5] == "1 committed checkpoint failed verification"
@@ -157,3 +158,33 @@ def test_the_cli_ls_lists_without_hashing_and_verify_hashes(memory_backend: Back
     assert [c["status"] for c in json.loads(capsys.readouterr().out)["checkpoints"]] == ["ok"]
     assert main(["verify", store.url, "--json"]) == EXIT_FAILURE
     assert [c["status"] for c in json.loads(capsys.readouterr().out)["checkpoints"]] == ["corrupt"]
+
+
+def test_the_table_counts_epochs_from_1_as_the_console_and_json_keeps_the_manifest(tmp_path) -> None:
+    # Issue 36: the console said "(epoch 2, step 100)" where the table said "epoch 1, step_in_epoch 100".
+    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.supervisor.console import render_event
+
+    store = CheckpointStore(str(tmp_path / "ckpts"))
+    for step, epoch, step_in_epoch in ((120, 1, 20), (200, 2, 0)):  # 100 steps per epoch
+        local = tmp_path / f"fake-{step}"
+        local.mkdir()
+        (local / "weights").write_bytes(b"w")
+        store.commit(local, run_id="fake", epoch=epoch, step_in_epoch=step_in_epoch, global_step=step,
+                     world_size=1, weights_sha256="0" * 64, tf_version="fake")
+    out = io.StringIO()
+    assert ls_command(store.url, {}, as_json=False, out=out) == EXIT_OK
+    assert out.getvalue().splitlines()[1:4] == [
+        "global_step  where             size  status",
+        "        120  epoch 2, step 20   1 B  ok",
+        "        200  end of epoch 2     1 B  ok",
+    ]
+    console = [render_event({"event": "checkpoint_committed", "global_step": 120, "epoch": 1, "step_in_epoch": 20,
+                             "path": "P"}),
+               render_event({"event": "checkpoint_committed", "global_step": 200, "epoch": 2, "step_in_epoch": 0,
+                             "path": "P"})]
+    assert [line.strip() for line in console] == ["checkpoint committed at global step 120 (epoch 2, step 20) -> P",
+                                                  "checkpoint committed at global step 200 (end of epoch 2) -> P"]
+    out = io.StringIO()
+    ls_command(store.url, {}, as_json=True, out=out)
+    assert [(c["epoch"], c["step_in_epoch"]) for c in json.loads(out.getvalue())["checkpoints"]] == [(1, 20), (2, 0)]

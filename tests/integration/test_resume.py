@@ -63,6 +63,15 @@ def test_kill_non_chief_gang_restart_is_exact(tmp_path, digits_reference):
     assert job.summary["weights_sha256"] == digits_reference
     assert (job.summary["restarts"], job.summary["attempts"]) == (1, 2)
     assert job.summary["lost_steps"] == reached(job, 1) - newest
+    # One definition of how far the attempt got: the root cause's step (from worker 0's error
+    # file: worker 1 was SIGKILLed) is the step lost_steps counts from.
+    assert job.summary["root_cause"]["global_step"] == reached(job, 1) == 13
+    # Our collectives between calls (restore agreement, iterator-state sizes) run as
+    # tf.functions: no eager-strategy advice (it filled the root cause's log tail), and no
+    # tf.data warning about an argument without effect.
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "run").glob("attempt-*/worker-*.log")))
+    assert logs.count("iterator_state_sized") >= 1  # the iterator-state gathers ran
+    assert (logs.count("eagerly has significant overhead"), logs.count("`deterministic` argument")) == (0, 0)
 
 
 @pytest.mark.slow  # the chaos CI scenario seeds-experiment runs the same kill

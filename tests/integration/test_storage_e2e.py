@@ -4,10 +4,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from resilient_train.errors import EXIT_FAILURE
+from resilient_train.cluster.ports import free_ports
+from resilient_train.errors import EXIT_FAILURE, EXIT_USAGE
 
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import REPO, run_job
@@ -125,3 +127,60 @@ def test_a_store_that_goes_quiet_fails_the_save_and_the_run_resumes_exactly(tmp_
     assert [(e["attempt"], e["global_step"]) for e in job.named("restored")] == [(2, 4)]
     assert job.summary["restarts"] == 1
     assert job.summary["weights_sha256"] == digits_reference
+
+
+# ---------------------------------------------------------------- an unreachable store
+# docs/commands.md: one line naming the URL, exit 2, before any worker starts; the storage
+# client's own retries against a dead endpoint (s3fs ~10 s a try, gcsfs ~33 s) never run.
+UNREACHABLE_WITHIN_S = 20  # the reach check's deadline is 5 s; the rest is Python start-up on a busy host
+
+
+def run_refused(tmp_path, *flags):
+    started = time.monotonic()
+    job = run_job("recipes/linear_regression.py", tmp_path / "run", *flags, timeout=120)
+    return job, time.monotonic() - started
+
+
+def assert_refused_before_any_worker(job, seconds, line):
+    assert job.returncode == EXIT_USAGE, job.output
+    assert job.output.splitlines() == [line]
+    assert seconds < UNREACHABLE_WITHIN_S
+    assert not (job.run_dir / "attempt-1").exists()
+    assert not (job.run_dir / "events.jsonl").exists()  # refused before the supervisor ran: no worker_started
+
+
+def test_an_s3_endpoint_that_refuses_connections_exits_2_before_any_worker(tmp_path):
+    (port,) = free_ports(1)  # nothing listens there
+    endpoint = f"http://127.0.0.1:{port}"
+    job, seconds = run_refused(tmp_path, "--storage", "s3://bucket/x",
+                               f"--storage-option=client_kwargs.endpoint_url={endpoint}")
+    assert_refused_before_any_worker(job, seconds, (
+        f"resilient-train: error: cannot reach checkpoint storage s3://bucket/x (endpoint {endpoint}): "
+        f"127.0.0.1:{port} refused the connection: nothing listens there; check the network and "
+        "--storage-option client_kwargs.endpoint_url"))
+
+
+def test_a_gcs_endpoint_that_cannot_be_reached_exits_2_before_any_worker(tmp_path):
+    (port,) = free_ports(1)
+    endpoint = f"http://127.0.0.1:{port}"  # how tests/support/gcsserver.py points gcsfs at its emulator
+    job, seconds = run_refused(tmp_path, "--storage", "gcs://b/x", f"--storage-option=endpoint_url={endpoint}",
+                               "--storage-option=token=anon")
+    assert_refused_before_any_worker(job, seconds, (
+        f"resilient-train: error: cannot reach checkpoint storage gcs://b/x (endpoint {endpoint}): "
+        f"127.0.0.1:{port} refused the connection: nothing listens there; check the network and "
+        "--storage-option endpoint_url"))
+
+
+def test_retries_of_the_storage_check_are_shown_on_the_console_as_they_happen(tmp_path):
+    # Every operation fails transiently: the supervisor's probe (its first operation on a
+    # local store is makedirs) is tried 5 times, then exit 2; each retry is a console line.
+    storage = f"faulty://{tmp_path / 'ckpts'}"
+    job, _ = run_refused(tmp_path, "--storage", storage, "--storage-option=transient_rate=1.0")
+    assert job.returncode == EXIT_USAGE, job.output
+    *shown, error = [line.partition("  ")[2] or line for line in job.output.splitlines()]  # HH:MM:SS  text
+    cause = f"ConnectionResetError: injected transient fault in makedirs {tmp_path / 'ckpts'}"
+    assert [line.rpartition(" in ")[0] for line in shown] == [
+        f"storage makedirs of {storage} failed ({cause}); try {n} again" for n in (1, 2, 3, 4)]
+    assert error == f"resilient-train: error: makedirs {storage} failed 5 times; last error: {cause}"
+    assert [e["try_number"] for e in job.named("storage_retry")] == [1, 2, 3, 4]
+    assert job.named("worker_started") == [] and not (job.run_dir / "attempt-1").exists()

@@ -113,6 +113,7 @@ def test_public_storage_options_do_not_warn():
 
 
 def test_run_prints_the_warning_once_and_never_the_value(capsys, tmp_path, monkeypatch):
+    import resilient_train.job.preflight as preflight_module
     import resilient_train.supervisor.supervisor as supervisor_module
 
     class Started:
@@ -123,6 +124,7 @@ def test_run_prints_the_warning_once_and_never_the_value(capsys, tmp_path, monke
             return 0
 
     monkeypatch.setattr(supervisor_module, "Supervisor", Started)
+    monkeypatch.setattr(preflight_module, "check_reachable", lambda url, options: None)  # no network here
     code, err = run_cli(capsys, "run", RECIPE, "--run-dir", str(tmp_path / "run"), "--storage", "s3://b/p",
                         "--storage-option", "key=AKIAEXAMPLE", "--storage-option", "secret=wJalrEXAMPLE")
     assert code == 0

@@ -344,7 +344,7 @@ def test_primary_sigkill_beats_an_earlier_secondary_error() -> None:
         asked.append(rank)
         return ["step 7 loss=0.1"]
 
-    root = choose_root_cause(exits, errors, log_tail)
+    root = choose_root_cause(exits, errors, log_tail, reached=7)  # the SIGKILLed rank recorded no step
 
     assert root is not None
     assert (root.rank, root.pid, root.exit_description, root.error) == (
@@ -475,6 +475,20 @@ def test_root_cause_log_tail_drops_tensorflow_startup_noise(tmp_path):
         "ValueError: the real problem\n"
     )
     assert log_tail(log, 15) == ["training step 3", "ValueError: the real problem"]
+
+
+def test_root_cause_log_tail_drops_the_eager_strategy_advice(tmp_path):
+    # Issue 36: 8 of the tail's 15 lines were this warning; the 15 kept are the run's own.
+    from resilient_train.rundir.errorfile import TF_NOISE_PATTERNS, log_tail
+
+    advice = ("WARNING:tensorflow:Using CollectiveAllReduceStrategy eagerly has significant overhead currently. "
+              "We will be working on improving this in the future, but for now please wrap `call_for_each_replica` "
+              "or `experimental_run` or `run` inside a tf.function to get the best performance.")
+    own = [f"09:00:{i:02d} train_progress global_step={i}" for i in range(20)]
+    log = tmp_path / "worker-0.log"
+    log.write_text("\n".join(line for i, step in enumerate(own) for line in ([advice] if i % 2 else []) + [step]) + "\n")
+    assert log_tail(log, 15) == own[-15:]
+    assert "eager strategy advice" in TF_NOISE_PATTERNS
 
 
 def test_a_rank_the_supervisor_tore_down_is_secondary_to_a_survivor_that_says_the_group_broke():

@@ -90,3 +90,37 @@ def test_without_a_checkpoint_the_summary_says_none():
     assert (summary["epochs"], summary["global_step"], summary["weights_sha256"], summary["checkpoint"], summary["attempts"]) == (
         0, 0, None, None, 0)
     assert "val_epoch" not in summary
+
+
+def test_steps_finished_inside_a_call_that_broke_count_as_lost_as_the_root_cause_reports(tmp_path):
+    # Issue 36: worker 0 was SIGKILLed inside a call that began at 100 (the step markers are
+    # written after each call, so they still say 100); worker 1's collective broke after it
+    # had finished step 114 and its error file says so. The root cause said "at global_step
+    # 114", the run resumed from 100, and lost_steps said 0: 14 steps ran and were discarded.
+    import signal
+
+    from resilient_train.errors import GroupBrokenError
+    from resilient_train.rundir.errorfile import choose_root_cause, read_errors, record_exception
+
+    run_dir = RunDir(tmp_path / "run")
+    attempt = run_dir.attempt(1).path
+    attempt.mkdir(parents=True)
+    run_dir.attempt(1).step_marker(0).write_text("100\n")
+    run_dir.attempt(1).step_marker(1).write_text("100\n")
+    record_exception(attempt, 1, GroupBrokenError("UnavailableError: peer 0 is gone"), global_step=114,
+                     clock=lambda: 2000.0)
+    reached = reached_step(run_dir, 1)
+    root = choose_root_cause({0: (4242, -signal.SIGKILL, 1999.0), 1: (4243, 4, 2001.0)}, read_errors(attempt),
+                             lambda rank: [], reached=reached)
+    assert (root.rank, root.global_step, reached) == (0, 114, 114)
+    assert root.render().splitlines()[0] == "root cause: worker 0 (pid 4242) killed by SIGKILL at global_step 114"
+    assert count_lost_steps(run_dir, [{"event": "restored", "attempt": 2, "global_step": 100}]) == 14
+
+
+def test_an_error_file_behind_the_markers_does_not_lower_the_reached_step(tmp_path):
+    from resilient_train.rundir.errorfile import record_exception
+
+    run_dir = hand_built(tmp_path)  # attempt 2's markers: 12 and 11
+    record_exception(run_dir.attempt(2).path, 1, RuntimeError("boom"), global_step=3)
+    record_exception(run_dir.attempt(2).path, 0, RuntimeError("at start-up"), global_step=None)
+    assert reached_step(run_dir, 2) == 12
