@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
     if args.smoke:  # off and one short timeout, a few steps each
-        args.steps, args.timeouts, args.repeats = 60, [2.0], 1
+        args.steps, args.timeouts, args.repeats = 150, [2.0], 1  # fewer: one train_progress, no rate
 
     uptime_before = _uptime()
     started = time.time()

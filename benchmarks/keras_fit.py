@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
     if args.smoke:  # every configuration once, the shortest run that has a measured window
-        args.repeats, args.steps = 1, 60
+        args.repeats, args.steps = 1, 150  # auto runs ~12 steps a call: fewer give one train_progress
     if args.steps <= 40:
         parser.error(f"--steps {args.steps}: expected > 40 (20 warm-up steps, then a window of at least 20)")
     try:
