@@ -38,7 +38,7 @@ SLOW = {
     "hang_detection": "over 60 s: a reference run and two chaos scenarios, each with a restart",
     "resize": "88 s (load 8): the elastic shrink-and-grow job and the fixed one, 1200 steps each",
     "checkpoint_overhead": "60 s (load 8): every save mode on the 100 MB wide_mlp, K=50 trials at 100 steps",
-    "ray_recovery": "PENDING",
+    "ray_recovery": "111 s (load 9): a 4-node loopback Ray cluster, three kills and a node loss",
 }
 
 
@@ -123,6 +123,12 @@ def _checkpoint_overhead(data: dict[str, Any]) -> None:
     assert all(ratio is not None for ratios in measured.values() for ratio in ratios.values()), measured
 
 
+def _ray_recovery(data: dict[str, Any]) -> None:
+    samples = data["details"]["samples"]
+    assert {case: len(s) for case, s in samples.items()} == {"warm": 1, "cold": 1, "warm_rank1": 1, "node_loss": 1}
+    assert samples["node_loss"][0]["moved_off_lost_node"] is True
+
+
 def _reentry(data: dict[str, Any]) -> None:
     assert {r: {p: len(v) for p, v in by.items()} for r, by in data["runs"].items()} == {"indexed": {"early": 1, "late": 1}}
 
@@ -139,6 +145,7 @@ OUTCOMES: dict[str, Callable[[dict[str, Any]], None]] = {
     "reentry": _reentry,
     "resize": _resize,
     "checkpoint_overhead": _checkpoint_overhead,
+    "ray_recovery": _ray_recovery,
 }
 
 
