@@ -1,6 +1,6 @@
 """Check this project on a GPU host: one command, one JSON, pass/fail per check.
 
-    benchmarks/gpu_check.sh                  # ~5 min on one GPU -> benchmarks/results/gpu_check.json
+    benchmarks/gpu_check.sh                  # ~5 min on one GPU (estimated) -> benchmarks/results/gpu_check.json
     python benchmarks/gpu_check.py --smoke --out /tmp/gpu_check.json   # the CPU form the suite runs
 
 Why it exists: the GPU paths (device placement, ``--gpus-per-worker``, op determinism on
@@ -17,8 +17,8 @@ GPU runs this once and sends back the JSON. The checks, in order:
   (``TF_FORCE_GPU_ALLOW_GROWTH=true``, else the first process takes all the memory) and
   get one GPU each (``--gpus-per-worker 1``) when there are several.
 * ``gpus_per_worker``: a run with ``--gpus-per-worker 1`` (two workers where there are two
-  GPUs or more, else one) completes; where ``nvidia-smi`` answers, the GPU each worker process
-  ran on is recorded (``worker_gpus``) and must be one GPU per worker.
+  GPUs or more, else one) completes; where ``nvidia-smi`` lists the workers' pids, the GPU
+  each worker process ran on is recorded (``worker_gpus``) and must be one GPU per worker.
 * ``throughput``: steps/s of the plain MWMS tutorial loop (benchmarks/_plain_mwms.py) and
   of ``resilient-train run`` with the defaults, on the same device (GPU 0 shared by both
   workers), through benchmarks/throughput.py; passes when both ran (the ratio is a figure).
@@ -230,7 +230,8 @@ def check_gpus_per_worker(work: Path, size: str, gpus: int, timeout: float) -> t
     workers = 2 if gpus >= 2 else 1  # one GPU each; with no GPU (smoke) the slices are empty and it runs on CPU
     run = Run(DIGITS, work / "gpus-per-worker", [*flags, "--workers", str(workers), "--gpus-per-worker", "1"]).go(timeout)
     pids = {e["rank"]: e["pid"] for e in run.named("worker_started")}
-    seen = _nvidia_smi_apps() is not None
+    # nvidia-smi in a container may list host pids, none of them ours: then nothing is known.
+    seen = any(run.worker_gpus.get(pid) for pid in pids.values())
     worker_gpus = {rank: sorted(run.worker_gpus.get(pid, ())) for rank, pid in pids.items()} if seen else None
     one_each = worker_gpus is None or (all(len(g) == 1 for g in worker_gpus.values())
                                        and len({g[0] for g in worker_gpus.values()}) == len(worker_gpus))

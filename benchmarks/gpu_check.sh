@@ -1,7 +1,7 @@
 #!/bin/sh
 # Check resilient-train on a GPU host: doctor, a chief kill -9 resumed to the uninterrupted
 # run's exact weights digest, --gpus-per-worker, and throughput against the plain MWMS loop.
-# About 5 minutes on one GPU. Writes one JSON (default benchmarks/results/gpu_check.json)
+# About 5 minutes on one GPU (an estimate: not yet run on one). Writes one JSON (default benchmarks/results/gpu_check.json)
 # with every figure and pass/fail per check; exits 0 when every check passed.
 #
 #   benchmarks/gpu_check.sh [--out FILE]          (from a checkout with `make test`'s .venv,

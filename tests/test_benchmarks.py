@@ -28,8 +28,9 @@ PUBLIC = [p for p in SCRIPTS if not p.name.startswith("_")]  # _*.py are helpers
 # Smoke runs kept out of the default suite (RT_SLOW=1 / make bench-smoke runs them), with
 # their wall time measured on 2026-11-26 on the shared 2-core machine (1-min load in
 # brackets: three other engineers' TensorFlow jobs shared the cores). The default keeps
-# gpu_check (136 s at load 3-9: the GPU check is otherwise never run) and the four under
-# ~45 s. The import test covers every script either way.
+# gpu_check (132-136 s at load 3-9: its GPU check runs nowhere else) and reentry,
+# ps_throughput, storage_throughput, profile_save (7-60 s): 4.3 min in all at load 7-8.
+# The import test covers every script either way.
 SLOW = {
     "recovery": "91 s (load 8-12): warm and cold kill cycles, a TF-only baseline group, a SeaweedFS restore",
     "throughput": "61 s (load 18): its plain-vs-ours path (measure, run_plain, run_ours) also runs in gpu_check",
