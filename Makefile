@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-all chaos bench clean slurm-deps
+.PHONY: run test test-all chaos bench bench-smoke clean slurm-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/ray_recovery.py
 	$(BIN)/python benchmarks/keras_fit.py
 	$(BIN)/python benchmarks/ps_throughput.py
+
+# Every benchmark script at smoke size (`--smoke --out FILE`), the slow ones included:
+# tests/test_benchmarks.py, benchmarks/README.md. Nothing is written into benchmarks/results/.
+bench-smoke: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	RT_SLOW=1 $(BIN)/python -m pytest -q tests/test_benchmarks.py
 
 clean:
 	rm -rf runs .pytest_cache

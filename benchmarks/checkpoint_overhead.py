@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
 from resilient_train.job.recipe import load_recipe  # noqa: E402
 from resilient_train.runner.checkpointing import (  # noqa: E402
@@ -68,6 +69,9 @@ from resilient_train.runner.model_state import weights_digest  # noqa: E402
 MODES = ("async", "sync", "tf_checkpoint_manager", "tf_enable_async", "keras_backup_and_restore")
 INTERVALS = (10, 50)
 RESULTS = ROOT / "benchmarks" / "results"
+RESULT_KEYS = ("benchmark", "created_at", "command", "recipe", "state_bytes", "throughput_ratio", "blocked_ms_p50",
+               "blocked_ms_p95", "extra_memory_ratio", "restore_vs_plain_read", "errors", "details", "machine", "notes",
+               "smoke")
 BATCH = 8
 
 
@@ -325,9 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 repeats of 50 steps, no S3: a smoke run")
     parser.add_argument("--no-s3", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "checkpoint_overhead.json")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
     if args.quick:
         args.repeats, args.steps, args.no_s3 = 2, 20, True
+    if args.smoke:  # every mode once; K=50 trials still run 100 steps (two saves)
+        args.repeats, args.steps, args.no_s3 = 1, 10, True
     load_before = os.getloadavg()
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="rt-bench-"))
@@ -412,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "checkpoint_overhead",
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/checkpoint_overhead.py" + (" --quick" if args.quick else ""),
+        "command": "python benchmarks/checkpoint_overhead.py" + (" --quick" if args.quick else "")
+                   + (" --smoke" if args.smoke else ""),
         "recipe": "recipes/wide_mlp.py",
         "state_bytes": bench.state_bytes,
         "throughput_ratio": throughput_ratio,
@@ -461,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             "restore_vs_plain_read = plain-read time / restore time (restore = list + manifest + download "
             "with sha256 + tf.train.Checkpoint.read)",
         ],
+        "smoke": args.smoke,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

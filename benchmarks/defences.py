@@ -45,9 +45,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+RESULT_KEYS = ("benchmark", "date", "host", "recipe", "workers", "global_batch_size", "steps", "uptime_before",
+               "uptime_after", "wall_s", "summary", "runs", "smoke")
 RECIPE = "recipes/digits_cnn.py"
 BATCH = 64
 
@@ -131,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-threads", type=int, default=3000,
                         help="stop a run whose worker passes this many threads (default 3000)")
     parser.add_argument("--out", default=str(RESULTS / "defences.json"))
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:  # off and one short timeout, a few steps each
+        args.steps, args.timeouts, args.repeats = 150, [2.0], 1  # fewer: one train_progress, no rate
 
     uptime_before = _uptime()
     started = time.time()
@@ -166,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.time() - started, 1),
         "summary": summary,
         "runs": runs,
+        "smoke": args.smoke,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

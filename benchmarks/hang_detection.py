@@ -46,12 +46,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.chaos.harness import JobSpec, ensure_reference, run_scenario  # noqa: E402
 from resilient_train.chaos.scenarios import by_name  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 from resilient_train.rundir.layout import RunDir  # noqa: E402
 
 SCENARIOS = ("hang-input", "hang-collective")
+RESULT_KEYS = ("benchmark", "created_at", "hang_timeout_s", "job", "host", "load_before", "load_after", "scenarios",
+               "smoke")
 RECIPE = str(ROOT / "recipes" / "linear_regression.py")
 
 
@@ -86,7 +89,7 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hang-timeout", type=float, default=5.0, help="seconds (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the fault plan: which rank hangs")
@@ -94,7 +97,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hang_detection.json")
     parser.add_argument("--runs", type=Path, nargs="+", metavar="RUN_DIR",
                         help="time these finished scenario runs instead of running new ones (updates --out's rows)")
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    # --smoke: already the smallest run that gives every figure (one reference, each scenario once)
     if not args.hang_timeout > 0:
         parser.error(f"--hang-timeout {args.hang_timeout}: expected seconds > 0")
     if args.runs:
@@ -134,6 +140,7 @@ def main() -> int:
         "load_before": load_before,
         "load_after": _uptime(),
         "scenarios": results,
+        "smoke": args.smoke,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -45,8 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import RESULTS, measured, run_ours, run_tf_config_workers  # noqa: E402
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+
 RECIPE = "benchmarks/_keras_digits.py"
 SAVE_EVERY = 20
+RESULT_KEYS = ("benchmark", "date", "host", "versions", "repeats", "recipe", "workers", "uptime", "load_1min",
+               "wall_s", "summary", "runs", "smoke")
 CONFIGS: dict[str, dict[str, Any]] = {
     "fit": {"kind": "fit", "backup_every": 0},
     "fit_backup20": {"kind": "fit", "backup_every": SAVE_EVERY},
@@ -78,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=600, help="steps per run (the first 20 are warm-up)")
     parser.add_argument("--batch", type=int, default=64, help="global batch size")
     parser.add_argument("--out", default=str(RESULTS / "keras_fit.json"))
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:  # every configuration once, the shortest run that has a measured window
+        args.repeats, args.steps = 1, 150  # auto runs ~12 steps a call: fewer give one train_progress
     if args.steps <= 40:
         parser.error(f"--steps {args.steps}: expected > 40 (20 warm-up steps, then a window of at least 20)")
     try:
@@ -115,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.time() - started, 1),
         "summary": summary,
         "runs": runs,
+        "smoke": args.smoke,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,9 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+RESULT_KEYS = ("steps", "every", "repeats", "runs", "median_steps_per_s", "ours_vs_plain", "cores", "date", "smoke")
 
 
 def _ports(n: int) -> list[int]:
@@ -82,12 +84,17 @@ def ours(steps: int, every: int) -> float:
     return (last_step - first_step) / (last_ts - first_ts).total_seconds()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--every", type=int, default=100)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS / "ps_throughput.json")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:  # two joins (ours: two commits), the fewest that give a rate
+        args.repeats, args.steps, args.every = 1, 40, 20
     runs: dict[str, list[dict]] = {"plain": [], "ours": []}
     for _ in range(args.repeats):
         for name, measure in (("plain", plain), ("ours", ours)):
@@ -98,11 +105,12 @@ def main() -> None:
     medians = {name: statistics.median(r["steps_per_s"] for r in rs) for name, rs in runs.items()}
     result = {"steps": args.steps, "every": args.every, "repeats": args.repeats, "runs": runs,
               "median_steps_per_s": medians, "ours_vs_plain": round(medians["ours"] / medians["plain"], 3),
-              "cores": os.cpu_count(), "date": dt.date.today().isoformat()}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ps_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
+              "cores": os.cpu_count(), "date": dt.date.today().isoformat(), "smoke": args.smoke}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["median_steps_per_s"]), "ours/plain", result["ours_vs_plain"])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -44,12 +44,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from benchmarks.recovery import Events, env, ts  # noqa: E402
 from tests.support.raycluster import HEALTH_CHECK, RayTestCluster, start_cluster  # noqa: E402
 
 RECIPE = "recipes/linear_regression.py"
 JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-steps", "20",
              "--launcher", "ray", "--storage-shared"]
+RESULT_KEYS = ("worker_kill_to_first_step_s", "worker_kill_detection_s", "node_loss_to_first_step_s",
+               "node_loss_detection_s", "targets", "details", "setup", "smoke")
 
 
 def start_job(cluster: RayTestCluster, run_dir: Path, *flags: str) -> tuple[subprocess.Popen, Events]:
@@ -131,14 +134,18 @@ def node_losses(cluster: RayTestCluster, losses: int, work: Path, train_s: float
     return samples
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=3, help="worker kills per mode (default 3)")
     parser.add_argument("--node-losses", type=int, default=2)
     parser.add_argument("--train-s", type=float, default=1.0, help="training time before each fault")
     parser.add_argument("--timeout", type=float, default=240.0)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ray_recovery.json"))
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:  # one kill per case, one node loss
+        args.kills, args.node_losses, args.train_s = 1, 1, 0.2
     load_before = os.getloadavg()
     started_at = time.time()
     cluster = start_cluster()
@@ -173,6 +180,7 @@ def main() -> int:
             "wall_s": round(time.time() - started_at, 1),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         },
+        "smoke": args.smoke,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -48,11 +48,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
-from resilient_train.cluster.tf_config import build_tf_config, free_ports  # noqa: E402
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+from resilient_train.cluster.ports import free_ports  # noqa: E402
+from resilient_train.cluster.tf_config import build_tf_config  # noqa: E402
 from resilient_train.rundir.events import EventReader  # noqa: E402
 
 RECIPE = "recipes/linear_regression.py"
 JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-steps", "20"]
+RESULT_KEYS = ("detection_s_p50", "detection_s_p95", "kill_to_first_step_s", "baseline_tf_timeout_plus_cold_s",
+               "restore_s", "warm_over_baseline", "details", "setup", "smoke")
 
 
 class Events:
@@ -199,7 +203,7 @@ def pct(values: list[float], q: float) -> float:
     return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=4, help="chief kills per mode (default 4)")
     parser.add_argument("--baseline-kills", type=int, default=2)
@@ -207,7 +211,11 @@ def main() -> int:
     parser.add_argument("--train-s", type=float, default=1.0, help="training time before each kill")
     parser.add_argument("--timeout", type=float, default=240.0)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recovery.json"))
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:  # one kill per mode, one baseline kill, a 1 MiB restore
+        args.kills, args.baseline_kills, args.restore_mb, args.train_s = 1, 1, 1, 0.2
     load_before = os.getloadavg()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="rt-recovery-") as tmp:
@@ -215,7 +223,7 @@ def main() -> int:
         warm = kill_cycles("warm", args.kills, work, args.train_s, args.timeout)
         cold = kill_cycles("cold", args.kills, work, args.train_s, args.timeout)
         survivor = [tf_timeout(work, i, args.train_s, args.timeout) for i in range(args.baseline_kills)]
-        restore = restore_times(work, args.restore_mb, 3)
+        restore = restore_times(work, args.restore_mb, 1 if args.smoke else 3)
     detections = [s["detection_s"] for s in warm + cold]
     warm_med = statistics.median(s["kill_to_first_step_s"] for s in warm)
     cold_med = statistics.median(s["kill_to_first_step_s"] for s in cold)
@@ -250,6 +258,7 @@ def main() -> int:
             "wall_s": round(time.time() - started, 1),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         },
+        "smoke": args.smoke,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -37,9 +37,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+RESULT_KEYS = ("benchmark", "date", "steps_per_epoch", "positions", "repeats", "load_1min", "wall_s", "summary",
+               "runs", "smoke")
 # re-entry path (the restored event's input_reentry) -> (recipe, extra flags)
 RECIPES = {"start_step": ("tests/recipes/input_bound.py", []),
            "skip": ("tests/recipes/input_bound_skip.py", ["--max-iterator-state-bytes", "0"]),
@@ -115,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(RESULTS / "reentry.json"))
     parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated subset of {list(RECIPES)}")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:  # one repeat of the O(1) indexed path (skip() at step 380 alone takes over a minute)
+        args.repeats, args.recipes = 1, "indexed"
     chosen = args.recipes.split(",")
     unknown = sorted(set(chosen) - set(RECIPES))
     if unknown:
@@ -152,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.time() - started, 1),
         "summary": summary,
         "runs": runs,
+        "smoke": args.smoke,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

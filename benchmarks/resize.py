@@ -44,10 +44,13 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 from resilient_train.rundir.layout import RunDir  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+RESULT_KEYS = ("benchmark", "date", "recipe", "steps", "save_every_steps", "repeats", "load_1min", "wall_s",
+               "summary", "runs", "smoke")
 RECIPE = "recipes/digits_indexed.py"
 STEPS, SAVE_EVERY, KILL_AT, GROW_AFTER_STEPS = 1200, 50, 225, 150
 
@@ -160,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(RESULTS / "resize.json"))
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:  # the scenario (kill, shrink, grow; fixed restart) is fixed; one repeat of it
+        args.repeats = 1
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix="rt-resize-"))
     runs: dict[str, list[dict[str, Any]]] = {"elastic": [], "fixed": []}
@@ -187,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "resize", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "recipe": RECIPE, "steps": STEPS, "save_every_steps": SAVE_EVERY, "repeats": args.repeats,
               "load_1min": {"min": min(loads), "max": max(loads)}, "wall_s": round(time.time() - started, 1),
-              "summary": summary, "runs": runs}
+              "summary": summary, "runs": runs, "smoke": args.smoke}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

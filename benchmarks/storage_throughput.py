@@ -31,8 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 import fsspec  # noqa: E402
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
 from tests.support.s3server import SeaweedS3  # noqa: E402
+
+RESULT_KEYS = ("benchmark", "backend", "bytes", "files", "repeats", "upload", "download", "fetch_cache_hit_s",
+               "commit_vs_put", "fetch_vs_get", "machine", "note", "smoke")
 
 
 def make_checkpoint(path: Path, total_mb: int) -> int:
@@ -55,12 +59,16 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=64, help="checkpoint size in MiB (default 64)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "storage_throughput.json")
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:
+        args.mb, args.repeats = 1, 1
 
     work = Path(tempfile.mkdtemp(prefix="rt-bench-"))
     try:
@@ -108,6 +116,7 @@ def main() -> int:
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "fsspec": fsspec.__version__, "platform": platform.platform()},
             "note": "shared 2-core machine with other jobs running; loopback only",
+            "smoke": args.smoke,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

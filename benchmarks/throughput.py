@@ -44,9 +44,11 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+RESULT_KEYS = ("benchmark", "date", "host", "repeats", "recipes", "load_1min", "wall_s", "summary", "runs", "smoke")
 RECIPES = {
     "digits_cnn": {"recipe": "recipes/digits_cnn.py", "batch": 64, "steps": 1000},
     "wide_mlp": {"recipe": "recipes/wide_mlp.py", "batch": 32, "steps": 140},
@@ -175,7 +177,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="N values or auto (the default); the sync and standby variants use the last")
     parser.add_argument("--only", nargs="+", metavar="CONFIG", help="measure only these configurations (plain is always measured)")
     parser.add_argument("--out", default=str(RESULTS / "throughput.json"))
+    parser.add_argument("--steps", type=int, help="steps per run (default: the recipe's, 1000 digits, 140 wide_mlp)")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
+    if args.smoke:  # the plain loop against ours with async saves, on digits, one short run each
+        args.repeats, args.recipes, args.steps = 1, ["digits_cnn"], 120
+        args.steps_per_execution, args.only = ["auto"], ["ours_async20_auto"]
+    recipes = {name: {**RECIPES[name], **({"steps": args.steps} if args.steps else {})} for name in args.recipes}
 
     configs = configurations(args.steps_per_execution)
     if args.only:
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(args.repeats):
         for recipe_name in args.recipes:
             for name, config in configs.items():  # alternate configurations inside each repeat
-                result = measure(name, config, RECIPES[recipe_name])
+                result = measure(name, config, recipes[recipe_name])
                 runs[recipe_name][name].append(result)
                 print(f"repeat {repeat + 1}/{args.repeats} {recipe_name:10} {name:28} {result['steps_per_s']:8.2f} steps/s "
                       f"load {result['load_before'][0]:.2f}", flush=True)
@@ -206,11 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "repeats": args.repeats,
-        "recipes": {r: RECIPES[r] for r in args.recipes},
+        "recipes": recipes,
         "load_1min": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         "wall_s": round(time.time() - started, 1),
         "summary": summary,
         "runs": runs,
+        "smoke": args.smoke,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
