@@ -1,7 +1,7 @@
 """Multi-epoch runs: wall time per epoch and the longest pause, against the TF tutorial's loop.
 
     .venv/bin/python benchmarks/epochs.py                  # 5 x 4000 steps, 3 repeats (~25 min on 2 cores)
-    .venv/bin/python benchmarks/epochs.py --smoke --out /tmp/epochs.json   # a few steps, one repeat
+    .venv/bin/python benchmarks/epochs.py --smoke --out /tmp/epochs.json   # 2 x 30 steps, one repeat
 
 Writes benchmarks/results/epochs.json and .md (``--out`` elsewhere).
 
@@ -41,10 +41,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from benchmarks.throughput import run_tf_config_workers_json  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+RESULT_KEYS = ("benchmark", "date", "host", "job", "repeats", "elapsed_s", "summary", "runs", "smoke")
 RECIPE = "recipes/digits_cnn.py"
 BATCH = 64
 _MARKS = ("first_step", "train_progress", "epoch_finished")
@@ -110,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--plain-repeats", type=int, help="repeats of the tutorial's loop (default: --repeats)")
     parser.add_argument("--only", choices=["plain", "ours"], help="measure one side only")
-    parser.add_argument("--smoke", action="store_true", help="2 epochs x 30 steps, one repeat (the suite's check)")
     parser.add_argument("--out", default=str(RESULTS / "epochs.json"))
+    add_smoke_flag(parser)  # 2 epochs x 30 steps, one repeat of each side
     args = parser.parse_args(argv)
+    check_smoke_out(parser, args, argv)
     if args.smoke:
         args.epochs, args.steps_per_epoch, args.save_every_steps, args.repeats, args.plain_repeats = 2, 30, 10, 1, 1
     plain_repeats = args.repeats if args.plain_repeats is None else args.plain_repeats
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": round(time.time() - started, 1),
         "summary": summary,
         "runs": runs,
+        "smoke": args.smoke,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

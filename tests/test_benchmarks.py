@@ -134,7 +134,18 @@ def _reentry(data: dict[str, Any]) -> None:
     assert {r: {p: len(v) for p, v in by.items()} for r, by in data["runs"].items()} == {"indexed": {"early": 1, "late": 1}}
 
 
+def _epochs(data: dict[str, Any]) -> None:
+    assert data["job"] == {"recipe": "recipes/digits_cnn.py", "workers": 2, "epochs": 2, "steps_per_epoch": 30,
+                           "global_batch_size": 64, "save_every_steps": 10}
+    assert data["repeats"] == {"plain": 1, "ours": 1}
+    for side in ("plain", "ours"):
+        [run] = data["runs"][side]
+        assert len(run["epoch_s"]) == 2 and run["longest_pause_s"] <= run["wall_s"]
+    assert len(data["runs"]["plain"][0]["teardown_s"]) == 2
+
+
 OUTCOMES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "epochs": _epochs,
     "recovery": _recovery,
     "gpu_check": _gpu_check,
     "storage_throughput": _storage_throughput,
