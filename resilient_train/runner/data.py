@@ -44,7 +44,7 @@ from resilient_train.job.recipe import Recipe
 from resilient_train.runner.determinism import InputCheck, first_batch_digest, seed_input_rng
 from resilient_train.runner.indexed import example_count, indexed_dataset
 
-__all__ = ["RecipeInputContext", "epoch_dataset", "accepts_start_step"]
+__all__ = ["RecipeInputContext", "epoch_dataset", "record_first_batch", "accepts_start_step"]
 
 
 class RecipeInputContext(tf.distribute.InputContext):
@@ -75,38 +75,20 @@ def epoch_dataset(
     ``worker=(rank, workers)``: instead, worker ``rank``'s own ``tf.data.Dataset`` (the same
     batches its replica would get; for the iterator-state path, runner/iterator_state.py).
 
-    TensorFlow's global seed is reset from ``(seed, epoch)`` right before each call of
-    ``recipe.dataset`` (runner/determinism.py), so an unseeded shuffle is the same on every
-    attempt. With ``input_check``, the chief (input pipeline 0) also hashes the first batch
-    of a separate build of the epoch from its start, for the resume check.
+    Every global RNG a recipe draws from is reseeded from ``(seed, epoch)`` right before
+    each call of ``recipe.dataset`` (runner/determinism.py), so an unseeded shuffle or
+    ``np.random`` noise is the same on every attempt. With ``input_check``, the chief
+    (input pipeline 0) also hashes the first batch of a separate build of the epoch from
+    its start, for the resume check, unless :func:`record_first_batch` did so ahead of it.
     """
-
-    num_examples = example_count(recipe, params) if recipe.indexed else 0
-
-    def build(context: RecipeInputContext, start: int) -> tuple[tf.data.Dataset, int]:
-        """The recipe's dataset from batch ``start`` on, and the batches still to skip."""
-        seed_input_rng(seed, epoch)
-        if recipe.indexed:  # the runner's own pipeline: positioned, never skipped
-            return indexed_dataset(
-                recipe, params=params, num_examples=num_examples, seed=seed, epoch=epoch, start_step=start,
-                steps_per_epoch=steps_per_epoch, global_batch_size=global_batch_size,
-                input_pipeline_id=context.input_pipeline_id, num_input_pipelines=context.num_input_pipelines,
-                per_replica_batch_size=context.per_replica_batch_size,
-            ), 0
-        assert recipe.dataset is not None  # a recipe has one of the two contracts (job/recipe.py)
-        if accepts_start_step(recipe.dataset):
-            dataset, skip = recipe.dataset(context, epoch, seed, start_step=start), 0
-        else:
-            dataset, skip = recipe.dataset(context, epoch, seed), start
-        if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(f"recipe {recipe.name}: dataset() returned {type(dataset).__name__}; expected a tf.data.Dataset")
-        return dataset, skip
+    builder = _EpochBuilder(recipe, seed=seed, steps_per_epoch=steps_per_epoch,
+                            global_batch_size=global_batch_size, params=params)
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         context = RecipeInputContext(input_context, global_batch_size, params)
-        if input_check is not None and input_context.input_pipeline_id == 0:
-            input_check.observe(epoch, first_batch_digest(build(context, 0)[0]))
-        dataset, skip = build(context, start_step)
+        if input_check is not None and input_context.input_pipeline_id == 0 and not input_check.recorded(epoch):
+            input_check.observe(epoch, first_batch_digest(builder.build(context, epoch, 0)[0]))
+        dataset, skip = builder.build(context, epoch, start_step)
         options = tf.data.Options()
         options.deterministic = True
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -119,6 +101,67 @@ def epoch_dataset(
     rank, workers = worker
     dataset = dataset_fn(tf.distribute.InputContext(workers, rank, workers))
     return _with_dynamic_batch(dataset) if _distributed_batch_is_dynamic(strategy, dataset) else dataset
+
+
+def record_first_batch(
+    strategy: tf.distribute.Strategy,
+    recipe: Recipe,
+    input_check: InputCheck,
+    *,
+    epoch: int,
+    seed: int,
+    steps_per_epoch: int,
+    global_batch_size: int,
+    params: dict[str, Any],
+    workers: int,
+    plain: bool,
+) -> None:
+    """On the chief, before epoch ``epoch`` is entered: hash its first batch for the resume check.
+
+    Why ahead: the checkpoint taken at the end of epoch ``epoch - 1`` is the one a resume
+    at that boundary restores, and it can only carry the digest of the epoch it resumes
+    into if that digest exists when it is saved. The build is the one :func:`epoch_dataset`
+    would make for input pipeline 0 (the same input context: ``workers`` pipelines, one
+    replica each on the plain path), so :func:`epoch_dataset` then skips its own.
+    """
+    builder = _EpochBuilder(recipe, seed=seed, steps_per_epoch=steps_per_epoch,
+                            global_batch_size=global_batch_size, params=params)
+    replicas = workers if plain else strategy.num_replicas_in_sync
+    context = RecipeInputContext(tf.distribute.InputContext(workers, 0, replicas), global_batch_size, params)
+    input_check.observe(epoch, first_batch_digest(builder.build(context, epoch, 0)[0]))
+
+
+class _EpochBuilder:
+    """Builds an epoch's ``tf.data.Dataset`` from the recipe, its RNGs seeded for the epoch."""
+
+    def __init__(self, recipe: Recipe, *, seed: int, steps_per_epoch: int, global_batch_size: int,
+                 params: dict[str, Any]) -> None:
+        self.recipe = recipe
+        self.seed = seed
+        self.steps_per_epoch = steps_per_epoch
+        self.global_batch_size = global_batch_size
+        self.params = params
+        self.num_examples = example_count(recipe, params) if recipe.indexed else 0
+
+    def build(self, context: RecipeInputContext, epoch: int, start: int) -> tuple[tf.data.Dataset, int]:
+        """The recipe's dataset for ``epoch`` from batch ``start`` on, and the batches still to skip."""
+        recipe = self.recipe
+        seed_input_rng(self.seed, epoch)
+        if recipe.indexed:  # the runner's own pipeline: positioned, never skipped
+            return indexed_dataset(
+                recipe, params=self.params, num_examples=self.num_examples, seed=self.seed, epoch=epoch,
+                start_step=start, steps_per_epoch=self.steps_per_epoch, global_batch_size=self.global_batch_size,
+                input_pipeline_id=context.input_pipeline_id, num_input_pipelines=context.num_input_pipelines,
+                per_replica_batch_size=context.per_replica_batch_size,
+            ), 0
+        assert recipe.dataset is not None  # a recipe has one of the two contracts (job/recipe.py)
+        if accepts_start_step(recipe.dataset):
+            dataset, skip = recipe.dataset(context, epoch, self.seed, start_step=start), 0
+        else:
+            dataset, skip = recipe.dataset(context, epoch, self.seed), start
+        if not isinstance(dataset, tf.data.Dataset):
+            raise TypeError(f"recipe {recipe.name}: dataset() returned {type(dataset).__name__}; expected a tf.data.Dataset")
+        return dataset, skip
 
 
 def _distributed_batch_is_dynamic(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset) -> bool:

@@ -2,27 +2,38 @@
 
 Two things make a recipe's input differ between an uninterrupted run and a resumed one:
 
-* **TensorFlow's op-seed counter.** An unseeded ``shuffle()`` (or ``tf.random.*`` op) takes
-  its seed from the global seed and a counter of ops created so far in the process. A
-  resumed worker has created a different number of ops before building epoch ``e`` than
-  an uninterrupted one, so the "same" shuffle differs. :func:`seed_input_rng` resets the
-  global seed to a function of ``(seed, epoch)`` immediately before every call of
-  ``recipe.dataset()``: unseeded ops become a function of the epoch, whatever ran before.
-* **Anything else** (numpy or Python ``random`` without a seed, the clock, a file listing
-  that changed). The runner cannot fix these, but it can notice: the chief hashes the
-  first batch of each epoch's input (:func:`first_batch_digest`, on a separate build of
-  the dataset so training's iterator is untouched) and records it in each checkpoint's
-  manifest (``extra["input_digest"]``) and in an ``input_digest`` event. After a restore, re-entering that epoch hashes it
-  again; a different digest is an ``input_mismatch`` event and a warning naming the likely
-  cause, or, with ``--strict-resume``, a fatal error (exit 3).
+* **Global RNG state that depends on what ran before.** An unseeded ``shuffle()`` (or
+  ``tf.random.*`` op) takes its seed from TensorFlow's global seed and a counter of ops
+  created so far in the process; ``np.random.*`` and Python's ``random.*`` draw from one
+  process-wide generator each. A resumed worker has built (and drawn) less than an
+  uninterrupted one before building epoch ``e``, so the "same" shuffle or noise differs.
+  :func:`seed_input_rng` reseeds all three from ``(seed, epoch)`` immediately before every
+  call of ``recipe.dataset()``: what ``dataset()`` draws *while it is called* (eager numpy
+  arrays, a traced ``map``) becomes a function of the epoch, whatever ran before. Draws at
+  *iteration* time (``tf.numpy_function`` / ``py_function`` calling ``np.random``) start
+  from that state too, but their order is the pipeline's: exact only for a sequential
+  pipeline re-entered by ``skip``, never under a parallel ``map``.
+* **Anything else** (a generator with its own entropy such as ``np.random.default_rng()``
+  or ``random.Random()`` without a seed, ``os.urandom``, the clock, input files that
+  changed). The runner cannot fix these, but it can notice: the chief hashes the first
+  batch of each epoch's input (:func:`first_batch_digest`, on a separate build of the
+  dataset so training's iterator is untouched) and records it in each checkpoint's manifest
+  (``extra["input_digest"]``) and in an ``input_digest`` event. Epoch ``e + 1``'s digest is
+  taken at the end of epoch ``e``, before its epoch-end checkpoint, so a checkpoint at an
+  epoch boundary carries the digest of the epoch a resume enters, as a mid-epoch one does.
+  After a restore, entering that epoch hashes it again; a different digest is an
+  ``input_mismatch`` event and a warning naming the likely cause, or, with
+  ``--strict-resume``, a fatal error (exit 3).
 
 The check compares like with like only: the chief's shard (input pipeline 0) with the
-same number of workers as the checkpoint.
+same number of workers as the checkpoint. It costs one first-batch build per epoch on the
+chief (two on the epoch a restore enters), nothing per step.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 import sys
 from typing import Any, Mapping
 
@@ -44,8 +55,17 @@ def input_seed(seed: int, epoch: int) -> int:
 
 
 def seed_input_rng(seed: int, epoch: int) -> None:
-    """Reset TensorFlow's global seed and op-seed counter for epoch ``epoch``'s input."""
-    tf.random.set_seed(input_seed(seed, epoch))
+    """Reseed every global RNG a recipe's ``dataset()`` may draw from for epoch ``epoch``:
+    TensorFlow's global seed (and op-seed counter), NumPy's and Python's global generators.
+
+    Process-wide on purpose: the worker process exists to run this job, and nothing of the
+    runner's draws from the NumPy or Python generator after start-up
+    (``keras.utils.set_random_seed`` seeded them then; model_state.preserved_rng keeps
+    them around a second model build)."""
+    value = input_seed(seed, epoch)
+    tf.random.set_seed(value)
+    np.random.seed(value)
+    random.seed(value)
 
 
 def batch_digest(batch: Any) -> str:
@@ -85,6 +105,10 @@ class InputCheck:
         if same_world_size and isinstance(recorded, Mapping) and "epoch" in recorded and "sha256" in recorded:
             self._expected = (int(recorded["epoch"]), str(recorded["sha256"]), checkpoint)
 
+    def recorded(self, epoch: int) -> bool:
+        """Whether this process hashed epoch ``epoch``'s first batch already (ahead of it)."""
+        return epoch in self._observed
+
     def observe(self, epoch: int, digest: str | None) -> None:
         """The chief built epoch ``epoch``'s input; compare when a restore recorded it."""
         if digest is None:
@@ -109,9 +133,10 @@ class InputCheck:
         message = (
             f"recipe {self.recipe_name}: after restoring {checkpoint}, the first batch of epoch {epoch} "
             f"differs from the one recorded when it was saved (sha256 {expected[:12]} -> {found[:12]}); "
-            "dataset() is not a pure function of (input_context, epoch, seed): likely numpy/Python random "
-            "without a seed, the clock, or input files that changed; the weights will not be bit-identical "
-            "to an uninterrupted run"
+            "dataset() is not a pure function of (input_context, epoch, seed): likely a random generator "
+            "with its own entropy (np.random.default_rng() or random.Random() without a seed, os.urandom), "
+            "numpy/Python random drawn while the pipeline runs (numpy_function/py_function), the clock, or "
+            "input files that changed; the weights will not be bit-identical to an uninterrupted run"
         )
         emit("input_mismatch", group=True, epoch=epoch, checkpoint=checkpoint, expected_sha256=expected,
              found_sha256=found, strict=self.strict)

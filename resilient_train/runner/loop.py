@@ -80,7 +80,7 @@ from resilient_train.runner.batches import average_loss, per_example_loss, unpac
 from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.compiled import from_compiled, is_compiled
-from resilient_train.runner.data import epoch_dataset
+from resilient_train.runner.data import epoch_dataset, record_first_batch
 from resilient_train.runner.evaluation import Evaluator
 from resilient_train.runner.determinism import InputCheck
 from resilient_train.runner.faults import FaultPlan
@@ -714,6 +714,27 @@ class Trainer:
         self._iterator, self._pipeline_entry = (iterator if plain else None), entry
         return iterator
 
+    def _record_next_input(self, epoch: int) -> None:
+        """The chief hashes epoch ``epoch``'s first batch before the epoch-end save, so that
+        checkpoint (the one a resume at this boundary restores) carries it for the resume
+        check (runner/determinism.py). It replaces the hash :func:`epoch_dataset` would take
+        on entering the epoch: one first-batch build per epoch either way.
+
+        Not for a fit script's input (the runner does not build it), and not when a stop was
+        agreed: the preemption grace period is not spent on it (that boundary then resumes
+        unchecked, as before)."""
+        if self._input_source is not None or self._stop_agreed or self.cluster.rank != 0:
+            return
+        previous = self._phase.enter(PHASE_INPUT)
+        try:
+            record_first_batch(
+                self.strategy, self.recipe, self.input_check, epoch=epoch, seed=self.job.seed,
+                steps_per_epoch=self.job.steps_per_epoch, global_batch_size=self.job.global_batch_size,
+                params=self.params, workers=self.cluster.num_workers, plain=self._reentry == ITERATOR_STATE,
+            )
+        finally:
+            self._phase.restore(previous)
+
     def _batch_end_stops(self, batch: int) -> bool:
         """``on_train_batch_end``; True when the callbacks stopped training (all agree)."""
         assert self._callbacks is not None
@@ -760,6 +781,8 @@ class Trainer:
         completed = self._stopped or epoch + 1 >= self.job.epochs
         if completed and self._callbacks:
             self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
+        if not completed:
+            self._record_next_input(epoch + 1)
         self.save(completed=completed)
         if extra is None:
             extra = self._after_epoch_saved(epoch)

@@ -1,11 +1,16 @@
-"""Exact resume with an unseeded shuffle, and the resume check.
+"""Exact resume with unseeded randomness in dataset(), and the resume check.
 
-The runner reseeds TensorFlow from (seed, epoch) before each dataset() call, so a
-recipe whose shuffle() has no seed resumes bit-exactly in epoch 1. Input the runner
-cannot make deterministic (numpy's global RNG) is detected after the restore: an
-input_mismatch event and a warning, or exit 3 with --strict-resume.
+The runner reseeds TensorFlow, NumPy's and Python's global generators from (seed, epoch)
+before each dataset() call, so a recipe whose shuffle() has no seed resumes bit-exactly in
+epoch 1, and one that adds np.random / random noise resumes bit-exactly at an epoch
+boundary (issue 36). Input the runner cannot make deterministic (a generator with its own
+entropy) is detected after the restore, mid-epoch or at an epoch boundary: an
+input_mismatch event and a console line, or exit 3 with --strict-resume.
 """
 
+import pytest
+
+from tests.integration.conftest import DIGITS_FLAGS
 from tests.integration.harness import recipe_variant as variant, run_job
 
 FLAGS = ("--workers", "1", "--epochs", "3", "--steps-per-epoch", "10", "--global-batch-size", "4",
@@ -18,8 +23,10 @@ def unseeded_shuffle(tmp_path):
     return variant(tmp_path, "unseeded", "ds.shuffle(len(features), seed=seed * 1000 + epoch)", "ds.shuffle(len(features))")
 
 
-def numpy_order(tmp_path):
-    return variant(tmp_path, "numpy_order", "features = np.tile(", "order = np.random.permutation(24)\n    features = np.tile(")
+def entropy_order(tmp_path):
+    # np.random.default_rng() without a seed: OS entropy, which no reseeding reaches.
+    return variant(tmp_path, "entropy_order", "features = np.tile(",
+                   "order = np.random.default_rng().permutation(24)\n    features = np.tile(")
 
 
 def test_unseeded_shuffle_killed_in_epoch_1_ends_with_the_reference_digest(tmp_path):
@@ -34,9 +41,9 @@ def test_unseeded_shuffle_killed_in_epoch_1_ends_with_the_reference_digest(tmp_p
 
 
 def test_input_the_runner_cannot_seed_is_reported_after_the_restore(tmp_path):
-    recipe = numpy_order(tmp_path)
-    (tmp_path / "numpy_order.py").write_text(
-        (tmp_path / "numpy_order.py").read_text().replace(
+    recipe = entropy_order(tmp_path)
+    (tmp_path / "entropy_order.py").write_text(
+        (tmp_path / "entropy_order.py").read_text().replace(
             "ds = tf.data.Dataset.from_tensor_slices((features, labels))",
             "ds = tf.data.Dataset.from_tensor_slices((features[order], labels[order]))"))
     job = run_job(recipe, tmp_path / "run", *FLAGS, faults=KILL_IN_EPOCH_1)
@@ -49,3 +56,53 @@ def test_input_the_runner_cannot_seed_is_reported_after_the_restore(tmp_path):
     assert strict.returncode == 3, strict.output
     assert "the first batch of epoch 1 differs from the one recorded" in strict.summary["root_cause"]["message"]
     assert "(--strict-resume)" in strict.output
+
+
+# Issue 36: noise drawn in dataset() from an unseeded generator, at 2 workers, killed right
+# after the epoch-end checkpoint of epoch 0 is committed: the restart restores exactly at
+# the boundary (epoch 1, step 0), where no batch is skipped and no mid-epoch check ran.
+NOISY = "tests/recipes/noisy_digits.py"
+NOISY_FLAGS = (*DIGITS_FLAGS, "--workers", "2", "--max-restarts", "1")
+KILL_AT_EPOCH_END = [{"point": "after_commit", "global_step": 10, "rank": 0}]  # ckpt 10: epoch 1, step 0
+
+
+@pytest.mark.parametrize("noise", [
+    "numpy",
+    pytest.param("python", marks=pytest.mark.slow),  # the same reseeding (seed_input_rng) as numpy's
+])
+def test_global_rng_noise_killed_at_an_epoch_boundary_ends_with_the_reference_digest(tmp_path, noise):
+    flags = (*NOISY_FLAGS, "--set", f"noise={noise}")
+    reference = run_job(NOISY, tmp_path / "reference", *flags)
+    assert reference.returncode == 0, reference.output
+    killed = run_job(NOISY, tmp_path / "killed", *flags, faults=KILL_AT_EPOCH_END)
+    assert killed.returncode == 0, killed.output
+    assert [(r["epoch"], r["step_in_epoch"], r["global_step"]) for r in killed.named("restored")] == [(1, 0, 10)]
+    assert killed.named("input_mismatch") == []
+    # The boundary checkpoint carried epoch 1's digest, taken before the epoch was entered;
+    # the resumed attempt's rebuild of epoch 1 found the same one.
+    recorded = {e["epoch"]: e["sha256"] for e in reference.named("input_digest")}
+    assert [(e["attempt"], e["epoch"], e["sha256"]) for e in killed.named("input_digest")] == [
+        (1, 0, recorded[0]), (1, 1, recorded[1]), (2, 1, recorded[1])]
+    assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
+
+
+def test_fresh_entropy_noise_resumed_at_an_epoch_boundary_is_reported(tmp_path):
+    flags = (*NOISY_FLAGS, "--set", "noise=entropy")
+    job = run_job(NOISY, tmp_path / "run", *flags, faults=KILL_AT_EPOCH_END)
+    assert job.returncode == 0, job.output
+    recorded = [e["sha256"] for e in job.named("input_digest") if (e["attempt"], e["epoch"]) == (1, 1)]
+    rebuilt = [e["sha256"] for e in job.named("input_digest") if (e["attempt"], e["epoch"]) == (2, 1)]
+    assert len(recorded) == len(rebuilt) == 1 and recorded != rebuilt
+    assert [{k: m[k] for k in ("epoch", "checkpoint", "expected_sha256", "found_sha256", "strict", "rank", "attempt")}
+            for m in job.named("input_mismatch")] == [
+        {"epoch": 1, "checkpoint": "ckpt-000000000010", "expected_sha256": recorded[0], "found_sha256": rebuilt[0],
+         "strict": False, "rank": 0, "attempt": 2}]
+    assert ("epoch 2's input differs from the one recorded with ckpt-000000000010, so the resumed run will not "
+            "match an uninterrupted one; training on") in job.output
+
+    strict = run_job(NOISY, tmp_path / "strict", *flags, "--strict-resume", faults=KILL_AT_EPOCH_END)
+    assert strict.returncode == 3, strict.output
+    assert [(m["epoch"], m["checkpoint"], m["strict"]) for m in strict.named("input_mismatch")] == [
+        (1, "ckpt-000000000010", True)]
+    assert "the first batch of epoch 1 differs from the one recorded" in strict.summary["root_cause"]["message"]
+    assert "epoch 2's input differs" in strict.output and "stopping (--strict-resume)" in strict.output

@@ -1,10 +1,18 @@
 """The resume check's bookkeeping and the input seeding, in-process."""
 
+import random
+from pathlib import Path
+
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from resilient_train.errors import RecipeError
+from resilient_train.job.recipe import load_recipe
+from resilient_train.runner.data import epoch_dataset, record_first_batch
 from resilient_train.runner.determinism import InputCheck, batch_digest, first_batch_digest, seed_input_rng
+
+LINEAR = str(Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py")
 
 
 def unseeded_first_batch() -> str:
@@ -22,6 +30,38 @@ def test_seeding_makes_an_unseeded_shuffle_independent_of_earlier_ops():
     assert unseeded_first_batch() != fresh
 
 
+def test_seeding_makes_numpy_and_python_global_draws_a_function_of_seed_and_epoch():
+    def draws():
+        return np.random.normal(size=4).tolist(), [random.random() for _ in range(4)]
+
+    seed_input_rng(3, 1)
+    fresh = draws()
+    np.random.normal(size=7), random.random()  # a resumed process drew other numbers before
+    seed_input_rng(3, 1)
+    assert draws() == fresh
+    seed_input_rng(3, 2)
+    other = draws()
+    assert other[0] != fresh[0] and other[1] != fresh[1]
+
+
+def test_the_digest_recorded_ahead_of_an_epoch_is_the_one_entering_it_takes(monkeypatch):
+    emitted = []
+    monkeypatch.setattr("resilient_train.runner.determinism.emit", lambda name, **f: emitted.append((name, f)))
+    recipe, params = load_recipe(LINEAR), {"learning_rate": 0.05, "fail_at_step": -1}
+    strategy = tf.distribute.get_strategy()  # one input pipeline, one replica
+    shape = dict(seed=0, steps_per_epoch=10, global_batch_size=4, params=params)
+
+    entered = InputCheck()
+    iter(epoch_dataset(strategy, recipe, epoch=1, start_step=0, input_check=entered, **shape))
+    ahead = InputCheck()
+    record_first_batch(strategy, recipe, ahead, epoch=1, workers=1, plain=False, **shape)
+    assert ahead.recorded(1) and not ahead.recorded(2)
+    assert ahead.to_extra(1) == entered.to_extra(1) != {}
+    emitted.clear()
+    iter(epoch_dataset(strategy, recipe, epoch=1, start_step=0, input_check=ahead, **shape))
+    assert emitted == []  # entering the epoch does not build (or report) its first batch again
+
+
 def test_batch_digest_covers_values_and_structure():
     a = (tf.constant([[1.0, 2.0]]), tf.constant([1]))
     assert batch_digest(a) == batch_digest((tf.constant([[1.0, 2.0]]), tf.constant([1])))
@@ -37,7 +77,7 @@ def test_a_checkpoint_records_the_digest_of_its_epoch_only(monkeypatch):
     check.observe(1, None)  # an empty epoch has no first batch and no event
     assert emitted == [("input_digest", {"group": True, "epoch": 0, "sha256": "a" * 64})]  # the event log has it too
     assert check.to_extra(0) == {"input_digest": {"epoch": 0, "sha256": "a" * 64}}
-    assert check.to_extra(1) == {}  # saved at the end of epoch 0, before epoch 1's input exists
+    assert check.to_extra(1) == {}  # nothing observed for it (the loop records it ahead of the epoch-end save)
 
 
 def test_same_digest_after_restore_is_silent_and_a_different_one_is_reported(capsys, monkeypatch):
