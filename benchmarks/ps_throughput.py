@@ -57,7 +57,12 @@ def plain(steps: int, every: int) -> float:
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{ports[1]}"],
                "worker": [f"127.0.0.1:{p}" for p in ports[2:]]}
     script = str(ROOT / "benchmarks" / "_plain_ps.py")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    with tempfile.TemporaryDirectory(prefix="rt-ps-plain-") as tmp:
+        # Its processes are killed or leave by os._exit: autograph's files go to ``tmp``.
+        return _plain(script, cluster, steps, every, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": tmp})
+
+
+def _plain(script: str, cluster: dict, steps: int, every: int, env: dict[str, str]) -> float:
     servers = [subprocess.Popen([sys.executable, script, role, str(i), json.dumps(cluster), "0", "1"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for role, i in (("ps", 0), ("worker", 0), ("worker", 1))]

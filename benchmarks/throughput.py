@@ -107,6 +107,9 @@ def run_tf_config_workers_json(script: str, args: list[str], work: Path, workers
     for index in range(workers):
         env = _env()
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        # The baseline leaves by os._exit, so autograph's files in its temp dir are never
+        # removed: give it ``work`` (deleted after the run) rather than the system's.
+        env["TMPDIR"] = str(work)
         procs.append(subprocess.Popen(
             [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
