@@ -32,6 +32,7 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
 * warm standby: standby_started, standby_ready, standby_lost, standby_disabled
 * outputs: model_exported, model_export_failed
 * Ray launcher: ray_connected, placement_ready, placement_lost, node_lost
+* script: script_output (a line the chief printed; runner/script_output.py)
 * also: attempt_incomplete (every worker exited 0 without a completed checkpoint)
 """
 
@@ -160,10 +161,11 @@ class _Sink:
 
     def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> str:
         group = event_dict.pop("group", False)
+        echo = event_dict.pop("echo", True)
         record = redact({"event": event_dict.pop("event"), "ts": _now(), **event_dict})
         if self.event_file is not None and (self.writes_group_events or not group):
             self.event_file.append(record)
-        if self.console is not None:
+        if self.console is not None and echo:
             self.console.write(render_line(record) + "\n")
             self.console.flush()
         for listener in list(self.listeners):
@@ -216,11 +218,13 @@ def bind(**context: Any) -> None:
     structlog.contextvars.bind_contextvars(**context)
 
 
-def emit(event: str, *, group: bool = False, **fields: Any) -> None:
+def emit(event: str, *, group: bool = False, echo: bool = True, **fields: Any) -> None:
     """Log one event.
 
     ``group=True`` marks an event that describes the whole worker group
     (restored, checkpoint_committed, ...): every worker may call it, only the chief's
-    reaches events.jsonl. All events also go to the process's console/log.
+    reaches events.jsonl. All events also go to the process's console/log, except with
+    ``echo=False``: an event whose content that console has already (``script_output``, a
+    line the process printed there itself).
     """
-    structlog.get_logger().info(event, group=group, **fields)
+    structlog.get_logger().info(event, group=group, echo=echo, **fields)

@@ -19,15 +19,17 @@ Per-callback state extractors know the built-ins' attributes (``_EXTRACTORS``); 
 callback opts in with ``get_state() -> dict`` (JSON-serialisable; NumPy arrays and lists
 of them are fine) and ``set_state(state)``. A user callback without them is assumed to
 keep no state across epochs. File-writing callbacks (``CSVLogger``, ``ModelCheckpoint``)
-run on the chief only; relative paths resolve inside the run directory. ``CSVLogger``'s
-state is the file's size at the save: a restore truncates the file there, so a resumed
-run has no duplicated and no missing rows.
+run on the chief only. Their relative paths: a recipe's resolve inside the run directory (a
+recipe is a module, not a program run from a directory); a fit script's are left as written,
+relative to the worker's working directory, as in plain Keras (docs/keras.md, "Where files
+go"). ``CSVLogger``'s state is the file's size at the save: a restore truncates the file
+there, so a resumed run has no duplicated and no missing rows.
 
 ``keras.callbacks.TensorBoard`` is honoured by what the runner already writes: its Keras
 hooks never run (its own writer would log every attempt's steps again after a resume); on
 the chief, the runner's TensorBoard scalars (runner/tensorboard.py: the same tags as the
 run dir's ``tensorboard/``, each step once across kills) are also written into the
-callback's ``log_dir``, resolved as the other callbacks' paths (:attr:`CallbackRunner.tensorboard_dirs`).
+callback's ``log_dir``, relative as the other callbacks' paths (:attr:`CallbackRunner.tensorboard_dirs`).
 
 Refused (``RecipeError``, one line): anything that is not a ``keras.callbacks.Callback``,
 ``BackupAndRestore`` (the runner does it, with the input position and callback state
@@ -206,7 +208,11 @@ def _overrides(cb: Any, name: str) -> bool:
 
 
 class CallbackRunner:
-    """The recipe's callbacks on one worker: dispatch, stop agreement input, state."""
+    """The recipe's callbacks on one worker: dispatch, stop agreement input, state.
+
+    ``output_dir``: where relative file paths of the chief-only callbacks land (a recipe's
+    run directory); None leaves them relative to the working directory (a fit script's).
+    """
 
     def __init__(
         self,
@@ -215,7 +221,7 @@ class CallbackRunner:
         *,
         recipe_name: str,
         is_chief: bool,
-        output_dir: Path,
+        output_dir: Path | None,
         epochs: int,
         steps_per_epoch: int,
         validates: bool,
@@ -232,8 +238,9 @@ class CallbackRunner:
         # (index in the recipe's list, callback): indices name the state entries, so a
         # chief-only callback's state is where every worker expects it.
         self.active = [(i, cb) for i, cb in enumerate(self.all) if is_chief or not isinstance(cb, _CHIEF_ONLY)]
-        for _, cb in self.active:
-            _resolve_paths(cb, Path(output_dir))
+        if output_dir is not None:
+            for _, cb in self.active:
+                _resolve_paths(cb, Path(output_dir))
         # Where the chief also writes the runner's TensorBoard scalars (a TensorBoard callback's log_dir).
         self.tensorboard_dirs = [Path(cb.log_dir) for _, cb in self.active if isinstance(cb, keras.callbacks.TensorBoard)]
         self._dispatched = [(i, cb) for i, cb in self.active if not isinstance(cb, _NOT_DISPATCHED)]

@@ -298,7 +298,10 @@ class Trainer:
             object.__setattr__(self.model, "optimizer", self.optimizer)
         runner = CallbackRunner(
             callbacks, self.model, recipe_name=self.recipe.name, is_chief=self.cluster.is_chief,
-            output_dir=Path(self.job.run_dir), epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
+            # A fit script's (it has an input_source) relative paths mean what they mean in plain
+            # Keras: the working directory; a recipe's land in the run directory.
+            output_dir=None if self._input_source is not None else Path(self.job.run_dir),
+            epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
             validates=self._evaluator is not None,
         )
         for log_dir in runner.tensorboard_dirs:  # a TensorBoard callback: the runner's scalars there too

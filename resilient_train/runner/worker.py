@@ -14,6 +14,7 @@ and TF_CONFIG validation, recipe shape) fails fast with a readable message.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -34,6 +35,7 @@ from resilient_train.rundir.stacks import register as register_stacks
 from resilient_train.rundir.permissions import current_umask
 from resilient_train.rundir.redact import register_secrets, secret_values
 from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
+from resilient_train.runner.script_output import EVENT as SCRIPT_OUTPUT, tee_stdout
 
 __all__ = ["main", "run", "parse_args", "exit_process"]
 
@@ -75,12 +77,15 @@ def run(
     environ: Mapping[str, str] = os.environ,
 ) -> int:
     """Be one worker of ``job`` (TF_CONFIG from ``tf_config_from``); the exit code (errors.py)."""
-    with recording(PREFIX) as state:
-        state.exit_code = _work(state, job, tf_config_from, port_base, environ)
+    # ExitStack inside recording: what _work enters (the chief's stdout tee) is closed, its
+    # last line emitted, before an exception is recorded and before exit_process's os._exit.
+    with recording(PREFIX) as state, contextlib.ExitStack() as until_exit:
+        state.exit_code = _work(state, until_exit, job, tf_config_from, port_base, environ)
     return state.exit_code
 
 
-def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int, environ: Mapping[str, str]) -> int:
+def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf_config_from: str, port_base: int,
+          environ: Mapping[str, str]) -> int:
     environ = environ_with_tf_config(environ, tf_config_from, port_base)
     if tf_config_from != "env":  # MultiWorkerMirroredStrategy reads os.environ
         os.environ["TF_CONFIG"] = environ["TF_CONFIG"]
@@ -130,6 +135,8 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
         rank=cluster.rank,
         role=cluster.role,
     )
+    if cluster.is_chief:  # its prints on the supervisor's console too, once (runner/script_output.py)
+        until_exit.enter_context(tee_stdout(lambda line: events.emit(SCRIPT_OUTPUT, echo=False, text=line)))
     stop = threading.Event()
 
     def watch_sigterm() -> None:

@@ -11,6 +11,9 @@ None, hidden. Hidden events are evidence for tools and developers (``iterator_st
 as the ``HH:MM:SS event key=value ...`` line of :func:`~resilient_train.rundir.events.render_line`,
 and an event missing from the table is shown that way too until someone decides for it.
 
+``script_output`` (a line the chief printed: runner/script_output.py) is the one event shown
+as itself, without a clock, so a script's ``print`` reads on the console as under plain Keras.
+
 ``train_progress`` is not a line but the progress display: the whole run's position,
 percentage and ETA (``step 1,220/8,000  15%  ETA 4m10s``) when the planned epochs are known.
 On a terminal it is one line redrawn in place (carriage return), wiped before any other
@@ -243,9 +246,15 @@ def _chaos_fault_injected(r: Mapping[str, Any], _: Facts) -> str:
     return f"chaos harness: {r.get('op')}{target} (trigger: {r.get('trigger')})"
 
 
+def _script_output(r: Mapping[str, Any], _: Facts) -> str:
+    return str(r["text"])
+
+
 Sentence = Callable[[Mapping[str, Any], Facts], "str | None"]
 
 _PROGRESS = "train_progress"  # the progress display, not a line
+# Printed as the script printed them: the text alone, no clock, an empty line too.
+_AS_PRINTED = frozenset({"script_output"})
 
 # The decision table: every event of docs/events.md (tests/supervisor/test_console.py keeps it
 # complete). A function: its sentence on the default console. None: hidden there (why, after
@@ -319,11 +328,14 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "node_lost": _node_lost,
     # chaos harness
     "chaos_fault_injected": _chaos_fault_injected,
+    # the script
+    "script_output": _script_output,  # a line the chief printed, as it printed it (_AS_PRINTED)
 }
 
 
 def render_event(record: Mapping[str, Any], *, rejected: int = 0, lost_steps: int = 0) -> str | None:
-    """The default console's line for ``record`` (``HH:MM:SS  sentence``), or None.
+    """The default console's line for ``record`` (``HH:MM:SS  sentence``; a ``script_output``
+    line as the script printed it), or None.
 
     ``rejected``: checkpoints rejected since the last restore decision, so a fresh start
     after rejecting every checkpoint does not read as "no checkpoint found"; ``lost_steps``:
@@ -342,6 +354,8 @@ def render_event(record: Mapping[str, Any], *, rejected: int = 0, lost_steps: in
         # A record without the fields its sentence needs (an older writer, a hand-made
         # event) must not stop the supervisor: show its fields as they are.
         return render_line(dict(record))
+    if event in _AS_PRINTED:
+        return text
     return f"{_clock(record)}  {text}" if text else None
 
 
@@ -487,7 +501,7 @@ class EventTail:
         if not (event == "preemption_requested" and run.stop_announced):
             text = render_event(record, rejected=run.rejected, lost_steps=lost)
         self._remember(record)
-        if text:
+        if text is not None:  # "" is a script's empty line (render_event returns None for nothing)
             self.console.write(text + "\n")
 
     def _remember(self, record: dict[str, Any]) -> None:

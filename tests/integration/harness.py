@@ -59,6 +59,9 @@ def command(recipe: str, run_dir: Path, *flags: str) -> list[str]:
 def environment(faults: list[dict] | None = None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("RT_FAULTS", None)
+    # This tree first, also for a job run from another directory (``cwd``): a fit script's
+    # relative paths are its working directory's, so its tests run it from a tmp dir.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if faults:
         env["RT_FAULTS"] = json.dumps(faults)
@@ -73,10 +76,12 @@ def run_job(
     faults: list[dict] | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 240,
+    cwd: Path = REPO,
 ) -> Job:
+    """``cwd``: the directory the user runs the command from (give ``recipe`` absolute then)."""
     proc = subprocess.run(
         command(recipe, run_dir, *flags),
-        cwd=REPO,
+        cwd=cwd,
         env=environment(faults, **(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -94,15 +99,16 @@ def run_job_until(
     action: Callable[[subprocess.Popen, list[dict[str, Any]]], None],
     timeout: float = 240,
     new_session: bool = False,
+    cwd: Path = REPO,
 ) -> Job:
     """Start a job, watch its events, and call ``action`` once ``when(events)`` holds.
 
     ``new_session`` puts the job in its own process group, as a terminal would, so a test
-    can signal the whole group (Ctrl-C) without signalling pytest.
+    can signal the whole group (Ctrl-C) without signalling pytest. ``cwd``: as for :func:`run_job`.
     """
     proc = subprocess.Popen(
         command(recipe, run_dir, *flags),
-        cwd=REPO,
+        cwd=cwd,
         env=environment(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -7,6 +7,9 @@ it ends with the uninterrupted run's weights digest.
 tests/recipes/fit_script.py is the same kind of script, short, with callbacks (ReduceLROnPlateau,
 EarlyStopping, CSVLogger) and code after ``fit`` that appends one line per worker to
 ``$FIT_SCRIPT_OUT/after_fit.jsonl`` (its task, ``history.epoch``, ``history.history["loss"]``).
+It is run from ``$FIT_SCRIPT_OUT``, as a user runs a script from their directory: its
+``CSVLogger("training_log.csv")`` writes there, as in plain Keras (docs/keras.md, "Where files
+go"), and its ``print("hello from the script")`` shows once on the console, the chief's.
 Uninterrupted (the module's one reference run) EarlyStopping ends it after epoch STOP_EPOCH of
 8. Killed or stopped by SIGTERM and re-run, it must end as the reference: same digest, same
 CSV bytes, same learning-rate sequence, same early-stop epoch, and the code after ``fit`` ran exactly once per worker, after
@@ -20,17 +23,18 @@ import signal
 import pytest
 
 from resilient_train.errors import EXIT_PREEMPTED
-from tests.integration.harness import run_job, run_job_until
+from tests.integration.harness import REPO, run_job, run_job_until
 
 TUTORIAL = "examples/keras_tutorial.py"
-SCRIPT = "tests/recipes/fit_script.py"
+SCRIPT = str(REPO / "tests/recipes/fit_script.py")  # absolute: run from the test's out dir
+HELLO = "hello from the script"  # the script prints it before anything else, on every worker
 STEPS_PER_EPOCH = 10
 STOP_EPOCH = 5  # EarlyStopping's last epoch in the reference (0-based)
 ONE_STEP_CALLS = ("--steps-per-execution", "1")
 
 
-def learning_rates(run_dir):
-    with open(run_dir / "training_log.csv", newline="") as handle:
+def learning_rates(out_dir):
+    with open(out_dir / "training_log.csv", newline="") as handle:
         return [float(row["learning_rate"]) for row in csv.DictReader(handle)]
 
 
@@ -41,7 +45,7 @@ def after_fit_lines(out_dir):
 
 def run_script(run_dir, out_dir, *flags, **kwargs):
     out_dir.mkdir(parents=True, exist_ok=True)
-    return run_job(SCRIPT, run_dir, *flags, env={"FIT_SCRIPT_OUT": str(out_dir)}, **kwargs)
+    return run_job(SCRIPT, run_dir, *flags, env={"FIT_SCRIPT_OUT": str(out_dir)}, cwd=out_dir, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,7 @@ def reference(tmp_path_factory):
     assert job.returncode == 0, job.output
     assert job.summary["status"] == "completed"
     assert [e["epoch"] for e in job.named("training_stopped")] == [STOP_EPOCH]
-    rates = learning_rates(job.run_dir)
+    rates = learning_rates(root / "out")
     assert len(rates) == STOP_EPOCH + 1 and len(set(rates)) > 1  # ReduceLROnPlateau acted
     lines = after_fit_lines(root / "out")
     assert sorted(line["task"] for line in lines) == [0, 1]
@@ -62,11 +66,25 @@ def reference(tmp_path_factory):
     return job, lines
 
 
+def test_the_chiefs_print_shows_once_on_the_console_and_the_csv_is_where_the_script_ran(reference):
+    job, _ = reference
+    out_dir = job.run_dir.parent / "out"  # the working directory the job was run from
+    assert job.output.splitlines().count(HELLO) == 1, job.output
+    assert [(e["rank"], e["text"]) for e in job.named("script_output")] == [(0, HELLO)]
+    # Every worker printed it, into its own log; only rank 0's reached the console.
+    assert [(job.run_dir / f"attempt-1/worker-{rank}.log").read_text().splitlines().count(HELLO)
+            for rank in (0, 1)] == [1, 1]
+    # CSVLogger("training_log.csv") wrote where plain Keras would: the working directory.
+    assert (out_dir / "training_log.csv").read_text().splitlines()[0] == "epoch,accuracy,learning_rate,loss"
+    assert not (job.run_dir / "training_log.csv").exists()
+
+
 def assert_ends_as(job, out_dir, reference):
     ref_job, ref_lines = reference
     assert job.summary["weights_sha256"] == ref_job.summary["weights_sha256"]
-    assert (job.run_dir / "training_log.csv").read_bytes() == (ref_job.run_dir / "training_log.csv").read_bytes()
-    assert learning_rates(job.run_dir) == learning_rates(ref_job.run_dir)
+    ref_out = ref_job.run_dir.parent / "out"
+    assert (out_dir / "training_log.csv").read_bytes() == (ref_out / "training_log.csv").read_bytes()
+    assert learning_rates(out_dir) == learning_rates(ref_out)
     assert [e["epoch"] for e in job.named("training_stopped")] == [STOP_EPOCH]
     # The code after fit() ran once per worker, with the whole run's history.
     lines = after_fit_lines(out_dir)
@@ -92,7 +110,7 @@ def test_script_sigterm_saves_exits_143_without_the_code_after_fit_and_rerun_end
     monkeypatch.setenv("FIT_SCRIPT_STEP_DELAY_S", "0.3")  # 3 s per epoch: the signal lands inside epoch 2
     first_epoch_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 1 for e in events)  # noqa: E731
     # One step per call: the batch-end sleep runs after every step.
-    preempted = run_job_until(SCRIPT, run_dir, *ONE_STEP_CALLS, when=first_epoch_done,
+    preempted = run_job_until(SCRIPT, run_dir, *ONE_STEP_CALLS, when=first_epoch_done, cwd=out_dir,
                               action=lambda proc, events: proc.send_signal(signal.SIGTERM))
     assert preempted.returncode == EXIT_PREEMPTED, preempted.output
     [stop] = preempted.named("preempted")
@@ -100,7 +118,7 @@ def test_script_sigterm_saves_exits_143_without_the_code_after_fit_and_rerun_end
     assert after_fit_lines(out_dir) == []  # fit() did not return: the code after it did not run
 
     monkeypatch.setenv("FIT_SCRIPT_STEP_DELAY_S", "0")
-    rerun = run_job(SCRIPT, run_dir, *ONE_STEP_CALLS)
+    rerun = run_job(SCRIPT, run_dir, *ONE_STEP_CALLS, cwd=out_dir)
     assert rerun.returncode == 0, rerun.output
     assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
     assert rerun.summary["lost_steps"] == 0

@@ -43,10 +43,14 @@ def history(out_dir):
     return json.loads((out_dir / "history.json").read_text())
 
 
-def run_script(tmp_path, name, *flags, env=None, **kwargs):
+def run_script(tmp_path, name, *flags, env=None, from_out=False, **kwargs):
+    """``from_out``: run from the out dir (the script by its absolute path), as a user runs from
+    their directory, so the script's relative paths land there."""
     out = tmp_path / name
     out.mkdir()
-    job = run_job(SCRIPT, out / "run", *FLAGS, *flags, env={"FIT_SCRIPT_OUT": str(out), **(env or {})}, **kwargs)
+    script, cwd = (str(REPO / SCRIPT), out) if from_out else (SCRIPT, REPO)
+    job = run_job(script, out / "run", *FLAGS, *flags, env={"FIT_SCRIPT_OUT": str(out), **(env or {})}, cwd=cwd,
+                  **kwargs)
     return job, out
 
 
@@ -99,15 +103,17 @@ def test_a_failure_after_the_first_step_is_still_restarted(tmp_path, plain_keras
 
 def test_a_tensorboard_callback_gets_the_runners_scalars_in_its_log_dir(tmp_path, plain_keras):
     """keras.callbacks.TensorBoard(log_dir="tb_logs") in the script: no refusal; its log_dir
-    (relative: resolved as CSVLogger's, docs/keras.md) holds the scalars of the run dir's
-    tensorboard/, one per step, and nothing of the callback's own (no train/ subdirectory)."""
+    (relative: to the directory the script runs from, as CSVLogger's, docs/keras.md "Where
+    files go") holds the scalars of the run dir's tensorboard/, one per step, and nothing of
+    the callback's own (no train/ subdirectory)."""
     from resilient_train.runner.tensorboard import read_scalars
 
-    job, out = run_script(tmp_path, "tensorboard", env={"FIT_TENSORBOARD": "tb_logs"},
+    job, out = run_script(tmp_path, "tensorboard", env={"FIT_TENSORBOARD": "tb_logs"}, from_out=True,
                           faults=[{"point": "raise", "global_step": 3, "rank": 0}])
     assert job.returncode == 0, job.output
     assert job.summary["restarts"] == 1  # attempt 2 resumes from step 2's checkpoint
-    log_dir = job.run_dir / "tb_logs"
+    assert not (job.run_dir / "tb_logs").exists() and not (job.run_dir / "train_log.csv").exists()
+    log_dir = out / "tb_logs"
     scalars = read_scalars(log_dir)
     assert scalars == read_scalars(job.run_dir / "tensorboard")
     assert scalars["epoch/loss"] == [(step, loss)  # float32 values, written as float32: exact
@@ -116,6 +122,6 @@ def test_a_tensorboard_callback_gets_the_runners_scalars_in_its_log_dir(tmp_path
     assert sorted(p.name for p in log_dir.iterdir() if p.is_dir()) == []
     # The CSVLogger beside it: no val_* columns without validation (Keras' own writes them, all NA),
     # each epoch once across the restart.
-    rows = (job.run_dir / "train_log.csv").read_text().splitlines()
+    rows = (out / "train_log.csv").read_text().splitlines()
     assert rows[0] == "epoch,accuracy,loss"
     assert [row.split(",")[0] for row in rows[1:]] == [str(e) for e in range(STEPS)]

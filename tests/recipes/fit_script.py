@@ -3,6 +3,8 @@
 # (model.evaluate on a held-out split, reading weights, writing a file).
 # FIT_SCRIPT_OUT: where the code after fit() appends one line per worker (the tests count them);
 # FIT_SCRIPT_STEP_DELAY_S: seconds each batch sleeps (time for a SIGTERM to land mid-epoch).
+# Its print() and CSVLogger("training_log.csv"): the console and the working directory
+# (tests/integration/test_fit_script.py runs it from FIT_SCRIPT_OUT).
 import json
 import os
 import time
@@ -10,6 +12,8 @@ import time
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
+
+print("hello from the script")
 
 
 def digits_dataset(batch_size):

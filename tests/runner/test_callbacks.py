@@ -11,6 +11,7 @@ carried across the "kill" as the checkpoint carries them. No strategy, no worker
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -23,7 +24,7 @@ from resilient_train.runner.callbacks import CallbackRunner, decode_state, encod
 class Process:
     """What one worker process holds: a model, its optimizer, the recipe's callbacks."""
 
-    def __init__(self, make_callbacks, tmp_path, *, is_chief=True, carried=None, validates=True):
+    def __init__(self, make_callbacks, tmp_path, *, is_chief=True, carried=None, validates=True, script=False):
         self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
         self.optimizer = keras.optimizers.SGD(learning_rate=0.1)
         self.optimizer.build(self.model.trainable_variables)
@@ -32,7 +33,8 @@ class Process:
             self.model.set_weights(carried["weights"])
             self.optimizer.learning_rate = carried["learning_rate"]
         self.runner = CallbackRunner(make_callbacks(), self.model, recipe_name="r", is_chief=is_chief,
-                                     output_dir=tmp_path, epochs=10, steps_per_epoch=4, validates=validates)
+                                     output_dir=None if script else tmp_path, epochs=10, steps_per_epoch=4,
+                                     validates=validates)
         self.runner.train_begin(resuming=carried is not None)
         self.stopped = self.runner.restore(carried["callbacks"]) if carried is not None else False
 
@@ -248,6 +250,38 @@ def test_a_tensorboard_callback_is_honoured_by_the_runners_scalars_on_the_chief_
     assert worker.runner.tensorboard_dirs == []
     resumed = Process(callbacks, tmp_path, carried=chief.checkpoint())
     assert resumed.runner.tensorboard_dirs == [tmp_path / "tb_logs"]
+
+
+def test_a_scripts_relative_paths_stay_relative_to_the_working_directory_a_recipes_go_to_the_run_dir(
+        tmp_path, monkeypatch):
+    """docs/keras.md "Where files go": a fit script's callbacks (output_dir None) write where
+    plain Keras would, the process's working directory; a recipe's into the run directory."""
+    cwd, run_dir = tmp_path / "cwd", tmp_path / "run"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+
+    def make():
+        return [keras.callbacks.CSVLogger("log.csv"), keras.callbacks.ModelCheckpoint("ckpt/best.weights.h5",
+                monitor="loss", save_weights_only=True), keras.callbacks.TensorBoard("tb_logs")]
+
+    script = Process(make, run_dir, script=True, validates=False)
+    script.epoch(0, {"loss": 1.0})
+    script.runner.train_end({})
+    assert (script.runner.all[0].filename, script.runner.all[1].filepath, script.runner.all[2].log_dir) == \
+        ("log.csv", "ckpt/best.weights.h5", "tb_logs")
+    assert script.runner.tensorboard_dirs == [Path("tb_logs")]
+    assert (cwd / "log.csv").read_text().splitlines() == ["epoch,loss", "0,1.0"]
+    assert (cwd / "ckpt" / "best.weights.h5").is_file()
+    assert not run_dir.exists()
+
+    recipe = Process(make, run_dir, validates=False)
+    recipe.epoch(0, {"loss": 1.0})
+    recipe.runner.train_end({})
+    assert (recipe.runner.all[0].filename, recipe.runner.all[1].filepath, recipe.runner.all[2].log_dir) == \
+        (str(run_dir / "log.csv"), str(run_dir / "ckpt/best.weights.h5"), str(run_dir / "tb_logs"))
+    assert (run_dir / "log.csv").read_text().splitlines() == ["epoch,loss", "0,1.0"]
+    assert (run_dir / "ckpt" / "best.weights.h5").is_file()
+    assert sorted(p.name for p in cwd.iterdir()) == ["ckpt", "log.csv"]  # only the script's
 
 
 @pytest.mark.parametrize(("validates", "header"), [(False, "epoch,loss"), (True, "epoch,loss,val_loss")])

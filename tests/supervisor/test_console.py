@@ -50,13 +50,13 @@ SHOWN = {
     "training_stopped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
     "checkpoint_committed", "checkpoint_rejected", "checkpoint_failed", "storage_retry", "storage_claimed",
     "stale_writer_fenced", "gang_restart", "hang_detected", "model_exported", "model_export_failed",
-    "ray_connected", "node_lost", "chaos_fault_injected",
+    "ray_connected", "node_lost", "chaos_fault_injected", "script_output",
 }
 
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 57
+    assert len(documented) == 58
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN
@@ -145,13 +145,29 @@ SENTENCES = [
 ]
 
 
+# Shown as printed, without the clock (test_a_script_line_is_shown_as_printed).
+AS_PRINTED = {"script_output"}
+
+
 @pytest.mark.parametrize("record, sentence", SENTENCES, ids=[f"{i}-{r['event']}" for i, (r, _) in enumerate(SENTENCES)])
 def test_each_shown_event_is_one_exact_sentence(record, sentence):
     assert render_event({"ts": TS, **record}) == "10:00:00  " + sentence
 
 
 def test_every_shown_event_has_a_sentence_case():
-    assert {record["event"] for record, _ in SENTENCES} == SHOWN
+    assert {record["event"] for record, _ in SENTENCES} == SHOWN - AS_PRINTED
+
+
+def test_a_script_line_is_shown_as_printed_without_a_clock_empty_lines_too(tmp_path):
+    path, out, tail = tail_for(tmp_path)
+    write(path, {"event": "script_output", "text": "hello from the script", "rank": 0, "attempt": 1},
+          {"event": "script_output", "text": "", "rank": 0, "attempt": 1},
+          {"event": "script_output", "text": "  indented: 0.5", "rank": 0, "attempt": 1},
+          {"event": "checkpoint_committed", **AT, "path": "s/ckpt-000000000060"})
+    tail.pump()
+    assert out.getvalue() == ("hello from the script\n\n  indented: 0.5\n"
+                              "10:00:00  checkpoint committed at global step 60 (epoch 2, step 20) -> s/ckpt-000000000060\n")
+    assert render_event({"ts": TS, "event": "script_output", "text": "x=1"}) == "x=1"
 
 
 def test_some_occurrences_of_shown_events_say_nothing_new():
