@@ -513,14 +513,19 @@ class Trainer:
         self.policy.saved()
         flush = flush or completed
         global_step = int(self.global_step.numpy())
+        # The request first, still in the training phase: it may all-reduce (the iterator
+        # states), and a peer that hangs must meet the hang timeout there, not the start-up
+        # allowance of a save (found by benchmarks/hang_detection.py: the chief sat in that
+        # gather for 600 s while its peer hung).
+        request = None if global_step == self._last_saved else self._save_request(completed)
         # Any save may block: a flush, a sync write, an async snapshot waiting for the
         # previous upload. The hang watchdog gives the phase its start-up allowance.
         previous = self._phase.enter(PHASE_FLUSH)
         try:
-            if global_step == self._last_saved:  # e.g. preempted right after a restore or an epoch-end save
+            if request is None:  # e.g. preempted right after a restore or an epoch-end save
                 return self.checkpointer.flush() if flush else None
             self._last_saved = global_step
-            return self.checkpointer.save(self._save_request(completed), flush=flush)
+            return self.checkpointer.save(request, flush=flush)
         finally:
             self._phase.restore(previous)
 

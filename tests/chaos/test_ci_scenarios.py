@@ -49,6 +49,20 @@ def test_seeds_experiment_kill_chief_at_7_resumes_from_7(chaos_root: Path) -> No
     assert [f["state"] for f in result.faults] == ["done"]
 
 
+def test_a_worker_hung_before_a_save_is_named_by_the_watchdog(chaos_root: Path) -> None:
+    """hang-collective: rank 1 stops after the call that ends at the save point 15, so the chief
+    waits for it in the save's iterator-state gather (linear_regression re-enters by iterator
+    state). That wait counts as training (hang timeout), not as a save (the start-up
+    allowance, 600 s): before runner/loop.py built the save request outside its flush phase
+    the run sat there until the scenario timed out."""
+    result = _run("hang-collective", SLOW_SPEC, chaos_root)
+    assert result.passed, result.to_dict()
+    [fault] = result.faults
+    assert (fault["fault"], fault["state"]) == ("hang rank 1 at after_step step 12 (attempt 1)", "done")
+    assert result.check.restarts == 1 and result.check.digest_match
+    assert result.exit_codes == (0,)
+
+
 @pytest.mark.slow  # test_supervisor.py's SIGTERM to a worker
 def test_sigterm_to_a_worker_loses_no_step(chaos_root: Path) -> None:
     result = _run("sigterm-worker", CI_SPEC, chaos_root)
