@@ -38,31 +38,10 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    import tensorflow as tf
-
-    from resilient_train.job.recipe import load_recipe, resolve_params
+    from benchmarks._plain_mwms import tutorial_step
     from resilient_train.runner.data import RecipeInputContext
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    recipe = load_recipe(args.recipe)
-    params = resolve_params(recipe.params, {})
-    with strategy.scope():
-        model = recipe.build_model(params)
-        optimizer = recipe.build_optimizer(params)
-
-    def step_fn(inputs):
-        features, labels = inputs
-        with tf.GradientTape() as tape:
-            predictions = model(features, training=True)
-            loss = tf.nn.compute_average_loss(recipe.loss(labels, predictions), global_batch_size=args.batch)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss
-
-    @tf.function
-    def train_step(iterator):
-        per_replica_losses = strategy.run(step_fn, args=(next(iterator),))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)
+    strategy, recipe, params, _, _, train_step = tutorial_step(args.recipe, args.batch)
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     epoch_s, teardown_s, marks = [], [], []

@@ -28,6 +28,38 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def tutorial_step(recipe_path: str, batch: int):
+    """The tutorial's pieces for ``recipe_path``: (strategy, recipe, params, model, optimizer,
+    train_step), ``train_step(iterator)`` being one ``strategy.run`` + ``strategy.reduce``
+    of the loss per ``tf.function`` call. Shared with benchmarks/_plain_epochs.py."""
+    import tensorflow as tf
+
+    from resilient_train.job.recipe import load_recipe, resolve_params
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    recipe = load_recipe(recipe_path)
+    params = resolve_params(recipe.params, {})
+    with strategy.scope():
+        model = recipe.build_model(params)
+        optimizer = recipe.build_optimizer(params)
+
+    def step_fn(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            predictions = model(features, training=True)
+            loss = tf.nn.compute_average_loss(recipe.loss(labels, predictions), global_batch_size=batch)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(iterator):
+        per_replica_losses = strategy.run(step_fn, args=(next(iterator),))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)
+
+    return strategy, recipe, params, model, optimizer, train_step
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("recipe")
@@ -40,35 +72,15 @@ def main() -> int:
 
     import tensorflow as tf
 
-    from resilient_train.job.recipe import load_recipe, resolve_params
     from resilient_train.runner.data import RecipeInputContext
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    recipe = load_recipe(args.recipe)
-    params = resolve_params(recipe.params, {})
-    with strategy.scope():
-        model = recipe.build_model(params)
-        optimizer = recipe.build_optimizer(params)
+    strategy, recipe, params, model, optimizer, train_step = tutorial_step(args.recipe, args.batch)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
 
     def dataset_fn(context):
         return recipe.dataset(RecipeInputContext(context, args.batch, params), 0, 0).prefetch(2)
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-
-    def step_fn(inputs):
-        features, labels = inputs
-        with tf.GradientTape() as tape:
-            predictions = model(features, training=True)
-            loss = tf.nn.compute_average_loss(recipe.loss(labels, predictions), global_batch_size=args.batch)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss
-
-    @tf.function
-    def train_step(iterator):
-        per_replica_losses = strategy.run(step_fn, args=(next(iterator),))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     is_chief = task["index"] == 0

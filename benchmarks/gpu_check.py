@@ -245,7 +245,8 @@ def check_gpus_per_worker(work: Path, size: str, gpus: int, timeout: float) -> t
 def check_throughput(size: str, gpus: int) -> dict[str, Any]:
     from benchmarks import throughput
 
-    recipe = {**throughput.RECIPES["digits_cnn"], "steps": THROUGHPUT_STEPS[size]}
+    recipe = {**throughput.RECIPES["digits_cnn"], "steps": THROUGHPUT_STEPS[size],
+              **({"progress_every_s": 0.0} if size == "smoke" else {})}
     configs = throughput.configurations(["auto"])
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpus:  # the same device for both: GPU 0, shared by the two workers

@@ -131,7 +131,9 @@ def run_plain(recipe: dict[str, Any], save_every: int, work: Path) -> float:
 def run_ours(recipe: dict[str, Any], config: dict[str, Any], work: Path) -> float:
     run_dir = work / "run"
     toml = work / "job.toml"
-    toml.write_text("progress_every_s = 0.5\n")
+    # A smoke run's few steps may take under a second: a progress event after every call
+    # there, so the slope always has two points.
+    toml.write_text(f"progress_every_s = {recipe.get('progress_every_s', 0.5)}\n")
     command = [
         sys.executable, "-m", "resilient_train", "run", recipe["recipe"], "--run-dir", str(run_dir), "--config", str(toml),
         "--workers", "2", "--epochs", "1", "--steps-per-epoch", str(recipe["steps"]),
@@ -187,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:  # the plain loop against ours with async saves, on digits, one short run each
         args.repeats, args.recipes, args.steps = 1, ["digits_cnn"], 120
         args.steps_per_execution, args.only = ["auto"], ["ours_async20_auto"]
-    recipes = {name: {**RECIPES[name], **({"steps": args.steps} if args.steps else {})} for name in args.recipes}
+    recipes = {name: {**RECIPES[name], **({"steps": args.steps} if args.steps else {}),
+                      **({"progress_every_s": 0.0} if args.smoke else {})} for name in args.recipes}
 
     configs = configurations(args.steps_per_execution)
     if args.only:
