@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_overhead.py
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/epochs.py
 	$(BIN)/python benchmarks/reentry.py
 	$(BIN)/python benchmarks/resize.py
 	$(BIN)/python benchmarks/ray_recovery.py
