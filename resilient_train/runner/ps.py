@@ -54,6 +54,7 @@ from resilient_train.rundir.errorfile import recording
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.permissions import current_umask
 from resilient_train.rundir.redact import register_secrets, secret_values
+from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
 from resilient_train.rundir.stacks import register as register_stacks
 from resilient_train.rundir.stepmarker import PHASE_FINISH, PHASE_FLUSH, PHASE_INPUT, PHASE_TRAIN, PhaseMarker
 
@@ -77,6 +78,7 @@ def main(argv: list[str]) -> int:
         run_dir = RunDir(job.run_dir)
         attempt_dir = run_dir.attempt(launched.attempt)
         attempt_dir.path.mkdir(parents=True, exist_ok=True)
+        use_private_tempdir(run_dir.temp_dir(task.rank))  # autograph's files (rundir/scratch.py)
         state.locate(attempt_dir.path, task.rank)
         events.configure(run_dir.events, console=sys.stderr, writes_group_events=task.role == "chief",
                          run_id=launched.run_id, attempt=launched.attempt, rank=task.rank, role=task.role)
@@ -108,6 +110,7 @@ def _serve(task: PsTask, cluster: dict, stop: threading.Event) -> NoReturn:
     # interpreter's teardown of a running server takes seconds (measured 2-4 s), which
     # would outlast the supervisor's teardown grace and turn a clean stop into a SIGKILL.
     events.emit("server_stopped")
+    remove_private_tempdir()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_OK)
@@ -290,4 +293,8 @@ class Coordinator:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        code = main(sys.argv[1:])
+    finally:
+        remove_private_tempdir()
+    sys.exit(code)

@@ -65,13 +65,19 @@ def test_killed_worker_is_restarted_in_place_and_training_completes_without_a_re
     assert f"global_step {TOTAL_STEPS}: consistent" in verify.stdout
 
 
-def test_killed_ps_restarts_coordinator_and_ps_from_the_last_commit(tmp_path):
+def test_killed_ps_restarts_coordinator_and_ps_from_the_last_commit(tmp_path, monkeypatch):
     def kill_ps(proc, events):
         os.kill(worker_pids(events)[PS_RANK], signal.SIGKILL)
 
+    # The job's system temp dir: the coordinator's autograph files go to its own TMPDIR
+    # under the run dir (rundir/scratch.py), also when the gang restart stops it.
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))
     job = run_job_until(RECIPE, tmp_path / "run", *FLAGS, when=after_commit(40), action=kill_ps)
 
     assert job.returncode == 0, job.output
+    assert sorted(p.name for p in system_tmp.iterdir()) == []
     summary = job.summary
     assert (summary["status"], summary["global_step"], summary["attempts"], summary["restarts"]) == (
         "completed", TOTAL_STEPS, 2, 1)
