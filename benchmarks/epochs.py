@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
-from benchmarks.throughput import run_tf_config_workers_json  # noqa: E402
+from benchmarks.throughput import _env, _ts, run_tf_config_workers_json  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -66,9 +66,7 @@ def run_ours(epochs: int, steps: int, save_every: int, work: Path) -> dict[str, 
         "--workers", "2", "--epochs", str(epochs), "--steps-per-epoch", str(steps),
         "--global-batch-size", str(BATCH), "--save-every-steps", str(save_every),
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
-    env.pop("RT_FAULTS", None)
-    proc = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.run(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=3600)
     if proc.returncode:
         raise RuntimeError(f"resilient-train failed ({proc.returncode}): {proc.stdout[-2000:]}")
@@ -87,10 +85,6 @@ def ours_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [b - a for a, b in zip(times, times[1:])]
     return {"wall_s": round(ends[-1], 3), "epoch_s": epoch_s, "longest_pause_s": round(max(gaps), 3),
             "marks": [round(t, 3) for t in times[1:]]}
-
-
-def _ts(event: dict[str, Any]) -> float:
-    return dt.datetime.fromisoformat(event["ts"]).timestamp()
 
 
 def measured(run) -> dict[str, Any]:
