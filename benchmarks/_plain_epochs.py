@@ -39,7 +39,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from benchmarks._plain_mwms import tutorial_step
-    from resilient_train.runner.data import RecipeInputContext
+    from resilient_train.runner.input.data import RecipeInputContext
 
     strategy, recipe, params, _, _, train_step = tutorial_step(args.recipe, args.batch)
 

@@ -72,7 +72,7 @@ def main() -> int:
 
     import tensorflow as tf
 
-    from resilient_train.runner.data import RecipeInputContext
+    from resilient_train.runner.input.data import RecipeInputContext
 
     strategy, recipe, params, model, optimizer, train_step = tutorial_step(args.recipe, args.batch)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)

@@ -44,7 +44,7 @@ def main() -> int:
     import tf_keras
 
     from resilient_train.job.recipe import load_recipe, resolve_params
-    from resilient_train.runner.data import RecipeInputContext
+    from resilient_train.runner.input.data import RecipeInputContext
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     recipe = load_recipe(args.recipe)

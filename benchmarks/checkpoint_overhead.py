@@ -10,7 +10,7 @@ What is measured, on recipes/wide_mlp.py (~101 MB of model + Adam state):
 * steps/s of a plain custom training loop (one tf.function step, default strategy, ONE
   process: no MultiWorkerMirroredStrategy, whose collectives would only add noise to a
   comparison of save paths) with no checkpointing and with a save every K = 10 / 50 steps:
-  ``async`` / ``sync`` = this project's save paths (runner/checkpointing.py: twin snapshot +
+  ``async`` / ``sync`` = this project's save paths (runner/state/checkpointing.py: twin snapshot +
   background persist, or write + commit on the training thread; both write the TF
   checkpoint, sha256 every byte, copy it into a CheckpointStore on local disk and write the
   manifest), ``tf_checkpoint_manager`` = ``tf.train.CheckpointManager.save``,
@@ -56,15 +56,15 @@ import tensorflow as tf  # noqa: E402
 from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
 from resilient_train.job.recipe import load_recipe  # noqa: E402
-from resilient_train.runner.checkpointing import (  # noqa: E402
+from resilient_train.runner.state.checkpointing import (  # noqa: E402
     AsyncCheckpointer,
     SaveRequest,
     TwinState,
     commit_checkpoint,
     persist_twin,
 )
-from resilient_train.runner.faults import FaultPlan  # noqa: E402
-from resilient_train.runner.model_state import weights_digest  # noqa: E402
+from resilient_train.runner.failures.faults import FaultPlan  # noqa: E402
+from resilient_train.runner.state.model_state import weights_digest  # noqa: E402
 
 MODES = ("async", "sync", "tf_checkpoint_manager", "tf_enable_async", "keras_backup_and_restore")
 INTERVALS = (10, 50)

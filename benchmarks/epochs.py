@@ -6,7 +6,7 @@
 Writes benchmarks/results/epochs.json and .md (``--out`` elsewhere).
 
 Why this benchmark exists: TensorFlow tears a tf.data iterator down synchronously, and at an
-epoch end of a long epoch that took tens of seconds (runner/teardown.py). A throughput
+epoch end of a long epoch that took tens of seconds (runner/input/teardown.py). A throughput
 figure taken inside one epoch never sees it; a user's multi-epoch run does. Both sides are
 2 worker processes on loopback, the same recipe and global batch:
 

@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from resilient_train.checkpoint import CheckpointStore
     from resilient_train.job.recipe import load_recipe, resolve_params
-    from resilient_train.runner.checkpointing import SaveRequest, TwinState, persist_twin
-    from resilient_train.runner.faults import FaultPlan
-    from resilient_train.runner.model_state import weights_digest
+    from resilient_train.runner.state.checkpointing import SaveRequest, TwinState, persist_twin
+    from resilient_train.runner.failures.faults import FaultPlan
+    from resilient_train.runner.state.model_state import weights_digest
 
     recipe = load_recipe(str(ROOT / "recipes" / "wide_mlp.py"))
     params = resolve_params(recipe.params, {})

@@ -12,9 +12,9 @@ event (the resumed job is killed there). Four re-entry paths: ``start_step`` (in
 positions its index range before the expensive map), ``skip`` (input_bound_skip.py with
 ``--max-iterator-state-bytes 0``: the runner's ``skip()``, which runs the map of every
 skipped batch), ``iterator_state`` (input_bound_skip.py as it is: each worker's saved
-tf.data iterator state is restored, runner/iterator_state.py) and ``indexed``
+tf.data iterator state is restored, runner/input/iterator_state.py) and ``indexed``
 (input_bound_indexed.py, the indexed contract: the runner starts its range of positions at
-the step, runner/indexed.py). Each resumed job's ``restored`` event must name the path
+the step, runner/input/indexed.py). Each resumed job's ``restored`` event must name the path
 (``input_reentry``). Target: late <= 1.2x early. ``--recipes indexed,skip`` runs a subset.
 """
 

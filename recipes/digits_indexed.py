@@ -5,7 +5,7 @@ digits_cnn; only the input differs. Instead of ``dataset``, the recipe says how 
 training examples there are (``num_examples``) and how to make example ``i``
 (``example``); the runner shuffles them with a stateless permutation per pass, gives
 global step ``s`` the examples at positions ``[s*GB, (s+1)*GB)`` and each worker its
-contiguous share (runner/indexed.py). So every global step trains on the same examples,
+contiguous share (runner/input/indexed.py). So every global step trains on the same examples,
 in the same order, at any worker count, and re-entering a checkpoint mid-epoch costs
 the same at any step. ``augment`` shows the per-example stateless seed: a random shift
 of at most one pixel, different each time an example comes round again.

@@ -1,9 +1,9 @@
 """The digits CNN as a Keras user writes it: a compiled model and ``model.fit`` callbacks.
 
 No ``build_optimizer``, ``loss`` or ``metrics``: they come from ``compile``
-(runner/compiled.py). ``callbacks`` returns what a ``fit`` call would get; the runner
+(runner/keras_recipes/compiled.py). ``callbacks`` returns what a ``fit`` call would get; the runner
 calls them where ``fit`` would and keeps their state with every checkpoint
-(runner/callbacks.py), so a killed and resumed run logs the same CSV rows, lowers the
+(runner/keras_recipes/callbacks.py), so a killed and resumed run logs the same CSV rows, lowers the
 learning rate at the same epochs and stops early at the same epoch as an uninterrupted run.
 
 The callbacks are tuned so that both happen within a short run: ``ReduceLROnPlateau`` halves

@@ -117,7 +117,7 @@ class GroupBrokenError(RuntimeError):
 
     What a survivor raises when a peer died, froze or became unreachable (TensorFlow's
     ``UnavailableError``/``DeadlineExceededError``/``AbortedError``/``CancelledError`` out
-    of a collective, mapped by ``runner/diagnose.py``). The message keeps TensorFlow's type
+    of a collective, mapped by ``runner/failures/diagnose.py``). The message keeps TensorFlow's type
     and first line. Recorded as a secondary failure (``rundir/errorfile.py``): the worker
     that broke the group is the root cause when it left any trace.
     """
@@ -145,7 +145,7 @@ class ExitRule:
 
 
 # A failure none of the rows below names: the recipe's or TensorFlow's. Restartable; the
-# worker prints its traceback (and first asks runner/diagnose.py whether it is a recipe bug).
+# worker prints its traceback (and first asks runner/failures/diagnose.py whether it is a recipe bug).
 UNEXPECTED = ExitRule(Exception, EXIT_FAILURE, "failed")
 
 EXIT_RULES: tuple[ExitRule, ...] = (

@@ -87,3 +87,40 @@ def test_the_check_catches_a_lazy_import_across_peers_and_upwards(tmp_path: Path
         "bad.py:3 imports resilient_train.commands (runner may not import commands)",
     ]
     assert _violations(bad, "chaos") == []
+
+
+def _m_literals(path: Path) -> list[str]:
+    """``"-m", "resilient_train..."`` spelled out in an argv: the module string the layers cannot see."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        items = node.elts if isinstance(node, (ast.List, ast.Tuple)) else node.args if isinstance(node, ast.Call) else []
+        for flag, module in zip(items, items[1:]):
+            if (isinstance(flag, ast.Constant) and flag.value == "-m"
+                    and isinstance(module, ast.Constant) and isinstance(module.value, str)):
+                found.append(f"{path.name}:{module.lineno} runs -m {module.value}")
+    return found
+
+
+def test_launched_modules_are_named_once_in_entry_points():
+    from resilient_train.cluster import entry_points
+
+    assert [found for path in _modules() for found in _m_literals(path)] == []
+    modules = {name: value for name, value in vars(entry_points).items() if name.isupper()}
+    assert set(modules) == {"CLI", "WORKER", "WARM_STANDBY", "PS_ROLE", "INPUT_PROBE", "SLURM_TASK"}
+    for name, module in modules.items():
+        target = PACKAGE.parent.joinpath(*module.split("."))
+        runnable = (target / "__main__.py") if target.is_dir() else target.with_suffix(".py")
+        assert runnable.is_file(), f"{name} = {module!r} names no runnable module"
+        if runnable.name != "__main__.py":
+            assert 'if __name__ == "__main__":' in runnable.read_text(), f"{name} = {module!r} has no __main__ block"
+
+
+def test_module_names_are_unique_across_the_package():
+    names = [p.name for p in _modules() if p.name not in {"__init__.py", "__main__.py"}]
+    assert sorted(name for name in set(names) if names.count(name) > 1) == []
+
+
+def test_the_m_check_catches_a_spelled_out_module(tmp_path: Path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('argv = [sys.executable, "-m", "resilient_train.runner", "--job", path]\n')
+    assert _m_literals(bad) == ["bad.py:1 runs -m resilient_train.runner"]

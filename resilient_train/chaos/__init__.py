@@ -9,7 +9,7 @@ fenced writer. ``python -m resilient_train.chaos check`` applies the same
 invariants to any run directory. See the README section "Chaos testing".
 """
 
-from resilient_train.chaos.check import CheckResult, check_run
+from resilient_train.chaos.invariants import CheckResult, check_run
 from resilient_train.chaos.scenarios import CATALOGUE, ExternalFault, Scenario, StorageFaults, Trigger, WorkerFault
 
 __all__ = [

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{scenario.name.ljust(width)}  {'[ci] ' if scenario.ci else ''}{scenario.summary}")
         return 0
     if args.command == "check":
-        from resilient_train.chaos.check import check_run, is_parameter_server, render
+        from resilient_train.chaos.invariants import check_run, is_parameter_server, render
         from resilient_train.checkpoint import parse_storage_options
 
         if args.reference is None and not is_parameter_server(args.run_dir):

@@ -234,7 +234,7 @@ def corrupt_newest(url: str, rng: random.Random, storage_options: dict[str, Any]
     offset = rng.randrange(len(data))
     data[offset] ^= 0xFF
     fs.pipe_file(path, bytes(data))
-    from resilient_train.chaos.check import verify_storage
+    from resilient_train.chaos.invariants import verify_storage
 
     code, checkpoints, _ = verify_storage(url, storage_options)
     bad = [f"{c['global_step']}: {c['status']}: {c['detail']}" for c in checkpoints if c["status"] in ("torn", "corrupt")]

@@ -39,7 +39,7 @@ __all__ = [
 PARAMETER_SERVER = "parameter-server"  # Scenario.job's strategy for the ParameterServerStrategy tier
 # ranks: 0 coordinator, 1 ps, 2.. workers; 100 steps, so a kill after a commit lands mid-run
 PS_JOB = (("strategy", PARAMETER_SERVER), ("ps", 1), ("epochs", 2), ("steps_per_epoch", 50), ("save_every_steps", 10))
-HANG = "HANG"  # not a signal: the thread that pulls the fault sleeps forever (runner/faults.py)
+HANG = "HANG"  # not a signal: the thread that pulls the fault sleeps forever (runner/failures/faults.py)
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", HANG)
 KILL_POINTS = ("after_step", "before_commit", "after_commit", "raise")
 # input: the global_step-th batch the rank's input pipeline reads in its process (counting the

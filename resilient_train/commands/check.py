@@ -1,4 +1,4 @@
-"""``resilient-train check RECIPE``: is the recipe's input deterministic? (runner/check_input.py)"""
+"""``resilient-train check RECIPE``: is the recipe's input deterministic? (runner/input/check_input.py)"""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_parser(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from resilient_train.job.config import parse_set_pairs
     from resilient_train.job.recipe import check_recipe_source
-    from resilient_train.runner.check_input import check_command
+    from resilient_train.runner.input.check_input import check_command
 
     check_recipe_source(args.recipe)
     return check_command(args.recipe, seed=args.seed, params=parse_set_pairs(args.set),

@@ -2,7 +2,7 @@
 
 A run's *trajectory* is what it committed, step by step: the weights digest of every
 committed checkpoint (``weights_sha256``, model_state.py's one digest) and the digest of
-each epoch's first input batch (runner/determinism.py). Both are in the run dir's
+each epoch's first input batch (runner/input/determinism.py). Both are in the run dir's
 ``events.jsonl`` (``checkpoint_committed``'s ``weights_sha256``, ``input_digest``), which
 retention never deletes, and in each committed manifest, which it does. So A and B may be
 run dirs (their events; storage only for a run whose events predate those fields) or
@@ -35,7 +35,7 @@ from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, StorageErr
 __all__ = ["add_parser", "main", "Trajectory", "Divergence", "compare_trajectories", "load_trajectory",
            "format_text", "as_record", "diff_command"]
 
-_INPUT_DIGEST = "input_digest"  # the event and the manifest's extra key (runner/determinism.py)
+_INPUT_DIGEST = "input_digest"  # the event and the manifest's extra key (runner/input/determinism.py)
 
 
 def add_parser(subparsers: Any) -> None:

@@ -3,7 +3,7 @@
 The checkpoint (``--step``, default the newest committed) is fetched with every file
 hash-checked, restored into the recipe's model, and its weights digest must equal the
 manifest's ``weights_sha256`` before anything is written; the files themselves are written
-by ``runner/export.py`` ``export_model`` (the same writer as the chief's export at
+by ``runner/outputs/model_export.py`` ``export_model`` (the same writer as the chief's export at
 completion). Exit codes (errors.py): 0 exported, 1 the checkpoint is corrupt or does not
 fit the recipe, 2 nothing committed under URL, or no committed checkpoint at ``--step`` (one
 line listing the committed steps: a step ``--keep`` removed and one that never existed read
@@ -22,7 +22,7 @@ from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Checkpoint
 
 __all__ = ["add_parser", "main", "export_command", "committed_steps_text", "training_checkpoint", "read_checkpoint"]
 
-_FORMATS = ("keras", "saved_model")  # runner/export.py FORMATS, without importing numpy to build the parser
+_FORMATS = ("keras", "saved_model")  # runner/outputs/model_export.py FORMATS, without importing numpy to build the parser
 
 
 def add_parser(subparsers: Any) -> None:
@@ -67,8 +67,8 @@ def export_command(
     from resilient_train.checkpoint import CheckpointStore, Status
     from resilient_train.job.recipe import load_recipe, resolve_params
     from resilient_train.rundir import events
-    from resilient_train.runner.export import EXPORT_FILE, export_model
-    from resilient_train.runner.model_state import weight_paths
+    from resilient_train.runner.outputs.model_export import EXPORT_FILE, export_model
+    from resilient_train.runner.state.model_state import weight_paths
 
     events.configure(None, console=None)  # the store's progress events are not this command's output
     store = CheckpointStore(url, storage_options)
@@ -139,10 +139,10 @@ def training_checkpoint(recipe: Any, params: Mapping[str, Any]) -> tuple[Any, An
     """
     import tensorflow as tf
 
-    from resilient_train.runner.model_state import rng_state
+    from resilient_train.runner.state.model_state import rng_state
 
     model = _fresh_model(recipe, params)
-    # A compiled-model recipe's optimizer is the one compile() was given (runner/compiled.py).
+    # A compiled-model recipe's optimizer is the one compile() was given (runner/keras_recipes/compiled.py).
     optimizer = recipe.build_optimizer(dict(params)) if recipe.build_optimizer is not None else model.optimizer
     optimizer.build(model.trainable_variables)
     counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)

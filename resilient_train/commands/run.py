@@ -33,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
     if warning is not None:
         print(warning, file=sys.stderr)
     if job.strategy == "parameter-server":
-        from resilient_train.supervisor.ps import ParameterServerSupervisor
+        from resilient_train.supervisor.ps_supervisor import ParameterServerSupervisor
 
         return ParameterServerSupervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()
     return Supervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()

@@ -394,7 +394,7 @@ def deep_check(recipe: Any, params: Mapping[str, Any], manifest: Any, prefix: Pa
     """Restore the checkpoint at ``prefix`` into ``recipe``'s model and optimizer and compare
     it with its ``manifest``: variables, counters, weights digest."""
     from resilient_train.commands.export import read_checkpoint, training_checkpoint
-    from resilient_train.runner.model_state import weights_digest
+    from resilient_train.runner.state.model_state import weights_digest
 
     checkpoint, model, counters = training_checkpoint(recipe, params)
     expected = expected_layout(checkpoint)

@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from resilient_train.cluster.slurm import add_tf_config_arguments
+from resilient_train.cluster.slurm_env import add_tf_config_arguments
 from resilient_train.errors import ConfigError
 from resilient_train.job.config import add_job_arguments, job_from_args
 
@@ -26,7 +26,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from resilient_train.runner.worker import run
+    from resilient_train.runner.worker_main import run
 
     job = job_from_args(args)
     if job.strategy == "parameter-server":

@@ -82,14 +82,14 @@ class JobConfig:
     eval_steps: int | None = None  # None: the whole eval_dataset
     strict_resume: bool = False
     record_indices: bool = False  # indexed recipes: per-step index digests (rundir/stepindices.py)
-    max_iterator_state_bytes: int = 262144  # runner/iterator_state.py; 0: never save iterator state
+    max_iterator_state_bytes: int = 262144  # runner/input/iterator_state.py; 0: never save iterator state
     hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
     startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
     storage_timeout: float = 60.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
     collective_timeout: float | None = None  # seconds one collective may wait; None ("off"): no limit
     run_dir_mode: int | str = DEFAULT_RUN_DIR_MODE  # "0750" on the command line; an int once validated
     min_workers: int | None = None  # the fewest workers an elastic run goes on with; None: ``workers`` (not elastic)
-    strategy: str = "mirrored"  # or "parameter-server": coordinator + ps + workers (runner/ps.py)
+    strategy: str = "mirrored"  # or "parameter-server": coordinator + ps + workers (runner/ps_roles.py)
     ps: int = 1  # --strategy parameter-server: parameter server processes
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ Required functions::
     def dataset(input_context, epoch, seed) -> tf.data.Dataset  # per-replica batches (x, y) or (x, y, w)
 
 or, instead of ``dataset``, the indexed input contract (the runner builds the pipeline, its
-order and every worker's share; runner/indexed.py)::
+order and every worker's share; runner/input/indexed.py)::
 
     def num_examples(params) -> int
     def example(index, params) -> (x, y) or (x, y, w)  # tensors for int64 scalar `index`; traced
@@ -34,12 +34,12 @@ Optional::
 
 A compiled model: when ``build_model`` returns a model on which ``compile(optimizer=...,
 loss=..., metrics=[...])`` was called, ``build_optimizer``, ``loss`` and ``metrics`` are
-left out and taken from ``compile`` (runner/compiled.py says what is honoured). Here,
+left out and taken from ``compile`` (runner/keras_recipes/compiled.py says what is honoured). Here,
 without importing the recipe, the supervisor refuses what the runner cannot honour when
 it is written literally: a missing ``build_optimizer`` / ``loss`` with no ``.compile(``
 call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1 |
 loss_weights=... | weighted_metrics=...)``, a class overriding ``train_step``, and
-``BackupAndRestore`` (the runner backs up and restores; runner/callbacks.py).
+``BackupAndRestore`` (the runner backs up and restores; runner/keras_recipes/callbacks.py).
 
 ``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
 never shuffled into the training data. When a recipe defines it the runner evaluates the
@@ -64,10 +64,10 @@ mid-epoch re-entry by skipping batches):
 The runner resets TensorFlow's global seed from ``(seed, epoch)`` right before each
 ``dataset`` call (an unseeded ``shuffle()`` resumes exactly) and checks after a restore that
 the resumed epoch's first batch is the one recorded with the checkpoint
-(runner/determinism.py; ``resilient-train check RECIPE`` runs the same check up front).
+(runner/input/determinism.py; ``resilient-train check RECIPE`` runs the same check up front).
 
 A ``model.fit`` script: a file that defines neither ``build_model`` nor ``dataset`` and calls
-``.fit(`` once is run as a whole by the worker (runner/fitscript.py), with the runner's
+``.fit(`` once is run as a whole by the worker (runner/keras_recipes/fitscript.py), with the runner's
 strategy and training loop behind ``MultiWorkerMirroredStrategy()`` and ``Model.fit``.
 :func:`check_fit_script` refuses here, before workers start, the ``fit`` calls the runner
 cannot honour (:data:`FIT_REFUSED`, a missing ``steps_per_epoch``, two calls, a call in a loop).
@@ -111,7 +111,7 @@ _COMPILE_REFUSED = {
 }
 _TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 # Keras callbacks the runner refuses, and why: here, by name, before workers start when the
-# source names them (check_fit_script, _check_keras_usage); runner/callbacks.py refuses the
+# source names them (check_fit_script, _check_keras_usage); runner/keras_recipes/callbacks.py refuses the
 # imported objects with the same words.
 CALLBACKS_REFUSED = {
     "BackupAndRestore": "remove it: resilient-train already backs up and restores (input position and callback state included)",
@@ -120,7 +120,7 @@ CALLBACKS_REFUSED = {
     "SwapEMAWeights": "not supported yet (remove it)",
 }
 DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_steps")
-# fit() arguments a script may not pass, and why (runner/fitscript.py honours x, epochs,
+# fit() arguments a script may not pass, and why (runner/keras_recipes/fitscript.py honours x, epochs,
 # steps_per_epoch, callbacks, and ignores verbose and shuffle, as Keras does for a dataset).
 FIT_REFUSED = {
     "y": "fit on arrays needs a tf.data.Dataset: pass fit(dataset, ...) batched at the global batch size",
@@ -149,7 +149,7 @@ class Recipe:
     callbacks: Callable[[dict], Any] | None = None
     defaults: Mapping[str, int] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
-    num_examples: Callable[[dict], int] | None = None  # the indexed contract (runner/indexed.py)
+    num_examples: Callable[[dict], int] | None = None  # the indexed contract (runner/input/indexed.py)
     example: Callable[[Any, dict], Any] | None = None
     augment: Callable[[Any, Any], Any] | None = None
 
@@ -346,7 +346,7 @@ def _is_compile_call(node: ast.AST) -> bool:
 
 def _check_keras_usage(path: Path, tree: ast.Module, *, fit_line: int | None = None) -> None:
     """What the runner cannot honour, when the source says it literally (the worker checks
-    the imported recipe again: runner/compiled.py, runner/callbacks.py). ``fit_line``: the
+    the imported recipe again: runner/keras_recipes/compiled.py, runner/keras_recipes/callbacks.py). ``fit_line``: the
     script's fit() call, which a refused callback is named against."""
     for node in ast.walk(tree):
         name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None

@@ -172,7 +172,7 @@ class Recording:
     ``locate`` names the error file (attempt dir and rank) once TF_CONFIG is known; until
     then nothing has run. ``global_step`` reads the step for the file, ``diagnose`` may
     turn an unexpected exception into the recipe bug it is (a ``RecipeError`` with the
-    fix, runner/diagnose.py) or into the broken group it is, ``on_failure`` runs after an
+    fix, runner/failures/diagnose.py) or into the broken group it is, ``on_failure`` runs after an
     unexpected failure or a broken group was recorded (the chief lets its in-flight
     checkpoint commit). ``exit_code`` is the worker's exit
     code: the body sets it on success, :func:`recording` on an exception.

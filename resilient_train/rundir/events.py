@@ -32,7 +32,7 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
 * warm standby: standby_started, standby_ready, standby_lost, standby_disabled
 * outputs: model_exported, model_export_failed
 * Ray launcher: ray_connected, placement_ready, placement_lost, node_lost
-* script: script_output (a line the chief printed; runner/script_output.py)
+* script: script_output (a line the chief printed; runner/outputs/script_output.py)
 * also: attempt_incomplete (every worker exited 0 without a completed checkpoint)
 """
 

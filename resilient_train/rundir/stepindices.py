@@ -1,6 +1,6 @@
 """Per-step digests of the example indices a run trained on (``--record-indices``).
 
-With an indexed recipe (runner/indexed.py) and ``--record-indices``, every training step
+With an indexed recipe (runner/input/indexed.py) and ``--record-indices``, every training step
 all-gathers the example indices its replicas were fed (in replica order, which is rank
 order), and the chief appends one line per global step to
 ``attempt-<n>/step-indices.txt``::

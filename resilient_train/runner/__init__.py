@@ -2,4 +2,16 @@
 
 Independent of how it was launched: the local supervisor starts it, but so can Kubernetes,
 Slurm or Ray, as long as TF_CONFIG is set and the job's flags (or job file) are passed.
+
+The entry points and the training loop sit here; everything they use is grouped below::
+
+    __main__, worker_main    the worker process: argv/job file, TF_CONFIG, events, exit code
+    warm_standby             a process with TensorFlow imported, waiting for its worker argv
+    ps_roles                 the parameter-server tier's coordinator, servers and workers
+    loop, strategy, call_size  the custom training loop under MultiWorkerMirroredStrategy
+    input/                   per-epoch pipelines, re-entry, iterator state, batches, checks
+    state/                   checkpointers, the model's named state, the save schedule
+    keras_recipes/           compiled models, unchanged fit scripts, callbacks
+    outputs/                 evaluation, TensorBoard, export, the chief's print()
+    failures/                recipe errors explained, injected faults
 """

@@ -9,7 +9,7 @@ RECIPE ...``) and TF_CONFIG in the environment. Reads:
 
 Exit codes and which exception ends a worker with which: resilient_train/errors.py.
 Every exception that ends a worker is recorded in ``<attempt_dir>/error-<rank>.json`` for
-the supervisor's root-cause report (runner/worker.py, rundir/errorfile.py ``recording``).
+the supervisor's root-cause report (runner/worker_main.py, rundir/errorfile.py ``recording``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from resilient_train.runner.worker import exit_process, main
+from resilient_train.runner.worker_main import exit_process, main
 
 if __name__ == "__main__":
     exit_process(main(sys.argv[1:], environ=os.environ))

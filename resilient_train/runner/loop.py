@@ -12,17 +12,17 @@
 #    restorable checkpoint; the workers agree on the chief's choice with one all-reduce
 #    (so a worker that saw a different listing never trains from another step).
 # 4. Train epoch by epoch. The input of epoch e is rebuilt from (seed, e, shard) and
-#    positioned at step_in_epoch (runner/data.py: the recipe's start_step, else skip()),
+#    positioned at step_in_epoch (runner/input/data.py: the recipe's start_step, else skip()),
 #    so re-entering mid-epoch sees exactly the batches an uninterrupted run would have.
 # 5. Each tf.function call runs up to --steps-per-execution steps (_make_train_call; auto:
 #    the chief sizes calls to ~0.1 s, runner/call_size.py): per step ONE packed all-reduce
 #    besides the gradients' carries loss, metrics, the stop flag, the chief's time-based
 #    save vote and its size of the next call; the counters advance in-graph; the host
 #    reads one [steps, values] tensor per call. Everything else happens between calls:
-#    SavePolicy (runner/save_policy.py) ends a call at every step-count save point and at
+#    SavePolicy (runner/state/save_policy.py) ends a call at every step-count save point and at
 #    the epoch end, so the committed steps are the same for every N; stop agreement,
 #    progress (_Progress), step markers and fault hooks see call ends only.
-# 6. Saving: the Checkpointer chosen once at setup (runner/checkpointing.py) says how.
+# 6. Saving: the Checkpointer chosen once at setup (runner/state/checkpointing.py) says how.
 #    async (default): the chief snapshots into its twin and a background thread persists;
 #    other workers write nothing. sync: all workers write the tf.train.Checkpoint
 #    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
@@ -32,8 +32,8 @@
 #    all-reduce, so every worker stops after the same call, saves it (flushed) and
 #    returns None (the worker exits 143).
 #
-# Keras: a compiled model supplies optimizer, loss and metrics (runner/compiled.py); the
-# recipe's callbacks run at the points model.fit would call them (runner/callbacks.py) and
+# Keras: a compiled model supplies optimizer, loss and metrics (runner/keras_recipes/compiled.py); the
+# recipe's callbacks run at the points model.fit would call them (runner/keras_recipes/callbacks.py) and
 # their state is committed with every checkpoint as callbacks.json. With callbacks, an
 # epoch end evaluates first, then runs on_epoch_end (its logs carry val_*), agrees on
 # model.stop_training with one all-reduce, then saves (so the saved callback state has
@@ -65,7 +65,7 @@ from resilient_train.errors import CheckpointIncompatibleError, RecipeError
 from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.checkpointing import (
+from resilient_train.runner.state.checkpointing import (
     AsyncCheckpointer,
     BackgroundCheckpointer,
     Checkpointer,
@@ -76,15 +76,15 @@ from resilient_train.runner.checkpointing import (
     persist_twin,
     twin_rng_state,
 )
-from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
+from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch
 from resilient_train.runner.call_size import CallSizer
-from resilient_train.runner.callbacks import STATE_FILE, CallbackRunner
-from resilient_train.runner.compiled import from_compiled, is_compiled
-from resilient_train.runner.data import epoch_dataset, record_first_batch
-from resilient_train.runner.evaluation import Evaluator
-from resilient_train.runner.determinism import InputCheck
-from resilient_train.runner.faults import FaultPlan
-from resilient_train.runner.iterator_state import (
+from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
+from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
+from resilient_train.runner.input.data import epoch_dataset, record_first_batch
+from resilient_train.runner.outputs.evaluation import Evaluator
+from resilient_train.runner.input.determinism import InputCheck
+from resilient_train.runner.failures.faults import FaultPlan
+from resilient_train.runner.input.iterator_state import (
     EXTRA_KEY as ITERATOR_STATE_KEY,
     ITERATOR_STATE,
     SKIP,
@@ -93,8 +93,8 @@ from resilient_train.runner.iterator_state import (
     serialize_iterator,
     state_file,
 )
-from resilient_train.runner.save_policy import SavePolicy
-from resilient_train.runner.teardown import IteratorReaper
+from resilient_train.runner.state.save_policy import SavePolicy
+from resilient_train.runner.input.teardown import IteratorReaper
 from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
@@ -106,13 +106,13 @@ from resilient_train.rundir.stepmarker import (
     StepMarker,
 )
 from resilient_train.rundir.layout import AttemptDir
-from resilient_train.runner.tensorboard import TensorBoardLog
+from resilient_train.runner.outputs.tensorboard import TensorBoardLog
 from resilient_train.rundir.stepindices import StepIndexLog
-from resilient_train.runner.model_state import rng_state, weights_digest
+from resilient_train.runner.state.model_state import rng_state, weights_digest
 
 __all__ = ["Trainer", "TrainResult"]
 
-# The world_size_changed event's note, by input contract (runner/indexed.py for the first).
+# The world_size_changed event's note, by input contract (runner/input/indexed.py for the first).
 _RESIZE_NOTE_DATASET = ("resuming is sound but the input sharding differs, so weights will not be bit-identical "
                         "to an uninterrupted run")
 _RESIZE_NOTE_INDEXED = ("every global step trains on the same examples as an uninterrupted run (indexed input); "
@@ -176,9 +176,9 @@ class Trainer:
         strategy: tf.distribute.Strategy | None = None,
         input_source: Callable[[int, int], Any] | None = None,
     ) -> None:
-        """``strategy``: one made already (a fit script's, runner/fitscript.py), else made here.
+        """``strategy``: one made already (a fit script's, runner/keras_recipes/fitscript.py), else made here.
         ``input_source(epoch, start)``: the iterator to train epoch ``epoch`` from step
-        ``start`` on, in place of the recipe's per-epoch ``dataset`` (runner/data.py)."""
+        ``start`` on, in place of the recipe's per-epoch ``dataset`` (runner/input/data.py)."""
         self.job = job
         self._given_strategy = strategy
         self._input_source = input_source
@@ -199,10 +199,10 @@ class Trainer:
         self._stop_noticed = False
         self._stop_agreed = False
         # True from a fresh start (no checkpoint) until this process's first call of steps
-        # finished: a failure in between is the job's bug, not a fault (runner/diagnose.py).
+        # finished: a failure in between is the job's bug, not a fault (runner/failures/diagnose.py).
         self.untrained_fresh_start = False
         self._stopped_input: Any = None  # the epoch's iterator when a stop left it mid-epoch
-        # Finished epochs' iterators are torn down off the training thread (runner/teardown.py).
+        # Finished epochs' iterators are torn down off the training thread (runner/input/teardown.py).
         self._reaper = IteratorReaper(on_wait=self._teardown_waited, on_teardown=_report_teardown)
         self._last_saved: int | None = None
         self._stopped = False  # a callback set model.stop_training (agreed by every worker)
@@ -270,9 +270,9 @@ class Trainer:
         if self._evaluator is not None:
             self._evaluator.retire = lambda iterator: self._reaper.retire(iterator, ("eval", int(self.epoch.numpy())))
         self._callbacks = self._make_callbacks()
-        # How a resumed epoch is re-entered (runner/iterator_state.py); iterator_state may
+        # How a resumed epoch is re-entered (runner/input/iterator_state.py); iterator_state may
         # turn into skip at the first mid-epoch save, when the state is measured too large.
-        if self._input_source is not None:  # a fit script's one iterator (runner/fitscript.py)
+        if self._input_source is not None:  # a fit script's one iterator (runner/keras_recipes/fitscript.py)
             self._reentry, self._reentry_reason = SKIP, "a fit script's input skips to the position"
         else:
             self._reentry, self._reentry_reason = reentry_path(
@@ -311,7 +311,7 @@ class Trainer:
     def _make_checkpointer(self) -> Checkpointer:
         """HOW this worker saves, decided once. async: the chief (and every worker only if
         the model has sync-on-read variables, whose read is a collective) keeps a twin of
-        the saved state (runner/checkpointing.py); other workers write nothing."""
+        the saved state (runner/state/checkpointing.py); other workers write nothing."""
         if self.job.checkpoint_mode == "sync":
             return SyncCheckpointer(
                 self.checkpoint,
@@ -380,7 +380,7 @@ class Trainer:
         indexed, record = recipe.indexed, self._record_indices
 
         def step_fn(element, flags):
-            # An indexed pipeline yields (batch, example indices): runner/indexed.py.
+            # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
             with tf.GradientTape() as tape:
@@ -423,7 +423,7 @@ class Trainer:
                 rows = rows.write(i, row)
                 # Step by step, each after its step's result: a call that fails part-way
                 # (e.g. the dataset ran out) leaves the counters at the last finished step,
-                # which is what the failure report reads (runner/diagnose.py).
+                # which is what the failure report reads (runner/failures/diagnose.py).
                 with tf.control_dependencies([row]):
                     self.global_step.assign_add(1)
                     self.step_in_epoch.assign_add(1)
@@ -661,7 +661,7 @@ class Trainer:
         ended = self._train_steps(iterator, epoch, start, progress)
         if ended and not self._stop_agreed:
             # Its teardown blocked the training thread for tens of seconds at epoch ends
-            # (runner/teardown.py): the reaper thread drops it while the next epoch trains.
+            # (runner/input/teardown.py): the reaper thread drops it while the next epoch trains.
             self._iterator = None
             self._reaper.retire(iterator, ("train", epoch))
         else:
@@ -725,7 +725,7 @@ class Trainer:
     def _record_next_input(self, epoch: int) -> None:
         """The chief hashes epoch ``epoch``'s first batch before the epoch-end save, so that
         checkpoint (the one a resume at this boundary restores) carries it for the resume
-        check (runner/determinism.py). It replaces the hash :func:`epoch_dataset` would take
+        check (runner/input/determinism.py). It replaces the hash :func:`epoch_dataset` would take
         on entering the epoch: one first-batch build per epoch either way.
 
         Not for a fit script's input (the runner does not build it), and not when a stop was
@@ -884,7 +884,7 @@ class _Progress:
 def _report_teardown(label: tuple[str, int], seconds: float) -> None:
     """On the reaper thread: a finished epoch's input (``("train", epoch)``) or an
     evaluation's (``("eval", epochs done)``) took ``seconds`` to tear down; only the slow
-    ones are reported (runner/teardown.py)."""
+    ones are reported (runner/input/teardown.py)."""
     if seconds >= _SLOW_TEARDOWN_S:
         emit("input_torn_down", input=label[0], epoch=label[1], seconds=round(seconds, 3))
 

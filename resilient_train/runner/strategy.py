@@ -7,7 +7,7 @@ against a group that is alive but stuck. Inside the worker, TensorFlow offers tw
   service on the chief; a task that misses them for ``HEARTBEAT_TIMEOUT_S`` (a frozen
   process, a partitioned host) is declared dead and every survivor's collectives are
   aborted (``UnavailableError``), which the worker maps to ``EXIT_GROUP_BROKEN``
-  (runner/diagnose.py). We pin the timeout rather than inherit TensorFlow's default, and
+  (runner/failures/diagnose.py). We pin the timeout rather than inherit TensorFlow's default, and
   bound the cluster *registration* by ``--startup-timeout`` with a barrier: every task
   waits there for all the others and fails (``DeadlineExceededError``, exit 4) when one
   never registers, instead of waiting an hour in TensorFlow's device propagation. Both are
@@ -45,7 +45,7 @@ __all__ = ["make_strategy", "HEARTBEAT_TIMEOUT_S"]
 HEARTBEAT_TIMEOUT_S = 10.0
 
 _COORDINATED_JOBS = ("chief", "worker")
-# Bound at import: a fit script's seam replaces tf.distribute's name (runner/fitscript.py).
+# Bound at import: a fit script's seam replaces tf.distribute's name (runner/keras_recipes/fitscript.py).
 _MULTI_WORKER_MIRRORED = tf.distribute.MultiWorkerMirroredStrategy
 
 

@@ -11,7 +11,7 @@ None, hidden. Hidden events are evidence for tools and developers (``iterator_st
 as the ``HH:MM:SS event key=value ...`` line of :func:`~resilient_train.rundir.events.render_line`,
 and an event missing from the table is shown that way too until someone decides for it.
 
-``script_output`` (a line the chief printed: runner/script_output.py) is the one event shown
+``script_output`` (a line the chief printed: runner/outputs/script_output.py) is the one event shown
 as itself, without a clock, so a script's ``print`` reads on the console as under plain Keras.
 
 ``train_progress`` is not a line but the progress display: the whole run's position,

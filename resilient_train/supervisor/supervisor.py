@@ -13,7 +13,7 @@ workers restore the last committed checkpoint.
 #   STARTING   pick free loopback ports, write attempt-<n>/job.json (credentials as ***),
 #              start N workers with TF_CONFIG and the WorkerEnvironment (attempt, run id,
 #              generation, the credentials as RT_STORAGE_SECRETS): a warm
-#              standby from the StandbyPool (supervisor/standby.py: TensorFlow already
+#              standby from the StandbyPool (supervisor/standby_pool.py: TensorFlow already
 #              imported) where one is alive, else a cold spawn; each worker gets the Linux
 #              parent-death signal so it can never outlive a SIGKILLed supervisor.
 #              A RestartNotPlacedError (no placement) -> FAILED.
@@ -401,7 +401,7 @@ class Supervisor:
 
     def _watched(self) -> list[Worker]:
         """The workers whose step and phase markers the hang watchdog reads: all of them
-        here; the parameter-server tier's coordinator only (supervisor/ps.py)."""
+        here; the parameter-server tier's coordinator only (supervisor/ps_supervisor.py)."""
         return self.workers
 
     def _step_hung(self) -> None:
@@ -828,7 +828,7 @@ class Supervisor:
         if manifest is None or not manifest.extra.get("completed"):
             return None
         if self.job.epochs is not None and manifest.epoch < self.job.epochs and not manifest.extra.get("stopped_early"):
-            return None  # stopped_early: a callback ended training (runner/callbacks.py), e.g. EarlyStopping
+            return None  # stopped_early: a callback ended training (runner/keras_recipes/callbacks.py), e.g. EarlyStopping
         if manifest.extra.get("recipe") != recipe_name(self.job.recipe):
             return None  # another recipe's checkpoint: let the workers report the mismatch
         return manifest

@@ -1,4 +1,4 @@
-"""resilient_train.chaos.check on hand-built run directories: each invariant, passing and violated."""
+"""resilient_train.chaos.invariants on hand-built run directories: each invariant, passing and violated."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from resilient_train.chaos.check import check_run, inner_storage_url, load_events
+from resilient_train.chaos.invariants import check_run, inner_storage_url, load_events
 from resilient_train.checkpoint import CheckpointStore
 
 DIGEST = "ab" * 32

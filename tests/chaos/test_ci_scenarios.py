@@ -1,4 +1,4 @@
-"""The CI subset: real 2-worker jobs under real faults, checked by resilient_train.chaos.check.
+"""The CI subset: real 2-worker jobs under real faults, checked by resilient_train.chaos.invariants.
 
 One reference run (cached for the session) and two scenarios on the small
 linear-regression recipe, all with a checkpoint every step so they share the reference:

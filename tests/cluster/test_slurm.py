@@ -1,11 +1,11 @@
-"""resilient_train/cluster/slurm.py: hostlist expansion and TF_CONFIG by SlurmClusterResolver's rules."""
+"""resilient_train/cluster/slurm_env.py: hostlist expansion and TF_CONFIG by SlurmClusterResolver's rules."""
 
 import json
 
 import pytest
 
 from resilient_train.errors import ConfigError
-from resilient_train.cluster.slurm import (
+from resilient_train.cluster.slurm_env import (
     compress_hostlist,
     environ_with_tf_config,
     expand_hostlist,
@@ -113,7 +113,7 @@ def test_environ_with_tf_config():
 
 
 def test_worker_reports_slurm_config_error_in_one_line(capsys):
-    from resilient_train.runner.worker import main
+    from resilient_train.runner.worker_main import main
 
     code = main(["recipes/linear_regression.py", "--tf-config-from", "slurm"], environ={})
     assert code == 2

@@ -10,7 +10,7 @@ from resilient_train.errors import EXIT_USAGE
 
 def test_export_formats_match_the_writer() -> None:
     from resilient_train.commands.export import _FORMATS
-    from resilient_train.runner.export import FORMATS
+    from resilient_train.runner.outputs.model_export import FORMATS
 
     assert _FORMATS == FORMATS
 

@@ -19,7 +19,7 @@ from resilient_train.commands.export import training_checkpoint
 from resilient_train.commands.verify import DeepOptions, Slot, compare_layouts, verify_command
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from resilient_train.job.recipe import load_recipe
-from resilient_train.runner.model_state import weights_digest
+from resilient_train.runner.state.model_state import weights_digest
 
 from tests.integration.harness import REPO, recipe_variant
 from tests.support.storage import Backend

@@ -1,7 +1,7 @@
 """Epoch ends do not wait for TensorFlow's teardown of the finished epoch's input.
 
 tests/recipes/slow_teardown.py's pipeline takes 12 s to tear down at every epoch end (its
-generator's cleanup), as a long epoch's tf.data pipeline took 20-60 s on the digits demo. Before runner/teardown.py the training thread sat in that teardown at
+generator's cleanup), as a long epoch's tf.data pipeline took 20-60 s on the digits demo. Before runner/input/teardown.py the training thread sat in that teardown at
 every epoch end; now the worker's reaper thread does it while the next epoch trains.
 """
 

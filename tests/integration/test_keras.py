@@ -27,7 +27,7 @@ import pytest
 from resilient_train.checkpoint.store import CheckpointStore
 from resilient_train.errors import EXIT_PREEMPTED
 from resilient_train.rundir.layout import CHECKPOINTS
-from resilient_train.runner.callbacks import STATE_FILE
+from resilient_train.runner.keras_recipes.callbacks import STATE_FILE
 from tests.integration.harness import run_job, run_job_until
 
 KERAS = "recipes/digits_keras.py"

@@ -6,7 +6,7 @@ each epoch's loss is one step's loss). Run as plain Keras (``FIT_PLAIN=1``, the 
 strategy, the same virtualenv) it is the reference; under resilient-train on ONE worker its
 per-step losses and accuracies must be the same floats: exactly, because with one worker the
 step computes the same float32 ops in the same order (the all-reduce of one replica adds
-nothing), and the runner's per-example losses are Keras' own (runner/compiled.py). Measured:
+nothing), and the runner's per-example losses are Keras' own (runner/keras_recipes/compiled.py). Measured:
 bit-identical. A float32 tolerance would hide a changed loss (a rank mismatch broadcasting
 (N,) against (N, 1) gives a loss that still trains, only wrong).
 
@@ -106,7 +106,7 @@ def test_a_tensorboard_callback_gets_the_runners_scalars_in_its_log_dir(tmp_path
     (relative: to the directory the script runs from, as CSVLogger's, docs/keras.md "Where
     files go") holds the scalars of the run dir's tensorboard/, one per step, and nothing of
     the callback's own (no train/ subdirectory)."""
-    from resilient_train.runner.tensorboard import read_scalars
+    from resilient_train.runner.outputs.tensorboard import read_scalars
 
     job, out = run_script(tmp_path, "tensorboard", env={"FIT_TENSORBOARD": "tb_logs"}, from_out=True,
                           faults=[{"point": "raise", "global_step": 3, "rank": 0}])

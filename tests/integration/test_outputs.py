@@ -56,7 +56,7 @@ def test_evaluation_after_a_kill_equals_the_uninterrupted_run(killed_run, digits
 
 
 def test_tensorboard_steps_after_a_kill_are_each_written_once(killed_run, digits_reference_run):
-    from resilient_train.runner.tensorboard import read_scalars
+    from resilient_train.runner.outputs.tensorboard import read_scalars
 
     restored = killed_run.named("restored")[0]["global_step"]
     dead_reached = max(e["global_step"] for e in killed_run.named("train_progress") if e["attempt"] == 1)
@@ -81,7 +81,7 @@ def test_exported_model_matches_the_checkpoint_and_predicts_like_it(killed_run, 
 
     from resilient_train.checkpoint import CheckpointStore
 
-    from resilient_train.runner.export import exported_weights_sha256
+    from resilient_train.runner.outputs.model_export import exported_weights_sha256
     from resilient_train.job.recipe import load_recipe
 
     model_dir = killed_run.run_dir / "model"

@@ -2,7 +2,7 @@
 
 tests/recipes/input_bound.py positions its dataset itself (``start_step``); its twin
 input_bound_skip.py does not, so the runner restores each worker's saved tf.data iterator
-state (runner/iterator_state.py), or, with ``--max-iterator-state-bytes 0``, skip()s. All
+state (runner/input/iterator_state.py), or, with ``--max-iterator-state-bytes 0``, skip()s. All
 must resume bit-exactly after a kill mid-epoch, and the path named must really have been taken.
 """
 
@@ -42,7 +42,7 @@ def test_start_step_recipe_resumes_mid_epoch_exactly(tmp_path, input_bound_refer
     assert [(r["global_step"], r["epoch"], r["step_in_epoch"]) for r in restored] == [(8, 0, 8)]
     # Attempt 2 re-enters epoch 0 at 8 on both workers through start_step. Every other
     # call starts an epoch at 0: both workers' epoch 0 of attempt 1 and epoch 1 of attempt
-    # 2, the chief's resume-check build of each epoch it enters (runner/determinism.py), and
+    # 2, the chief's resume-check build of each epoch it enters (runner/input/determinism.py), and
     # perhaps attempt 1's non-chief entering epoch 1 before the supervisor stops it (it
     # needs no collective to build its input), so how many of those is timing, not asserted.
     starts = start_positions(log)
@@ -89,7 +89,7 @@ def test_iterator_state_path_trains_to_the_distributed_iterators_weights(tmp_pat
     # Uninterrupted, 2 workers: each worker iterates its own pipeline as a plain tf.data
     # iterator from step 1; the reference feeds the same batches through MWMS's distributed
     # iterator (and test_recipe_without_start_step_is_skipped_to_the_same_weights pins this
-    # recipe on that path to it). Before runner/data.py relaxed the plain iterator's batch
+    # recipe on that path to it). Before runner/input/data.py relaxed the plain iterator's batch
     # dimension as the distributed one does, the weights differed in the last bits.
     job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS)
     assert job.returncode == 0, job.output

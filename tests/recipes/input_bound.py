@@ -4,7 +4,7 @@ Each example is a synthetic 256x256 RGB image (stateless random, a pure function
 (seed, epoch, shard, batch index)), blurred and resized to 16x16 before a small model sees
 it: producing a batch costs far more than training on it. ``dataset`` accepts
 ``start_step`` and starts its index range there, BEFORE the expensive ``map``, so resuming
-at batch k of an epoch costs one batch, not k (runner/data.py). tests/recipes/input_bound_skip.py is the same recipe without
+at batch k of an epoch costs one batch, not k (runner/input/data.py). tests/recipes/input_bound_skip.py is the same recipe without
 ``start_step``: the runner ``skip()``s instead (the same batches, the old cost).
 ``start_log``: a file each dataset() call appends "<epoch> <start_step>" to (tests check
 which path ran).

@@ -3,7 +3,7 @@
 Each example is a synthetic 256x256 RGB image (stateless random, a pure function of the
 example's index), blurred and resized to 16x16 before the same small model sees it:
 producing a batch costs far more than training on it. The runner builds the pipeline
-(runner/indexed.py) and starts it at the re-entry step, so re-entering at step k of an
+(runner/input/indexed.py) and starts it at the re-entry step, so re-entering at step k of an
 epoch costs one batch, not k, without the recipe writing ``start_step``.
 """
 

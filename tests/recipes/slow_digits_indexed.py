@@ -1,7 +1,7 @@
 """recipes/digits_indexed.py paced: the example at each global batch's first position waits
 0.3 s before its augmentation.
 
-Position ``P`` is the second half of ``augment``'s seed (runner/indexed.py), so exactly one
+Position ``P`` is the second half of ``augment``'s seed (runner/input/indexed.py), so exactly one
 example of every global step waits, on whichever worker holds it, at any worker count; the
 others wait for it at the step's all-reduce. The wait changes no value, so this recipe's
 weights and per-step index digests equal digits_indexed's; it only gives tests that resize

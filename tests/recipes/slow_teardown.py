@@ -4,7 +4,7 @@ Every epoch's batches are zipped with a ``from_generator`` stream of ticks whose
 generator, once it has fed the whole epoch (``steps_per_epoch`` ticks), sleeps
 ``teardown_delay_s`` when it is closed. TensorFlow closes it while it tears the iterator
 down, in the thread that drops the iterator: a deterministic stand-in for the tens of
-seconds a long epoch's pipeline took to tear down on the digits demo (runner/teardown.py).
+seconds a long epoch's pipeline took to tear down on the digits demo (runner/input/teardown.py).
 A pipeline read only briefly (the resume check's first batch) closes at once. The values
 trained on are digits_cnn's, bit for bit.
 """

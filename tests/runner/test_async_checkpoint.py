@@ -28,7 +28,7 @@ from resilient_train.checkpoint import CheckpointStore  # noqa: E402
 from resilient_train.job.config import JobConfig  # noqa: E402
 from resilient_train.errors import ConfigError, StorageError  # noqa: E402
 from resilient_train.job.recipe import load_recipe  # noqa: E402
-from resilient_train.runner.checkpointing import (  # noqa: E402
+from resilient_train.runner.state.checkpointing import (  # noqa: E402
     AsyncCheckpointer,
     SaveRequest,
     TwinState,
@@ -36,8 +36,8 @@ from resilient_train.runner.checkpointing import (  # noqa: E402
     persist_twin,
     twin_rng_state,
 )
-from resilient_train.runner.faults import FaultPlan  # noqa: E402
-from resilient_train.runner.model_state import weights_digest  # noqa: E402
+from resilient_train.runner.failures.faults import FaultPlan  # noqa: E402
+from resilient_train.runner.state.model_state import weights_digest  # noqa: E402
 
 RECIPE = load_recipe(str(Path(__file__).resolve().parents[2] / "recipes" / "digits_cnn.py"))
 PARAMS = dict(RECIPE.params)

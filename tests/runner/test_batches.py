@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.batches import average_loss, per_example_loss, unpack_batch
+from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch
 
 
 def recipe_with_loss(loss):

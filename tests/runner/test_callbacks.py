@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from resilient_train.errors import CheckpointIncompatibleError, RecipeError
-from resilient_train.runner.callbacks import CallbackRunner, decode_state, encode_state
+from resilient_train.runner.keras_recipes.callbacks import CallbackRunner, decode_state, encode_state
 
 
 class Process:

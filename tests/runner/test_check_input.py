@@ -32,7 +32,7 @@ def test_numpy_global_random_input_is_deterministic(capsys, tmp_path):
 
 def test_input_from_fresh_entropy_is_reported(capsys, tmp_path):
     # np.random.permutation (the global generator) is reseeded per epoch like TensorFlow's
-    # seed (runner/determinism.py); a generator with its own entropy is not.
+    # seed (runner/input/determinism.py); a generator with its own entropy is not.
     recipe = variant(tmp_path, "ds = tf.data.Dataset.from_tensor_slices((features, labels))",
                      "order = np.random.default_rng().permutation(24)\n"
                      "    ds = tf.data.Dataset.from_tensor_slices((features[order], labels[order]))")

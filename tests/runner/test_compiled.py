@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.compiled import from_compiled, is_compiled
+from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
 
 LABELS = tf.constant([0, 1, 2, 1], tf.int64)
 LOGITS = tf.constant([[3.0, 0.0, 0.0], [0.0, 2.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 5.0]])

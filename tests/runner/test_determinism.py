@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import load_recipe
-from resilient_train.runner.data import epoch_dataset, record_first_batch
-from resilient_train.runner.determinism import InputCheck, batch_digest, first_batch_digest, seed_input_rng
+from resilient_train.runner.input.data import epoch_dataset, record_first_batch
+from resilient_train.runner.input.determinism import InputCheck, batch_digest, first_batch_digest, seed_input_rng
 
 LINEAR = str(Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py")
 
@@ -46,7 +46,7 @@ def test_seeding_makes_numpy_and_python_global_draws_a_function_of_seed_and_epoc
 
 def test_the_digest_recorded_ahead_of_an_epoch_is_the_one_entering_it_takes(monkeypatch):
     emitted = []
-    monkeypatch.setattr("resilient_train.runner.determinism.emit", lambda name, **f: emitted.append((name, f)))
+    monkeypatch.setattr("resilient_train.runner.input.determinism.emit", lambda name, **f: emitted.append((name, f)))
     recipe, params = load_recipe(LINEAR), {"learning_rate": 0.05, "fail_at_step": -1}
     strategy = tf.distribute.get_strategy()  # one input pipeline, one replica
     shape = dict(seed=0, steps_per_epoch=10, global_batch_size=4, params=params)
@@ -71,7 +71,7 @@ def test_batch_digest_covers_values_and_structure():
 
 def test_a_checkpoint_records_the_digest_of_its_epoch_only(monkeypatch):
     emitted = []
-    monkeypatch.setattr("resilient_train.runner.determinism.emit", lambda name, **f: emitted.append((name, f)))
+    monkeypatch.setattr("resilient_train.runner.input.determinism.emit", lambda name, **f: emitted.append((name, f)))
     check = InputCheck()
     check.observe(0, "a" * 64)
     check.observe(1, None)  # an empty epoch has no first batch and no event
@@ -82,7 +82,7 @@ def test_a_checkpoint_records_the_digest_of_its_epoch_only(monkeypatch):
 
 def test_same_digest_after_restore_is_silent_and_a_different_one_is_reported(capsys, monkeypatch):
     emitted = []
-    monkeypatch.setattr("resilient_train.runner.determinism.emit", lambda name, **f: emitted.append((name, f)))
+    monkeypatch.setattr("resilient_train.runner.input.determinism.emit", lambda name, **f: emitted.append((name, f)))
     extra = {"input_digest": {"epoch": 1, "sha256": "a" * 64}}
     check = InputCheck(recipe_name="r")
     check.expect(extra, checkpoint="ckpt-000000000015", same_world_size=True)

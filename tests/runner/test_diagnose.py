@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from resilient_train.errors import EXIT_FATAL, EXIT_GROUP_BROKEN, GroupBrokenError, RecipeError, exit_code_for
-from resilient_train.runner.diagnose import explain, group_broken
+from resilient_train.runner.failures.diagnose import explain, group_broken
 
 
 class Counter:

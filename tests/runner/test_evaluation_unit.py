@@ -8,7 +8,7 @@ from resilient_train.job.recipe import Recipe
 from resilient_train.supervisor.console import render_event
 
 pytest.importorskip("tensorflow")
-from resilient_train.runner.evaluation import Validation, eval_every_epochs  # noqa: E402
+from resilient_train.runner.outputs.evaluation import Validation, eval_every_epochs  # noqa: E402
 
 
 def recipe(with_eval: bool) -> Recipe:

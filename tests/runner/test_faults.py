@@ -12,13 +12,13 @@ import textwrap
 
 import pytest
 
-from resilient_train.runner.faults import FaultPlan, input_gate
+from resilient_train.runner.failures.faults import FaultPlan, input_gate
 from tests.integration.harness import wait_until_stopped
 
 HIT_TWICE = textwrap.dedent(
     """
     import os
-    from resilient_train.runner.faults import FaultPlan, input_gate
+    from resilient_train.runner.failures.faults import FaultPlan, input_gate
     plan = FaultPlan.from_env(os.environ, rank=0, attempt=1)
     print("before", flush=True)
     plan.hit("mid_upload", 8)   # stops here until SIGCONT
@@ -52,7 +52,7 @@ def test_an_unknown_signal_name_is_refused():
 HANG_AFTER_3 = textwrap.dedent(
     """
     import os
-    from resilient_train.runner.faults import input_gate
+    from resilient_train.runner.failures.faults import input_gate
     read_batch = input_gate(os.environ, rank=1)
     for batch in range(1, 10):
         read_batch()
@@ -96,7 +96,7 @@ def test_hang_is_accepted_as_a_pseudo_signal_and_named_in_the_refusal():
 def test_a_before_join_fault_makes_its_rank_probe_closed_ports_and_fail_naming_the_address(monkeypatch):
     # The probe itself and its PeerUnreachableError: tests/integration/test_group_broken.py.
     from resilient_train.cluster.tf_config import build_tf_config, parse_tf_config
-    from resilient_train.runner import worker
+    from resilient_train.runner import worker_main
 
     fault = [{"point": "before_join", "global_step": 0, "rank": 1, "attempt": 1}]
     environ = {"RT_FAULTS": json.dumps(fault)}
@@ -105,11 +105,11 @@ def test_a_before_join_fault_makes_its_rank_probe_closed_ports_and_fail_naming_t
     plan = FaultPlan.from_env(environ, rank=1, attempt=1)
     assert (plan.take("before_join", 0), plan.take("before_join", 0)) == (True, False)  # once
 
-    monkeypatch.setattr(worker, "free_ports", lambda n: [4999, 5999][:n])
+    monkeypatch.setattr(worker_main, "free_ports", lambda n: [4999, 5999][:n])
     probed = []
-    monkeypatch.setattr(worker, "wait_for_peers",
+    monkeypatch.setattr(worker_main, "wait_for_peers",
                         lambda addresses, rank, timeout_s: probed.append((list(addresses), rank, timeout_s)))
     cluster = parse_tf_config(json.dumps(build_tf_config(["10.0.0.1:2222", "10.0.0.2:2222"], 1)))
-    worker._reach_peers(cluster, 30, unreachable=True).close()
-    worker._reach_peers(cluster, 30).close()
+    worker_main._reach_peers(cluster, 30, unreachable=True).close()
+    worker_main._reach_peers(cluster, 30).close()
     assert probed == [(["127.0.0.1:4999", "10.0.0.2:2222"], 1, 15.0), (["10.0.0.1:2222", "10.0.0.2:2222"], 1, 15.0)]

@@ -8,7 +8,7 @@ import tensorflow as tf
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.errors import RecipeError
 from resilient_train.job.config import JobConfig
-from resilient_train.runner.fitscript import ContinuousInput, FitScript, _worker_slices
+from resilient_train.runner.keras_recipes.fitscript import ContinuousInput, FitScript, _worker_slices
 
 
 def global_batches(count=6, batch=4):
@@ -87,7 +87,7 @@ def test_the_async_checkpoints_twin_of_a_script_model_has_its_own_variables():
     the snapshot a no-op and the background write read variables training is updating."""
     import keras
 
-    from resilient_train.runner.fitscript import model_then_twins
+    from resilient_train.runner.keras_recipes.fitscript import model_then_twins
 
     model = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.25, momentum=0.5), loss="mse")
@@ -106,7 +106,7 @@ def test_the_async_checkpoints_twin_of_a_script_model_has_its_own_variables():
 def test_a_script_model_keras_cannot_clone_is_refused_naming_the_sync_mode():
     import keras
 
-    from resilient_train.runner.fitscript import model_then_twins
+    from resilient_train.runner.keras_recipes.fitscript import model_then_twins
 
     class Subclassed(keras.Model):
         def __init__(self):

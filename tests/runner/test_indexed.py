@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.indexed import IndexPlan, example_indices, indexed_dataset
+from resilient_train.runner.input.indexed import IndexPlan, example_indices, indexed_dataset
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4, 8])

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resilient_train.runner.data import _with_dynamic_batch
-from resilient_train.runner.iterator_state import restore_iterator, serialize_iterator
+from resilient_train.runner.input.data import _with_dynamic_batch
+from resilient_train.runner.input.iterator_state import restore_iterator, serialize_iterator
 
 
 def _pipeline():

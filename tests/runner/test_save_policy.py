@@ -2,7 +2,7 @@
 
 import pytest
 
-from resilient_train.runner.save_policy import SavePolicy
+from resilient_train.runner.state.save_policy import SavePolicy
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ import sys
 import threading
 
 from resilient_train.rundir import events
-from resilient_train.runner.script_output import EVENT, LineTee, tee_stdout
+from resilient_train.runner.outputs.script_output import EVENT, LineTee, tee_stdout
 
 
 def make_tee():

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from resilient_train.runner.teardown import IteratorReaper
+from resilient_train.runner.input.teardown import IteratorReaper
 
 
 class SlowTeardown:

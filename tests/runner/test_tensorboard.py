@@ -3,7 +3,7 @@
 import pytest
 
 pytest.importorskip("tensorflow")
-from resilient_train.runner.tensorboard import TensorBoardLog, read_scalars, truncate_event_files  # noqa: E402
+from resilient_train.runner.outputs.tensorboard import TensorBoardLog, read_scalars, truncate_event_files  # noqa: E402
 
 
 def progress(step, loss):

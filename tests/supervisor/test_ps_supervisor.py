@@ -1,4 +1,4 @@
-"""The parameter-server supervisor's per-role handling, driven through its seams (supervisor/ps.py).
+"""The parameter-server supervisor's per-role handling, driven through its seams (supervisor/ps_supervisor.py).
 
 Fake processes, clock and sleep from test_supervisor_loop.py; ranks are 0 coordinator,
 1 ps, 2..3 workers (cluster/ps_cluster.py).
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
 from resilient_train.job.config import JobConfig
-from resilient_train.supervisor.launchers.ps import ParameterServerLauncher
-from resilient_train.supervisor.ps import ParameterServerSupervisor
+from resilient_train.supervisor.launchers.ps_local import ParameterServerLauncher
+from resilient_train.supervisor.ps_supervisor import ParameterServerSupervisor
 from tests.supervisor.test_supervisor_loop import FakeClock, FakeSpawner, events
 
 SERVER = {"exit_at": None, "on_sigterm": EXIT_OK}  # a ps or worker: serves until SIGTERM, then exits 0
@@ -40,7 +40,7 @@ def test_one_cluster_of_roles_and_servers_stopped_when_the_coordinator_is_done(t
     assert [c["task"] for c in configs] == [{"type": "chief", "index": 0}, {"type": "ps", "index": 0},
                                             {"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
     assert all(c["cluster"] == configs[0]["cluster"] for c in configs)
-    assert [call["argv"][1:3] for call in spawner.calls] == [["-m", "resilient_train.runner.ps"]] * 4
+    assert [call["argv"][1:3] for call in spawner.calls] == [["-m", "resilient_train.runner.ps_roles"]] * 4
     assert [p.signals for p in spawner.processes[1:]] == [[("SIGTERM", 2.05)]] * 3  # the poll that saw the exit
     assert [e["role"] for e in events(tmp_path, "worker_started")] == ["chief", "ps", "worker", "worker"]
     assert (summary(tmp_path)["status"], summary(tmp_path)["worker_restarts"]) == ("completed", 0)

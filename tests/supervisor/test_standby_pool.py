@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from resilient_train.supervisor.standby import MAX_LOST_PER_SLOT, StandbyPool
+from resilient_train.supervisor.standby_pool import MAX_LOST_PER_SLOT, StandbyPool
 
 
 class FakeStandby:
@@ -48,7 +48,7 @@ class Harness:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.pool = StandbyPool(
             size,
-            argv=["python", "-m", "resilient_train.runner.standby"],
+            argv=["python", "-m", "resilient_train.runner.warm_standby"],
             env={"A": "1"},
             log_dir=tmp_path / "standby",
             spawner=self.spawn,

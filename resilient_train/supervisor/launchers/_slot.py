@@ -24,7 +24,7 @@ the node is shared with the supervisor but the checkpoint storage, so:
   last slot of the run on a node (``final``) removes the node's run directory too.
 
 The worker is started exactly like a local one (``python -m resilient_train.runner --job``,
-or a warm standby that gets the same argv and environment, see runner/standby.py), with
+or a warm standby that gets the same argv and environment, see runner/warm_standby.py), with
 the Linux parent-death signal: when the actor dies (``ray.kill``, a lost node, the
 supervisor's driver going away), its worker and standby die with it.
 """
@@ -50,6 +50,7 @@ from resilient_train.rundir.atomic import is_temporary, write_atomic
 from resilient_train.rundir.events import EventFile
 from resilient_train.rundir.layout import RunDir
 from resilient_train.supervisor._process import die_with_parent_hook
+from resilient_train.cluster import entry_points
 
 __all__ = ["FileChunk", "Slot", "SlotReport", "apply_chunks", "seed_chunks"]
 
@@ -255,7 +256,7 @@ class Slot:
             standby.release()
         with open(log_path, "ab") as log:
             self._worker = subprocess.Popen(
-                [self.python, "-m", "resilient_train.runner", *argv],
+                [self.python, "-m", entry_points.WORKER, *argv],
                 env=full_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -282,13 +283,13 @@ class Slot:
         """Start a warm standby (TensorFlow and ``recipe`` imported) unless one is alive."""
         if self._standby is not None and self._standby.poll() is None:
             return self._standby.pid
-        from resilient_train.supervisor.standby import PopenStandby
+        from resilient_train.supervisor.standby_pool import PopenStandby
 
         self._standby_seq += 1
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self._standby = PopenStandby(
-            [self.python, "-m", "resilient_train.runner.standby", "--recipe", recipe],
+            [self.python, "-m", entry_points.WARM_STANDBY, "--recipe", recipe],
             env,
             self.run_dir / "standby" / f"standby-{self._standby_seq}.log",
         )

@@ -11,7 +11,7 @@ now. That file is the local stand-in for nodes that come and go, so elastic runs
 (``--workers MIN:MAX``) can be exercised with real processes on one machine; an unreadable
 file counts as absent.
 
-Warm standbys (supervisor/standby.py) live here: a restart hands each rank a process that
+Warm standbys (supervisor/standby_pool.py) live here: a restart hands each rank a process that
 has already imported TensorFlow and the recipe instead of spawning a cold one.
 """
 
@@ -31,7 +31,8 @@ from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.job.config import JobConfig
 from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
-from resilient_train.supervisor.standby import PopenStandbySpawner, StandbyPool, StandbySpawner
+from resilient_train.supervisor.standby_pool import PopenStandbySpawner, StandbyPool, StandbySpawner
+from resilient_train.cluster import entry_points
 
 __all__ = ["LocalLauncher", "PopenSpawner", "Spawner"]
 
@@ -97,7 +98,7 @@ class LocalLauncher(Launcher):
             if process is not None:
                 self._standby_pids.add(process.pid)
             else:
-                process = self.spawner([self.python, "-m", "resilient_train.runner", *worker_argv], env, spec.log_path)
+                process = self.spawner([self.python, "-m", entry_points.WORKER, *worker_argv], env, spec.log_path)
             self._addresses[process.pid] = addresses[spec.rank]
             handles.append(process)
         return handles
@@ -124,7 +125,7 @@ class LocalLauncher(Launcher):
         """The warm pool for this run (None with --no-warm-standby or with GPUs), filling."""
         if not self.job.warm_standby:
             return None
-        if self.job.gpus_per_worker:  # CUDA_VISIBLE_DEVICES is per rank; see runner/standby.py
+        if self.job.gpus_per_worker:  # CUDA_VISIBLE_DEVICES is per rank; see runner/warm_standby.py
             events.emit("standby_disabled", reason="--gpus-per-worker: standbys cannot take a per-rank CUDA_VISIBLE_DEVICES")
             return None
         env = dict(os.environ)
@@ -132,7 +133,7 @@ class LocalLauncher(Launcher):
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         return StandbyPool(  # filled once attempt 1 trains (see StandbyPool.maintain)
             self.job.workers,
-            argv=[self.python, "-m", "resilient_train.runner.standby", "--recipe", self.job.recipe],
+            argv=[self.python, "-m", entry_points.WARM_STANDBY, "--recipe", self.job.recipe],
             env=env,
             log_dir=Path(self.job.run_dir) / "standby",
             spawner=self.standby_spawner,

@@ -7,7 +7,7 @@
          --output=<attempt_dir>/worker-%t.log python -m ...launchers.slurm_task <attempt_dir> --
          python -m resilient_train.runner --job <attempt_dir>/job.json --tf-config-from slurm
 
-so each task builds its TF_CONFIG from its Slurm environment (resilient_train/cluster/slurm.py) and
+so each task builds its TF_CONFIG from its Slurm environment (resilient_train/cluster/slurm_env.py) and
 rank = SLURM_PROCID. The supervisor keeps its one restart loop: a new attempt is a new step in
 the same allocation.
 
@@ -63,8 +63,9 @@ from resilient_train.rundir import events
 from resilient_train.job.config import JobConfig
 from resilient_train.rundir.layout import AttemptDir
 from resilient_train.errors import ConfigError
-from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, compress_hostlist, expand_hostlist
+from resilient_train.cluster.slurm_env import DEFAULT_PORT_BASE, compress_hostlist, expand_hostlist
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
+from resilient_train.cluster import entry_points
 
 __all__ = ["SlurmLauncher", "Commands", "SubprocessCommands", "allocation_nodes"]
 
@@ -258,8 +259,8 @@ class SlurmLauncher(Launcher):
             "--overlap",  # a lost node's step may never end in slurmctld (module docstring)
             f"--output={attempt_dir / 'worker-%t.log'}",  # stderr joins it (no --error)
             "--export=ALL",
-            self.python, "-m", "resilient_train.supervisor.launchers.slurm_task", str(attempt_dir), "--",
-            self.python, "-m", "resilient_train.runner", "--job", str(specs[0].job_path),
+            self.python, "-m", entry_points.SLURM_TASK, str(attempt_dir), "--",
+            self.python, "-m", entry_points.WORKER, "--job", str(specs[0].job_path),
             "--tf-config-from", "slurm", "--port-base", str(self._port_base(specs[0].attempt)),
         ]
 

@@ -32,7 +32,7 @@ def after_first_commit(events):
 
 def scalar_steps(run_dir):
     """tag -> steps of the TensorBoard log in the supervisor's run dir (train/* is time-based)."""
-    from resilient_train.runner.tensorboard import read_scalars  # imports TensorFlow
+    from resilient_train.runner.outputs.tensorboard import read_scalars  # imports TensorFlow
 
     return {tag: [step for step, _ in values] for tag, values in read_scalars(run_dir / "tensorboard").items()}
 

@@ -277,7 +277,7 @@ def test_a_lost_slot_is_replaced_alone_and_the_survivor_keeps_its_actor(tmp_path
 
 
 def _rewrite(path, data: bytes) -> None:
-    """What runner/tensorboard.py does to truncate an event file: a new file renamed over it."""
+    """What runner/outputs/tensorboard.py does to truncate an event file: a new file renamed over it."""
     tmp = path.with_name(path.name + ".rewrite")
     tmp.write_bytes(data)
     tmp.replace(path)

@@ -9,7 +9,7 @@ root cause, exit codes, ``events.jsonl``, ``summary.json``, lost steps. This cla
 replaces how an attempt runs and how it is torn down:
 
 # Implementation:
-#   RUNNING   a worker died -> start it again in place (launchers/ps.py: same TF_CONFIG,
+#   RUNNING   a worker died -> start it again in place (launchers/ps_local.py: same TF_CONFIG,
 #             address and port), emit worker_restarted; training goes on: the
 #             ClusterCoordinator re-schedules the closures the worker lost once it is back.
 #             These restarts do not spend the gang restart budget (a preemptible worker is
@@ -44,7 +44,7 @@ from resilient_train.cluster.ps_cluster import ps_task
 from resilient_train.errors import EXIT_OK
 from resilient_train.job.config import JobConfig
 from resilient_train.rundir.events import emit
-from resilient_train.supervisor.launchers.ps import ParameterServerLauncher
+from resilient_train.supervisor.launchers.ps_local import ParameterServerLauncher
 from resilient_train.supervisor.policy import AttemptOutcome
 from resilient_train.supervisor.state import RunState, WorkerState
 from resilient_train.supervisor.supervisor import POLL_S, Supervisor, Worker

@@ -1,6 +1,6 @@
 """Epoch ends without TensorFlow's iterator teardown on the training thread.
 
-Every epoch trains from a new input pipeline (runner/data.py: the input of epoch ``e`` is a
+Every epoch trains from a new input pipeline (runner/input/data.py: the input of epoch ``e`` is a
 pure function of ``(seed, e)``), so every epoch end drops the old iterator. Dropping it is
 not free: TensorFlow tears the pipeline down synchronously in the thread that drops the
 last reference, and for a tf.data pipeline that has run for a while that blocked for
@@ -22,7 +22,7 @@ group: its peers wait for it in the next collective.
 # to ``on_teardown`` (on the reaper thread, which runs in the retiring thread's contextvars,
 # so its events carry the worker's run id and rank).
 #
-# At exit nothing waits for the reaper: a worker leaves by ``os._exit`` (runner/worker.py),
+# At exit nothing waits for the reaper: a worker leaves by ``os._exit`` (runner/worker_main.py),
 # which abandons whatever is still queued, as it abandons every other TensorFlow teardown.
 # A preempted epoch's iterator is not retired at all (runner/loop.py keeps it past the
 # preemption save, for the same reason).

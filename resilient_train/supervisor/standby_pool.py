@@ -2,7 +2,7 @@
 
 A gang restart used to spawn N cold processes, each paying the TensorFlow/Keras import
 (2.7-4 s on an idle 2-core machine) before its strategy could even start. The pool keeps N
-processes (runner/standby.py) that have already done everything that does not depend on
+processes (runner/warm_standby.py) that have already done everything that does not depend on
 TF_CONFIG; ``hand_over`` gives one of them a worker's argv, environment and log path, and
 from then on it *is* that worker: the supervisor watches and signals it exactly like a cold
 one, and ``worker_started`` carries its real pid.
@@ -22,7 +22,7 @@ Invariants:
   hand-over (or since the pool was created), whichever comes first. The same rule keeps the
   first attempt cold: its N imports and the pool's N do not run at the same time.
 * A standby that reports itself unusable (its pre-warm initialized the eager context, see
-  runner/standby.py) disables the pool for the run (``standby_disabled``): every later
+  runner/warm_standby.py) disables the pool for the run (``standby_disabled``): every later
   attempt is cold, which is always correct. So does a pool whose standbys keep dying before
   they are ready (``MAX_LOST_PER_SLOT`` per slot without one becoming ready).
 * Standbys get the parent-death signal like workers (same spawner code), and ``close``

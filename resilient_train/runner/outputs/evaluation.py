@@ -27,7 +27,7 @@ import tensorflow as tf
 from resilient_train.job.config import JobConfig
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.data import RecipeInputContext
+from resilient_train.runner.input.data import RecipeInputContext
 
 __all__ = ["Evaluator", "Validation", "eval_every_epochs"]
 
@@ -89,7 +89,7 @@ class Evaluator:
         self.max_steps = max_steps
         self._step = self._make_eval_step()
         # Where a finished evaluation's iterator goes: by default dropped here; the Trainer
-        # hands it to its reaper thread (runner/teardown.py), as it does each epoch's input.
+        # hands it to its reaper thread (runner/input/teardown.py), as it does each epoch's input.
         self.retire: Callable[[Any], Any] = lambda iterator: None
 
     @classmethod

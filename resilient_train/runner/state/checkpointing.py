@@ -66,7 +66,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from resilient_train.runner.model_state import preserved_rng
+from resilient_train.runner.state.model_state import preserved_rng
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.rundir.events import emit as _default_emit
 
@@ -93,7 +93,7 @@ class SaveRequest:
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
     blocked_ms: float | None = field(default=None, compare=False)  # async: training blocked to snapshot
     # Small files committed beside ckpt.* (name -> bytes), captured at save time with the
-    # snapshot: the callbacks' state (runner/callbacks.py), so it matches the step.
+    # snapshot: the callbacks' state (runner/keras_recipes/callbacks.py), so it matches the step.
     files: dict[str, bytes] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -470,7 +470,7 @@ def persist_twin(
 
 class Checkpointer(Protocol):
     """HOW a worker saves; chosen once at setup (``Trainer._make_checkpointer``), so the
-    training loop never asks which mode it is in. WHEN is runner/save_policy.py's."""
+    training loop never asks which mode it is in. WHEN is runner/state/save_policy.py's."""
 
     def save(self, request: SaveRequest, *, flush: bool) -> Manifest | None:
         """Checkpoint the live state as ``request`` describes. ``flush``: return only once

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.cluster.ports import free_ports
-from resilient_train.cluster.slurm import DEFAULT_PORT_BASE, add_tf_config_arguments, environ_with_tf_config
+from resilient_train.cluster.slurm_env import DEFAULT_PORT_BASE, add_tf_config_arguments, environ_with_tf_config
 from resilient_train.cluster.reach import REACH_SHARE, PortPlaceholder, wait_for_peers
 from resilient_train.cluster.tf_config import ClusterInfo, parse_tf_config
 from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
@@ -35,7 +35,7 @@ from resilient_train.rundir.stacks import register as register_stacks
 from resilient_train.rundir.permissions import current_umask
 from resilient_train.rundir.redact import register_secrets, secret_values
 from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
-from resilient_train.runner.script_output import EVENT as SCRIPT_OUTPUT, tee_stdout
+from resilient_train.runner.outputs.script_output import EVENT as SCRIPT_OUTPUT, tee_stdout
 
 __all__ = ["main", "run", "parse_args", "exit_process"]
 
@@ -109,7 +109,7 @@ def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf
 
     def diagnose(exc: Exception) -> Exception | None:
         from resilient_train.job.recipe import is_fit_script, recipe_name
-        from resilient_train.runner.diagnose import explain, group_broken
+        from resilient_train.runner.failures.diagnose import explain, group_broken
 
         broken = group_broken(exc)  # a peer's failure seen from here: exit 4, never a recipe bug
         if broken is not None:
@@ -135,7 +135,7 @@ def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf
         rank=cluster.rank,
         role=cluster.role,
     )
-    if cluster.is_chief:  # its prints on the supervisor's console too, once (runner/script_output.py)
+    if cluster.is_chief:  # its prints on the supervisor's console too, once (runner/outputs/script_output.py)
         until_exit.enter_context(tee_stdout(lambda line: events.emit(SCRIPT_OUTPUT, echo=False, text=line)))
     stop = threading.Event()
 
@@ -149,7 +149,7 @@ def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf
     # Before anything slow: every peer's TF_CONFIG address must answer within half the
     # start-up timeout (cluster/reach.py), so a worker that cannot reach the chief says so,
     # naming both, before the supervisor's start-up allowance runs out.
-    from resilient_train.runner.faults import FaultPlan
+    from resilient_train.runner.failures.faults import FaultPlan
 
     faults = FaultPlan.from_env(environ, rank=cluster.rank, attempt=launched.attempt)
     placeholder = _reach_peers(cluster, job.startup_timeout, unreachable=faults.take("before_join", 0))
@@ -158,7 +158,7 @@ def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf
     from resilient_train.job.fingerprint import fingerprint_for_worker
     from resilient_train.job.recipe import is_fit_script, load_recipe, resolve_params
 
-    fit_script = is_fit_script(job.recipe)  # a model.fit script runs whole (runner/fitscript.py)
+    fit_script = is_fit_script(job.recipe)  # a model.fit script runs whole (runner/keras_recipes/fitscript.py)
     if not fit_script:
         recipe = load_recipe(job.recipe)
         job = job.with_recipe_defaults(recipe.defaults)
@@ -174,7 +174,7 @@ def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf
     from resilient_train.runner.loop import Trainer  # imports TensorFlow
 
     if cluster.is_chief:  # the chief's TensorBoard log follows the event stream
-        from resilient_train.runner.tensorboard import TensorBoardLog
+        from resilient_train.runner.outputs.tensorboard import TensorBoardLog
 
         events.add_listener(TensorBoardLog(run_dir.tensorboard))
 
@@ -202,7 +202,7 @@ def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf
         return trainer.run()
 
     if fit_script:
-        from resilient_train.runner.fitscript import FitScript
+        from resilient_train.runner.keras_recipes.fitscript import FitScript
 
         def make_script_trainer(job: JobConfig, recipe: Any, strategy: Any, input_source: Any) -> Any:
             return make_trainer(job, recipe, {}, strategy=strategy, input_source=input_source)
@@ -218,7 +218,7 @@ def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if result is not None and cluster.is_chief:
-        from resilient_train.runner.export import export_completed
+        from resilient_train.runner.outputs.model_export import export_completed
 
         export_completed(trainer, result, run_dir.model)
     return EXIT_PREEMPTED if result is None else EXIT_OK
@@ -227,7 +227,7 @@ def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf
 def _reach_peers(cluster: ClusterInfo, startup_timeout: float, *, unreachable: bool = False) -> PortPlaceholder:
     """Hold this worker's port and wait until every peer's answers; the placeholder to close.
 
-    ``unreachable`` (a chaos ``before_join`` fault, runner/faults.py): probe a closed port on
+    ``unreachable`` (a chaos ``before_join`` fault, runner/failures/faults.py): probe a closed port on
     127.0.0.1 in place of each peer's address, so this rank cannot reach anyone.
     """
     if cluster.num_workers < 2 or not cluster.addresses:

@@ -5,7 +5,7 @@ batch ``k`` of epoch ``e`` is the same batch on every attempt. Resuming at
 ``step_in_epoch = k`` therefore rebuilds epoch ``e`` positioned at batch ``k``: no iterator
 state needs to be checkpointed, and a changed worker count only changes sharding.
 
-An indexed recipe (``num_examples`` + ``example``, runner/indexed.py) gets a pipeline the
+An indexed recipe (``num_examples`` + ``example``, runner/input/indexed.py) gets a pipeline the
 runner builds and positions itself; its elements are ``(batch, indices)``. For a
 ``dataset`` recipe, two ways to get there:
 
@@ -16,14 +16,14 @@ runner builds and positions itself; its elements are ``(batch, indices)``. For a
 * otherwise the runner calls ``.skip(start_step)``, which runs the whole pipeline of every
   skipped batch (the recovery time then grows with the position in the epoch).
 
-Why the tf.data iterator state is only a bounded fallback (runner/iterator_state.py): it is
+Why the tf.data iterator state is only a bounded fallback (runner/input/iterator_state.py): it is
 saved by a synchronous op on the training thread (the async twin cannot hold a copy) and
 holds the shuffle and prefetch buffers: for recipes/digits_cnn.py one worker's iterator is
 634 KB after 5 batches, about twice the model + optimizer state it would ride with
 (input_bound: 38 KB, its prefetched batches). A saved state is also tied to the worker
 count, and breaks when the pipeline code changes. A recipe-level start position keeps the
 contract a pure function and costs nothing at save time.
-Issue 20 added it back as an option, bounded in size (runner/iterator_state.py): MWMS's
+Issue 20 added it back as an option, bounded in size (runner/input/iterator_state.py): MWMS's
 per-worker iterator is an ``OwnedMultiDeviceIterator``, which ``tf.train.Checkpoint``
 refuses, and MWMS refuses ``InputReplicationMode.PER_REPLICA``, so on that path each worker
 iterates its own pipeline as a plain (saveable) iterator. That iterator must hand the step
@@ -41,8 +41,8 @@ from typing import Any
 import tensorflow as tf
 
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.determinism import InputCheck, first_batch_digest, seed_input_rng
-from resilient_train.runner.indexed import example_count, indexed_dataset
+from resilient_train.runner.input.determinism import InputCheck, first_batch_digest, seed_input_rng
+from resilient_train.runner.input.indexed import example_count, indexed_dataset
 
 __all__ = ["RecipeInputContext", "epoch_dataset", "record_first_batch", "accepts_start_step"]
 
@@ -73,10 +73,10 @@ def epoch_dataset(
     """The distributed dataset for ``epoch``, positioned at ``start_step``.
 
     ``worker=(rank, workers)``: instead, worker ``rank``'s own ``tf.data.Dataset`` (the same
-    batches its replica would get; for the iterator-state path, runner/iterator_state.py).
+    batches its replica would get; for the iterator-state path, runner/input/iterator_state.py).
 
     Every global RNG a recipe draws from is reseeded from ``(seed, epoch)`` right before
-    each call of ``recipe.dataset`` (runner/determinism.py), so an unseeded shuffle or
+    each call of ``recipe.dataset`` (runner/input/determinism.py), so an unseeded shuffle or
     ``np.random`` noise is the same on every attempt. With ``input_check``, the chief
     (input pipeline 0) also hashes the first batch of a separate build of the epoch from
     its start, for the resume check, unless :func:`record_first_batch` did so ahead of it.

@@ -27,7 +27,7 @@ there, so a resumed run has no duplicated and no missing rows.
 
 ``keras.callbacks.TensorBoard`` is honoured by what the runner already writes: its Keras
 hooks never run (its own writer would log every attempt's steps again after a resume); on
-the chief, the runner's TensorBoard scalars (runner/tensorboard.py: the same tags as the
+the chief, the runner's TensorBoard scalars (runner/outputs/tensorboard.py: the same tags as the
 run dir's ``tensorboard/``, each step once across kills) are also written into the
 callback's ``log_dir``, relative as the other callbacks' paths (:attr:`CallbackRunner.tensorboard_dirs`).
 
@@ -178,7 +178,7 @@ _EXTRACTORS: dict[type, tuple[Callable[[Any], dict], Callable[[Any, dict], None]
     keras.callbacks.LearningRateScheduler: (_stateless_get, _stateless_set),
     keras.callbacks.TerminateOnNaN: (_stateless_get, _stateless_set),
     keras.callbacks.LambdaCallback: (_stateless_get, _stateless_set),
-    keras.callbacks.TensorBoard: (_stateless_get, _stateless_set),  # its scalars' truncation: runner/tensorboard.py
+    keras.callbacks.TensorBoard: (_stateless_get, _stateless_set),  # its scalars' truncation: runner/outputs/tensorboard.py
 }
 
 

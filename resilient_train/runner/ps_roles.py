@@ -1,6 +1,6 @@
 """The parameter-server tier's processes: coordinator, parameter servers, workers.
 
-``python -m resilient_train.runner.ps --job FILE`` with a parameter-server TF_CONFIG
+``python -m resilient_train.runner.ps_roles --job FILE`` with a parameter-server TF_CONFIG
 (cluster/ps_cluster.py). What the process does follows from its task:
 
 * ``ps`` and ``worker``: start ``tf.distribute.Server`` for the task and serve until
@@ -12,7 +12,7 @@
   checkpoint, and schedules one closure per training step on whichever worker is free
   (``ClusterCoordinator.schedule``). It is the only writer of checkpoints, and the only
   rank that writes step and phase markers (rundir/stepmarker.py): the supervisor's hang
-  watchdog watches it alone (supervisor/ps.py).
+  watchdog watches it alone (supervisor/ps_supervisor.py).
 
 What this tier guarantees (docs/parameter_server.md says it for users):
 
@@ -64,7 +64,7 @@ PREFIX = "resilient-train ps"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.ps", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.ps_roles", allow_abbrev=False)
     parser.add_argument("--job", required=True, help="job file written by the supervisor (job.json)")
     with recording(PREFIX) as state:
         args = parser.parse_args(argv)
@@ -140,7 +140,7 @@ class Coordinator:
     def _build(self) -> None:
         import tensorflow as tf
 
-        from resilient_train.runner.model_state import rng_state
+        from resilient_train.runner.state.model_state import rng_state
 
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         self.strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -178,8 +178,8 @@ class Coordinator:
         return train_step
 
     def _iterator(self, epoch: int) -> Any:
-        from resilient_train.runner.data import RecipeInputContext
-        from resilient_train.runner.determinism import seed_input_rng
+        from resilient_train.runner.input.data import RecipeInputContext
+        from resilient_train.runner.input.determinism import seed_input_rng
 
         recipe, params, seed, batch = self.recipe, dict(self.params), self.job.seed, self.job.global_batch_size
 
@@ -231,9 +231,9 @@ class Coordinator:
     def _write_and_commit(self, *, completed: bool) -> None:
         import tempfile
 
-        from resilient_train.runner.checkpointing import SaveRequest, commit_checkpoint
-        from resilient_train.runner.faults import FaultPlan
-        from resilient_train.runner.model_state import weights_digest
+        from resilient_train.runner.state.checkpointing import SaveRequest, commit_checkpoint
+        from resilient_train.runner.failures.faults import FaultPlan
+        from resilient_train.runner.state.model_state import weights_digest
 
         self.counters["global_step"].assign(self.global_step)
         request = SaveRequest(
@@ -253,7 +253,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> int:
-        from resilient_train.runner.faults import FaultPlan
+        from resilient_train.runner.failures.faults import FaultPlan
         from resilient_train.rundir.stepmarker import StepMarker
 
         self._build()

@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from resilient_train.runner.model_state import digest_with_paths, preserved_rng, weight_paths
+from resilient_train.runner.state.model_state import digest_with_paths, preserved_rng, weight_paths
 from resilient_train.errors import CheckpointIncompatibleError
 from resilient_train.rundir.permissions import directory_mode
 

@@ -4,7 +4,7 @@ It is the local launcher (launchers/local.py: child processes, the parent-death 
 in the run dir) with two differences:
 
 * ``start`` gives each rank a parameter-server TF_CONFIG (cluster/ps_cluster.py) and runs
-  ``python -m resilient_train.runner.ps`` instead of the MultiWorkerMirroredStrategy runner;
+  ``python -m resilient_train.runner.ps_roles`` instead of the MultiWorkerMirroredStrategy runner;
 * ``restart_in_place(rank)`` starts a rank again with the environment it had, so the same
   TF_CONFIG, the same address and port: TensorFlow's ClusterCoordinator takes a worker back
   only there.
@@ -22,6 +22,7 @@ from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.ps_cluster import ps_task, ps_tf_config
 from resilient_train.supervisor.launchers.api import WorkerHandle, WorkerSpec
 from resilient_train.supervisor.launchers.local import LocalLauncher
+from resilient_train.cluster import entry_points
 
 __all__ = ["ParameterServerLauncher"]
 
@@ -39,7 +40,7 @@ class ParameterServerLauncher(LocalLauncher):
         for spec in specs:
             env = {**os.environ, **spec.env,
                    "TF_CONFIG": json.dumps(ps_tf_config(addresses, spec.rank, self.job.ps))}
-            argv = [self.python, "-m", "resilient_train.runner.ps", "--job", str(spec.job_path)]
+            argv = [self.python, "-m", entry_points.PS_ROLE, "--job", str(spec.job_path)]
             self._started[spec.rank] = (argv, env, spec)
             process = self.spawner(argv, env, spec.log_path)
             self._addresses[process.pid] = addresses[spec.rank]

@@ -2,13 +2,13 @@
 
 Exact resume needs ``dataset(input_context, epoch, seed)`` to be a pure function of its
 arguments. This command builds the first few batches of epochs 0 and 1 in two fresh
-processes, as the runner builds them (same seeding, runner/determinism.py), one in the
+processes, as the runner builds them (same seeding, runner/input/determinism.py), one in the
 order 0, 1 (a fresh run) and one in the order 1, 0 (a run resumed in epoch 1), and
 compares their digests. Any difference is non-determinism a resumed run would hit: exit 1
 naming the epoch and batch; identical input exits 0.
 
 The parent process does not import TensorFlow; each probe is ``python -m
-resilient_train.runner.check_input --probe ...`` and prints one JSON object.
+resilient_train.runner.input.check_input --probe ...`` and prints one JSON object.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 from typing import Any, Mapping, TextIO
 
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from resilient_train.cluster import entry_points
 
 __all__ = ["check_command"]
 
@@ -65,7 +66,7 @@ def check_command(recipe: str, *, seed: int, params: Mapping[str, str], global_b
 
 def _probe_process(recipe: str, order: tuple[int, ...], *, seed: int, params: Mapping[str, str],
                    global_batch_size: int | None, batches: int) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "resilient_train.runner.check_input", recipe, "--seed", str(seed),
+    argv = [sys.executable, "-m", entry_points.INPUT_PROBE, recipe, "--seed", str(seed),
             "--order", ",".join(map(str, order)), "--batches", str(batches)]
     if global_batch_size is not None:
         argv += ["--global-batch-size", str(global_batch_size)]
@@ -88,9 +89,9 @@ def _probe(recipe_spec: str, order: list[int], *, seed: int, overrides: Mapping[
 
     from resilient_train.job.config import FALLBACK_DEFAULTS
     from resilient_train.job.recipe import load_recipe, resolve_params
-    from resilient_train.runner.data import RecipeInputContext
-    from resilient_train.runner.determinism import batch_digest, seed_input_rng
-    from resilient_train.runner.indexed import example_count, indexed_dataset
+    from resilient_train.runner.input.data import RecipeInputContext
+    from resilient_train.runner.input.determinism import batch_digest, seed_input_rng
+    from resilient_train.runner.input.indexed import example_count, indexed_dataset
 
     recipe = load_recipe(recipe_spec)
     params = resolve_params(recipe.params, overrides)
@@ -114,7 +115,7 @@ def _probe(recipe_spec: str, order: list[int], *, seed: int, overrides: Mapping[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.check_input", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.input.check_input", allow_abbrev=False)
     parser.add_argument("recipe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--order", default="0,1")

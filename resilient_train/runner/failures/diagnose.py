@@ -10,7 +10,7 @@ records it and exits ``EXIT_FATAL`` (3), which the restart policy never retries
 as before (a transient failure).
 
 Batch-structure and loss-shape mistakes are raised as RecipeError directly where the step
-is traced (``runner/batches.py``).
+is traced (``runner/input/batches.py``).
 
 One rule covers what no list of known mistakes can: a failure after a FRESH start (no
 checkpoint restored) and before this process finished its first call of training steps
@@ -74,7 +74,7 @@ def explain(exc: BaseException, *, recipe_name: str, trainer: Any | None, steps_
     type_name = type(exc).__name__
     message = str(exc)
     traced = _RAISED_WHILE_TRACING.search(message)
-    if traced:  # runner/batches.py raised it inside tf.function; autograph re-wrapped it
+    if traced:  # runner/input/batches.py raised it inside tf.function; autograph re-wrapped it
         return RecipeError(traced.group(1).strip())
     if _IMPORT_OP in message:
         return RecipeError(

@@ -6,7 +6,7 @@ must END at every step where a save is due by step count, and at the epoch end: 
 set of committed steps, exact resume and zero-lost-step preemption are the same for every
 N. ``SavePolicy`` says where those boundaries are (``call_length``) and whether the step a
 call ended on is saved (``save_after``); it never saves anything itself (that is the
-Checkpointer's job, runner/checkpointing.py).
+Checkpointer's job, runner/state/checkpointing.py).
 
 Time-based saves (``--save-every-seconds``) are decided on the chief's clock only; the
 chief's flag rides the call's packed all-reduce, so all workers save after the same call.

@@ -10,10 +10,10 @@ before workers start). Each worker runs the whole script with ``runpy`` under tw
   returns the runner's strategy (runner/strategy.py: heartbeat, registration and collective
   timeouts), made at the script's first call; the script's own arguments are ignored.
 * ``keras.Model.fit`` enters the runner's training loop (runner/loop.py) with a recipe
-  synthesised from the compiled model (runner/compiled.py) and the callbacks
-  (runner/callbacks.py; a ``History`` is added last, and ``fit`` returns it). There is
+  synthesised from the compiled model (runner/keras_recipes/compiled.py) and the callbacks
+  (runner/keras_recipes/callbacks.py; a ``History`` is added last, and ``fit`` returns it). There is
   one loop: checkpoints, exact resume, SIGTERM and callback state are the recipe path's.
-* ``keras.Model.evaluate`` (after ``fit``): the runner's evaluation (runner/evaluation.py)
+* ``keras.Model.evaluate`` (after ``fit``): the runner's evaluation (runner/outputs/evaluation.py)
   over the dataset's global batches, each worker its slice; it returns what Keras would
   (``[loss, *metrics]``, or a dict with ``return_dict=True``). Keras 3's own ``evaluate``
   fails under MultiWorkerMirroredStrategy on TF 2.21 ("Attempt to convert a value
@@ -51,8 +51,8 @@ from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.errors import RecipeError
 from resilient_train.job.config import JobConfig
 from resilient_train.job.recipe import FIT_REFUSED, Recipe, recipe_name
-from resilient_train.runner.callbacks import refused_callback
-from resilient_train.runner.evaluation import Evaluator
+from resilient_train.runner.keras_recipes.callbacks import refused_callback
+from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
 __all__ = ["FitScript", "ContinuousInput", "model_then_twins"]
@@ -262,7 +262,7 @@ class FitScript:
 
     def _evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         """``model.evaluate(dataset, steps=None, return_dict=False)`` after ``fit``, through the
-        runner's evaluation (runner/evaluation.py): Keras 3's own fails under this strategy."""
+        runner's evaluation (runner/outputs/evaluation.py): Keras 3's own fails under this strategy."""
         if len(args) > 1 or kwargs.get("y") is not None or kwargs.get("sample_weight") is not None:
             raise self._refuse("evaluate() on arrays; pass a tf.data.Dataset batched at the global batch size")
         dataset = args[0] if args else kwargs.get("x")

@@ -2,9 +2,9 @@
 
 A cold worker spends most of its start-up importing TensorFlow and Keras (2.7-4 s on an
 idle 2-core machine, 8-12 s under load). None of that depends on who the worker will be, so
-the supervisor keeps processes that have done it waiting (supervisor/standby.py); a restart
+the supervisor keeps processes that have done it waiting (supervisor/standby_pool.py); a restart
 hands each one an assignment instead of spawning a cold process, and the process then runs
-the ordinary worker main (runner/worker.py) with the assignment's environment. The worker
+the ordinary worker main (runner/worker_main.py) with the assignment's environment. The worker
 never knows the difference: same argv, same environment, same log file, same pid for its
 whole life.
 
@@ -29,7 +29,7 @@ What is safe to do before TF_CONFIG is known (measured with TF 2.21 / Keras 3, C
 
 Protocol (one process, one assignment):
 
-    spawn   python -m resilient_train.runner.standby [--recipe R]
+    spawn   python -m resilient_train.runner.warm_standby [--recipe R]
             stdin: a pipe from the supervisor; stdout/stderr: the standby's own log;
             RT_STANDBY_READY_FD: the write end of a pipe for one status line
     warm    imports; then one JSON line on the status pipe:
@@ -72,12 +72,12 @@ def prewarm(recipe: str | None) -> str | None:
 
     import resilient_train.checkpoint  # noqa: F401
     import resilient_train.runner.loop  # noqa: F401  (the Trainer; imports TF and Keras)
-    import resilient_train.runner.worker  # noqa: F401
+    import resilient_train.runner.worker_main  # noqa: F401
 
     if recipe:
         from resilient_train.job.recipe import is_fit_script, load_recipe
 
-        # A model.fit script is not imported: importing it runs it (runner/fitscript.py).
+        # A model.fit script is not imported: importing it runs it (runner/keras_recipes/fitscript.py).
         if not is_fit_script(recipe):
             load_recipe(recipe)  # its imports; worker.main loads it again (cheap, same result)
     tf.config.list_physical_devices()  # safe: does not create the eager context
@@ -184,13 +184,13 @@ def _become_worker(assignment: dict[str, Any], stdin: TextIO) -> int:
     stdin.close()
     os.environ.clear()
     os.environ.update(env)
-    from resilient_train.runner.worker import main as worker_main
+    from resilient_train.runner.worker_main import main as worker_main
 
     return worker_main(argv, environ=os.environ)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.standby", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.warm_standby", allow_abbrev=False)
     parser.add_argument("--recipe", help="recipe to import ahead (its imports only)")
     args = parser.parse_args(argv)
     ready_fd = int(os.environ[STANDBY_READY_FD]) if os.environ.get(STANDBY_READY_FD) else None
@@ -213,6 +213,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from resilient_train.runner.worker import exit_process
+    from resilient_train.runner.worker_main import exit_process
 
     exit_process(main(sys.argv[1:]))

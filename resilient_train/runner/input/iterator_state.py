@@ -2,8 +2,8 @@
 
 Four paths, chosen per recipe (``reentry_path``), best first:
 
-* ``indexed``: the runner's own pipeline starts at the position (runner/indexed.py);
-* ``start_step``: the recipe's ``dataset`` positions itself (runner/data.py);
+* ``indexed``: the runner's own pipeline starts at the position (runner/input/indexed.py);
+* ``start_step``: the recipe's ``dataset`` positions itself (runner/input/data.py);
 * ``iterator_state``: a ``dataset`` recipe without ``start_step``: every worker's tf.data
   iterator state is saved with each mid-epoch checkpoint and restored on re-entry, so no
   batch is replayed. Only while the state is small: at the first mid-epoch save every
@@ -20,7 +20,7 @@ the state is written by a synchronous op on the training thread at every mid-epo
 Where the state goes: each worker serializes its iterator (``tf.train.Checkpoint`` of the
 plain ``tf.data`` iterator; MultiWorkerMirroredStrategy's distributed iterator cannot be
 saved, so on this path each worker iterates its own pipeline and ``strategy.run`` hands the
-batch to its single replica: the path needs one replica per worker; runner/data.py gives
+batch to its single replica: the path needs one replica per worker; runner/input/data.py gives
 those batches the distributed iterator's shapes, so both paths train to the same weights
 and a run may switch between them at any checkpoint). The states reach the
 chief through one all-reduce at the save step (every worker saves the same steps), and
@@ -41,7 +41,7 @@ from typing import Any
 import tensorflow as tf
 
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.data import accepts_start_step
+from resilient_train.runner.input.data import accepts_start_step
 
 __all__ = ["reentry_path", "state_file", "serialize_iterator", "restore_iterator", "EXTRA_KEY",
            "INDEXED", "START_STEP", "ITERATOR_STATE", "SKIP"]
