@@ -4,7 +4,9 @@
   directory of the repository;
 * every ``resilient-train ...`` and ``python -m resilient_train...`` line in a fenced bash
   block is accepted by the real argument parser of the module it runs (no exit 2);
-* the README's quickstart block states exactly the commands ``make run`` and ``make test`` run.
+* the README's quickstart block states exactly the commands ``make run`` and ``make test`` run;
+* every ``runner/x.py``-style path in the documents and in the code's docstrings and comments
+  names a file of the repository (a module moved without its references fails here).
 """
 
 from __future__ import annotations
@@ -173,3 +175,54 @@ def test_the_quickstart_states_what_the_makefile_runs():
 
 def _blocks_in(text: str) -> list[str]:
     return re.findall(r"^```bash\n(.*?)\n```", text, flags=re.M | re.S)
+
+
+# ``runner/input/data.py``, ``launchers/local.py``, ``benchmarks/recovery.py``: a path of this
+# repository, named from any directory down (a reference may start at the package, a layer
+# or a sub-package). Placeholders (``benchmarks/NAME.py``) and other projects' files
+# (``keras/src/...``) start elsewhere or are capitals, and are not references.
+_PATH = re.compile(r"(?<![\w/.\-<>{}*$])((?:[A-Za-z_][\w.\-]*/)+[a-z_][\w\-]*\.py)(?![\w])")
+_REFERRING = [*DOCUMENTS, ROOT / "chaos" / "README.md", *sorted((ROOT / "resilient_train").rglob("*.py")),
+              *sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "recipes").glob("*.py")),
+              *sorted((ROOT / "examples").rglob("*.py"))]
+
+
+def _repository_files() -> set[str]:
+    return {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")
+            if not {".venv", ".git", "runs"} & set(p.relative_to(ROOT).parts)}
+
+
+def _own_directories() -> set[str]:
+    return {part for path in _repository_files() for part in path.split("/")[:-1]}
+
+
+def _path_references(text: str, own: set[str]) -> list[str]:
+    return [m.group(1) for m in _PATH.finditer(text) if m.group(1).split("/")[0] in own]
+
+
+def _dangling(text: str, files: set[str], own: set[str]) -> list[str]:
+    return [ref for ref in _path_references(text, own) if not any(f == ref or f.endswith("/" + ref) for f in files)]
+
+
+def test_every_path_reference_names_a_file():
+    files, own = _repository_files(), _own_directories()
+    found = {path.relative_to(ROOT).as_posix(): _dangling(path.read_text(), files, own)
+             for path in _REFERRING if path.exists()}
+    assert sum(len(_path_references(p.read_text(), own)) for p in _REFERRING if p.exists()) > 300
+    assert {name: refs for name, refs in found.items() if refs} == {}
+
+
+def test_the_path_check_catches_a_moved_module():
+    files, own = _repository_files(), _own_directories()
+    text = "positioned at step_in_epoch (runner/data.py), see launchers/local.py and keras/src/losses/loss.py"
+    assert _dangling(text, files, own) == ["runner/data.py"]
+
+
+def test_the_design_file_map_names_every_module():
+    # docs/design.md's tree is where a newcomer looks for a room: each module is named there
+    # (by file name; unique across the package, tests/test_layering.py).
+    tree = re.search(r"^```\n(resilient_train/.*?)^```", (ROOT / "docs" / "design.md").read_text(), re.M | re.S)[1]
+    named = set(re.findall(r"[a-z_]+\.py", tree))
+    modules = {p.name for p in (ROOT / "resilient_train").rglob("*.py")
+               if p.name not in {"__init__.py", "__main__.py"} and "_site" not in p.parts}
+    assert sorted(modules - named) == []
