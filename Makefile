@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/epochs.py
 	$(BIN)/python benchmarks/reentry.py
 	$(BIN)/python benchmarks/resize.py
+	$(BIN)/python benchmarks/goodput.py
 	$(BIN)/python benchmarks/ray_recovery.py
 	$(BIN)/python benchmarks/keras_fit.py
 	$(BIN)/python benchmarks/ps_throughput.py
