@@ -38,6 +38,7 @@ from typing import Any
 from resilient_train.chaos.invariants import CheckResult, check_run, recipe_default
 from resilient_train.chaos.nemesis import Nemesis
 from resilient_train.chaos.scenarios import ExternalFault, Scenario, StorageFaults, WorkerFault, plan
+from resilient_train.cluster import entry_points
 from resilient_train.rundir.layout import RunDir
 
 __all__ = ["JobSpec", "ScenarioResult", "ensure_reference", "run_scenario"]
@@ -213,7 +214,6 @@ import numpy as np
 import tensorflow as tf
 
 from resilient_train.runner.failures.faults import input_gate
-from resilient_train.cluster import entry_points
 
 _spec = importlib.util.spec_from_file_location("_chaos_base_recipe", {base!r})
 _base = importlib.util.module_from_spec(_spec)
