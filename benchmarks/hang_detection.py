@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+from resilient_train.chaos.catalogue import by_name  # noqa: E402
 from resilient_train.chaos.harness import JobSpec, ensure_reference, run_scenario  # noqa: E402
-from resilient_train.chaos.scenarios import by_name  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 from resilient_train.rundir.layout import RunDir  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The documents say what the code does: links resolve, commands parse, the quickstart is the Makefile's.
 
-* every relative link in README.md, docs/*.md and benchmarks/README.md names a file or
+* every relative link in README.md, docs/*.md, benchmarks/README.md and chaos/README.md names a file or
   directory of the repository;
 * every ``resilient-train ...`` and ``python -m resilient_train...`` line in a fenced bash
   block is accepted by the real argument parser of the module it runs (no exit 2);
@@ -22,10 +22,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md", ROOT / "chaos" / "README.md"]
 
 # What the documents hold today. Adding a command line to a bash block changes these on purpose.
-EXPECTED_PARSED = 46
+EXPECTED_PARSED = 54  # 46 + docs/chaos.md 2 (run by path, --catalogue) + chaos/README.md 6
 EXPECTED_WITH_PLACEHOLDER = 2  # `chaos check --reference "$DIGEST"` (twice): $DIGEST parsed as a stand-in value
 
 _FENCE = re.compile(r"^```(\w*)\s*$")

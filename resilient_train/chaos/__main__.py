@@ -1,13 +1,18 @@
 """``python -m resilient_train.chaos``: list scenarios, run them, soak, or check a run directory.
 
-    python -m resilient_train.chaos list
-    python -m resilient_train.chaos run SCENARIO... | --all  [--recipe R] [--seed S] [--workers N] [--storage URL]
+    python -m resilient_train.chaos list [--catalogue DIR]
+    python -m resilient_train.chaos run SCENARIO... | --all  [--catalogue DIR] [--recipe R] [--seed S] [--workers N]
+                                                             [--storage URL]
     python -m resilient_train.chaos soak --minutes M --seed S
     python -m resilient_train.chaos check RUN_DIR --reference DIGEST [--reference-run DIR] [--exit-code N]
                                           [--save-every K] [--json]
 
+A SCENARIO is a name from the catalogue (``chaos/scenarios/<name>.toml`` of the clone, or
+``--catalogue DIR`` / ``$RT_CHAOS_SCENARIOS``: resilient_train/chaos/catalogue.py) or the path
+of a scenario file (``*.toml``, the format in chaos/README.md).
+
 Exit codes: 0 every scenario (or the checked run) passed, 1 at least one failed,
-2 bad command line.
+2 bad command line or scenario file (one line per mistake, nothing ran).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from resilient_train.errors import EXIT_USAGE
+
 __all__ = ["main"]
 
 DEFAULT_RECIPE = "recipes/linear_regression.py"
@@ -29,7 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m resilient_train.chaos", description="Fault injection for resilient-train jobs.",
                                      allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", allow_abbrev=False, help="the scenarios, one line each")
+
+    def catalogue_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--catalogue", metavar="DIR", help="the scenario files' directory (default: $RT_CHAOS_SCENARIOS, "
+                       "else chaos/scenarios of the clone)")
+
+    catalogue_flag(sub.add_parser("list", allow_abbrev=False, help="the scenarios, one line each"))
 
     def job_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"recipe file (default {DEFAULT_RECIPE})")
@@ -44,8 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--report", type=Path, help="default: <root>/chaos-report.json")
 
     run = sub.add_parser("run", allow_abbrev=False, help="run scenarios and check their invariants")
-    run.add_argument("scenarios", nargs="*", metavar="SCENARIO")
+    run.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="a catalogue name or a scenario file (*.toml)")
     run.add_argument("--all", action="store_true", help="every scenario of the catalogue")
+    catalogue_flag(run)
     job_flags(run)
     soak = sub.add_parser("soak", allow_abbrev=False, help="random faults from the whole catalogue until time runs out")
     soak.add_argument("--minutes", type=float, required=True)
@@ -64,10 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spec(args: argparse.Namespace):
+def _spec(args: argparse.Namespace, *, check_recipe: bool = True):
     from resilient_train.chaos.harness import JobSpec
 
-    if not Path(args.recipe).is_file():
+    if check_recipe and not Path(args.recipe).is_file():
         raise ValueError(f"Received --recipe {args.recipe!r}; expected a recipe file, e.g. {DEFAULT_RECIPE}")
     return JobSpec(recipe=args.recipe, workers=args.workers, epochs=args.epochs,
                    steps_per_epoch=args.steps_per_epoch, save_every_steps=args.save_every_steps,
@@ -102,13 +115,48 @@ def _run_all(scenarios, spec, args, seeds) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
+def _error(message: str) -> int:
+    """One ``chaos: error:`` line per line of ``message`` (a scenario file's mistakes), exit 2."""
+    for line in message.splitlines():
+        print(f"chaos: error: {line}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _scenarios(args: argparse.Namespace):
+    """The scenarios ``run`` names (or --all), every mistake of every file reported before anything runs."""
+    from resilient_train.chaos.catalogue import catalogue_dir, is_path, load_catalogue, resolve
+    from resilient_train.errors import ConfigError
+
+    if args.all == bool(args.scenarios):
+        raise ValueError("expected scenario names or files, or --all (not both); see `python -m resilient_train.chaos list`")
+    if args.all:
+        return list(load_catalogue(catalogue_dir(args.catalogue), workers=args.workers))
+    directory = None if all(is_path(name) for name in args.scenarios) else catalogue_dir(args.catalogue)
+    scenarios, mistakes = [], []
+    for reference in args.scenarios:
+        try:
+            scenarios.append(resolve(reference, directory, workers=args.workers))
+        except ConfigError as exc:
+            mistakes.append(str(exc))
+    if mistakes:
+        raise ConfigError("\n".join(mistakes))
+    return scenarios
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from resilient_train.chaos.scenarios import CATALOGUE, by_name
 
     if args.command == "list":
-        width = max(len(s.name) for s in CATALOGUE)
-        for scenario in CATALOGUE:
+        from resilient_train.chaos.catalogue import catalogue_dir, load_catalogue
+
+        try:
+            directory = catalogue_dir(args.catalogue)
+            scenarios = load_catalogue(directory)
+        except ValueError as exc:
+            return _error(str(exc))
+        print(f"# {directory} ({len(scenarios)} scenarios; run one by name or by its file's path)")
+        width = max((len(s.name) for s in scenarios), default=0)
+        for scenario in scenarios:
             print(f"{scenario.name.ljust(width)}  {'[ci] ' if scenario.ci else ''}{scenario.summary}")
         return 0
     if args.command == "check":
@@ -116,9 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         from resilient_train.checkpoint import parse_storage_options
 
         if args.reference is None and not is_parameter_server(args.run_dir):
-            print(f"chaos: error: --reference DIGEST is required for {args.run_dir} (a MultiWorkerMirroredStrategy "
-                  "run); only a --strategy parameter-server run is checked without one", file=sys.stderr)
-            return 2
+            return _error(f"--reference DIGEST is required for {args.run_dir} (a MultiWorkerMirroredStrategy "
+                          "run); only a --strategy parameter-server run is checked without one")
 
         result = check_run(args.run_dir, args.reference, exit_code=args.exit_code, save_every=args.save_every,
                            storage_options=parse_storage_options(args.storage_option),
@@ -126,12 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
         return 0 if result.passed else 1
     try:
-        spec = _spec(args)
         if args.command == "run":
-            if args.all == bool(args.scenarios):
-                raise ValueError("expected scenario names or --all (not both); see `python -m resilient_train.chaos list`")
-            scenarios = list(CATALOGUE) if args.all else [by_name(name) for name in args.scenarios]
+            scenarios = _scenarios(args)
+            spec = _spec(args, check_recipe=any("recipe" not in s.overrides for s in scenarios))
             return _run_all(scenarios, spec, args, [args.seed] * len(scenarios))
+        spec = _spec(args)
         # soak
         from resilient_train.chaos.scenarios import random_scenario
 
@@ -146,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"soak for {args.minutes} min, seed {args.seed}")
         return _run_all(scenarios, spec, args, seeds)
     except (ValueError, KeyError) as exc:
-        print(f"chaos: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc.args[0] if isinstance(exc, KeyError) else exc))
 
 
 if __name__ == "__main__":

@@ -314,8 +314,8 @@ def run_scenario(
     A parameter-server scenario is not bit-identical to any run: ``reference`` is not used
     (the checker's parameter-server mode checks the tier's guarantees instead).
     """
-    planned = plan(scenario, seed, scenario.ranks(spec.workers))
-    job = spec.with_overrides(planned.overrides).resolved()
+    job = spec.with_overrides(scenario.overrides).resolved()  # the scenario's [job] may set workers too
+    planned = plan(scenario, seed, scenario.ranks(job.workers))
     reference_run: Path | None = job.reference_dir(root)
     expected_ps_kills = None
     if planned.parameter_server:

@@ -1,7 +1,9 @@
-"""The scenario catalogue: which faults, where, and what to expect.
+"""What a chaos scenario is: which faults, where, and what to expect.
 
-A scenario is data (frozen dataclasses), so the catalogue reads as a table and the soak
-run can compose new ones. Three kinds of fault, chosen by how exactly they must land:
+A scenario is data (frozen dataclasses), so the soak run can compose new ones and the
+catalogue can live outside the package: one TOML file per scenario in the repository's
+``chaos/scenarios/``, loaded and validated by :mod:`resilient_train.chaos.catalogue`
+(the format: ``chaos/README.md``). Three kinds of fault, chosen by how exactly they must land:
 
 * :class:`WorkerFault` is pulled by the worker itself (``RT_FAULTS``: after a step,
   before or after a commit, an exception, its input's n-th batch) at an exact global step
@@ -32,13 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 __all__ = [
-    "WorkerFault", "ExternalFault", "StorageFaults", "Trigger", "Scenario", "CATALOGUE",
-    "plan", "by_name", "random_scenario", "PARAMETER_SERVER",
+    "WorkerFault", "ExternalFault", "StorageFaults", "Trigger", "Scenario",
+    "plan", "random_scenario", "PARAMETER_SERVER",
 ]
 
 PARAMETER_SERVER = "parameter-server"  # Scenario.job's strategy for the ParameterServerStrategy tier
-# ranks: 0 coordinator, 1 ps, 2.. workers; 100 steps, so a kill after a commit lands mid-run
-PS_JOB = (("strategy", PARAMETER_SERVER), ("ps", 1), ("epochs", 2), ("steps_per_epoch", 50), ("save_every_steps", 10))
 HANG = "HANG"  # not a signal: the thread that pulls the fault sleeps forever (runner/failures/faults.py)
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", HANG)
 KILL_POINTS = ("after_step", "before_commit", "after_commit", "raise")
@@ -171,7 +171,8 @@ class Scenario:
     ``job`` overrides job parameters (e.g. ``save_every_steps``, ``hang_timeout``);
     ``expect_restored`` pins the exact restored steps (the seeds' experiment: ``(7,)``).
     A new kind of fault is a new dataclass in :data:`Fault` plus its branch in
-    :func:`plan` (random choices) and in the harness (how it is armed, whether it fired).
+    :func:`plan` (random choices), in the harness (how it is armed, whether it fired) and
+    in the catalogue's file format (``catalogue.py``, ``chaos/README.md``).
     """
 
     name: str
@@ -180,6 +181,7 @@ class Scenario:
     job: tuple[tuple[str, Any], ...] = ()
     expect_restored: tuple[int, ...] | None = None
     ci: bool = False
+    source: str | None = field(default=None, compare=False, repr=False)  # the TOML file it came from
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").isalnum():
@@ -228,140 +230,6 @@ def _ordinal(n: int | str) -> str:
     if not isinstance(n, int):
         return str(n)
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
-
-
-CATALOGUE: tuple[Scenario, ...] = (
-    Scenario(
-        "seed-kill-chief-at-7",
-        "the seeds' experiment: checkpoint every step, kill -9 the chief at global step 7; resumes from 7",
-        (WorkerFault("after_commit", 7, rank=0),),
-        job=(("save_every_steps", 1),),
-        expect_restored=(7,),
-        ci=True,
-    ),
-    Scenario(
-        "kill-chief-mid-epoch",
-        "kill -9 the chief from outside after the 2nd commit, mid-epoch",
-        (ExternalFault("sigkill_worker", Trigger(nth=2), rank="chief"),),
-        ci=True,
-    ),
-    Scenario(
-        "kill-random-worker",
-        "kill -9 a seeded-random worker after a seeded-random commit (1st-3rd), mid-epoch",
-        (ExternalFault("sigkill_worker", Trigger(nth="random"), rank="random"),),
-    ),
-    Scenario(
-        "kill-before-commit",
-        "the chief is killed -9 with step 13's checkpoint written locally, nothing uploaded",
-        (WorkerFault("before_commit", 13, rank=0),),
-        job=(("save_every_steps", 1),),
-    ),
-    Scenario(
-        "kill-during-slow-upload",
-        "slow storage (50 ms/op); kill -9 the chief while the 3rd checkpoint's files are half uploaded",
-        (StorageFaults.of(attempts=(1,), latency_s=0.05),
-         ExternalFault("sigkill_during_upload", Trigger(nth=2, mid_epoch=False))),
-    ),
-    Scenario(
-        "sigterm-worker",
-        "SIGTERM rank 1 after the 1st commit, mid-epoch: agreed save, zero lost steps",
-        (ExternalFault("sigterm_worker", Trigger(nth=1), rank=1),),
-        ci=True,
-    ),
-    Scenario(
-        "sigterm-supervisor-rerun",
-        "SIGTERM the supervisor after the 2nd commit, mid-epoch (exit 143), then run the job again",
-        (ExternalFault("sigterm_supervisor", Trigger(nth=2)),),
-    ),
-    Scenario(
-        "sigkill-supervisor-rerun",
-        "kill -9 the supervisor after the 2nd commit, mid-epoch; workers must die with it; run again",
-        (ExternalFault("sigkill_supervisor", Trigger(nth=2)),),
-    ),
-    Scenario(
-        "storage-transient-errors",
-        "every storage operation of every attempt fails transiently with probability 0.1 (seeded)",
-        (StorageFaults.of(attempts=None, transient_rate=0.1),),
-    ),
-    Scenario(
-        "storage-torn-upload",
-        "the chief's uploads stop after 5 files (SimulatedCrash): ckpt-10 is left without its manifest; restore skips it",
-        (StorageFaults.of(attempts=(1,), stop_after_files=5),),
-    ),
-    Scenario(
-        "storage-slow",
-        "slow storage (30 ms per operation) in every attempt, plus one kill -9 of the chief",
-        (StorageFaults.of(attempts=None, latency_s=0.03), WorkerFault("after_step", 17, rank=0)),
-    ),
-    Scenario(
-        "corrupt-newest-between-attempts",
-        "kill -9 the chief right after committing step 25; flip a byte in ckpt-25 before attempt 2 restores",
-        (WorkerFault("after_commit", 25, rank=0),
-         ExternalFault("corrupt_newest", Trigger(event="gang_restart", nth=1, attempt=None, mid_epoch=False))),
-    ),
-    Scenario(
-        "raise-in-step",
-        "an exception in the chief's step 12 (a recipe bug that happens once)",
-        (WorkerFault("raise", 12, rank=0),),
-    ),
-    Scenario(
-        "multi-fault",
-        "transient storage errors in every attempt (each worker's 2nd operation, then p=0.1 seeded) "
-        "+ kill -9 the chief at step 8 + SIGTERM a random worker in attempt 2",
-        (StorageFaults.of(attempts=None, fail_op_k=2, transient_rate=0.1),
-         WorkerFault("after_step", 8, rank=0),
-         ExternalFault("sigterm_worker", Trigger(nth=2, attempt=2), rank="random")),
-    ),
-    Scenario(
-        "hang-input",
-        "a random worker's input blocks forever at its 18th batch read (mid epoch 2) on attempt 1, a stuck "
-        "read: the watchdog (10 s) names that rank, the group restarts",
-        (WorkerFault("input", 18, rank="random", signal=HANG),),
-        job=(("hang_timeout", 10),),
-    ),
-    Scenario(
-        "hang-collective",
-        "a random worker stops calling the training step after the call that finished step 12 on attempt 1, "
-        "process and heartbeats alive (its peers wait in the collective): the watchdog (10 s) names it",
-        (WorkerFault("after_step", 12, rank="random", signal=HANG),),
-        job=(("hang_timeout", 10),),
-    ),
-    Scenario(
-        "stalled-storage",
-        "the store goes quiet for good from the chief's 3rd upload on attempt 1 (the 2nd checkpoint): each call is "
-        "given up after 1 s without progress, retried, and the save fails; the group restarts from the 1st commit",
-        (StorageFaults.of(attempts=(1,), stall_write_k=3, stall_count=0),),
-        job=(("storage_timeout", 1),),
-    ),
-    Scenario(
-        "never-joins",
-        "a random worker cannot reach its peers at start-up on attempt 1 (it probes closed ports): it fails within "
-        "half the start-up timeout (30 s), naming itself and the address; attempt 2 completes",
-        (WorkerFault("before_join", 0, rank="random"),),
-        job=(("startup_timeout", 30),),
-    ),
-    Scenario(
-        "ps-kill",
-        "parameter-server tier (2 workers, 1 ps): kill -9 the ps after the 2nd commit, mid-epoch; coordinator and ps "
-        "restart and restore the last commit",
-        (ExternalFault("sigkill_worker", Trigger(nth=2), rank=1),),
-        job=PS_JOB,
-    ),
-    Scenario(
-        "ps-worker-kill",
-        "parameter-server tier (2 workers, 1 ps): kill -9 a seeded-random worker after the 1st commit, mid-epoch; "
-        "it is restarted in place, training goes on without a restore",
-        (ExternalFault("sigkill_worker", Trigger(nth=1), rank="ps-worker"),),
-        job=PS_JOB,
-    ),
-)
-
-
-def by_name(name: str) -> Scenario:
-    for scenario in CATALOGUE:
-        if scenario.name == name:
-            return scenario
-    raise KeyError(f"Unknown scenario {name!r}; expected one of {[s.name for s in CATALOGUE]}")
 
 
 def plan(scenario: Scenario, seed: int, workers: int) -> Scenario:

@@ -1,6 +1,7 @@
 """The CI subset: real 2-worker jobs under real faults, checked by resilient_train.chaos.invariants.
 
-One reference run (cached for the session) and two scenarios on the small
+The scenarios are the catalogue's files (``chaos/scenarios/<name>.toml``, loaded by
+resilient_train.chaos.catalogue). One reference run (cached for the session) and two scenarios on the small
 linear-regression recipe, all with a checkpoint every step so they share the reference:
 the seeds' own experiment (kill -9 the chief right after it committed step 7; the run
 must continue from exactly 7) and a SIGTERM to a worker (zero lost steps). About a
@@ -18,11 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from resilient_train.chaos.catalogue import by_name, load_catalogue
 from resilient_train.chaos.harness import JobSpec, ensure_reference, run_scenario
 from resilient_train.chaos.report import table
-from resilient_train.chaos.scenarios import CATALOGUE, by_name
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py")
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = str(REPO / "recipes" / "linear_regression.py")
+CATALOGUE_DIR = REPO / "chaos" / "scenarios"
+CATALOGUE = load_catalogue(CATALOGUE_DIR)
+CI_NAMES = ("kill-chief-at-7", "sigterm-worker")  # with CI_SPEC; hang-collective with SLOW_SPEC
 CI_SPEC = JobSpec(RECIPE, workers=2, save_every_steps=1, seed=0)
 SLOW_SPEC = JobSpec(RECIPE, workers=2, seed=0)
 
@@ -33,14 +38,14 @@ def chaos_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(name: str, spec: JobSpec, root: Path, seed: int = 0):
-    scenario = by_name(name)
+    scenario = by_name(name, CATALOGUE_DIR)
     reference = ensure_reference(spec.with_overrides(scenario.overrides), root)
     result = run_scenario(scenario, spec, seed=seed, root=root, reference=reference)
     return result
 
 
 def test_seeds_experiment_kill_chief_at_7_resumes_from_7(chaos_root: Path) -> None:
-    result = _run("seed-kill-chief-at-7", CI_SPEC, chaos_root)
+    result = _run("kill-chief-at-7", CI_SPEC, chaos_root)
     assert result.problems == () and result.check.violations == (), result.to_dict()
     assert result.check.restored_steps == (7,)
     assert result.check.restarts == 1
@@ -74,8 +79,7 @@ def test_sigterm_to_a_worker_loses_no_step(chaos_root: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in ("seed-kill-chief-at-7", "sigterm-worker")
-                                  and not s.parameter_server])
+@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in CI_NAMES and not s.parameter_server])
 def test_catalogue_scenario(name: str, chaos_root: Path) -> None:
     result = _run(name, SLOW_SPEC, chaos_root)
     assert result.passed, result.to_dict()
@@ -83,7 +87,7 @@ def test_catalogue_scenario(name: str, chaos_root: Path) -> None:
 
 @pytest.mark.slow
 def test_ps_kill_restores_the_last_commit_and_blames_the_ps(chaos_root: Path) -> None:
-    result = run_scenario(by_name("ps-kill"), SLOW_SPEC, seed=0, root=chaos_root, reference=None)
+    result = run_scenario(by_name("ps-kill", CATALOGUE_DIR), SLOW_SPEC, seed=0, root=chaos_root, reference=None)
     assert result.problems == () and result.check.violations == (), result.to_dict()
     [fault] = result.faults
     assert (fault["state"], fault["rank"], fault["trigger_step"]) == ("done", 1, 20)  # the ps, after the 2nd commit
@@ -94,7 +98,7 @@ def test_ps_kill_restores_the_last_commit_and_blames_the_ps(chaos_root: Path) ->
 
 @pytest.mark.slow
 def test_ps_worker_kill_restarts_the_worker_in_place_without_a_restore(chaos_root: Path) -> None:
-    result = run_scenario(by_name("ps-worker-kill"), SLOW_SPEC, seed=0, root=chaos_root, reference=None)
+    result = run_scenario(by_name("ps-worker-kill", CATALOGUE_DIR), SLOW_SPEC, seed=0, root=chaos_root, reference=None)
     assert result.problems == () and result.check.violations == (), result.to_dict()
     [fault] = result.faults
     assert fault["state"] == "done" and fault["rank"] in (2, 3)  # a worker

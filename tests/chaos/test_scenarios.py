@@ -1,4 +1,6 @@
-"""The catalogue, seeded planning, the nemesis' triggers and ops, the attempt-scoped faultfs shim."""
+"""The catalogue's coverage, seeded planning, the nemesis' triggers and ops, the attempt-scoped faultfs shim.
+
+The catalogue's files, their format and validation: test_catalogue.py."""
 
 from __future__ import annotations
 
@@ -9,15 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from resilient_train.chaos.catalogue import by_name, catalogue_dir, load_catalogue
 from resilient_train.chaos.harness import JobSpec, _fault_env
 from resilient_train.chaos.nemesis import EventReader, FaultState, Nemesis, corrupt_newest
-from resilient_train.chaos.scenarios import (
-    CATALOGUE, ExternalFault, StorageFaults, Trigger, WorkerFault, by_name, plan, random_scenario,
-)
+from resilient_train.chaos.scenarios import ExternalFault, StorageFaults, Trigger, WorkerFault, plan, random_scenario
 from resilient_train.checkpoint import CheckpointStore
 
 REQUIRED_OPS = {"sigkill_worker", "sigterm_worker", "sigkill_supervisor", "sigterm_supervisor",
                 "corrupt_newest", "sigkill_during_upload"}
+
+
+CATALOGUE = load_catalogue(catalogue_dir())
 
 
 def test_the_catalogue_covers_every_nemesis_op_and_has_unique_names() -> None:
@@ -33,7 +37,7 @@ def test_the_catalogue_covers_every_nemesis_op_and_has_unique_names() -> None:
 
 
 def test_the_seeds_experiment_is_exact() -> None:
-    seed = by_name("seed-kill-chief-at-7")
+    seed = by_name("kill-chief-at-7")
     assert seed.overrides == {"save_every_steps": 1}
     assert seed.faults == (WorkerFault("after_commit", 7, rank=0, attempt=1, signal="SIGKILL"),)
     assert seed.expect_restored == (7,)
