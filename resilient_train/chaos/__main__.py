@@ -129,6 +129,8 @@ def _scenarios(args: argparse.Namespace):
 
     if args.all == bool(args.scenarios):
         raise ValueError("expected scenario names or files, or --all (not both); see `python -m resilient_train.chaos list`")
+    if args.workers < 1:
+        raise ValueError(f"Received --workers {args.workers}; expected >= 1")
     if args.all:
         return list(load_catalogue(catalogue_dir(args.catalogue), workers=args.workers))
     directory = None if all(is_path(name) for name in args.scenarios) else catalogue_dir(args.catalogue)

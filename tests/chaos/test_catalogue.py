@@ -410,6 +410,8 @@ def test_run_refuses_names_and_all_together_and_a_missing_catalogue(
     assert main(["run", "--all", "kill-chief-at-7", "--recipe", RECIPE]) == 2
     assert capsys.readouterr().err == ("chaos: error: expected scenario names or files, or --all (not both); "
                                        "see `python -m resilient_train.chaos list`\n")
+    assert main(["run", "kill-chief-at-7", "--workers", "0", "--recipe", RECIPE]) == 2
+    assert capsys.readouterr().err == "chaos: error: Received --workers 0; expected >= 1\n"
     monkeypatch.setenv(CATALOGUE_ENV, str(tmp_path / "none"))
     assert main(["run", "kill-chief-at-7", "--recipe", RECIPE]) == 2
     assert capsys.readouterr().err == (f"chaos: error: Received {CATALOGUE_ENV} '{tmp_path / 'none'}'; "
