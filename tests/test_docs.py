@@ -182,7 +182,7 @@ def _blocks_in(text: str) -> list[str]:
 # or a sub-package). Placeholders (``benchmarks/NAME.py``) and other projects' files
 # (``keras/src/...``) start elsewhere or are capitals, and are not references.
 _PATH = re.compile(r"(?<![\w/.\-<>{}*$])((?:[A-Za-z_][\w.\-]*/)+[a-z_][\w\-]*\.py)(?![\w])")
-_REFERRING = [*DOCUMENTS, ROOT / "chaos" / "README.md", *sorted((ROOT / "resilient_train").rglob("*.py")),
+_REFERRING = [*DOCUMENTS, *sorted((ROOT / "resilient_train").rglob("*.py")),
               *sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "recipes").glob("*.py")),
               *sorted((ROOT / "examples").rglob("*.py"))]
 

@@ -235,7 +235,9 @@ def test_where_the_catalogue_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         catalogue_dir(environ={}, package=installed, cwd=tmp_path)
 
 
-def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"# {CATALOGUE_DIR} (20 scenarios; run one by name or by its file's path)"

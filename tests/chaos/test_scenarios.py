@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_train.chaos.catalogue import by_name, catalogue_dir, load_catalogue
+from resilient_train.chaos import catalogue
 from resilient_train.chaos.harness import JobSpec, _fault_env
 from resilient_train.chaos.nemesis import EventReader, FaultState, Nemesis, corrupt_newest
 from resilient_train.chaos.scenarios import ExternalFault, StorageFaults, Trigger, WorkerFault, plan, random_scenario
@@ -21,7 +21,12 @@ REQUIRED_OPS = {"sigkill_worker", "sigterm_worker", "sigkill_supervisor", "sigte
                 "corrupt_newest", "sigkill_during_upload"}
 
 
-CATALOGUE = load_catalogue(catalogue_dir())
+CATALOGUE_DIR = Path(__file__).resolve().parents[2] / "chaos" / "scenarios"  # this clone's, whatever the environment
+CATALOGUE = catalogue.load_catalogue(CATALOGUE_DIR)
+
+
+def by_name(name: str):
+    return catalogue.by_name(name, CATALOGUE_DIR)
 
 
 def test_the_catalogue_covers_every_nemesis_op_and_has_unique_names() -> None:
