@@ -68,7 +68,8 @@ class Option:
     """How one JobConfig field is set: its flag with the flag's argparse settings, and its TOML key.
 
     ``flag`` None: no flag (``why`` says why; ``argument``: the RECIPE positional, which each
-    command adds with its own help). ``toml`` False: not a ``--config`` key (a CLI-only field).
+    command adds with its own help). ``toml`` False: not a ``--config`` key (CLI-only with a
+    flag, internal without one: set by code and read back from job.json only).
     A flag's value lands in the field of the same name (the argparse ``dest``). ``pairs``: a
     repeatable ``KEY=VALUE`` flag parsed by that function and merged over the file's table of
     the same key. A flag's value is checked twice: its text by ``parse`` or ``choices``
