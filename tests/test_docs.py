@@ -145,6 +145,14 @@ def test_a_wrong_command_line_is_caught():
     assert exc.value.code == 2
 
 
+def test_every_job_flag_and_every_config_key_without_a_flag_is_in_commands_md():
+    from resilient_train.job.config import JOB_OPTIONS
+
+    text = (ROOT / "docs" / "commands.md").read_text()
+    names = [option.flag or f"`{name}`" for name, option in JOB_OPTIONS.items()]
+    assert [name for name in names if not re.search(re.escape(name) + r"(?![\w-])", text)] == []
+
+
 def _makefile_recipes() -> dict[str, list[str]]:
     """Each target's recipe lines, with ``$(BIN)`` spelled as the path it stands for."""
     text = (ROOT / "Makefile").read_text()

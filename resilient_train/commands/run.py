@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
 
     job = job_from_args(args)
     preflight(job)
-    warning = command_line_secret_warning(args.storage_option, job.storage)
+    warning = command_line_secret_warning(args.storage_options, job.storage)
     if warning is not None:
         print(warning, file=sys.stderr)
     if job.strategy == "parameter-server":

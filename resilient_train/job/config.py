@@ -7,6 +7,15 @@ same flags.
 
 Values a recipe can default (epochs, steps_per_epoch, global_batch_size, save_every_steps)
 are ``None`` here until :meth:`JobConfig.with_recipe_defaults` fills them in on the worker.
+
+Each field says in its metadata how it is set from outside (an :class:`Option`): by a flag
+(of ``resilient-train run``, ``resilient-train worker`` and ``python -m
+resilient_train.runner``, which all call :func:`add_job_arguments`), by a key of the
+``--config`` TOML file, or both; ``recipe`` by the RECIPE argument each command adds itself.
+A field without a flag says why. The flags, the flag -> field mapping and the TOML keys are
+generated from that one table (:data:`JOB_OPTIONS`), so a flag cannot be parsed and then
+dropped, and a new field cannot be added without saying how it is set (import fails).
+``job.json`` carries every field, whatever its routes.
 """
 
 from __future__ import annotations
@@ -21,19 +30,23 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+from resilient_train.checkpoint.options import parse_storage_options
 from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.permissions import DEFAULT_RUN_DIR_MODE, parse_mode
 from resilient_train.rundir.redact import drop_redacted, merge_secrets, redact_text, split_secrets
 from resilient_train.job.recipe import recipe_name
 
-__all__ = ["JobConfig", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO", "COLLECTIVE_TIMEOUT_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS", "add_job_arguments", "job_from_args", "parse_workers"]
+__all__ = ["JobConfig", "Option", "JOB_OPTIONS", "TOML_KEYS", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO",
+           "COLLECTIVE_TIMEOUT_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS",
+           "add_job_arguments", "job_from_args", "parse_workers"]
 
 LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
 STRATEGIES = ("mirrored", "parameter-server")  # MultiWorkerMirroredStrategy | its own tier (docs/parameter_server.md)
 RAY_STRATEGIES = ("spread", "pack")
+CHECKPOINT_MODES = ("async", "sync")
 
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
 
@@ -49,49 +62,213 @@ def check_steps_per_execution(setting: object) -> None:
         raise ValueError(f"Received steps_per_execution={setting!r}; expected 'auto' or an integer >= 1")
 
 
+# ------------------------------------------------------------ how a field is set from outside
+@dataclass(frozen=True)
+class Option:
+    """How one JobConfig field is set: its flag with the flag's argparse settings, and its TOML key.
+
+    ``flag`` None: no flag (``why`` says why; ``argument``: the RECIPE positional, which each
+    command adds with its own help). ``toml`` False: not a ``--config`` key (CLI-only with a
+    flag, internal without one: set by code and read back from job.json only).
+    A flag's value lands in the field of the same name (the argparse ``dest``). ``pairs``: a
+    repeatable ``KEY=VALUE`` flag parsed by that function and merged over the file's table of
+    the same key. A flag's value is checked twice: its text by ``parse`` or ``choices``
+    (argparse: exit 2), the value by ``JobConfig.__post_init__`` (ConfigError naming it).
+    """
+
+    flag: str | None = None
+    toml: bool = True
+    argument: bool = False
+    why: str = ""
+    help: str | None = None
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    action: str | type[argparse.Action] | None = None  # "store_true", argparse.BooleanOptionalAction
+    pairs: Callable[[list[str]], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.flag is not None and not self.flag.startswith("--"):
+            raise ValueError(f"Received flag={self.flag!r}; expected a long flag, --name")
+        if self.flag is None and not (self.why or self.argument):
+            raise ValueError("Received an option without a flag and without why; expected the reason it has none")
+
+    def add_to(self, parser: argparse.ArgumentParser, dest: str) -> argparse.Action:
+        """Add this flag to ``parser``; its value is ``args.<dest>``, None when not given ([] for pairs)."""
+        settings: dict[str, Any] = {"help": self.help, "metavar": self.metavar, "type": self.parse,
+                                    "choices": self.choices, "action": "append" if self.pairs else self.action}
+        given = {key: value for key, value in settings.items() if value is not None}  # store_true takes no type
+        return parser.add_argument(self.flag, dest=dest, default=[] if self.pairs else None, **given)
+
+
+_OPTION = "option"  # the key of a JobConfig field's metadata that holds its Option
+
+
+def _flag(flag: str, **settings: Any) -> dict[str, Option]:
+    """Field metadata: set by ``flag`` and by the ``--config`` key of the field's name (unless toml=False)."""
+    return {_OPTION: Option(flag=flag, **settings)}
+
+
+def _toml_only(why: str) -> dict[str, Option]:
+    """Field metadata: a ``--config`` key without a flag, and why it has none."""
+    return {_OPTION: Option(why=why)}
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _workers(text: str) -> int | str:
+    """``N`` as an int (checked by JobConfig as before); ``MIN:MAX`` as text, which JobConfig parses."""
+    return text if ":" in text else _integer(text)
+
+
+def _steps_per_execution(text: str) -> int | str:
+    return STEPS_PER_EXECUTION_AUTO if text == STEPS_PER_EXECUTION_AUTO else _integer(text)
+
+
+def _hang_timeout(text: str) -> float | str:
+    if text == HANG_TIMEOUT_AUTO:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or auto") from None
+
+
+def _collective_timeout(text: str) -> float | str:
+    if text == COLLECTIVE_TIMEOUT_OFF:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or off") from None
+
+
+def parse_set_pairs(pairs: list[str], *, flag: str = "--set") -> dict[str, str]:
+    """``["lr=0.1", "path=/x"]`` -> ``{"lr": "0.1", "path": "/x"}``."""
+    result: dict[str, str] = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"Received {flag} {item!r}; expected key=value")
+        result[key.strip()] = value
+    return result
+
+
 @dataclass(frozen=True)
 class JobConfig:
-    recipe: str
-    workers: int = 2  # the most workers (MAX of ``--workers MIN:MAX``)
-    run_dir: str = ""
-    storage: str = ""
-    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # may hold credentials
-    epochs: int | None = None
-    steps_per_epoch: int | None = None
-    global_batch_size: int | None = None
-    save_every_steps: int | None = None
-    seed: int = 0
-    params: Mapping[str, str] = field(default_factory=dict)
-    keep: int = 3
-    max_restarts: int = 3
-    max_preemptions: int | None = None
-    grace_period: float = 30.0
-    gpus_per_worker: int = 0
-    progress_every_s: float = 1.0
-    checkpoint_mode: str = "async"
-    save_every_seconds: float | None = None
-    warm_standby: bool = True
-    launcher: str = "local"
-    force_storage: bool = False
-    ray_address: str | None = None  # None: RAY_ADDRESS, else "auto"
-    ray_strategy: str = "spread"
-    cpus_per_worker: float = 1.0
-    storage_shared: bool = False  # a local storage path is a mount every node shares
-    steps_per_execution: int | str = "auto"  # or a fixed N >= 1 (runner/call_size.py)
-    eval_every_epochs: int | None = None  # None: 1 when the recipe defines eval_dataset, else 0
-    eval_steps: int | None = None  # None: the whole eval_dataset
-    strict_resume: bool = False
-    record_indices: bool = False  # indexed recipes: per-step index digests (rundir/stepindices.py)
-    max_iterator_state_bytes: int = 262144  # runner/input/iterator_state.py; 0: never save iterator state
-    hang_timeout: float | str = "auto"  # seconds without progress, or auto (supervisor/watchdog.py)
-    startup_timeout: float = 600.0  # seconds until an attempt's first step (and slow phases)
-    storage_timeout: float = 60.0  # seconds a storage call may make no progress (checkpoint/deadline.py)
-    collective_timeout: float | None = None  # seconds one collective may wait; None ("off"): no limit
-    run_dir_mode: int | str = DEFAULT_RUN_DIR_MODE  # "0750" on the command line; an int once validated
-    min_workers: int | None = None  # the fewest workers an elastic run goes on with; None: ``workers`` (not elastic)
-    strategy: str = "mirrored"  # or "parameter-server": coordinator + ps + workers (runner/ps_roles.py)
-    ps: int = 1  # --strategy parameter-server: parameter server processes
-
+    recipe: str = field(metadata={_OPTION: Option(
+        argument=True, why="the RECIPE argument, which run, worker and python -m resilient_train.runner each add")})
+    workers: int = field(default=2, metadata=_flag(  # the most workers (MAX of ``--workers MIN:MAX``)
+        "--workers", parse=_workers, metavar="N|MIN:MAX",
+        help="worker processes (default 2); MIN:MAX: elastic, go on with fewer (down to MIN) when nodes are lost "
+        "and grow back to MAX at the next save when they return (docs/elastic.md)"))
+    run_dir: str = field(default="", metadata=_flag(
+        "--run-dir", help="where logs, events and summary go (default runs/<recipe>)"))
+    storage: str = field(default="", metadata=_flag(
+        "--storage", metavar="URL",
+        help="checkpoint storage: path, file://, s3://, gs://, memory:// (default <run-dir>/checkpoints)"))
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False, metadata=_flag(  # may hold credentials
+        "--storage-option", pairs=parse_storage_options, metavar="KEY=VALUE",
+        help="passed to the fsspec filesystem (credentials are never written to the run dir; prefer the backend's "
+        "environment variables, e.g. AWS_SECRET_ACCESS_KEY)"))
+    epochs: int | None = field(default=None, metadata=_flag("--epochs", parse=_integer))
+    steps_per_epoch: int | None = field(default=None, metadata=_flag("--steps-per-epoch", parse=_integer))
+    global_batch_size: int | None = field(default=None, metadata=_flag("--global-batch-size", parse=_integer))
+    save_every_steps: int | None = field(default=None, metadata=_flag(
+        "--save-every-steps", parse=_integer, metavar="K", help="checkpoint every K global steps (0: only at epoch ends)"))
+    seed: int = field(default=0, metadata=_flag("--seed", parse=_integer))
+    params: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
+        "--set", pairs=parse_set_pairs, metavar="KEY=VALUE", help="recipe parameter"))
+    keep: int = field(default=3, metadata=_flag(
+        "--keep", parse=_integer, help="committed checkpoints to keep (default 3)"))
+    max_restarts: int = field(default=3, metadata=_flag(
+        "--max-restarts", parse=_integer, help="gang restarts after failures (default 3)"))
+    max_preemptions: int | None = field(default=None, metadata=_flag(
+        "--max-preemptions", parse=_integer, help="cap on restarts after preemptions (default: unlimited)"))
+    grace_period: float = field(default=30.0, metadata=_flag(
+        "--grace-period", parse=float, help="seconds workers get to save after SIGTERM (default 30)"))
+    gpus_per_worker: int = field(default=0, metadata=_flag(
+        "--gpus-per-worker", parse=_integer, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)"))
+    progress_every_s: float = field(default=1.0, metadata=_toml_only(
+        "the chief emits train_progress at most every this many seconds; tests set 0 (an event per call)"))
+    checkpoint_mode: str = field(default="async", metadata=_flag(
+        "--checkpoint-mode", choices=CHECKPOINT_MODES,
+        help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on"))
+    save_every_seconds: float | None = field(default=None, metadata=_flag(
+        "--save-every-seconds", parse=float, metavar="T",
+        help="also checkpoint when T seconds passed since the last save (the chief's clock; all workers agree on the step)"))
+    warm_standby: bool = field(default=True, metadata=_flag(
+        "--warm-standby", action=argparse.BooleanOptionalAction,
+        help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)"))
+    launcher: str = field(default="local", metadata=_flag(
+        "--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)"))
+    force_storage: bool = field(default=False, metadata=_flag(
+        "--force-storage", action="store_true",
+        help="take over a storage that another run (another run id) owns; its OWNER.json is rewritten"))
+    ray_address: str | None = field(default=None, metadata=_flag(  # None: RAY_ADDRESS, else "auto"
+        "--ray-address", metavar="ADDR", help="--launcher ray: the cluster to join (default RAY_ADDRESS, else auto)"))
+    ray_strategy: str = field(default="spread", metadata=_flag(
+        "--ray-strategy", choices=RAY_STRATEGIES,
+        help="--launcher ray: spread (default) puts workers on different nodes, pack fills nodes first"))
+    cpus_per_worker: float = field(default=1.0, metadata=_flag(
+        "--cpus-per-worker", parse=float, metavar="N",
+        help="--launcher ray: CPUs each worker's bundle reserves (default 1)"))
+    storage_shared: bool = field(default=False, metadata=_flag(  # a local storage path is a mount every node shares
+        "--storage-shared", action="store_true",
+        help="--launcher ray: the local --storage path is a mount every node shares (otherwise refused)"))
+    steps_per_execution: int | str = field(default=STEPS_PER_EXECUTION_AUTO, metadata=_flag(  # runner/call_size.py
+        "--steps-per-execution", parse=_steps_per_execution, metavar="N",
+        help="training steps per compiled call, or auto: as many as take ~0.1 s; saves, stop requests and "
+        "progress happen between calls (default auto)"))
+    eval_every_epochs: int | None = field(default=None, metadata=_flag(  # None: 1 with an eval_dataset, else 0
+        "--eval-every-epochs", parse=_integer, metavar="N",
+        help="evaluate on the recipe's eval_dataset every N epochs (default 1 when it has one; 0: never)"))
+    eval_steps: int | None = field(default=None, metadata=_flag(  # None: the whole eval_dataset
+        "--eval-steps", parse=_integer, metavar="S", help="evaluate at most S batches (default: all)"))
+    strict_resume: bool = field(default=False, metadata=_flag(
+        "--strict-resume", action="store_true",
+        help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint"))
+    record_indices: bool = field(default=False, metadata=_flag(  # rundir/stepindices.py
+        "--record-indices", action="store_true",
+        help="indexed recipes: write a digest of each global step's example indices to "
+        "attempt-<n>/step-indices.txt (one all-gather per step; docs/recipes.md)"))
+    max_iterator_state_bytes: int = field(default=262144, metadata=_flag(  # runner/input/iterator_state.py
+        "--max-iterator-state-bytes", parse=_integer, metavar="BYTES",
+        help="dataset recipes without start_step: save each worker's tf.data iterator state with mid-epoch "
+        "checkpoints when it is at most this large, so re-entry replays nothing (default 262144; 0: never)"))
+    hang_timeout: float | str = field(default=HANG_TIMEOUT_AUTO, metadata=_flag(  # supervisor/watchdog.py
+        "--hang-timeout", parse=_hang_timeout, metavar="SECONDS|auto",
+        help="restart the group when no worker finished a step for this long (default auto: "
+        "max(60 s, 10 x the longest call seen); see docs/failures.md, Hangs)"))
+    startup_timeout: float = field(default=600.0, metadata=_flag(
+        "--startup-timeout", parse=float, metavar="SECONDS",
+        help="allowance until an attempt's first step, and for evaluation and blocking saves; a worker "
+        "waits half of it for its peers' addresses to answer (default 600)"))
+    storage_timeout: float = field(default=60.0, metadata=_flag(  # checkpoint/deadline.py
+        "--storage-timeout", parse=float, metavar="SECONDS",
+        help="a storage call that moves no bytes for this long is retried; a store that stays stalled fails the "
+        "save (restartable) instead of blocking it (default 60)"))
+    collective_timeout: float | None = field(default=None, metadata=_flag(  # None ("off"): no limit
+        "--collective-timeout", parse=_collective_timeout, metavar="SECONDS|off",
+        help="fail a collective that waits longer than this (exit 4, the group is restarted); each collective "
+        "then holds a thread for that long (default off; see docs/failures.md, Hangs)"))
+    run_dir_mode: int | str = field(default=DEFAULT_RUN_DIR_MODE, metadata=_flag(  # an int once validated
+        "--run-dir-mode", metavar="MODE",
+        help="octal mode of the run dir and what it creates, e.g. 0750 to share with your group (default 0700: "
+        "files 0600; a stricter umask is kept)"))
+    min_workers: int | None = field(default=None, metadata=_toml_only(  # None: ``workers`` (not elastic)
+        "the fewest workers an elastic run goes on with; the flag is --workers MIN:MAX"))
+    strategy: str = field(default="mirrored", metadata=_flag(  # runner/ps_roles.py
+        "--strategy", choices=STRATEGIES,
+        help="mirrored (default): MultiWorkerMirroredStrategy; parameter-server: a coordinator, --ps parameter "
+        "servers and --workers workers (docs/parameter_server.md)"))
+    ps: int = field(default=1, metadata=_flag(
+        "--ps", parse=_integer, metavar="P", help="--strategy parameter-server: parameter servers (default 1)"))
     def __post_init__(self) -> None:
         if not self.recipe:
             raise ConfigError("No recipe given; expected a recipe file or module, e.g. recipes/digits_cnn.py")
@@ -163,7 +340,7 @@ class JobConfig:
                     f"{self.min_workers}:{self.workers}; {indivisible} workers cannot split it evenly (expected "
                     "every size in MIN..MAX to divide the global batch, which stays the same at every size)"
                 )
-        if self.checkpoint_mode not in ("async", "sync"):
+        if self.checkpoint_mode not in CHECKPOINT_MODES:
             raise ConfigError(f"Received checkpoint_mode={self.checkpoint_mode!r}; expected 'async' or 'sync'")
         if self.save_every_seconds is not None and (
             isinstance(self.save_every_seconds, bool)
@@ -252,11 +429,9 @@ class JobConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, source: str) -> "JobConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
+        """A job from ``values`` keyed by field names (``-`` for ``_`` too); ConfigError naming unknown keys."""
         normalised = {key.replace("-", "_"): value for key, value in values.items()}
-        unknown = sorted(set(normalised) - names)
-        if unknown:
-            raise ConfigError(f"Unknown key(s) {unknown} in {source}; accepted: {sorted(names)}")
+        _refuse_unknown(normalised, (f.name for f in dataclasses.fields(cls)), source)
         return cls(**normalised)
 
 
@@ -317,156 +492,61 @@ def load_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"Config file {path!r} is not valid TOML: {exc}") from None
 
 
-def parse_set_pairs(pairs: list[str], *, flag: str = "--set") -> dict[str, str]:
-    """``["lr=0.1", "path=/x"]`` -> ``{"lr": "0.1", "path": "/x"}``."""
-    result: dict[str, str] = {}
-    for item in pairs:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"Received {flag} {item!r}; expected key=value")
-        result[key.strip()] = value
-    return result
-
-
-# ------------------------------------------------------------ the job's flags
+# ------------------------------------------------------------ generated from the fields
 # Shared by `resilient-train run`, `resilient-train worker` and the worker process
 # (python -m resilient_train.runner), so they live with JobConfig, not in the CLI.
 
-_JOB_FLAGS = (
-    "workers", "run_dir", "storage", "epochs", "steps_per_epoch", "global_batch_size",
-    "save_every_steps", "seed", "keep", "max_restarts", "max_preemptions", "grace_period",
-    "gpus_per_worker", "checkpoint_mode", "save_every_seconds",
-    "warm_standby", "launcher", "steps_per_execution",
-    "force_storage", "ray_address", "ray_strategy", "cpus_per_worker", "storage_shared",
-    "eval_every_epochs", "eval_steps", "strict_resume", "record_indices", "max_iterator_state_bytes", "hang_timeout", "startup_timeout",
-    "collective_timeout", "run_dir_mode", "storage_timeout", "strategy", "ps",
-)
+def _options_of(config: type) -> dict[str, Option]:
+    """Each field of the dataclass ``config`` -> its Option; TypeError naming a field that has none."""
+    options = {}
+    for spec in dataclasses.fields(config):
+        if not isinstance(spec.metadata.get(_OPTION), Option):
+            raise TypeError(f"{config.__name__}.{spec.name} has no Option; say in its metadata how it is set "
+                            "(a flag, a --config key, or why neither)")
+        options[spec.name] = spec.metadata[_OPTION]
+    return options
 
 
-def _positive_or_zero_int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def _workers(text: str) -> int | str:
-    """``N`` as an int (checked by JobConfig as before); ``MIN:MAX`` as text, which JobConfig parses."""
-    return text if ":" in text else _positive_or_zero_int(text)
-
-
-def _steps_per_execution(text: str) -> int | str:
-    return "auto" if text == "auto" else _positive_or_zero_int(text)
-
-
-def _hang_timeout(text: str) -> float | str:
-    if text == HANG_TIMEOUT_AUTO:
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or auto") from None
-
-
-def _collective_timeout(text: str) -> float | str:
-    if text == COLLECTIVE_TIMEOUT_OFF:
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or off") from None
+JOB_OPTIONS: Mapping[str, Option] = _options_of(JobConfig)  # in field order, which is --help's order
+TOML_KEYS = frozenset(name for name, option in JOB_OPTIONS.items() if option.toml)
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by ``run`` and ``worker`` (all default to None = config file / recipe)."""
-    add = parser.add_argument
-    add("--config", metavar="FILE", help="TOML file with the same keys as the flags")
-    add("--workers", type=_workers, metavar="N|MIN:MAX",
-        help="worker processes (default 2); MIN:MAX: elastic, go on with fewer (down to MIN) when nodes are lost "
-        "and grow back to MAX at the next save when they return (docs/elastic.md)")
-    add("--run-dir", help="where logs, events and summary go (default runs/<recipe>)")
-    add("--storage", metavar="URL", help="checkpoint storage: path, file://, s3://, gs://, memory:// (default <run-dir>/checkpoints)")
-    add("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-        help="passed to the fsspec filesystem (credentials are never written to the run dir; prefer the backend's "
-        "environment variables, e.g. AWS_SECRET_ACCESS_KEY)")
-    add("--storage-timeout", type=float, metavar="SECONDS",
-        help="a storage call that moves no bytes for this long is retried; a store that stays stalled fails the "
-        "save (restartable) instead of blocking it (default 60)")
-    add("--run-dir-mode", metavar="MODE",
-        help="octal mode of the run dir and what it creates, e.g. 0750 to share with your group (default 0700: "
-        "files 0600; a stricter umask is kept)")
-    add("--epochs", type=_positive_or_zero_int)
-    add("--steps-per-epoch", type=_positive_or_zero_int)
-    add("--global-batch-size", type=_positive_or_zero_int)
-    add("--save-every-steps", type=_positive_or_zero_int, metavar="K", help="checkpoint every K global steps (0: only at epoch ends)")
-    add("--save-every-seconds", type=float, metavar="T",
-        help="also checkpoint when T seconds passed since the last save (the chief's clock; all workers agree on the step)")
-    add("--checkpoint-mode", choices=("async", "sync"),
-        help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on")
-    add("--seed", type=_positive_or_zero_int)
-    add("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter")
-    add("--keep", type=_positive_or_zero_int, help="committed checkpoints to keep (default 3)")
-    add("--max-restarts", type=_positive_or_zero_int, help="gang restarts after failures (default 3)")
-    add("--max-preemptions", type=_positive_or_zero_int, help="cap on restarts after preemptions (default: unlimited)")
-    add("--grace-period", type=float, help="seconds workers get to save after SIGTERM (default 30)")
-    add("--gpus-per-worker", type=_positive_or_zero_int, help="CUDA_VISIBLE_DEVICES slice per local worker (default 0)")
-    add("--steps-per-execution", type=_steps_per_execution, metavar="N",
-        help="training steps per compiled call, or auto: as many as take ~0.1 s; saves, stop requests and "
-        "progress happen between calls (default auto)")
-    add("--eval-every-epochs", type=_positive_or_zero_int, metavar="N",
-        help="evaluate on the recipe's eval_dataset every N epochs (default 1 when it has one; 0: never)")
-    add("--eval-steps", type=_positive_or_zero_int, metavar="S", help="evaluate at most S batches (default: all)")
-    add("--launcher", choices=LAUNCHERS, help="where workers run (default local: child processes of this host)")
-    add("--force-storage", action="store_true", default=None,
-        help="take over a storage that another run (another run id) owns; its OWNER.json is rewritten")
-    add("--ray-address", metavar="ADDR", help="--launcher ray: the cluster to join (default RAY_ADDRESS, else auto)")
-    add("--ray-strategy", choices=RAY_STRATEGIES,
-        help="--launcher ray: spread (default) puts workers on different nodes, pack fills nodes first")
-    add("--cpus-per-worker", type=float, metavar="N", help="--launcher ray: CPUs each worker's bundle reserves (default 1)")
-    add("--storage-shared", action="store_true", default=None,
-        help="--launcher ray: the local --storage path is a mount every node shares (otherwise refused)")
-    add("--warm-standby", action=argparse.BooleanOptionalAction, default=None,
-        help="keep workers with TensorFlow already imported waiting, so a restart skips the import (default on)")
-    add("--hang-timeout", type=_hang_timeout, metavar="SECONDS|auto",
-        help="restart the group when no worker finished a step for this long (default auto: "
-        "max(60 s, 10 x the longest call seen); see docs/failures.md, Hangs)")
-    add("--startup-timeout", type=float, metavar="SECONDS",
-        help="allowance until an attempt's first step, and for evaluation and blocking saves; a worker "
-        "waits half of it for its peers' addresses to answer (default 600)")
-    add("--collective-timeout", type=_collective_timeout, metavar="SECONDS|off",
-        help="fail a collective that waits longer than this (exit 4, the group is restarted); each collective "
-        "then holds a thread for that long (default off; see docs/failures.md, Hangs)")
-    add("--strategy", choices=STRATEGIES,
-        help="mirrored (default): MultiWorkerMirroredStrategy; parameter-server: a coordinator, --ps parameter "
-        "servers and --workers workers (docs/parameter_server.md)")
-    add("--ps", type=_positive_or_zero_int, metavar="P", help="--strategy parameter-server: parameter servers (default 1)")
-    add("--strict-resume", action="store_true", default=None,
-        help="stop (exit 3) when a resumed epoch's input differs from the one recorded with the checkpoint")
-    add("--max-iterator-state-bytes", type=_positive_or_zero_int, metavar="BYTES",
-        help="dataset recipes without start_step: save each worker's tf.data iterator state with mid-epoch "
-        "checkpoints when it is at most this large, so re-entry replays nothing (default 262144; 0: never)")
-    add("--record-indices", action="store_true", default=None,
-        help="indexed recipes: write a digest of each global step's example indices to "
-        "attempt-<n>/step-indices.txt (one all-gather per step; docs/recipes.md)")
+    """``--config`` and the flag of each field that has one, in field order (all default to None = config
+    file / recipe; a ``KEY=VALUE`` flag to [])."""
+    parser.add_argument("--config", metavar="FILE", help="TOML file with the same keys as the flags")
+    for name, option in JOB_OPTIONS.items():
+        if option.flag is not None:
+            option.add_to(parser, dest=name)
 
 
 def job_from_args(args: argparse.Namespace) -> JobConfig:
-    values: dict[str, Any] = load_toml(args.config) if args.config else {}
-    values = {key.replace("-", "_"): value for key, value in values.items()}
-    for name in _JOB_FLAGS:
+    """The job of a parsed command line: the ``--config`` file's keys, then the flags given over them."""
+    source = args.config or "flags"
+    from_file = {key.replace("-", "_"): value
+                 for key, value in (load_toml(args.config) if args.config else {}).items()}
+    values: dict[str, Any] = dict(from_file)
+    flags = {name: option for name, option in JOB_OPTIONS.items() if option.flag is not None}
+    for name, option in flags.items():
         value = getattr(args, name, None)
-        if value is not None:
+        if not option.pairs and value is not None:
             values[name] = value
     if args.recipe:
         values["recipe"] = args.recipe
     if "recipe" not in values:
         raise ConfigError("No recipe given; expected `resilient-train run RECIPE` (e.g. recipes/digits_cnn.py)")
-    params = dict(values.pop("params", {}) or {})
-    params.update(parse_set_pairs(args.set))
-    values["params"] = params
-    from resilient_train.checkpoint import parse_storage_options
+    for name, option in flags.items():
+        if option.pairs:  # KEY=VALUE flags over the file's table of the same key
+            merged = dict(values.pop(name, {}) or {})
+            merged.update(option.pairs(getattr(args, name)))
+            values[name] = merged
+    _refuse_unknown(from_file, TOML_KEYS, source)
+    return JobConfig.from_mapping(values, source=source)
 
-    options = dict(values.pop("storage_options", {}) or {})
-    options.update(parse_storage_options(args.storage_option))
-    values["storage_options"] = options
-    return JobConfig.from_mapping(values, source=args.config or "flags")
+
+def _refuse_unknown(keys: Iterable[str], accepted: Iterable[str], source: str) -> None:
+    """ConfigError naming each key of ``keys`` not in ``accepted``, and listing those that are."""
+    names = sorted(accepted)
+    unknown = sorted(set(keys) - set(names))
+    if unknown:
+        raise ConfigError(f"Unknown key(s) {unknown} in {source}; accepted: {names}")

@@ -37,7 +37,7 @@ from resilient_train.rundir.redact import register_secrets, secret_values
 from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
 from resilient_train.runner.outputs.script_output import EVENT as SCRIPT_OUTPUT, tee_stdout
 
-__all__ = ["main", "run", "parse_args", "exit_process"]
+__all__ = ["main", "run", "argument_parser", "parse_args", "exit_process"]
 
 PREFIX = "resilient-train worker"  # of every line the worker's error path prints
 
@@ -46,18 +46,22 @@ PREFIX = "resilient-train worker"  # of every line the worker's error path print
 _DRAIN_ON_ERROR_S = 2.5
 
 
-def parse_args(argv: list[str]) -> tuple[JobConfig, argparse.Namespace]:
+def argument_parser() -> argparse.ArgumentParser:
     """The runner's own command line: ``--job job.json`` or the flags of ``resilient-train run``."""
     parser = argparse.ArgumentParser(prog="python -m resilient_train.runner", allow_abbrev=False)
     parser.add_argument("--job", help="job file written by the supervisor (job.json)")
-    parser.add_argument("recipe_arg", nargs="?", metavar="RECIPE")
+    parser.add_argument("recipe", nargs="?", metavar="RECIPE")
     add_job_arguments(parser)
     add_tf_config_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str]) -> tuple[JobConfig, argparse.Namespace]:
+    """``argv`` parsed by :func:`argument_parser`: the job (from ``--job``, else from the flags) and the arguments."""
+    args = argument_parser().parse_args(argv)
     if args.job:
         with open(args.job) as handle:
             return JobConfig.from_json(handle.read()), args
-    args.recipe = args.recipe_arg
     return job_from_args(args), args
 
 
