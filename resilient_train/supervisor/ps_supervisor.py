@@ -5,8 +5,9 @@ trains and saves), P parameter servers (the variables) and N workers (stateless 
 that run the coordinator's closures); cluster/ps_cluster.py numbers them. Everything that
 is not about roles is the MultiWorkerMirroredStrategy supervisor's (supervisor.py): run id,
 lock, storage ownership, the generation fence, attempts, restart budget and backoff,
-root cause, exit codes, ``events.jsonl``, ``summary.json``, lost steps. This class only
-replaces how an attempt runs and how it is torn down:
+root cause, exit codes, ``events.jsonl``, ``summary.json``, lost steps, and the RUNNING and
+STOPPING steps themselves. This class only overrides their hooks: what ends RUNNING
+(``_running_ends``) and how an attempt is torn down (``_tear_down``):
 
 # Implementation:
 #   RUNNING   a worker died -> start it again in place (launchers/ps_local.py: same TF_CONFIG,
@@ -37,17 +38,17 @@ replaces how an attempt runs and how it is torn down:
 from __future__ import annotations
 
 import signal
-from collections import Counter
 from typing import Any
 
 from resilient_train.cluster.ps_cluster import ps_task
 from resilient_train.errors import EXIT_OK
 from resilient_train.job.config import JobConfig
 from resilient_train.rundir.events import emit
+from resilient_train.supervisor.attempt import Worker
 from resilient_train.supervisor.launchers.ps_local import ParameterServerLauncher
 from resilient_train.supervisor.policy import AttemptOutcome
 from resilient_train.supervisor.state import RunState, WorkerState
-from resilient_train.supervisor.supervisor import POLL_S, Supervisor, Worker
+from resilient_train.supervisor.supervisor import Supervisor
 
 __all__ = ["ParameterServerSupervisor"]
 
@@ -55,10 +56,11 @@ __all__ = ["ParameterServerSupervisor"]
 class ParameterServerSupervisor(Supervisor):
     """Runs one parameter-server job; see the module docstring for what differs from MWMS."""
 
+    _NO_PROGRESS = "the coordinator made no progress"
+
     def __init__(self, job: JobConfig, *, launcher: ParameterServerLauncher | None = None, **kwargs: Any) -> None:
         super().__init__(job, launcher=launcher or ParameterServerLauncher(job), **kwargs)
         self.worker_restarts = 0
-        self._restarts_this_attempt: Counter[int] = Counter()
 
     def _role(self, rank: int) -> str:
         return ps_task(rank, self.job.ps, self.job.workers).role
@@ -84,75 +86,54 @@ class ParameterServerSupervisor(Supervisor):
         return super()._outcome(attempt, workers)
 
     # ------------------------------------------------------------ RUNNING
-    def _step_running(self) -> None:
-        self._restarts_this_attempt.clear()
-        while True:
-            self._poll()
-            if self.stop_signal is not None:
-                self._to(RunState.STOPPING, reason=f"stop requested ({self.stop_signal})")
-                return
-            coordinator = self.workers[0]
-            if coordinator.returncode is not None:
-                self._to(RunState.STOPPING, reason=f"the coordinator exited ({coordinator.returncode})")
-                return
-            for worker in self.workers[1:]:
-                if worker.returncode is None:
-                    continue
-                if self._role(worker.rank) == "ps":
-                    self._to(RunState.STOPPING, reason=f"parameter server rank {worker.rank} exited")
-                    return
-                if self._restarts_this_attempt[worker.rank] >= self.job.max_restarts:
-                    self._to(RunState.STOPPING, reason=f"worker rank {worker.rank} exited again after "
-                             f"{self.job.max_restarts} restarts in place (--max-restarts)")
-                    return
-                self._restart_in_place(worker)
-            if self._went_hung("the coordinator made no progress"):
-                return
-            self.sleep(POLL_S)
+    def _running_ends(self) -> tuple[RunState, str | None] | None:
+        """A stop request, the coordinator's exit, a ps's exit or a worker out of restarts
+        in place -> STOPPING; any other lost worker is restarted in place."""
+        if self.stop_signal is not None:
+            return RunState.STOPPING, f"stop requested ({self.stop_signal})"
+        coordinator = self.workers[0]
+        if coordinator.returncode is not None:
+            return RunState.STOPPING, f"the coordinator exited ({coordinator.returncode})"
+        restarts = self.current.restarts_in_place
+        for worker in self.workers[1:]:
+            if worker.returncode is None:
+                continue
+            if self._role(worker.rank) == "ps":
+                return RunState.STOPPING, f"parameter server rank {worker.rank} exited"
+            if restarts[worker.rank] >= self.job.max_restarts:
+                return RunState.STOPPING, (f"worker rank {worker.rank} exited again after "
+                                           f"{self.job.max_restarts} restarts in place (--max-restarts)")
+            self._restart_in_place(worker)
+        return None
 
     def _restart_in_place(self, worker: Worker) -> None:
         previous = worker.returncode
         worker.process = self.launcher.restart_in_place(worker.rank)
         worker.returncode = worker.exit_time = None
         worker.state = WorkerState.RUNNING
-        self._restarts_this_attempt[worker.rank] += 1
+        restarts = self.current.restarts_in_place
+        restarts[worker.rank] += 1
         self.worker_restarts += 1
         address = self.launcher.describe(worker.process).get("address")
         emit("worker_restarted", rank=worker.rank, role="worker", pid=worker.process.pid, attempt=self.attempt,
-             address=address, previous_exit=previous, restarts=self._restarts_this_attempt[worker.rank])
+             address=address, previous_exit=previous, restarts=restarts[worker.rank])
 
     # ------------------------------------------------------------ STOPPING
-    def _step_stopping(self) -> None:
+    def _tear_down(self) -> None:
+        """The coordinator first (SIGTERM and the grace period on our own stop, else SIGKILL),
+        then the servers (SIGTERM, SIGKILL after the teardown grace)."""
         coordinator = self.workers[0]
         if coordinator.returncode is None:
             if self.stop_signal is not None:
-                _send(coordinator, signal.SIGTERM)
+                self._signal(coordinator, signal.SIGTERM)
                 self._wait(lambda: coordinator.returncode is not None, self.job.grace_period)
             if coordinator.returncode is None:
                 self._kill(coordinator)
                 self._wait(lambda: coordinator.returncode is not None, None)
         servers = [w for w in self.workers[1:] if w.returncode is None]
         for server in servers:
-            _send(server, signal.SIGTERM)
+            self._signal(server, signal.SIGTERM)
         self._wait(lambda: not self._alive(), self.teardown_grace_s)
         for server in self._alive():
             self._kill(server)
         self._wait(lambda: not self._alive(), None)
-        self._settle()
-
-    def _wait(self, done: Any, timeout_s: float | None) -> None:
-        deadline = None if timeout_s is None else self.clock() + timeout_s
-        while not done() and (deadline is None or self.clock() < deadline):
-            self.sleep(POLL_S)
-            self._poll()
-
-    def _kill(self, worker: Worker) -> None:
-        worker.state = WorkerState.KILLED
-        _send(worker, signal.SIGKILL)
-
-
-def _send(worker: Worker, sig: int) -> None:
-    try:
-        worker.process.send_signal(sig)
-    except ProcessLookupError:
-        pass

@@ -5,7 +5,9 @@ only through :meth:`RunStateMachine.transition`, which refuses any move the tabl
 does not list and emits one ``run_state`` event per move (``from``, ``to``, ``attempt``,
 and ``reason`` where there is one). So ``events.jsonl`` holds the run's exact path through
 the table, and a new behaviour (the hang watchdog's HUNG, an elastic resize) is a new state and new
-rows here, never a new flag in the loop.
+rows here, never a new flag in the loop. A transition may carry what the entered state acts on
+(HUNG: the stall; RESIZING: the resize; RESTARTING: the restart; supervisor/attempt.py lists
+them): the machine holds it as ``carried`` until the next transition, and never emits it.
 
 An illegal transition is a bug in the supervisor, not a condition of the run: it raises
 ``RuntimeError`` naming both states, and nothing is emitted.
@@ -99,6 +101,7 @@ class RunStateMachine:
     def __init__(self, emit: Callable[..., None], *, state: RunState = RunState.PREPARING) -> None:
         self._emit = emit
         self._state = state
+        self._carried: Any = None
 
     @property
     def state(self) -> RunState:
@@ -108,8 +111,14 @@ class RunStateMachine:
     def is_terminal(self) -> bool:
         return self._state.is_terminal
 
-    def transition(self, to: RunState, *, attempt: int | None, reason: str | None = None, **fields: Any) -> RunState:
-        """Move to ``to`` and announce it; returns the previous state.
+    @property
+    def carried(self) -> Any:
+        """What the transition into the current state carried (None when nothing)."""
+        return self._carried
+
+    def transition(self, to: RunState, *, attempt: int | None, reason: str | None = None, carrying: Any = None,
+                   **fields: Any) -> RunState:
+        """Move to ``to`` with ``carrying`` for its step, and announce it; returns the previous state.
 
         RuntimeError (nothing changes, nothing is emitted) when the table has no such row.
         """
@@ -117,6 +126,7 @@ class RunStateMachine:
         if to not in TRANSITIONS[previous]:
             raise RuntimeError(f"Illegal run state transition {previous.value} -> {RunState(to).value}")
         self._state = to
+        self._carried = carrying
         record: dict[str, Any] = {"from": previous.value, "to": to.value, "attempt": attempt}
         if reason is not None:
             record["reason"] = reason

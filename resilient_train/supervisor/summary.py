@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Iterable
 
 from resilient_train.checkpoint import CheckpointStore, Manifest
@@ -20,7 +20,43 @@ from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.redact import redact
 from resilient_train.rundir import stepmarker
 
-__all__ = ["RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "build_summary", "write_summary"]
+__all__ = ["RootCauseRecord", "RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "build_summary", "write_summary"]
+
+
+@dataclass(frozen=True)
+class RootCauseRecord:
+    """``summary.json``'s ``root_cause``: what ended the last attempt that failed.
+
+    One record for every way an attempt fails: a worker's error or exit (the rank
+    rundir/errorfile.py ``choose_root_cause`` names), a hang (``type`` ``"Hang"``, with
+    the stall's ``seconds``, the ``stacks`` dump and ``where`` the stuck rank was), an
+    attempt that could not start (``exit`` ``"not started"``), or workers that exited 0
+    without a completed checkpoint (``type`` ``"IncompleteRun"``). ``rank`` and ``pid``
+    are None where no worker is to blame.
+    """
+
+    rank: int | None
+    pid: int | None
+    exit: str
+    type: str | None
+    message: str | None
+    global_step: int | None
+    attempt: int
+    # A hang's only: written after ``attempt`` when set, left out otherwise.
+    seconds: float | None = None
+    stacks: str | None = None
+    where: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``root_cause`` object (key order is the file's order)."""
+        record = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in _HANG_ONLY:
+            if record[name] is None:
+                del record[name]
+        return record
+
+
+_HANG_ONLY = ("seconds", "stacks", "where")
 
 
 @dataclass
@@ -31,7 +67,7 @@ class RunTotals:
     preemptions: int = 0
     membership_changes: int = 0  # elastic resizes (spend no budget)
     lost_steps: int = 0
-    root_cause: dict[str, Any] | None = None
+    root_cause: RootCauseRecord | None = None
 
 
 def reached_step(run_dir: RunDir, attempt: int) -> int | None:
@@ -110,7 +146,7 @@ def build_summary(
         "preemptions": totals.preemptions,
         "membership_changes": totals.membership_changes,
         "lost_steps": totals.lost_steps,
-        "root_cause": totals.root_cause,
+        "root_cause": totals.root_cause.to_json() if totals.root_cause is not None else None,
         "workers": workers,
         "world_sizes": attempt_world_sizes(records),
         "run_dir": str(run_dir.path),

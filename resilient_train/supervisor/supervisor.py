@@ -8,7 +8,11 @@ workers restore the last committed checkpoint.
 # Implementation:
 # run() = _prepare() (lock, run id, events, storage checks), _loop(), _finish() (lost steps,
 # summary.json, exit code). The loop is a state machine (supervisor/state.py): one _step_*
-# method per RunState, each ending in exactly one checked, announced transition.
+# method per RunState, each ending in exactly one checked, announced transition, and each
+# handed what that transition carried (supervisor/attempt.py: HUNG the Stall, RESIZING the
+# Resize, RESTARTING the Restart, STARTING the Resize a membership change decided). What the
+# loop knows of the attempt under way is one Attempt (supervisor/attempt.py), replaced by
+# the next STARTING.
 #   PREPARING  storage already holds the completed run -> SUCCEEDED at once, else STARTING.
 #   STARTING   pick free loopback ports, write attempt-<n>/job.json (credentials as ***),
 #              start N workers with TF_CONFIG and the WorkerEnvironment (attempt, run id,
@@ -20,6 +24,7 @@ workers restore the last committed checkpoint.
 #              Elastic (--workers MIN:MAX): the attempt's size is min(MAX, the launcher's
 #              capacity()); a size below MIN, or no placement at any size >= MIN -> FAILED. A
 #              size other than the previous attempt's is announced as world_size_changed.
+#              The workers started -> a new Attempt, RUNNING.
 #   RUNNING    poll children every POLL_S (the OS tells us of a death at once: no waiting
 #              for TensorFlow's ~10 s collective timeout), print new events.jsonl lines,
 #              let the launcher reap and refill its standbys. All exited 0 with the
@@ -28,6 +33,7 @@ workers restore the last committed checkpoint.
 #              ProgressWatchdog (supervisor/watchdog.py): no rank advanced for longer than
 #              the allowance -> HUNG. Elastic and below MAX: every CAPACITY_EVERY_S, once
 #              the attempt trains, ask capacity(); room for more workers -> RESIZING.
+#              (_running_ends decides the first two; the parameter-server tier overrides it.)
 #   RESIZING   SIGTERM the group (the same agreed save as a preemption) -> STOPPING, which
 #              gives it grace_period to save and exit 143; settled as a membership change.
 #   HUNG       send SIGUSR1 through the launcher's handles (workers dump their stacks,
@@ -35,7 +41,8 @@ workers restore the last committed checkpoint.
 #              rank, emit hang_detected -> STOPPING, which SIGKILLs the group at once (a
 #              hung group can save nothing) and settles it like a crash: it spends the
 #              failure budget, and a hang at the same step twice in a row is a crash loop.
-#   STOPPING   the group hung -> SIGKILL everyone at once (no SIGTERM: nobody can save);
+#   STOPPING   _tear_down (the parameter-server tier overrides it), then _settle:
+#              the group hung -> SIGKILL everyone at once (no SIGTERM: nobody can save);
 #              a worker exited abnormally -> SIGTERM the rest, SIGKILL after
 #              teardown_grace_s, or at once when the chief is gone (only the chief commits
 #              and a broken group cannot agree on a save: the survivors have nothing left to
@@ -47,7 +54,8 @@ workers restore the last committed checkpoint.
 #              Elastic: a failed attempt whose launcher can now place fewer workers than the
 #              group had, but >= MIN (a node lost, no spare), and a clean stop for a resize
 #              are membership changes: restarted at the new size, no budget spent.
-#   RESTARTING announce gang_restart, sleep the backoff -> STARTING with attempt + 1.
+#   RESTARTING announce gang_restart, sleep the backoff -> STARTING with attempt + 1
+#              (carrying the Restart's resize, if any).
 #
 # Everything that touches the outside world (launcher, checkpoint store, restart tracker,
 # clock, sleep, signal handlers) is a constructor argument, so the loop can be driven by
@@ -62,8 +70,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from resilient_train.checkpoint import CheckpointStore, Manifest, RetryPolicy
@@ -94,17 +100,12 @@ from resilient_train.rundir.stacks import (
     read_dump,
 )
 from resilient_train.rundir.stepmarker import read_phase, read_step
+from resilient_train.supervisor.attempt import Attempt, Resize, Restart, Worker
 from resilient_train.supervisor.console import Console, EventTail, hang_line
-from resilient_train.supervisor.launchers import (
-    Launcher,
-    WorkerHandle,
-    WorkerSpec,
-    make_launcher,
-)
+from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
 from resilient_train.supervisor.ownership import claim_storage, generation_for
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
-    Decision,
     ExitClass,
     RestartPolicy,
     RestartTracker,
@@ -113,6 +114,7 @@ from resilient_train.supervisor.policy import (
 from resilient_train.supervisor.signals import ProcessSignals, SignalInstaller
 from resilient_train.supervisor.state import RunState, RunStateMachine, WorkerState
 from resilient_train.supervisor.summary import (
+    RootCauseRecord,
     RunTotals,
     build_summary,
     count_lost_steps,
@@ -136,19 +138,6 @@ CAPACITY_EVERY_S = 1.0  # how often an elastic run below MAX asks the launcher f
 
 # What each terminal state reports as summary.json's / run_finished's ``status``.
 _STATUS = {RunState.SUCCEEDED: "completed", RunState.PREEMPTED: "preempted", RunState.FAILED: "failed"}
-
-
-@dataclass
-class Worker:
-    rank: int
-    attempt: int
-    process: WorkerHandle
-    log_path: Path
-    state: WorkerState = WorkerState.RUNNING
-    returncode: int | None = None
-    exit_time: float | None = None
-    stopped: bool = False  # SIGSTOPped (or otherwise stopped) when we had to SIGKILL it
-    address: str | None = None  # where its peers reach it (host:port, or the node's IP), when the launcher says
 
 
 def default_tracker(job: JobConfig, backoff_initial_s: float = 0.25) -> RestartTracker:
@@ -207,17 +196,11 @@ class Supervisor:
         self.machine = RunStateMachine(emit)
         self.stop_signal: str | None = None
         self.totals = RunTotals()
-        self.attempt = 0  # the current attempt's number, once STARTING
-        self.workers: list[Worker] = []  # the current attempt's workers
+        self.attempt = 0  # the number of the attempt being started or run, once STARTING
+        self.current: Attempt | None = None  # the attempt started last; the next one replaces it
         self._fatal = False  # the run FAILED on a fatal error (EXIT_FATAL, not EXIT_FAILURE)
-        self._restart: Decision | None = None  # what RESTARTING carries out
         self.watchdog = ProgressWatchdog(HangPolicy.from_setting(job.hang_timeout, job.startup_timeout))
-        self._watched_at = 0.0
-        self._stall: Stall | None = None  # what HUNG reports
-        self._hang: dict[str, Any] | None = None  # the attempt hung: hang_detected's fields
-        self.size: int | None = None  # the current attempt's number of workers
-        self._resize: tuple[int, str] | None = None  # (size, reason) the next attempt starts at
-        self._asked_capacity_at = 0.0
+        self._asked_capacity_at = 0.0  # an elastic run below MAX asks for room at most every CAPACITY_EVERY_S
         self._steps: dict[RunState, Callable[[], None]] = {
             RunState.STARTING: self._step_starting,
             RunState.RUNNING: self._step_running,
@@ -230,6 +213,11 @@ class Supervisor:
     @property
     def state(self) -> RunState:
         return self.machine.state
+
+    @property
+    def workers(self) -> list[Worker]:
+        """The workers of the attempt started last (none before the first)."""
+        return self.current.workers if self.current is not None else []
 
     # ------------------------------------------------------------ public
     def run(self) -> int:
@@ -305,94 +293,104 @@ class Supervisor:
 
     # ------------------------------------------------------------ loop
     def _loop(self) -> None:
-        """One step per state until a terminal one; each step makes exactly one transition."""
+        """One step per state until a terminal one; each step makes exactly one transition and
+        is handed what the transition into its state carried (supervisor/attempt.py)."""
         while not self.machine.is_terminal:
-            self._steps[self.machine.state]()
+            self._steps[self.machine.state](self.machine.carried)
 
-    def _to(self, state: RunState, *, reason: str | None = None) -> None:
-        self.machine.transition(state, attempt=self.attempt, reason=reason)
+    def _to(self, state: RunState, *, reason: str | None = None, carrying: Any = None) -> None:
+        self.machine.transition(state, attempt=self.attempt, reason=reason, carrying=carrying)
 
-    def _step_starting(self) -> None:
+    def _step_starting(self, resize: Resize | None) -> None:
+        """Start the attempt (at ``resize``'s size after a membership change) -> RUNNING."""
         try:
-            self.workers = self._start_at_placeable_size(self.attempt)
+            size, workers = self._start_at_placeable_size(self.attempt, resize)
         except RestartNotPlacedError as exc:
             self._not_started(self.attempt, exc)
             return
-        self._watched_at = self.clock()
-        self.watchdog.start_attempt(self._watched_at, [w.rank for w in self._watched()])
-        self._stall = self._hang = None
+        now = self.clock()
+        self.current = Attempt(self.attempt, size, workers, watched_at=now)
+        self.watchdog.start_attempt(now, [w.rank for w in self._watched()])
         self._to(RunState.RUNNING)
 
-    def _step_running(self) -> None:
-        """Watch until the attempt ends by itself (all exited) or must be stopped."""
+    # What the HUNG reason says nobody did (the parameter-server tier watches its coordinator only).
+    _NO_PROGRESS = "no worker made progress"
+
+    def _step_running(self, _: None) -> None:
+        """Watch until the attempt ends or must be stopped (``_running_ends``), can grow
+        (-> RESIZING with the Resize) or made no progress (-> HUNG with the Stall)."""
         while True:
             self._poll()
-            alive = self._alive()
-            if not alive:
-                if all(w.returncode == EXIT_OK for w in self.workers) and self._completed_manifest() is not None:
-                    self.tail.pump()
-                    self._to(RunState.SUCCEEDED)
-                else:
-                    self._to(RunState.STOPPING, reason="every worker exited")
+            ends = self._running_ends()
+            if ends is not None:
+                state, reason = ends
+                self._to(state, reason=reason)
                 return
-            self._check_launcher_stop()
-            if self.stop_signal is not None:
-                self._to(RunState.STOPPING, reason=f"stop requested ({self.stop_signal})")
+            grow = self._room_to_grow()
+            if grow is not None:
+                self._to(RunState.RESIZING, reason=grow.reason, carrying=grow)
                 return
-            failed = [w.rank for w in self.workers if w.returncode not in (None, EXIT_OK)]
-            if failed:
-                self._to(RunState.STOPPING, reason=f"worker {failed[0]} exited abnormally")
-                return
-            grow_to = self._room_to_grow()
-            if grow_to is not None:
-                reason = f"capacity returned: the launcher can place {grow_to} workers"
-                self._resize = (grow_to, reason)
-                self._to(RunState.RESIZING, reason=reason)
-                return
-            if self._went_hung("no worker made progress"):
+            stall = self._watch_progress()
+            if stall is not None:
+                self._to(RunState.HUNG, reason=f"{self._NO_PROGRESS} for {stall.seconds:.0f} s "
+                         f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})", carrying=stall)
                 return
             self.sleep(POLL_S)
 
-    def _room_to_grow(self) -> int | None:
-        """Elastic, below MAX and training: the larger size the launcher can place now, if any
-        (asked every CAPACITY_EVERY_S)."""
-        if not self.job.elastic or self.size is None or self.size >= self.job.workers:
+    def _running_ends(self) -> tuple[RunState, str | None] | None:
+        """After a poll: the state RUNNING goes to and why, or None while the attempt goes on.
+
+        Here: everyone exited (SUCCEEDED when the run is complete), a stop was requested, or
+        a worker failed -> STOPPING. The parameter-server tier decides by role and restarts
+        a lost worker in place (supervisor/ps_supervisor.py).
+        """
+        if not self._alive():
+            if all(w.returncode == EXIT_OK for w in self.workers) and self._completed_manifest() is not None:
+                self.tail.pump()
+                return RunState.SUCCEEDED, None
+            return RunState.STOPPING, "every worker exited"
+        self._check_launcher_stop()
+        if self.stop_signal is not None:
+            return RunState.STOPPING, f"stop requested ({self.stop_signal})"
+        failed = [w.rank for w in self.workers if w.returncode not in (None, EXIT_OK)]
+        if failed:
+            return RunState.STOPPING, f"worker {failed[0]} exited abnormally"
+        return None
+
+    def _room_to_grow(self) -> Resize | None:
+        """Elastic, below MAX and training: a resize to the larger size the launcher can place
+        now, if any (asked every CAPACITY_EVERY_S)."""
+        size = self.current.size
+        if not self.job.elastic or size >= self.job.workers:
             return None
         now = self.clock()
         if now - self._asked_capacity_at < CAPACITY_EVERY_S or not self._training():
             return None
         self._asked_capacity_at = now
-        size = self._placeable()
-        return size if size > self.size else None
+        placeable = self._placeable()
+        if placeable <= size:
+            return None
+        return Resize(placeable, f"capacity returned: the launcher can place {placeable} workers")
 
     def _placeable(self) -> int:
         """min(MAX, the launcher's capacity): the size to start an attempt at."""
         capacity = self.launcher.capacity()
         return self.job.workers if capacity is None else min(self.job.workers, capacity)
 
-    def _step_resizing(self) -> None:
-        """Ask the group to stop at an agreed, saved step (as on a preemption) -> STOPPING."""
+    def _step_resizing(self, resize: Resize) -> None:
+        """Ask the group to stop at an agreed, saved step (as on a preemption) -> STOPPING,
+        which settles the attempt as the membership change ``resize``."""
+        self.current.resize = resize
         for worker in self._alive():
-            _signal(worker, signal.SIGTERM)
+            self._signal(worker, signal.SIGTERM)
         self._to(RunState.STOPPING, reason="resize: the group saves at an agreed step")
-
-    def _went_hung(self, what: str) -> bool:
-        """Feed the watchdog; when the watched workers made no progress for longer than
-        allowed, keep the stall for HUNG and enter it (True), the reason opening with ``what``."""
-        stall = self._watch_progress()
-        if stall is None:
-            return False
-        self._stall = stall
-        self._to(RunState.HUNG, reason=f"{what} for {stall.seconds:.0f} s "
-                 f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})")
-        return True
 
     def _watch_progress(self) -> Stall | None:
         """Feed the watchdog what the markers say (every WATCH_EVERY_S); a Stall when hung."""
         now = self.clock()
-        if now - self._watched_at < WATCH_EVERY_S:
+        if now - self.current.watched_at < WATCH_EVERY_S:
             return None
-        self._watched_at = now
+        self.current.watched_at = now
         attempt_dir = self.run_dir.attempt(self.attempt)
         for worker in self._watched():
             step = read_step(attempt_dir.step_marker(worker.rank))
@@ -404,17 +402,14 @@ class Supervisor:
         here; the parameter-server tier's coordinator only (supervisor/ps_supervisor.py)."""
         return self.workers
 
-    def _step_hung(self) -> None:
+    def _step_hung(self, stall: Stall) -> None:
         """Ask every watched worker for its stacks, name the stuck rank, announce it -> STOPPING."""
-        stall = self._stall
-        if stall is None:
-            raise RuntimeError("HUNG entered without a stall")
         attempt_dir = self.run_dir.attempt(self.attempt)
         watched = {w.rank for w in self._watched()}
         alive = [w for w in self._alive() if w.rank in watched]
         offsets = {w.rank: dump_size(attempt_dir.stacks(w.rank)) for w in alive}
         for worker in alive:
-            _signal(worker, STACKS_SIGNAL)
+            self._signal(worker, STACKS_SIGNAL)
         deadline = self.clock() + STACKS_WAIT_S
         while self.clock() < deadline:
             self.sleep(POLL_S)
@@ -429,7 +424,7 @@ class Supervisor:
         rank, why = choose_stuck_rank(stall.steps, stacks)
         step = stall.steps.get(rank)
         phase = stall.phases.get(rank)
-        self._hang = {
+        hang: dict[str, Any] = {
             "rank": rank,
             "pid": next((w.process.pid for w in self.workers if w.rank == rank), None),
             "global_step": step,
@@ -447,14 +442,21 @@ class Supervisor:
         # a slow restore): name each with its address, the first thing to check.
         never = {str(w.rank): w.address for w in self._watched() if stall.steps.get(w.rank) is None}
         if never:
-            self._hang["never_trained"] = never
-        emit("hang_detected", attempt=self.attempt, **self._hang)
+            hang["never_trained"] = never
+        self.current.hang = hang
+        emit("hang_detected", attempt=self.attempt, **hang)
         self.tail.pump()
         self._to(RunState.STOPPING, reason=f"hang: rank {rank} made no progress for {stall.seconds:.0f} s")
 
-    def _step_stopping(self) -> None:
-        """Tear the attempt down (the poll that saw the reason to stop is this step's first),
-        then settle it: root cause and the policy's decision."""
+    def _step_stopping(self, _: None) -> None:
+        """Tear the attempt down, then settle it: root cause and the policy's decision."""
+        self._tear_down()
+        self._settle()
+
+    def _tear_down(self) -> None:
+        """Stop every worker of the attempt (the poll that saw the reason to stop is this
+        step's first); the parameter-server tier stops its coordinator first (ps_supervisor.py)."""
+        attempt = self.current
         kill_at: float | None = None
         forwarded = False
         while True:
@@ -463,15 +465,15 @@ class Supervisor:
                 break
             now = self.clock()
             self._check_launcher_stop()
-            if self._resize is not None and kill_at is None:
+            if attempt.resize is not None and kill_at is None:
                 kill_at = now + self.job.grace_period  # RESIZING asked for the agreed save
             if self.stop_signal is not None and not forwarded:
                 forwarded = True
                 for worker in alive:
-                    _signal(worker, signal.SIGTERM)
+                    self._signal(worker, signal.SIGTERM)
                 kill_at = now + self.job.grace_period
             elif kill_at is None:  # a worker failed, or the group hung
-                if self._hang is not None:
+                if attempt.hang is not None:
                     kill_at = now  # a hung group can save nothing: waiting is pure recovery time
                 elif self._preempting():
                     # The peers agreed on the same step and are saving it; a second SIGTERM
@@ -479,16 +481,32 @@ class Supervisor:
                     kill_at = now + self.job.grace_period
                 else:
                     for worker in alive:
-                        _signal(worker, signal.SIGTERM)
+                        self._signal(worker, signal.SIGTERM)
                     kill_at = now if self._chief_failed() else now + self.teardown_grace_s
             if kill_at is not None and now >= kill_at:
                 for worker in alive:
-                    worker.stopped = worker.stopped or _is_stopped(worker.process.pid)
-                    worker.state = WorkerState.KILLED
-                    _signal(worker, signal.SIGKILL)
+                    worker.frozen = worker.frozen or _is_frozen(worker.process.pid)
+                    self._kill(worker)
             self.sleep(POLL_S)
             self._poll()
-        self._settle()
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float | None) -> None:
+        """Poll until ``done()`` or ``timeout_s`` passed (None: until ``done()``)."""
+        deadline = None if timeout_s is None else self.clock() + timeout_s
+        while not done() and (deadline is None or self.clock() < deadline):
+            self.sleep(POLL_S)
+            self._poll()
+
+    def _kill(self, worker: Worker) -> None:
+        worker.state = WorkerState.KILLED
+        self._signal(worker, signal.SIGKILL)
+
+    def _signal(self, worker: Worker, sig: int) -> None:
+        """Send ``sig`` to ``worker``; one that is already gone is no error."""
+        try:
+            worker.process.send_signal(sig)
+        except ProcessLookupError:
+            pass
 
     def _settle(self) -> None:
         """Every worker of the attempt is gone: decide where the run goes."""
@@ -501,7 +519,7 @@ class Supervisor:
             self.totals.preemptions += 1
             self._to(RunState.PREEMPTED, reason=f"stop requested ({self.stop_signal})")
             return
-        outcome = self._as_membership_change(outcome)
+        outcome, resize = self._as_membership_change(outcome)
         decision = self.tracker.record(outcome)
         self.totals.restarts = self.tracker.restarts
         self.totals.preemptions = self.tracker.preemptions
@@ -514,11 +532,11 @@ class Supervisor:
             self._fatal = outcome.exit_class is ExitClass.FATAL
             self._to(RunState.FAILED, reason=decision.reason)
             return
-        self._restart = decision
-        self._to(RunState.RESTARTING, reason=decision.reason)
+        self._to(RunState.RESTARTING, reason=decision.reason, carrying=Restart(decision, resize))
 
-    def _as_membership_change(self, outcome: AttemptOutcome) -> AttemptOutcome:
-        """An elastic run's attempt that ended because membership changed, marked as such.
+    def _as_membership_change(self, outcome: AttemptOutcome) -> tuple[AttemptOutcome, Resize | None]:
+        """An elastic run's attempt that ended because membership changed, marked as such,
+        and the resize the next attempt starts at (None: any other ending).
 
         Two cases, neither a failure: the group stopped cleanly for a resize (RESIZING), or
         it broke and the launcher can now place fewer workers than it had but at least MIN
@@ -526,49 +544,48 @@ class Supervisor:
         fatal error, stays what it was.
         """
         if not self.job.elastic or outcome.exit_class is ExitClass.FATAL:
-            self._resize = None
-            return outcome
-        if self._resize is not None:
+            return outcome, None
+        attempt = self.current
+        if attempt.resize is not None:
             if outcome.exit_class is ExitClass.PREEMPTED:
-                return dataclasses.replace(outcome, membership_change=True)
-            self._resize = None  # the resize stop went wrong: settle it as what it was
-            return outcome
+                return dataclasses.replace(outcome, membership_change=True), attempt.resize
+            return outcome, None  # the resize stop went wrong: settle it as what it was
         placeable = self._placeable()
-        if self.size is not None and self.job.world_sizes.start <= placeable < self.size:
-            self._resize = (placeable, f"capacity fell: the launcher can place {placeable} of {self.size} workers")
-            return dataclasses.replace(outcome, membership_change=True)
-        return outcome
+        if self.job.world_sizes.start <= placeable < attempt.size:
+            resize = Resize(placeable, f"capacity fell: the launcher can place {placeable} of {attempt.size} workers")
+            return dataclasses.replace(outcome, membership_change=True), resize
+        return outcome, None
 
-    def _step_restarting(self) -> None:
-        decision = self._restart
-        if decision is None:
-            raise RuntimeError("RESTARTING entered without a restart decision")
+    def _step_restarting(self, restart: Restart) -> None:
+        """Announce the gang restart, wait the backoff -> STARTING the next attempt."""
+        decision = restart.decision
+        root_cause = self.totals.root_cause
         emit(
             "gang_restart",
             attempt=self.attempt + 1,
             reason=decision.reason,
-            root_cause_rank=(self.totals.root_cause or {}).get("rank"),
+            root_cause_rank=root_cause.rank if root_cause is not None else None,
             backoff_s=round(decision.backoff_s, 3),
         )
         self.tail.pump()
         self.sleep(decision.backoff_s)
         self.attempt += 1
-        self._restart = None
-        self._to(RunState.STARTING)
+        self._to(RunState.STARTING, carrying=restart.resize)
 
     # ------------------------------------------------------------ attempt
-    def _start_at_placeable_size(self, attempt: int) -> list[Worker]:
-        """Start ``attempt`` at the job's size or, elastic, at the largest size that can be placed.
+    def _start_at_placeable_size(self, attempt: int, resize: Resize | None) -> tuple[int, list[Worker]]:
+        """Start ``attempt`` at the job's size or, elastic, at the largest size that can be
+        placed; returns the size and the workers.
 
-        Elastic: start at min(MAX, capacity) (or the size a resize decided); when the
-        launcher cannot place that many after all, ask again and retry smaller, down to MIN.
+        Elastic: start at min(MAX, capacity) (or ``resize``'s size); when the launcher cannot
+        place that many after all, ask again and retry smaller, down to MIN.
         ``world_size_changed`` announces a size other than the previous attempt's.
         """
         if not self.job.elastic:
-            return self._start(attempt, self.job.workers)
-        size, reason = self._resize or (self._placeable(), "")
-        self._resize = None
-        low, previous = self.job.world_sizes.start, self.size or self.job.workers
+            return self.job.workers, self._start(attempt, self.job.workers)
+        size, reason = (resize.size, resize.reason) if resize is not None else (self._placeable(), "")
+        low = self.job.world_sizes.start
+        previous = self.current.size if self.current is not None else self.job.workers
         while True:
             if size < low:
                 raise RestartNotPlacedError(
@@ -578,9 +595,8 @@ class Supervisor:
                      to=size, reason=reason or f"the launcher can place {size} workers")
                 self.tail.pump()
                 self.out.write(f"Attempt {attempt}: {previous} -> {size} workers ({reason or 'capacity'})\n")
-            self.size = size
             try:
-                return self._start(attempt, size)
+                return size, self._start(attempt, size)
             except RestartNotPlacedError:
                 smaller = min(self._placeable(), size - 1)
                 if smaller < low:
@@ -623,10 +639,10 @@ class Supervisor:
         Like an exhausted budget: root cause, ``launch_failed``, ``summary.json`` naming the
         last commit, ``EXIT_FAILURE``; a re-run (once the cluster can place it) resumes there.
         """
-        self.totals.root_cause = {
-            "rank": None, "pid": None, "exit": "not started", "type": type(exc).__name__,
-            "message": str(exc), "global_step": self._reached(attempt - 1), "attempt": attempt,
-        }
+        self.totals.root_cause = RootCauseRecord(
+            rank=None, pid=None, exit="not started", type=type(exc).__name__,
+            message=str(exc), global_step=self._reached(attempt - 1), attempt=attempt,
+        )
         emit("launch_failed", attempt=attempt, launcher=self.launcher.name, reason=str(exc))
         self.tail.pump()
         self.out.write(f"Stopping: attempt {attempt} could not start: {exc}\n")
@@ -702,14 +718,15 @@ class Supervisor:
             if self._completed_manifest() is not None:
                 return None
             return self._exited_without_completing(attempt)
-        if self._hang is not None and self.stop_signal is None:
-            return self._hung_outcome(attempt)
+        hang = self.current.hang if self.current is not None else None
+        if hang is not None and self.stop_signal is None:
+            return self._hung_outcome(attempt, hang)
         exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
         reached = self._reached(attempt)
         root = choose_root_cause(
             exits, read_errors(attempt_dir.path), lambda rank: log_tail(attempt_dir.log(rank), 15),
-            exit_notes={w.rank: _STOPPED_NOTE for w in workers if w.stopped},
-            torn_down={w.rank for w in workers if w.state is WorkerState.KILLED and not w.stopped},
+            exit_notes={w.rank: _FROZEN_NOTE for w in workers if w.frozen},
+            torn_down={w.rank for w in workers if w.state is WorkerState.KILLED and not w.frozen},
             reached=reached,
         )
         if reached is not None:
@@ -717,15 +734,15 @@ class Supervisor:
         preempted = self.stop_signal is not None or any(w.returncode == EXIT_PREEMPTED for w in workers)
         if root is None:  # everyone exited 0 or 143: a clean preemption
             return AttemptOutcome(attempt, ExitClass.PREEMPTED, "preempted", reached, preempted=True)
-        self.totals.root_cause = {
-            "rank": root.rank,
-            "pid": root.pid,
-            "exit": root.exit_description,
-            "type": root.error.type if root.error else None,
-            "message": root.error.message if root.error else None,
-            "global_step": root.global_step,
-            "attempt": attempt,
-        }
+        self.totals.root_cause = RootCauseRecord(
+            rank=root.rank,
+            pid=root.pid,
+            exit=root.exit_description,
+            type=root.error.type if root.error else None,
+            message=root.error.message if root.error else None,
+            global_step=root.global_step,
+            attempt=attempt,
+        )
         if not preempted:
             self.out.write(root.render() + "\n")
         exit_class = classify(root.returncode) if root.returncode is not None else ExitClass.FAILED
@@ -733,21 +750,21 @@ class Supervisor:
             exit_class = ExitClass.PREEMPTED
         return AttemptOutcome(attempt, exit_class, root.signature, root.global_step, preempted=preempted)
 
-    def _hung_outcome(self, attempt: int) -> AttemptOutcome:
-        """The attempt hung and was killed: the stuck rank is the root cause.
+    def _hung_outcome(self, attempt: int, hang: dict[str, Any]) -> AttemptOutcome:
+        """The attempt hung (``hang``: hang_detected's fields) and was killed: the stuck rank
+        is the root cause.
 
         Its signature names the rank, so a hang at the same step on the same rank in two
         attempts in a row is a crash loop (policy.py); each hang spends the failure budget.
         """
-        hang = self._hang or {}
         reached = self._reached(attempt)
         if reached is not None:
             emit("attempt_reached", attempt=attempt, global_step=reached)
-        self.totals.root_cause = {
-            "rank": hang["rank"], "pid": hang["pid"], "exit": "hung (no progress; the supervisor SIGKILLed the group)",
-            "type": "Hang", "message": hang_line(hang), "global_step": hang["global_step"], "attempt": attempt,
-            "seconds": hang["seconds"], "stacks": hang["stacks"], "where": hang["where"],
-        }
+        self.totals.root_cause = RootCauseRecord(
+            rank=hang["rank"], pid=hang["pid"], exit="hung (no progress; the supervisor SIGKILLed the group)",
+            type="Hang", message=hang_line(hang), global_step=hang["global_step"], attempt=attempt,
+            seconds=hang["seconds"], stacks=hang["stacks"], where=hang["where"],
+        )
         return AttemptOutcome(attempt, ExitClass.FAILED, f"hang on rank {hang['rank']}", hang["global_step"])
 
     def _exited_without_completing(self, attempt: int) -> AttemptOutcome:
@@ -760,10 +777,10 @@ class Supervisor:
         """
         reached = self._reached(attempt)
         signature = "workers exited 0 but no completed checkpoint is in storage"
-        self.totals.root_cause = {
-            "rank": None, "pid": None, "exit": "exit code 0", "type": "IncompleteRun",
-            "message": f"{signature} ({self.store.url})", "global_step": reached, "attempt": attempt,
-        }
+        self.totals.root_cause = RootCauseRecord(
+            rank=None, pid=None, exit="exit code 0", type="IncompleteRun",
+            message=f"{signature} ({self.store.url})", global_step=reached, attempt=attempt,
+        )
         emit("attempt_incomplete", attempt=attempt, global_step=reached, storage=self.store.url)
         self.out.write(f"Attempt {attempt}: {signature} ({self.store.url}).\n")
         return AttemptOutcome(attempt, ExitClass.FAILED, signature, reached)
@@ -834,7 +851,7 @@ class Supervisor:
         return manifest
 
 
-_STOPPED_NOTE = "stopped responding (process stopped, e.g. SIGSTOP; the supervisor SIGKILLed it)"
+_FROZEN_NOTE = "stopped responding (process stopped, e.g. SIGSTOP; the supervisor SIGKILLed it)"
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -845,8 +862,9 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def _is_stopped(pid: int) -> bool:
-    """Whether a local process is stopped (state T/t in /proc); False when unknown."""
+def _is_frozen(pid: int) -> bool:
+    """Whether a local process is stopped by a signal (state T/t in /proc: SIGSTOP, a
+    debugger); False when unknown."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             return handle.read().rsplit(") ", 1)[1][:1] in ("T", "t")
@@ -858,9 +876,3 @@ def _newest_extra(store: CheckpointStore) -> dict[str, Any] | None:
     manifest = store.latest_manifest()
     return manifest.extra if manifest is not None else None
 
-
-def _signal(worker: Worker, sig: int) -> None:
-    try:
-        worker.process.send_signal(sig)
-    except ProcessLookupError:
-        pass

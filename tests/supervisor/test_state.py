@@ -102,3 +102,14 @@ def test_a_fresh_machine_prepares_and_a_transition_without_reason_has_no_reason_
         ("run_state", {"from": "preparing", "to": "starting", "attempt": 1}),
         ("run_state", {"from": "starting", "to": "running", "attempt": 1}),
     ]
+
+
+def test_a_transition_carries_its_payload_to_the_next_without_announcing_it():
+    emit = Recorder()
+    machine = RunStateMachine(emit, state=RunState.RUNNING)
+    stall = object()
+    machine.transition(RunState.HUNG, attempt=1, reason="no progress", carrying=stall)
+    assert machine.carried is stall
+    assert emit.events == [(EVENT_RUN_STATE, {"from": "running", "to": "hung", "attempt": 1, "reason": "no progress"})]
+    machine.transition(RunState.STOPPING, attempt=1)
+    assert machine.carried is None

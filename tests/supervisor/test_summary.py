@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from resilient_train.rundir.layout import RunDir
 from resilient_train.supervisor.summary import (
+    RootCauseRecord,
     RunTotals,
     build_summary,
     count_lost_steps,
@@ -60,7 +61,8 @@ def test_final_validation_is_the_last_evaluated_epoch():
 def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomically(tmp_path):
     run_dir = hand_built(tmp_path)
     manifest = SimpleNamespace(epoch=2, global_step=20, weights_sha256="a" * 64)  # the fields a summary reads
-    totals = RunTotals(restarts=1, preemptions=2, lost_steps=3, root_cause={"rank": 1})
+    root = RootCauseRecord(rank=1, pid=42, exit="exit code 1", type="ValueError", message="bad", global_step=7, attempt=2)
+    totals = RunTotals(restarts=1, preemptions=2, lost_steps=3, root_cause=root)
     summary = build_summary(
         status="completed", run_id="r", recipe="recipes/x.py", workers=2, run_dir=run_dir,
         storage_url="file:///s", manifest=manifest, totals=totals,
@@ -73,13 +75,29 @@ def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomica
         "status": "completed", "run_id": "r", "recipe": "recipes/x.py",
         "epochs": 2, "global_step": 20, "weights_sha256": "a" * 64, "checkpoint": "file:///s/ckpt-000000000020",
         "attempts": 2, "restarts": 1, "preemptions": 2, "membership_changes": 0, "lost_steps": 3,
-        "root_cause": {"rank": 1}, "workers": 2, "world_sizes": {"1": 2, "2": 1}, "run_dir": str(run_dir.path), "storage": "file:///s", "events": str(run_dir.events),
+        "root_cause": {"rank": 1, "pid": 42, "exit": "exit code 1", "type": "ValueError", "message": "bad",
+                       "global_step": 7, "attempt": 2},
+        "workers": 2, "world_sizes": {"1": 2, "2": 1}, "run_dir": str(run_dir.path), "storage": "file:///s", "events": str(run_dir.events),
         "val_epoch": 1, "val_loss": 0.5, "val_metrics": None, "val_examples": None,
         "wall_time_s": 1.235, "finished_at": "2026-01-02T03:04:05+00:00",
     }
     write_summary(run_dir, summary)
     assert json.loads(run_dir.summary.read_text()) == summary
     assert [p.name for p in run_dir.path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def test_a_root_cause_record_is_the_summary_object_and_a_hangs_adds_its_details_after_attempt():
+    crash = RootCauseRecord(rank=None, pid=None, exit="not started", type="RestartNotPlacedError",
+                            message="no node", global_step=None, attempt=3)
+    assert list(crash.to_json().items()) == [
+        ("rank", None), ("pid", None), ("exit", "not started"), ("type", "RestartNotPlacedError"),
+        ("message", "no node"), ("global_step", None), ("attempt", 3)]
+    hang = RootCauseRecord(rank=1, pid=4001, exit="hung", type="Hang", message="rank 1 made no progress",
+                           global_step=24, attempt=1, seconds=31.0, stacks="attempt-1/stacks-1.txt", where="main thread")
+    assert list(hang.to_json().items()) == [
+        ("rank", 1), ("pid", 4001), ("exit", "hung"), ("type", "Hang"), ("message", "rank 1 made no progress"),
+        ("global_step", 24), ("attempt", 1), ("seconds", 31.0), ("stacks", "attempt-1/stacks-1.txt"),
+        ("where", "main thread")]
 
 
 def test_without_a_checkpoint_the_summary_says_none():

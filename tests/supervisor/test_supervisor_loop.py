@@ -255,15 +255,15 @@ def test_workers_exiting_0_without_a_completed_checkpoint_is_not_success(tmp_pat
     assert "Run completed" not in out.getvalue()
 
 
-def test_a_stopped_worker_is_the_root_cause_that_stopped_responding(tmp_path, monkeypatch):
+def test_a_frozen_worker_is_the_root_cause_that_stopped_responding(tmp_path, monkeypatch):
     """SIGSTOP on worker 1: the chief fails out of its collective (secondary), the supervisor
-    SIGKILLs the stopped worker, and the root cause says it stopped responding."""
+    SIGKILLs the frozen worker, and the root cause says it stopped responding."""
     from resilient_train.rundir.errorfile import record_exception
 
     class UnavailableError(Exception):
         pass
 
-    monkeypatch.setattr("resilient_train.supervisor.supervisor._is_stopped", lambda pid: pid == 4001)
+    monkeypatch.setattr("resilient_train.supervisor.supervisor._is_frozen", lambda pid: pid == 4001)
     scripts = [{"exit_at": 0.5, "exit_code": EXIT_FAILURE}, {"exit_at": None}]
     supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=0)
     spawn = spawner.__call__
