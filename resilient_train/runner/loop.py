@@ -530,7 +530,8 @@ class Trainer:
 
     def _save_request(self, completed: bool) -> SaveRequest:
         # Only the chief's copy is ever committed; the others skip encoding (best_weights can be large).
-        files = {STATE_FILE: self._callbacks.state(stopped=self._stopped_early)} if self._callbacks and self.cluster.is_chief else {}
+        files = ({STATE_FILE: self._callbacks.state(stopped=self._stopped_early)}
+                 if self._callbacks and self.cluster.is_chief else {})
         iterator_files, iterator_extra = self._input.state_to_save(int(self.epoch.numpy()),
                                                                   int(self.step_in_epoch.numpy()))
         files.update(iterator_files)
