@@ -14,6 +14,8 @@
 # 4. Train epoch by epoch. The input of epoch e is rebuilt from (seed, e, shard) and
 #    positioned at step_in_epoch (runner/input/data.py: the recipe's start_step, else skip()),
 #    so re-entering mid-epoch sees exactly the batches an uninterrupted run would have.
+#    EpochInput (runner/input/reentry.py) owns it: the iterator for epoch e at step s, the
+#    re-entry path of a restore, the iterator state a save records, the epoch end's retirement.
 # 5. Each tf.function call runs up to --steps-per-execution steps (_make_train_call; auto:
 #    the chief sizes calls to ~0.1 s, runner/call_size.py): per step ONE packed all-reduce
 #    besides the gradients' carries loss, metrics, the stop flag, the chief's time-based
@@ -28,9 +30,11 @@
 #    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
 #    last). Every epoch end is saved; then _after_epoch_saved (the epoch-end hook) runs
 #    and epoch_finished is emitted.
-# 7. Preemption: each worker's stop request (SIGTERM/SIGINT) is summed in the packed
-#    all-reduce, so every worker stops after the same call, saves it (flushed) and
-#    returns None (the worker exits 143).
+# 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
+#    summed in the packed all-reduce, so every worker stops after the same call
+#    (_preemption_agreed), saves it (flushed) and returns None (the worker exits 143).
+#    Not to be confused with a Keras callback's model.stop_training (_stopped_early): the
+#    run then completes at the epoch's end.
 #
 # Keras: a compiled model supplies optimizer, loss and metrics (runner/keras_recipes/compiled.py); the
 # recipe's callbacks run at the points model.fit would call them (runner/keras_recipes/callbacks.py) and
@@ -84,17 +88,8 @@ from resilient_train.runner.input.data import epoch_dataset, record_first_batch
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
-from resilient_train.runner.input.iterator_state import (
-    EXTRA_KEY as ITERATOR_STATE_KEY,
-    ITERATOR_STATE,
-    SKIP,
-    reentry_path,
-    restore_iterator,
-    serialize_iterator,
-    state_file,
-)
+from resilient_train.runner.input.reentry import EpochInput
 from resilient_train.runner.state.save_policy import SavePolicy
-from resilient_train.runner.input.teardown import IteratorReaper
 from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
@@ -118,10 +113,7 @@ _RESIZE_NOTE_DATASET = ("resuming is sound but the input sharding differs, so we
 _RESIZE_NOTE_INDEXED = ("every global step trains on the same examples as an uninterrupted run (indexed input); "
                         "the weights differ from it only by floating-point reduction order")
 
-# An epoch's input whose teardown took this long is reported (input_torn_down).
-_SLOW_TEARDOWN_S = 1.0
-
-_STOP = "__stop_requested__"
+_PREEMPT = "__stop_requested__"  # the packed row's column: the sum of the workers' stop requests
 _SAVE_DUE = "__save_due__"
 _NEXT_CALL = "__next_call_steps__"
 
@@ -178,7 +170,9 @@ class Trainer:
     ) -> None:
         """``strategy``: one made already (a fit script's, runner/keras_recipes/fitscript.py), else made here.
         ``input_source(epoch, start)``: the iterator to train epoch ``epoch`` from step
-        ``start`` on, in place of the recipe's per-epoch ``dataset`` (runner/input/data.py)."""
+        ``start`` on, in place of the recipe's per-epoch ``dataset`` (runner/input/data.py).
+        ``stop_requested()``: True once SIGTERM/SIGINT asked this worker to stop
+        (runner/worker_main.py); it is this worker's preemption vote in every call."""
         self.job = job
         self._given_strategy = strategy
         self._input_source = input_source
@@ -196,16 +190,20 @@ class Trainer:
         # Once, at start: the recipe file read and hashed as this process imported it (not on
         # every save, and not an edit made to the file while the run goes on).
         self._fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
-        self._stop_noticed = False
-        self._stop_agreed = False
+        # This worker's own stop request (SIGTERM/SIGINT, ``stop_requested``) was seen:
+        # preemption_requested is reported once; the request rides every call's all-reduce.
+        self._preemption_requested = False
+        # The group agreed to stop: some worker's request reached the all-reduce, so every
+        # worker stops after the same call, saves it (flushed) and returns None (exit 143).
+        self._preemption_agreed = False
         # True from a fresh start (no checkpoint) until this process's first call of steps
         # finished: a failure in between is the job's bug, not a fault (runner/failures/diagnose.py).
         self.untrained_fresh_start = False
-        self._stopped_input: Any = None  # the epoch's iterator when a stop left it mid-epoch
-        # Finished epochs' iterators are torn down off the training thread (runner/input/teardown.py).
-        self._reaper = IteratorReaper(on_wait=self._teardown_waited, on_teardown=_report_teardown)
         self._last_saved: int | None = None
-        self._stopped = False  # a callback set model.stop_training (agreed by every worker)
+        # A Keras callback (EarlyStopping, TerminateOnNaN...) set model.stop_training, agreed by
+        # every worker: the run completes at this epoch's end (training_stopped; the manifest's
+        # stopped_early, callbacks.json's stopped). Not a preemption.
+        self._stopped_early = False
         self._callback_state: bytes | None = None  # the restored checkpoint's callbacks.json
         self._async: AsyncCheckpointer | None = None
         self.policy = SavePolicy(
@@ -267,21 +265,31 @@ class Trainer:
         self._sum_over_workers = _make_sum_over_workers(self.strategy)
         self.checkpointer = self._make_checkpointer()
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
-        if self._evaluator is not None:
-            self._evaluator.retire = lambda iterator: self._reaper.retire(iterator, ("eval", int(self.epoch.numpy())))
         self._callbacks = self._make_callbacks()
-        # How a resumed epoch is re-entered (runner/input/iterator_state.py); iterator_state may
-        # turn into skip at the first mid-epoch save, when the state is measured too large.
+        self._input = self._make_epoch_input()
+        if self._evaluator is not None:  # its iterators are torn down by the same reaper
+            self._evaluator.retire = self._input.retire_evaluation
+
+    def _make_epoch_input(self) -> EpochInput:
+        """The epoch input (runner/input/reentry.py): each epoch's iterator, how a resumed
+        epoch is re-entered (iterator_state may turn into skip at the first mid-epoch save,
+        when the state is measured too large), what a save records of it, its retirement."""
+        common = dict(rank=self.cluster.rank, workers=self.cluster.num_workers, gather=self._gather,
+                      gather_bytes=self._gather_bytes, current_epoch=lambda: int(self.epoch.numpy()))
         if self._input_source is not None:  # a fit script's one iterator (runner/keras_recipes/fitscript.py)
-            self._reentry, self._reentry_reason = SKIP, "a fit script's input skips to the position"
-        else:
-            self._reentry, self._reentry_reason = reentry_path(
-                self.recipe, max_state_bytes=self.job.max_iterator_state_bytes,
-                replicas_per_worker=self.strategy.num_replicas_in_sync // self.cluster.num_workers)
-        self._iterator: Any = None  # the plain per-worker iterator on the iterator_state path
-        self._pipeline_entry = 0  # the step the current epoch's pipeline was built from
-        self._state_sized = False
-        self._restored_state: tuple[int, int, bytes] | None = None  # (epoch, entry step, state)
+            return EpochInput.for_fit_script(self._input_source, **common)
+        job = self.job
+
+        def dataset(epoch: int, start_step: int, worker: tuple[int, int] | None) -> Any:
+            return epoch_dataset(
+                self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=start_step,
+                steps_per_epoch=job.steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,
+                input_check=self.input_check, worker=worker,
+            )
+
+        return EpochInput.for_recipe(
+            self.recipe, dataset=dataset, max_state_bytes=job.max_iterator_state_bytes,
+            replicas_per_worker=self.strategy.num_replicas_in_sync // self.cluster.num_workers, **common)
 
     def _make_callbacks(self) -> CallbackRunner | None:
         if self.recipe.callbacks is None:
@@ -397,7 +405,7 @@ class Trainer:
                     values[name] = tf.nn.compute_average_loss(
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
-            names[:] = list(values) + [_STOP, _SAVE_DUE, _NEXT_CALL]  # fixed at trace time
+            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL]  # fixed at trace time
             first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
             flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags], axis=0)
@@ -438,6 +446,13 @@ class Trainer:
         summed = self._sum_over_workers(tf.constant(vector))
         return [int(v) for v in summed.numpy()]
 
+    def _gather_bytes(self, mine: bytes, sizes: list[int]) -> list[bytes]:
+        """Every worker's ``mine`` (of the given sizes), indexed by rank (one all-reduce)."""
+        rows = np.zeros((self.cluster.num_workers, max(sizes)), dtype=np.int32)
+        rows[self.cluster.rank, :len(mine)] = np.frombuffer(mine, dtype=np.uint8)
+        summed = self._sum_over_workers(tf.constant(rows))
+        return [summed.numpy()[rank, :size].astype(np.uint8).tobytes() for rank, size in enumerate(sizes)]
+
     # --------------------------------------------------------------- restore
     def _restore_or_start(self) -> None:
         if self.cluster.is_chief:
@@ -466,7 +481,7 @@ class Trainer:
         self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
                                 same_world_size=manifest.world_size == self.cluster.num_workers)
         self._last_saved = manifest.global_step
-        reentry, reentry_reason = self._plan_reentry(manifest, local_dir)
+        reentry, reentry_reason = self._input.plan_reentry(manifest, local_dir)
         if manifest.world_size != self.cluster.num_workers:
             emit(
                 "world_size_changed",
@@ -486,22 +501,6 @@ class Trainer:
             input_reentry=reentry,
             input_reentry_reason=reentry_reason,
         )
-
-    def _plan_reentry(self, manifest: Manifest, local_dir: Path) -> tuple[str, str]:
-        """How this restore re-enters its epoch: (path, why); keeps a usable iterator state."""
-        if manifest.step_in_epoch == 0:
-            return "epoch_start", "the checkpoint is at an epoch boundary"
-        if self._reentry != ITERATOR_STATE:
-            return self._reentry, self._reentry_reason
-        saved = manifest.extra.get(ITERATOR_STATE_KEY)
-        if not isinstance(saved, dict):
-            return SKIP, "the checkpoint holds no iterator state (it was larger than the bound, or not saved)"
-        if saved.get("world_size") != self.cluster.num_workers:
-            return SKIP, (f"the iterator state was saved by {saved.get('world_size')} workers; "
-                          f"{self.cluster.num_workers} resume (another sharding)")
-        blob = (local_dir / state_file(self.cluster.rank)).read_bytes()
-        self._restored_state = (int(saved["epoch"]), int(saved["entry_step"]), blob)
-        return ITERATOR_STATE, f"restores this worker's {len(blob)}-byte tf.data iterator state"
 
     # ------------------------------------------------------------------ save
     def save(self, *, completed: bool = False, flush: bool = False) -> Manifest | None:
@@ -531,8 +530,10 @@ class Trainer:
 
     def _save_request(self, completed: bool) -> SaveRequest:
         # Only the chief's copy is ever committed; the others skip encoding (best_weights can be large).
-        files = {STATE_FILE: self._callbacks.state(stopped=self._stopped)} if self._callbacks and self.cluster.is_chief else {}
-        iterator_files, iterator_extra = self._iterator_state()
+        files = ({STATE_FILE: self._callbacks.state(stopped=self._stopped_early)}
+                 if self._callbacks and self.cluster.is_chief else {})
+        iterator_files, iterator_extra = self._input.state_to_save(int(self.epoch.numpy()),
+                                                                  int(self.step_in_epoch.numpy()))
         files.update(iterator_files)
         return SaveRequest(
             files=files,
@@ -542,7 +543,7 @@ class Trainer:
             extra={
                 **self.stats.to_extra(),
                 "completed": completed,
-                **({"stopped_early": True} if self._stopped else {}),
+                **({"stopped_early": True} if self._stopped_early else {}),
                 "epochs": self.job.epochs,
                 "steps_per_epoch": self.job.steps_per_epoch,
                 "recipe": self.recipe.name,
@@ -553,60 +554,16 @@ class Trainer:
             },
         )
 
-    def _iterator_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
-        """Every worker's iterator state for a mid-epoch save (the chief gets the files).
-
-        Runs on every worker at the same save step: it all-reduces the states' sizes,
-        then, when they are within the bound, the states themselves."""
-        if self._reentry != ITERATOR_STATE or self._iterator is None or int(self.step_in_epoch.numpy()) == 0:
-            return {}, {}
-        try:
-            blob = serialize_iterator(self._iterator)
-        except tf.errors.OpError as exc:  # e.g. a py_function / numpy_function: "EagerPyFunc is stateful"
-            blob, unsaveable = b"", (exc.message or type(exc).__name__).splitlines()[0][:200]
-        else:
-            unsaveable = None
-        sizes = self._gather(-1 if unsaveable is not None else len(blob))  # every worker decides alike
-        bound = self.job.max_iterator_state_bytes
-        if min(sizes) < 0:
-            ranks = [rank for rank, size in enumerate(sizes) if size < 0]
-            self._state_sized = True
-            self._reentry, self._reentry_reason = SKIP, (
-                f"the tf.data pipeline of rank(s) {ranks} cannot be saved"
-                + (f" ({unsaveable})" if unsaveable else "") + ": a stateful op such as py_function")
-            emit("iterator_state_sized", group=True, bytes=sizes, max_bytes=bound, kept=False,
-                 reason=self._reentry_reason)
-            return {}, {}
-        if not self._state_sized:
-            self._state_sized = True
-            emit("iterator_state_sized", group=True, bytes=sizes, max_bytes=bound, kept=max(sizes) <= bound)
-            if max(sizes) > bound:
-                self._reentry, self._reentry_reason = SKIP, (
-                    f"the iterator state ({max(sizes)} bytes) is larger than --max-iterator-state-bytes {bound}")
-                return {}, {}
-        if max(sizes) > bound:  # grew since it was measured: this checkpoint goes without
-            return {}, {}
-        states = self._gather_bytes(blob, sizes)
-        files = {state_file(rank): state for rank, state in enumerate(states)} if self.cluster.is_chief else {}
-        return files, {ITERATOR_STATE_KEY: {"world_size": self.cluster.num_workers, "epoch": int(self.epoch.numpy()),
-                                            "entry_step": self._pipeline_entry, "bytes": sizes}}
-
-    def _gather_bytes(self, mine: bytes, sizes: list[int]) -> list[bytes]:
-        """Every worker's ``mine`` (of the given sizes), indexed by rank (one all-reduce)."""
-        rows = np.zeros((self.cluster.num_workers, max(sizes)), dtype=np.int32)
-        rows[self.cluster.rank, :len(mine)] = np.frombuffer(mine, dtype=np.uint8)
-        summed = self._sum_over_workers(tf.constant(rows))
-        return [summed.numpy()[rank, :size].astype(np.uint8).tobytes() for rank, size in enumerate(sizes)]
-
     # ----------------------------------------------------------------- train
     def drain_pending_checkpoint(self, timeout_s: float) -> None:
         """Before exiting on an error: let an in-flight background save commit (bounded)."""
         self.checkpointer.drain(timeout_s)
 
-    def _local_stop_flag(self) -> float:
+    def _preemption_flag(self) -> float:
+        """This worker's vote in the call's stop column: 1.0 once it was asked to stop."""
         if self.stop_requested():
-            if not self._stop_noticed:
-                self._stop_noticed = True
+            if not self._preemption_requested:
+                self._preemption_requested = True
                 emit("preemption_requested", source=f"worker:{self.cluster.rank}")  # SIGTERM or SIGINT
             return 1.0
         return 0.0
@@ -619,11 +576,11 @@ class Trainer:
         return None
 
     def _run_call(self, iterator, steps: int, global_step: int) -> tuple[bool, bool]:
-        """Train ``steps`` steps after ``global_step``; returns the agreed (stop, save) flags
+        """Train ``steps`` steps after ``global_step``; returns the agreed (preempt, save) flags
         and sets the agreed maximum steps of the next call."""
         self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
         chief = self.cluster.is_chief
-        flags = np.array([self._local_stop_flag(), self.policy.time_flag(),
+        flags = np.array([self._preemption_flag(), self.policy.time_flag(),
                           self.sizer.proposal() if chief else 0.0], dtype=np.float32)
         started = time.perf_counter()
         result = self._train_call(iterator, tf.constant(steps, tf.int32), flags)
@@ -637,13 +594,13 @@ class Trainer:
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started)
         names = self._value_names
-        flag_columns = [names.index(_STOP), names.index(_SAVE_DUE), names.index(_NEXT_CALL)]
+        flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL)]
         for row in rows:
             self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
         self._marker.write(global_step + steps)
-        stop, save_due, next_call = (rows[-1, k] for k in flag_columns)
+        preempt, save_due, next_call = (rows[-1, k] for k in flag_columns)
         self._call_steps = max(1, int(round(next_call)))
-        return bool(stop > 0), bool(save_due > 0)
+        return bool(preempt > 0), bool(save_due > 0)
 
     def _hit_step_faults(self, first: int, last: int) -> None:
         """Faults address single steps; one inside a call fires at the call's end (the
@@ -655,26 +612,14 @@ class Trainer:
     def _train_epoch(self, epoch: int, start: int, progress: "_Progress") -> bool:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
         self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
-        if self._input_source is not None:  # a fit script's one iterator: it outlives the epoch
-            return self._train_steps(self._input_source(epoch, start), epoch, start, progress)
-        iterator = self._epoch_iterator(epoch, start)
+        iterator = self._input.iterator(epoch, start)
         ended = self._train_steps(iterator, epoch, start, progress)
-        if ended and not self._stop_agreed:
-            # Its teardown blocked the training thread for tens of seconds at epoch ends
-            # (runner/input/teardown.py): the reaper thread drops it while the next epoch trains.
-            self._iterator = None
-            self._reaper.retire(iterator, ("train", epoch))
+        if ended and not self._preemption_agreed:
+            self._input.retire(iterator, epoch)
         else:
-            # A stop: kept past the preemption save (which must not wait for room in the
-            # reaper either). Tearing down a pipeline mid-epoch (a parallel map's in-flight
-            # elements, the distributed prefetch) took 2.5-7.4 s in 3 of 6 stops measured;
-            # the worker leaves by os._exit.
-            self._stopped_input = iterator
+            self._input.keep(iterator)  # past the preemption save: no teardown on the way out
         del iterator
         return ended
-
-    def _teardown_waited(self, seconds: float) -> None:
-        emit("input_teardown_waited", epoch=int(self.epoch.numpy()), waited_s=round(seconds, 3))
 
     def _train_steps(self, iterator: Any, epoch: int, start: int, progress: "_Progress") -> bool:
         """Train epoch ``epoch`` from ``start`` on ``iterator``; False if preempted mid-epoch."""
@@ -687,40 +632,21 @@ class Trainer:
                                             steps_per_epoch=steps_per_epoch, max_steps=self._call_steps)
             if self._callbacks:
                 self._callbacks.batch_begin(step_in_epoch)
-            stop, save_due = self._run_call(iterator, steps, global_step)
+            preempt, save_due = self._run_call(iterator, steps, global_step)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
                               means=self.stats.means(), steps_per_call=self._call_steps)
             self._hit_step_faults(global_step - steps + 1, global_step)
-            if self._callbacks and self._batch_end_stops(step_in_epoch - 1):
+            if self._callbacks and self._batch_end_stops_early(step_in_epoch - 1):
                 return True  # Keras ends the epoch here: on_epoch_end, on_train_end, final save
-            if stop:
-                self._stop_agreed = True
+            if preempt:
+                self._preemption_agreed = True
                 if step_in_epoch < steps_per_epoch:
                     return False
             elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
                                         steps_per_epoch=steps_per_epoch, agreed_time_flag=save_due):
                 self.save()
         return True
-
-    def _epoch_iterator(self, epoch: int, start: int):
-        """Epoch ``epoch``'s input from step ``start``: distributed, or on the iterator_state
-        path this worker's plain iterator (restored from the checkpoint when it has one)."""
-        job = self.job
-        plain = self._reentry == ITERATOR_STATE
-        entry, state = start, None
-        if plain and self._restored_state is not None and self._restored_state[0] == epoch:
-            _, entry, state = self._restored_state  # the saved pipeline was built from ``entry``
-        self._restored_state = None
-        iterator = iter(epoch_dataset(
-            self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=entry,
-            steps_per_epoch=job.steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,
-            input_check=self.input_check, worker=(self.cluster.rank, self.cluster.num_workers) if plain else None,
-        ))
-        if state is not None:
-            restore_iterator(iterator, state)
-        self._iterator, self._pipeline_entry = (iterator if plain else None), entry
-        return iterator
 
     def _record_next_input(self, epoch: int) -> None:
         """The chief hashes epoch ``epoch``'s first batch before the epoch-end save, so that
@@ -731,27 +657,27 @@ class Trainer:
         Not for a fit script's input (the runner does not build it), and not when a stop was
         agreed: the preemption grace period is not spent on it (that boundary then resumes
         unchecked, as before)."""
-        if self._input_source is not None or self._stop_agreed or self.cluster.rank != 0:
+        if self._input_source is not None or self._preemption_agreed or self.cluster.rank != 0:
             return
         previous = self._phase.enter(PHASE_INPUT)
         try:
             record_first_batch(
                 self.strategy, self.recipe, self.input_check, epoch=epoch, seed=self.job.seed,
                 steps_per_epoch=self.job.steps_per_epoch, global_batch_size=self.job.global_batch_size,
-                params=self.params, workers=self.cluster.num_workers, plain=self._reentry == ITERATOR_STATE,
+                params=self.params, workers=self.cluster.num_workers, plain=self._input.plain,
             )
         finally:
             self._phase.restore(previous)
 
-    def _batch_end_stops(self, batch: int) -> bool:
+    def _batch_end_stops_early(self, batch: int) -> bool:
         """``on_train_batch_end``; True when the callbacks stopped training (all agree)."""
         assert self._callbacks is not None
         self._callbacks.batch_end(batch, self.stats.means())
         # One all-reduce per call, only when some callback has batch hooks (every worker
         # decides this from the full list, so all take part or none).
         if self._callbacks.has_batch_hooks and self._agree(self._callbacks.stop_training):
-            self._stopped = True
-        return self._stopped
+            self._stopped_early = True
+        return self._stopped_early
 
     def _agree(self, flag: bool) -> bool:
         """True on every worker when ``flag`` is true on any (one all-reduce)."""
@@ -786,7 +712,7 @@ class Trainer:
         self.epoch.assign_add(1)
         self.step_in_epoch.assign(0)
         self.stats = _EpochStats()
-        completed = self._stopped or epoch + 1 >= self.job.epochs
+        completed = self._stopped_early or epoch + 1 >= self.job.epochs
         if completed and self._callbacks:
             self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
         if not completed:
@@ -796,7 +722,7 @@ class Trainer:
             extra = self._after_epoch_saved(epoch)
         emit("epoch_finished", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
              loss=means.pop("loss", None), metrics=means, **extra)
-        if self._stopped:
+        if self._stopped_early:
             emit("training_stopped", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
                  reason="model.stop_training")
 
@@ -809,7 +735,7 @@ class Trainer:
             logs["val_loss"] = extra["val_loss"]
             logs.update({f"val_{name}": value for name, value in extra["val_metrics"].items()})
         logs = self._callbacks.epoch_end(epoch, logs)
-        self._stopped = self._agree(self._callbacks.stop_training) or self._stopped
+        self._stopped_early = self._agree(self._callbacks.stop_training) or self._stopped_early
         return extra, logs
 
     def run(self) -> TrainResult | None:
@@ -818,16 +744,16 @@ class Trainer:
         if self._callbacks:
             self._callbacks.train_begin(resuming=self._callback_state is not None)
             if self._callback_state is not None:
-                self._stopped = self._callbacks.restore(self._callback_state)
+                self._stopped_early = self._callbacks.restore(self._callback_state)
         progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.clock)
-        while not self._stopped and (epoch := int(self.epoch.numpy())) < self.job.epochs:
+        while not self._stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
             if self._callbacks and start == 0:  # not again when re-entering the epoch mid-way
                 self._callbacks.epoch_begin(epoch)
             if not self._train_epoch(epoch, start, progress):
                 return self._preempt()
             self._finish_epoch(epoch)
-            if self._stop_agreed:
+            if self._preemption_agreed:  # agreed in the epoch's last call: _preempt flushes the epoch-end save
                 return self._preempt()
         self._phase.enter(PHASE_FINISH)  # the final flush, then the export
         self.checkpointer.flush()  # the completed checkpoint is committed before exit 0
@@ -879,14 +805,6 @@ class _Progress:
         )
         self.last = self.window_start = now
         self.window_steps = 0
-
-
-def _report_teardown(label: tuple[str, int], seconds: float) -> None:
-    """On the reaper thread: a finished epoch's input (``("train", epoch)``) or an
-    evaluation's (``("eval", epochs done)``) took ``seconds`` to tear down; only the slow
-    ones are reported (runner/input/teardown.py)."""
-    if seconds >= _SLOW_TEARDOWN_S:
-        emit("input_torn_down", input=label[0], epoch=label[1], seconds=round(seconds, 3))
 
 
 def _make_sum_over_workers(strategy: Any) -> Callable[[tf.Tensor], tf.Tensor]:

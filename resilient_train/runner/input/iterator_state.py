@@ -14,6 +14,9 @@ Four paths, chosen per recipe (``reentry_path``), best first:
 * ``skip``: the runner rebuilds the epoch and ``skip()``s to the step (runs the pipeline
   of every skipped batch).
 
+This module is the pure part (the choice, the state file's name and blob); the worker's
+:class:`~resilient_train.runner.input.reentry.EpochInput` applies it epoch by epoch.
+
 Why ``start_step`` ranks above the iterator state: it costs nothing at save time, while
 the state is written by a synchronous op on the training thread at every mid-epoch save.
 

@@ -24,8 +24,8 @@ group: its peers wait for it in the next collective.
 #
 # At exit nothing waits for the reaper: a worker leaves by ``os._exit`` (runner/worker_main.py),
 # which abandons whatever is still queued, as it abandons every other TensorFlow teardown.
-# A preempted epoch's iterator is not retired at all (runner/loop.py keeps it past the
-# preemption save, for the same reason).
+# A preempted epoch's iterator is not retired at all (runner/input/reentry.py keeps it past
+# the preemption save, for the same reason).
 """
 
 from __future__ import annotations
