@@ -305,6 +305,10 @@ class JobConfig:
             _check_int("eval_steps", self.eval_steps, minimum=1)
         if not isinstance(self.grace_period, (int, float)) or self.grace_period <= 0:
             raise ConfigError(f"Received grace_period={self.grace_period!r}; expected a number of seconds > 0")
+        if isinstance(self.progress_every_s, bool) or not isinstance(self.progress_every_s, (int, float)) \
+                or not 0 <= self.progress_every_s < math.inf:
+            raise ConfigError(
+                f"Received progress_every_s={self.progress_every_s!r}; expected a finite number of seconds >= 0 (0: after every call)")
         if self.hang_timeout != HANG_TIMEOUT_AUTO and (
             isinstance(self.hang_timeout, bool) or not isinstance(self.hang_timeout, (int, float))
             or not self.hang_timeout > 0

@@ -21,6 +21,8 @@ def test_defaults_derive_run_dir_and_storage_from_recipe_name():
         ({"eval_every_epochs": -1}, "Received eval_every_epochs=-1; expected an integer >= 0"),
         ({"max_iterator_state_bytes": -1}, "Received max_iterator_state_bytes=-1; expected an integer >= 0"),
         ({"grace_period": 0}, "Received grace_period=0; expected a number of seconds > 0"),
+        ({"progress_every_s": -1}, "Received progress_every_s=-1; expected a finite number of seconds >= 0"),
+        ({"progress_every_s": "1s"}, "Received progress_every_s='1s'; expected a finite number of seconds >= 0"),
         ({"workers": 3, "global_batch_size": 8}, "global_batch_size=8 with workers=3"),
         ({"hang_timeout": 0}, "Received hang_timeout=0; expected 'auto' or a number of seconds > 0"),
         ({"hang_timeout": "soon"}, "Received hang_timeout='soon'; expected 'auto' or a number of seconds > 0"),
