@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError, CheckpointIncompatibleError
 
-__all__ = ["add_parser", "main", "export_command", "committed_steps_text", "training_checkpoint", "read_checkpoint"]
+__all__ = ["add_parser", "main", "export_command", "committed_steps_text", "training_checkpoint"]
 
 _FORMATS = ("keras", "saved_model")  # runner/outputs/model_export.py FORMATS, without importing numpy to build the parser
 
@@ -134,43 +134,25 @@ def _fresh_model(recipe: Any, params: Mapping[str, Any]) -> Any:
 def training_checkpoint(recipe: Any, params: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """``(checkpoint, model, counters)``: the object graph a worker saves, strategy-free on CPU.
 
-    The keys are runner/loop.py's (model, optimizer, epoch, step_in_epoch, global_step, rng);
+    Built by runner/state/ckpt_layout.py ``training_graph``, as the worker's is;
     ``counters`` maps ``epoch``/``step_in_epoch``/``global_step`` to their variables.
     """
-    import tensorflow as tf
-
-    from resilient_train.runner.state.model_state import rng_state
+    from resilient_train.runner.state import ckpt_layout
 
     model = _fresh_model(recipe, params)
     # A compiled-model recipe's optimizer is the one compile() was given (runner/keras_recipes/compiled.py).
     optimizer = recipe.build_optimizer(dict(params)) if recipe.build_optimizer is not None else model.optimizer
     optimizer.build(model.trainable_variables)
-    counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
-                for name in ("epoch", "step_in_epoch", "global_step")}
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=rng_state(model), **counters)
+    counters = ckpt_layout.new_counters()
+    checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer, counters=counters,
+                                            rng=ckpt_layout.rng_state(model))
     return checkpoint, model, counters
-
-
-def read_checkpoint(checkpoint: Any, prefix: Path, where: str, recipe_name: str, *, partial: bool) -> None:
-    """Restore ``prefix`` into ``checkpoint``; every object of it must be matched.
-
-    ``partial``: values in the files that ``checkpoint`` has no object for are allowed (the
-    export restores the model alone). Raises CheckpointIncompatibleError naming ``where``.
-    """
-    import tensorflow as tf
-
-    try:
-        status = checkpoint.read(str(prefix))
-        (status.expect_partial() if partial else status).assert_existing_objects_matched()
-    except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointIncompatibleError(f"{where} does not fit recipe {recipe_name}'s model: {first}") from None
 
 
 def _restore_weights(recipe: Any, params: dict[str, Any], prefix: Path, where: str) -> Any:
     """The recipe's model with the checkpoint's weights (optimizer and counters ignored)."""
-    import tensorflow as tf
+    from resilient_train.runner.state import ckpt_layout
 
     model = _fresh_model(recipe, params)
-    read_checkpoint(tf.train.Checkpoint(model=model), prefix, where, recipe.name, partial=True)
+    ckpt_layout.restore(ckpt_layout.weights_graph(model), prefix, where=where, recipe_name=recipe.name, partial=True)
     return model

@@ -233,9 +233,9 @@ def ls_command(url: str, storage_options: Mapping[str, Any] | None, *, as_json: 
 # The second level of verification: the bytes are intact (hashes), but do they restore
 # into the job's model? Each selected checkpoint is restored into the recipe's model and
 # optimizer, built in this process on CPU without a strategy, through the export path's
-# restore code (commands/export.py ``training_checkpoint`` / ``read_checkpoint``). Before
-# restoring, the variables the recipe expects are laid next to the ones the files hold,
-# so a misfit names every variable (a restore alone stops at the first).
+# restore code (commands/export.py ``training_checkpoint``, runner/state/ckpt_layout.py
+# ``restore``). Before restoring, the variables the recipe expects are laid next to the
+# ones the files hold, so a misfit names every variable (a restore alone stops at the first).
 
 
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -393,7 +393,8 @@ class DeepResult:
 def deep_check(recipe: Any, params: Mapping[str, Any], manifest: Any, prefix: Path, where: str) -> DeepResult:
     """Restore the checkpoint at ``prefix`` into ``recipe``'s model and optimizer and compare
     it with its ``manifest``: variables, counters, weights digest."""
-    from resilient_train.commands.export import read_checkpoint, training_checkpoint
+    from resilient_train.commands.export import training_checkpoint
+    from resilient_train.runner.state import ckpt_layout
     from resilient_train.runner.state.model_state import weights_digest
 
     checkpoint, model, counters = training_checkpoint(recipe, params)
@@ -404,7 +405,8 @@ def deep_check(recipe: Any, params: Mapping[str, Any], manifest: Any, prefix: Pa
         result.error = "the variables above do not fit the recipe's model and optimizer"
         return result
     try:
-        read_checkpoint(checkpoint, prefix, where, recipe.name, partial=True)  # unexpected ones are listed above
+        # unexpected ones are listed above
+        ckpt_layout.restore(checkpoint, prefix, where=where, recipe_name=recipe.name, partial=True)
     except CheckpointIncompatibleError as exc:
         result.error = str(exc)
         return result

@@ -10,7 +10,8 @@ The entry points and the training loop sit here; everything they use is grouped 
     ps_roles                 the parameter-server tier's coordinator, servers and workers
     loop, strategy, call_size  the custom training loop under MultiWorkerMirroredStrategy
     input/                   per-epoch pipelines, re-entry, iterator state, batches, checks
-    state/                   checkpointers, the model's named state, the save schedule
+    state/                   the checkpoint's object graph (its format), checkpointers, the
+                             model's named state, the save schedule
     keras_recipes/           compiled models, unchanged fit scripts, callbacks
     outputs/                 evaluation, TensorBoard, export, the chief's print()
     failures/                recipe errors explained, injected faults

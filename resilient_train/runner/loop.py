@@ -43,16 +43,15 @@
 # model.stop_training with one all-reduce, then saves (so the saved callback state has
 # seen the epoch); on_train_end runs before the final save.
 #
-# The checkpoint holds model, optimizer (iteration counter and slots), epoch,
-# step_in_epoch, global_step and every RNG state the model owns (Keras SeedGenerator
-# states, e.g. a seeded Dropout). The running epoch loss/metric sums travel in the
-# manifest's ``extra`` so an epoch's reported loss is the same whether or not it was
-# interrupted.
+# The checkpoint (its object graph: runner/state/ckpt_layout.py) holds model, optimizer
+# (iteration counter and slots), epoch, step_in_epoch, global_step and every RNG state the
+# model owns (Keras SeedGenerator states, e.g. a seeded Dropout). The running epoch
+# loss/metric sums travel in the manifest's ``extra`` so an epoch's reported loss is the
+# same whether or not it was interrupted.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +64,7 @@ import tensorflow as tf
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.job.config import JobConfig
-from resilient_train.errors import CheckpointIncompatibleError, RecipeError
+from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
 from resilient_train.job.recipe import Recipe
@@ -78,7 +77,6 @@ from resilient_train.runner.state.checkpointing import (
     SyncCheckpointer,
     TwinState,
     persist_twin,
-    twin_rng_state,
 )
 from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch
 from resilient_train.runner.call_size import CallSizer
@@ -103,7 +101,8 @@ from resilient_train.rundir.stepmarker import (
 from resilient_train.rundir.layout import AttemptDir
 from resilient_train.runner.outputs.tensorboard import TensorBoardLog
 from resilient_train.rundir.stepindices import StepIndexLog
-from resilient_train.runner.state.model_state import rng_state, weights_digest
+from resilient_train.runner.state import ckpt_layout
+from resilient_train.runner.state.model_state import weights_digest
 
 __all__ = ["Trainer", "TrainResult"]
 
@@ -249,17 +248,10 @@ class Trainer:
                 )
             self.optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
             self.optimizer.build(self.model.trainable_variables)
-            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-            self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.checkpoint = tf.train.Checkpoint(
-            model=self.model,
-            optimizer=self.optimizer,
-            epoch=self.epoch,
-            step_in_epoch=self.step_in_epoch,
-            global_step=self.global_step,
-            rng=rng_state(self.model),
-        )
+            counters = ckpt_layout.new_counters()
+        self.epoch, self.step_in_epoch, self.global_step = (counters[name] for name in ckpt_layout.COUNTERS)
+        self.checkpoint = ckpt_layout.training_graph(model=self.model, optimizer=self.optimizer, counters=counters,
+                                                     rng=ckpt_layout.rng_state(self.model))
         self._value_names: list[str] = []  # the packed row's layout, filled when traced
         self._train_call = self._make_train_call()
         self._sum_over_workers = _make_sum_over_workers(self.strategy)
@@ -344,14 +336,9 @@ class Trainer:
         model = _call_recipe(self.recipe, "build_model", self.params)
         optimizer = model.optimizer if self._compiled else _call_recipe(self.recipe, "build_optimizer", self.params)
         optimizer.build(model.trainable_variables)
-        checkpoint = tf.train.Checkpoint(
-            model=model,
-            optimizer=optimizer,
-            epoch=tf.Variable(0, dtype=tf.int64, trainable=False, name="twin_epoch"),
-            step_in_epoch=tf.Variable(0, dtype=tf.int64, trainable=False, name="twin_step_in_epoch"),
-            global_step=tf.Variable(0, dtype=tf.int64, trainable=False, name="twin_global_step"),
-            rng=twin_rng_state(self.model, model, lambda path: re.sub(r"\W", "_", path)),
-        )
+        checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer,
+                                                counters=ckpt_layout.new_counters(name_prefix="twin_"),
+                                                rng=ckpt_layout.twin_rng_state(self.model, model))
         return checkpoint, model
 
     def _persist(self, request: SaveRequest) -> Manifest:
@@ -468,13 +455,8 @@ class Trainer:
         if found is None or mine != agreed:
             found = self.store.fetch(agreed, cache_dir)
         manifest, local_dir = found
-        try:
-            self.checkpoint.read(str(local_dir / "ckpt")).assert_existing_objects_matched()
-        except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as exc:
-            raise CheckpointIncompatibleError(
-                f"Checkpoint {self.store.url}/{CheckpointStore.dir_name(agreed)} does not fit recipe "
-                f"{self.recipe.name}'s model: {_first_line(exc)}"
-            ) from None
+        ckpt_layout.restore(self.checkpoint, local_dir / "ckpt", recipe_name=self.recipe.name,
+                            where=f"Checkpoint {self.store.url}/{CheckpointStore.dir_name(agreed)}")
         self.stats.load_extra(manifest.extra)
         state_file = local_dir / STATE_FILE
         self._callback_state = state_file.read_bytes() if state_file.is_file() else None
@@ -831,8 +813,3 @@ def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:
         return getattr(recipe, name)(params)
     except Exception as exc:
         raise RecipeError(f"recipe {recipe.name}: {name}() failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

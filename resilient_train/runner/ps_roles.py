@@ -30,7 +30,7 @@ What this tier guarantees (docs/parameter_server.md says it for users):
   barrier), so a run is not bit-identical to another one, resumed or not.
 
 The checkpoint has the MultiWorkerMirroredStrategy runner's object graph (model, optimizer,
-epoch, step_in_epoch, global_step, rng; commands/export.py ``training_checkpoint``) and goes
+epoch, step_in_epoch, global_step, rng; runner/state/ckpt_layout.py builds both) and goes
 through the same store, manifest and generation fence, so ``verify`` (also ``--deep``),
 ``ls`` and ``export`` read it unchanged.
 """
@@ -140,7 +140,7 @@ class Coordinator:
     def _build(self) -> None:
         import tensorflow as tf
 
-        from resilient_train.runner.state.model_state import rng_state
+        from resilient_train.runner.state import ckpt_layout
 
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         self.strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -151,10 +151,9 @@ class Coordinator:
             self.optimizer.build(self.model.trainable_variables)
             self.updates_applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="updates_applied")
         # The counters live on the coordinator: only it advances them (see the module docstring).
-        self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
-                         for name in ("epoch", "step_in_epoch", "global_step")}
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                              rng=rng_state(self.model), **self.counters)
+        self.counters = ckpt_layout.new_counters()
+        self.checkpoint = ckpt_layout.training_graph(model=self.model, optimizer=self.optimizer,
+                                                     counters=self.counters, rng=ckpt_layout.rng_state(self.model))
         self._train_step = self._make_train_step()
 
     def _make_train_step(self) -> Any:
@@ -194,7 +193,7 @@ class Coordinator:
     # ------------------------------------------------------------------ checkpoints
     def _restore(self) -> None:
         from resilient_train.checkpoint import CheckpointStore
-        from resilient_train.errors import CheckpointIncompatibleError
+        from resilient_train.runner.state import ckpt_layout
 
         self.store.collect_garbage()
         found = self.store.restore_latest(self.run_dir.work_dir(0) / "cache")
@@ -202,14 +201,9 @@ class Coordinator:
             events.emit("fresh_start", group=True, epoch=0, step_in_epoch=0, global_step=0)
             return
         manifest, local_dir = found
-        try:
-            with self.strategy.scope():
-                self.checkpoint.read(str(local_dir / "ckpt")).assert_existing_objects_matched()
-        except (ValueError, AssertionError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CheckpointIncompatibleError(
-                f"Checkpoint {self.store.url}/{CheckpointStore.dir_name(manifest.global_step)} does not fit recipe "
-                f"{self.recipe.name}'s model: {first}") from None
+        with self.strategy.scope():
+            ckpt_layout.restore(self.checkpoint, local_dir / "ckpt", recipe_name=self.recipe.name,
+                                where=f"Checkpoint {self.store.url}/{CheckpointStore.dir_name(manifest.global_step)}")
         self.updates_applied.assign(int(manifest.extra.get("updates_applied", manifest.global_step)))
         self.global_step = int(self.counters["global_step"].numpy())
         events.emit("restored", group=True, epoch=manifest.epoch, step_in_epoch=manifest.step_in_epoch,

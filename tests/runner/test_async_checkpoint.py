@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import threading
 from pathlib import Path
 
@@ -34,17 +33,13 @@ from resilient_train.runner.state.checkpointing import (  # noqa: E402
     TwinState,
     pair_variables,
     persist_twin,
-    twin_rng_state,
 )
+from resilient_train.runner.state import ckpt_layout  # noqa: E402
 from resilient_train.runner.failures.faults import FaultPlan  # noqa: E402
 from resilient_train.runner.state.model_state import weights_digest  # noqa: E402
 
 RECIPE = load_recipe(str(Path(__file__).resolve().parents[2] / "recipes" / "digits_cnn.py"))
 PARAMS = dict(RECIPE.params)
-
-
-def _key(path: str) -> str:
-    return re.sub(r"\W", "_", path)
 
 
 def _graph() -> tuple[tf.train.Checkpoint, keras.Model, keras.optimizers.Optimizer]:
@@ -57,15 +52,8 @@ def _graph() -> tuple[tf.train.Checkpoint, keras.Model, keras.optimizers.Optimiz
     model = RECIPE.build_model(PARAMS)
     optimizer = RECIPE.build_optimizer(PARAMS)
     optimizer.build(model.trainable_variables)
-    weight_paths = {v.path for v in model.weights}
-    checkpoint = tf.train.Checkpoint(
-        model=model,
-        optimizer=optimizer,
-        epoch=tf.Variable(0, dtype=tf.int64),
-        step_in_epoch=tf.Variable(0, dtype=tf.int64),
-        global_step=tf.Variable(0, dtype=tf.int64),
-        rng={_key(v.path): v for v in model.variables if v.path not in weight_paths},
-    )
+    checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer, counters=ckpt_layout.new_counters(),
+                                            rng=ckpt_layout.rng_state(model))
     return checkpoint, model, optimizer
 
 
@@ -74,12 +62,9 @@ def _twin_of(live: tf.train.Checkpoint, live_model: keras.Model) -> TwinState:
         model = RECIPE.build_model(PARAMS)
         optimizer = RECIPE.build_optimizer(PARAMS)
         optimizer.build(model.trainable_variables)
-        checkpoint = tf.train.Checkpoint(
-            model=model, optimizer=optimizer,
-            epoch=tf.Variable(0, dtype=tf.int64), step_in_epoch=tf.Variable(0, dtype=tf.int64),
-            global_step=tf.Variable(0, dtype=tf.int64),
-            rng=twin_rng_state(live_model, model, _key),
-        )
+        checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer,
+                                                counters=ckpt_layout.new_counters(name_prefix="twin_"),
+                                                rng=ckpt_layout.twin_rng_state(live_model, model))
         return checkpoint, model
 
     return TwinState.build(live, live_model, build)

@@ -5,7 +5,8 @@ optimizer variables (TF 2.21 / Keras 3.15 raise a ValueError when it copies them
 benchmarks/results/checkpoint_overhead.json, ``errors``). So the runner keeps its own
 copy of the saved state: at setup it builds a second model + optimizer from the recipe
 (outside the strategy scope, plain CPU variables) plus twin epoch / step / RNG variables,
-and a twin ``tf.train.Checkpoint`` with exactly the live one's structure. The files the
+and a twin ``tf.train.Checkpoint`` with exactly the live one's structure (both graphs
+built by runner/state/ckpt_layout.py ``training_graph``). The files the
 twin writes therefore restore into the live graph (tests/runner/test_async_checkpoint.py
 proves it key by key). Live and twin variables are paired by walking both object graphs
 in parallel; setup refuses to continue if any name, shape or dtype differs.
@@ -304,18 +305,6 @@ class TwinState:
                 f"twin checkpoint: the twin model has {len(twin_weights)} weights, the live one {len(live_weights)}"
             )
         return cls(twin_checkpoint, live_checkpoint, [(l.path, t) for l, t in zip(live_weights, twin_weights)])
-
-
-def twin_rng_state(live_model: keras.Model, twin_model: keras.Model, key: Callable[[str], str]) -> dict[str, Any]:
-    """The twin's ``rng`` dict, keyed by the LIVE variables' names (twin layers get other
-    auto-generated names, e.g. ``seed_generator_1``), paired by position."""
-    live_vars, twin_vars = list(live_model.variables), list(twin_model.variables)
-    if len(live_vars) != len(twin_vars):
-        raise ValueError(
-            f"twin checkpoint: the twin model has {len(twin_vars)} variables, the live one {len(live_vars)}"
-        )
-    live_weight_paths = {v.path for v in live_model.weights}
-    return {key(l.path): t for l, t in zip(live_vars, twin_vars) if l.path not in live_weight_paths}
 
 
 # ------------------------------------------------------------------ async saver

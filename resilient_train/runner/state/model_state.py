@@ -8,7 +8,8 @@ for a live model, a twin snapshot, or a model whose weights Keras renamed on loa
 
 ``preserved_rng`` keeps every global RNG a run draws from (Python, NumPy, Keras' global
 SeedGenerator) where it was across a block that builds a second model (the async twin, an
-export), so building it does not change what the run trains.
+export), so building it does not change what the run trains. The model's own RNG state
+(seed-generator variables) is the checkpoint's ``rng`` entry: runner/state/ckpt_layout.py.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
-import re
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from resilient_train.errors import CheckpointIncompatibleError
 
-__all__ = ["weights_digest", "digest_named", "digest_with_paths", "weight_paths", "rng_state", "preserved_rng"]
+__all__ = ["weights_digest", "digest_named", "digest_with_paths", "weight_paths", "preserved_rng"]
 
 
 def digest_named(named: Iterable[tuple[str, Any]]) -> str:
@@ -44,17 +44,6 @@ def weights_digest(model: Any) -> str:
 def weight_paths(model: Any) -> list[str]:
     """The variable path of each weight, in ``model.weights`` order."""
     return [variable.path for variable in model.weights]
-
-
-def rng_state(model: Any) -> dict[str, Any]:
-    """The checkpoint's ``rng`` entry: the model's variables that are not weights (Keras
-    seed-generator states), keyed by their path with non-word characters as ``_``.
-
-    One definition for the worker's checkpoint (runner/loop.py) and for a restore outside
-    training (``verify --deep``), so both see the same keys.
-    """
-    paths = {variable.path for variable in model.weights}
-    return {re.sub(r"\W", "_", v.path): v for v in model.variables if v.path not in paths}
 
 
 def digest_with_paths(model: Any, paths: Sequence[str]) -> str:
