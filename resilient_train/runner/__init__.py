@@ -6,6 +6,7 @@ Slurm or Ray, as long as TF_CONFIG is set and the job's flags (or job file) are 
 The entry points and the training loop sit here; everything they use is grouped below::
 
     __main__, worker_main    the worker process: argv/job file, TF_CONFIG, events, exit code
+    bootstrap                the start-up and exit a worker and a ps_roles process share
     warm_standby             a process with TensorFlow imported, waiting for its worker argv
     ps_roles                 the parameter-server tier's coordinator, servers and workers
     loop, strategy, call_size  the custom training loop under MultiWorkerMirroredStrategy

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
-from resilient_train.runner.worker_main import exit_process, main
+from resilient_train.runner.bootstrap import exit_process
+from resilient_train.runner.worker_main import main
 
 if __name__ == "__main__":
     exit_process(main(sys.argv[1:], environ=os.environ))

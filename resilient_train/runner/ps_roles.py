@@ -14,6 +14,9 @@
   rank that writes step and phase markers (rundir/stepmarker.py): the supervisor's hang
   watchdog watches it alone (supervisor/ps_supervisor.py).
 
+Every one of them starts as an MWMS worker does (runner/bootstrap.py ``worker_process``:
+credentials, umask, attempt dir, TMPDIR, error file, stack dumps, events, SIGTERM).
+
 What this tier guarantees (docs/parameter_server.md says it for users):
 
 * ``global_step`` counts steps the coordinator scheduled and saw finish. A save first
@@ -39,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -52,11 +54,9 @@ from resilient_train.job.config import JobConfig
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import recording
 from resilient_train.rundir.layout import RunDir
-from resilient_train.rundir.permissions import current_umask
-from resilient_train.rundir.redact import register_secrets, secret_values
-from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
-from resilient_train.rundir.stacks import register as register_stacks
+from resilient_train.rundir.scratch import remove_private_tempdir
 from resilient_train.rundir.stepmarker import PHASE_FINISH, PHASE_FLUSH, PHASE_INPUT, PHASE_TRAIN, PhaseMarker
+from resilient_train.runner.bootstrap import exit_process, worker_process
 
 __all__ = ["main"]
 
@@ -70,30 +70,17 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
         job = JobConfig.from_json(Path(args.job).read_text())
         task, cluster = parse_ps_tf_config(os.environ.get("TF_CONFIG"))
-        launched = WorkerEnvironment.from_environ(os.environ)
-        job = job.with_secrets(launched.storage_secrets)
-        register_secrets(secret_values(job.secrets()))
-        if launched.umask is not None:
-            os.umask(current_umask() | launched.umask)
-        run_dir = RunDir(job.run_dir)
-        attempt_dir = run_dir.attempt(launched.attempt)
-        attempt_dir.path.mkdir(parents=True, exist_ok=True)
-        use_private_tempdir(run_dir.temp_dir(task.rank))  # autograph's files (rundir/scratch.py)
-        state.locate(attempt_dir.path, task.rank)
-        events.configure(run_dir.events, console=sys.stderr, writes_group_events=task.role == "chief",
-                         run_id=launched.run_id, attempt=launched.attempt, rank=task.rank, role=task.role)
-        # SIGUSR1 dumps every thread's stack into attempt-<n>/stacks-<rank>.txt, as in an MWMS
-        # worker: the hang watchdog asks the coordinator for them (and must not kill a server).
-        stacks_file = register_stacks(attempt_dir.stacks(task.rank), rank=task.rank)  # noqa: F841 (kept open)
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: stop.set())
-        if task.role == "chief":
-            coordinator = Coordinator(job, launched, run_dir, stop_requested=stop.is_set)
-            state.global_step = lambda: coordinator.global_step
-            state.exit_code = coordinator.run()
-        else:
-            _serve(task, cluster, stop)
+        # The start-up an MWMS worker shares (runner/bootstrap.py); SIGUSR1's stack dumps too:
+        # the hang watchdog asks the coordinator for them (and must not kill a server).
+        with worker_process(state, job, rank=task.rank, role=task.role, writes_group_events=task.role == "chief",
+                            environ=os.environ) as process:
+            if task.role == "chief":
+                coordinator = Coordinator(process.job, process.launched, process.run_dir,
+                                          stop_requested=process.stop.is_set)
+                state.global_step = lambda: coordinator.global_step
+                state.exit_code = coordinator.run()
+            else:
+                _serve(task, cluster, process.stop)
     return state.exit_code
 
 
@@ -110,10 +97,7 @@ def _serve(task: PsTask, cluster: dict, stop: threading.Event) -> NoReturn:
     # interpreter's teardown of a running server takes seconds (measured 2-4 s), which
     # would outlast the supervisor's teardown grace and turn a clean stop into a SIGKILL.
     events.emit("server_stopped")
-    remove_private_tempdir()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(EXIT_OK)
+    exit_process(EXIT_OK)
 
 
 class Coordinator:

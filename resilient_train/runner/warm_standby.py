@@ -213,6 +213,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from resilient_train.runner.worker_main import exit_process
+    from resilient_train.runner.bootstrap import exit_process
 
     exit_process(main(sys.argv[1:]))

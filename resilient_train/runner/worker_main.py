@@ -7,6 +7,11 @@ standby) with the same argument helpers, then calls :func:`run`. Everything runs
 written to ``attempt-<n>/error-<rank>.json`` and becomes the exit code of
 ``errors.EXIT_RULES`` (exit codes: errors.py).
 
+The start-up a parameter-server process shares (credentials, umask, attempt dir, TMPDIR,
+error file, stack dumps, events, SIGTERM/SIGINT) is runner/bootstrap.py ``worker_process``;
+what is a worker's own (TF_CONFIG, reaching the peers, the recipe, the store, the Trainer)
+is here. A worker leaves by ``bootstrap.exit_process``.
+
 Kept separate from ``loop.py`` so that everything up to the TensorFlow import (argument
 and TF_CONFIG validation, recipe shape) fails fast with a readable message.
 """
@@ -14,14 +19,9 @@ and TF_CONFIG validation, recipe shape) fails fast with a readable message.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
-import sys
-import threading
 from typing import Any, Mapping
 
-from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.slurm_env import DEFAULT_PORT_BASE, add_tf_config_arguments, environ_with_tf_config
 from resilient_train.cluster.reach import REACH_SHARE, PortPlaceholder, wait_for_peers
@@ -30,14 +30,10 @@ from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
 from resilient_train.job.config import JobConfig, add_job_arguments, job_from_args
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import Recording, recording
-from resilient_train.rundir.layout import RunDir
-from resilient_train.rundir.stacks import register as register_stacks
-from resilient_train.rundir.permissions import current_umask
-from resilient_train.rundir.redact import register_secrets, secret_values
-from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
+from resilient_train.runner.bootstrap import WorkerProcess, worker_process
 from resilient_train.runner.outputs.script_output import EVENT as SCRIPT_OUTPUT, tee_stdout
 
-__all__ = ["main", "run", "argument_parser", "parse_args", "exit_process"]
+__all__ = ["main", "run", "argument_parser", "parse_args"]
 
 PREFIX = "resilient-train worker"  # of every line the worker's error path prints
 
@@ -81,151 +77,151 @@ def run(
     environ: Mapping[str, str] = os.environ,
 ) -> int:
     """Be one worker of ``job`` (TF_CONFIG from ``tf_config_from``); the exit code (errors.py)."""
-    # ExitStack inside recording: what _work enters (the chief's stdout tee) is closed, its
-    # last line emitted, before an exception is recorded and before exit_process's os._exit.
-    with recording(PREFIX) as state, contextlib.ExitStack() as until_exit:
-        state.exit_code = _work(state, until_exit, job, tf_config_from, port_base, environ)
+    with recording(PREFIX) as state:
+        state.exit_code = _work(state, job, tf_config_from, port_base, environ)
     return state.exit_code
 
 
-def _work(state: Recording, until_exit: contextlib.ExitStack, job: JobConfig, tf_config_from: str, port_base: int,
-          environ: Mapping[str, str]) -> int:
+def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int, environ: Mapping[str, str]) -> int:
     environ = environ_with_tf_config(environ, tf_config_from, port_base)
     if tf_config_from != "env":  # MultiWorkerMirroredStrategy reads os.environ
         os.environ["TF_CONFIG"] = environ["TF_CONFIG"]
     cluster = parse_tf_config(environ.get("TF_CONFIG"))
-    launched = WorkerEnvironment.from_environ(environ)
-    # job.json holds *** for credentials; the real ones came in RT_STORAGE_SECRETS.
-    job = job.with_secrets(launched.storage_secrets)
-    register_secrets(secret_values(job.secrets()))
-    if launched.umask is not None:  # the run dir's privacy, also on a node that did not inherit it
-        os.umask(current_umask() | launched.umask)
-    run_dir = RunDir(job.run_dir)
-    attempt_dir = run_dir.attempt(launched.attempt)
-    attempt_dir.path.mkdir(parents=True, exist_ok=True)
-    use_private_tempdir(run_dir.temp_dir(cluster.rank))  # autograph's files; removed by exit_process
-    state.locate(attempt_dir.path, cluster.rank)  # from here on, failures are recorded
-    # SIGUSR1 dumps every thread's stack into attempt-<n>/stacks-<rank>.txt: what the
-    # supervisor's hang watchdog asks for before it kills a group that stopped progressing.
-    stacks_file = register_stacks(attempt_dir.stacks(cluster.rank), rank=cluster.rank)  # noqa: F841 (kept open)
+    # The shared start-up (runner/bootstrap.py): credentials, umask, attempt dir, TMPDIR, error
+    # file, stack dumps, events, SIGTERM/SIGINT; its until_exit (the chief's stdout tee) is
+    # closed, its last line emitted, before an exception is recorded and before exit_process.
+    with worker_process(state, job, rank=cluster.rank, role=cluster.role, writes_group_events=cluster.is_chief,
+                        environ=environ) as process:
+        worker = _Worker(process, cluster, process.job)
+        state.global_step, state.diagnose, state.on_failure = worker.global_step, worker.diagnose, worker.drain
+        if cluster.is_chief:  # its prints on the supervisor's console too, once (runner/outputs/script_output.py)
+            process.until_exit.enter_context(tee_stdout(lambda line: events.emit(SCRIPT_OUTPUT, echo=False, text=line)))
+        return worker.run(environ)
 
-    trainer: Any = None
 
-    def diagnose(exc: Exception) -> Exception | None:
+class _Worker:
+    """One worker's training, once the process is started: the recipe (or fit script), the
+    store, the Trainer it makes and runs, and what the error path reads of them."""
+
+    def __init__(self, process: WorkerProcess, cluster: ClusterInfo, job: JobConfig) -> None:
+        self.process = process
+        self.cluster = cluster
+        self.job = job  # with the recipe's defaults once it is loaded (diagnose reads steps_per_epoch)
+        self.trainer: Any = None
+        self.store: Any = None
+        self.faults: Any = None
+
+    # ------------------------------------------------------------ the error path (rundir/errorfile.py)
+    def global_step(self) -> int | None:
+        return None if self.trainer is None else int(self.trainer.global_step.numpy())
+
+    def diagnose(self, exc: Exception) -> Exception | None:
         from resilient_train.job.recipe import is_fit_script, recipe_name
         from resilient_train.runner.failures.diagnose import explain, group_broken
 
         broken = group_broken(exc)  # a peer's failure seen from here: exit 4, never a recipe bug
         if broken is not None:
             return broken
+        job = self.job
         label = f"Script {job.recipe}" if is_fit_script(job.recipe) else None
-        return explain(exc, recipe_name=recipe_name(job.recipe), trainer=trainer, steps_per_epoch=job.steps_per_epoch,
-                       job_label=label)
+        return explain(exc, recipe_name=recipe_name(job.recipe), trainer=self.trainer,
+                       steps_per_epoch=job.steps_per_epoch, job_label=label)
 
-    def drain() -> None:
-        if trainer is not None:
-            trainer.drain_pending_checkpoint(_DRAIN_ON_ERROR_S)
+    def drain(self) -> None:
+        if self.trainer is not None:
+            self.trainer.drain_pending_checkpoint(_DRAIN_ON_ERROR_S)
 
-    state.global_step = lambda: None if trainer is None else int(trainer.global_step.numpy())
-    state.diagnose = diagnose
-    state.on_failure = drain
+    # ------------------------------------------------------------ the run
+    def run(self, environ: Mapping[str, str]) -> int:
+        """Reach the peers, load the recipe, open the store, train; the exit code."""
+        cluster, process = self.cluster, self.process
+        # Before anything slow: every peer's TF_CONFIG address must answer within half the
+        # start-up timeout (cluster/reach.py), so a worker that cannot reach the chief says so,
+        # naming both, before the supervisor's start-up allowance runs out.
+        from resilient_train.runner.failures.faults import FaultPlan
 
-    events.configure(
-        run_dir.events,
-        console=sys.stderr,
-        writes_group_events=cluster.is_chief,
-        run_id=launched.run_id,
-        attempt=launched.attempt,
-        rank=cluster.rank,
-        role=cluster.role,
-    )
-    if cluster.is_chief:  # its prints on the supervisor's console too, once (runner/outputs/script_output.py)
-        until_exit.enter_context(tee_stdout(lambda line: events.emit(SCRIPT_OUTPUT, echo=False, text=line)))
-    stop = threading.Event()
+        self.faults = FaultPlan.from_env(environ, rank=cluster.rank, attempt=process.launched.attempt)
+        placeholder = _reach_peers(cluster, self.job.startup_timeout, unreachable=self.faults.take("before_join", 0))
 
-    def watch_sigterm() -> None:
-        # SIGINT too: Ctrl-C in a terminal reaches the whole process group, workers
-        # included; it must mean "save at an agreed step and stop", not KeyboardInterrupt.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: stop.set())
+        from resilient_train.job.recipe import is_fit_script
 
-    watch_sigterm()
-    # Before anything slow: every peer's TF_CONFIG address must answer within half the
-    # start-up timeout (cluster/reach.py), so a worker that cannot reach the chief says so,
-    # naming both, before the supervisor's start-up allowance runs out.
-    from resilient_train.runner.failures.faults import FaultPlan
+        fit_script = is_fit_script(self.job.recipe)  # a model.fit script runs whole (runner/keras_recipes/fitscript.py)
+        if not fit_script:
+            recipe, params = self._load_recipe()
+        self.store = self._open_store()
 
-    faults = FaultPlan.from_env(environ, rank=cluster.rank, attempt=launched.attempt)
-    placeholder = _reach_peers(cluster, job.startup_timeout, unreachable=faults.take("before_join", 0))
+        import resilient_train.runner.loop  # noqa: F401 (TensorFlow is imported here, after the store)
 
-    from resilient_train.checkpoint import CheckpointStore, RetryPolicy
-    from resilient_train.job.fingerprint import fingerprint_for_worker
-    from resilient_train.job.recipe import is_fit_script, load_recipe, resolve_params
+        if cluster.is_chief:  # the chief's TensorBoard log follows the event stream
+            from resilient_train.runner.outputs.tensorboard import TensorBoardLog
 
-    fit_script = is_fit_script(job.recipe)  # a model.fit script runs whole (runner/keras_recipes/fitscript.py)
-    if not fit_script:
-        recipe = load_recipe(job.recipe)
-        job = job.with_recipe_defaults(recipe.defaults)
-        params = resolve_params(recipe.params, job.params)
-        fingerprint_for_worker(job, recipe.source, params)  # hashes the source as imported (cached)
-    # The host cache (checkpoint/cache.py): the chief's commits are written through to
-    # this host's disk, and every rank restores from there before shared storage.
-    store = CheckpointStore(job.storage, job.storage_options, host_cache=run_dir.host_cache,
-                            retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
-    if cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
-        store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
+            events.add_listener(TensorBoardLog(process.run_dir.tensorboard))
+        if fit_script:
+            from resilient_train.runner.keras_recipes.fitscript import FitScript
 
-    from resilient_train.runner.loop import Trainer  # imports TensorFlow
+            script = FitScript(self.job, cluster, before_strategy=placeholder.close,
+                               make_trainer=self._make_script_trainer, run_trainer=self._run_trainer)
+            result = script.run()  # the script's code after fit() has run when this returns
+        else:
+            placeholder.close()  # the strategy's server binds this port next
+            result = self._run_trainer(self._make_trainer(self.job, recipe, params))
+        process.ignore_stop_signals()
+        if result is not None and cluster.is_chief:
+            from resilient_train.runner.outputs.model_export import export_completed
 
-    if cluster.is_chief:  # the chief's TensorBoard log follows the event stream
-        from resilient_train.runner.outputs.tensorboard import TensorBoardLog
+            export_completed(self.trainer, result, process.run_dir.model)
+        return EXIT_PREEMPTED if result is None else EXIT_OK
 
-        events.add_listener(TensorBoardLog(run_dir.tensorboard))
+    def _load_recipe(self) -> tuple[Any, dict[str, Any]]:
+        """The recipe and its parameters; ``self.job`` takes the recipe's defaults."""
+        from resilient_train.job.fingerprint import fingerprint_for_worker
+        from resilient_train.job.recipe import load_recipe, resolve_params
 
-    def make_trainer(job: JobConfig, recipe: Any, params: dict[str, Any], **seams: Any) -> Any:
-        nonlocal trainer
-        trainer = Trainer(
+        recipe = load_recipe(self.job.recipe)
+        self.job = self.job.with_recipe_defaults(recipe.defaults)
+        params = resolve_params(recipe.params, self.job.params)
+        fingerprint_for_worker(self.job, recipe.source, params)  # hashes the source as imported (cached)
+        return recipe, params
+
+    def _open_store(self) -> Any:
+        from resilient_train.checkpoint import CheckpointStore, RetryPolicy
+
+        job, launched = self.job, self.process.launched
+        # The host cache (checkpoint/cache.py): the chief's commits are written through to
+        # this host's disk, and every rank restores from there before shared storage.
+        store = CheckpointStore(job.storage, job.storage_options, host_cache=self.process.run_dir.host_cache,
+                                retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
+        if self.cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
+            store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
+        return store
+
+    def _make_trainer(self, job: JobConfig, recipe: Any, params: dict[str, Any], **seams: Any) -> Any:
+        from resilient_train.runner.loop import Trainer
+
+        process = self.process
+        self.trainer = Trainer(
             job,
             recipe,
             params,
-            cluster,
-            store=store,
-            run_id=launched.run_id,
-            work_dir=run_dir.work_dir(cluster.rank),
-            attempt_dir=attempt_dir.path,
-            stop_requested=stop.is_set,
-            faults=faults,
+            self.cluster,
+            store=self.store,
+            run_id=process.launched.run_id,
+            work_dir=process.run_dir.work_dir(self.cluster.rank),
+            attempt_dir=process.attempt_dir.path,
+            stop_requested=process.stop.is_set,
+            faults=self.faults,
             **seams,
         )
-        return trainer
+        return self.trainer
 
-    def run_trainer(trainer: Any) -> Any:
+    def _make_script_trainer(self, job: JobConfig, recipe: Any, strategy: Any, input_source: Any) -> Any:
+        return self._make_trainer(job, recipe, {}, strategy=strategy, input_source=input_source)
+
+    def _run_trainer(self, trainer: Any) -> Any:
         # The multi-worker coordination service installs its own C++ SIGTERM handler
         # (TF's preemption notifier) when the strategy starts, replacing ours: take it back.
-        watch_sigterm()
+        self.process.watch_stop_signals()
         return trainer.run()
-
-    if fit_script:
-        from resilient_train.runner.keras_recipes.fitscript import FitScript
-
-        def make_script_trainer(job: JobConfig, recipe: Any, strategy: Any, input_source: Any) -> Any:
-            return make_trainer(job, recipe, {}, strategy=strategy, input_source=input_source)
-
-        script = FitScript(job, cluster, before_strategy=placeholder.close, make_trainer=make_script_trainer,
-                           run_trainer=run_trainer)
-        result = script.run()  # the script's code after fit() has run when this returns
-    else:
-        placeholder.close()  # the strategy's server binds this port next
-        result = run_trainer(make_trainer(job, recipe, params))
-    # Done (or saved for preemption): a late SIGTERM must not turn this clean exit into
-    # a death by signal while TensorFlow tears down.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if result is not None and cluster.is_chief:
-        from resilient_train.runner.outputs.model_export import export_completed
-
-        export_completed(trainer, result, run_dir.model)
-    return EXIT_PREEMPTED if result is None else EXIT_OK
 
 
 def _reach_peers(cluster: ClusterInfo, startup_timeout: float, *, unreachable: bool = False) -> PortPlaceholder:
@@ -247,17 +243,3 @@ def _reach_peers(cluster: ClusterInfo, startup_timeout: float, *, unreachable: b
         placeholder.close()
         raise
     return placeholder
-
-
-def exit_process(code: int) -> None:
-    """Leave now with ``code``, skipping interpreter and TensorFlow teardown.
-
-    Everything a worker promises is on disk before ``main`` returns (checkpoints committed
-    and flushed, events appended with one write each). TensorFlow's teardown adds seconds
-    (the multi-worker coordination service waits at a shutdown barrier for its peers) and a
-    signal landing in it turns a clean exit into a death by signal.
-    """
-    remove_private_tempdir()  # the atexit handlers that would have removed its files never run
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
