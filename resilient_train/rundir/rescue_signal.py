@@ -15,8 +15,9 @@ a daemon thread.
 #   listener thread (daemon)
 #     blocks reading the pipe; on a SIGUSR2 byte it runs the registered target (the
 #     Trainer's Rescuer, once the memory tier exists; before that: rescue_skipped)
-#   wait_idle (the worker's exit path)
-#     a worker whose own collective fails while its rescue commits waits for it (bounded)
+#   before_exit (the worker's error path)
+#     a worker whose own collective fails waits RESCUE_ARRIVAL_S for a request that may be
+#     on its way, then for a rescue in progress (both bounded)
 #
 # One owner: the signal number and the event names are defined here, for the supervisor
 # that sends and waits and for the worker that answers. No TensorFlow here.
@@ -33,7 +34,7 @@ from typing import Callable
 
 from resilient_train.rundir.events import emit as _default_emit
 
-__all__ = ["rescue_hold_s", "rescue_deadline_s", "RESCUE_SIGNAL", "RESCUE_COMMITTED", "RESCUE_SKIPPED", "RESCUE_REQUESTED", "RESCUE_ABANDONED",
+__all__ = ["rescue_hold_s", "rescue_deadline_s", "RESCUE_SIGNAL", "RESCUE_COMMITTED", "RESCUE_SKIPPED", "RESCUE_REQUESTED", "RESCUE_ABANDONED", "RESCUE_ARRIVAL_S",
            "RescueListener", "install", "listener"]
 
 RESCUE_SIGNAL = signal.SIGUSR2  # SIGUSR1 is the stack dump's (rundir/stacks.py)
@@ -41,6 +42,9 @@ RESCUE_REQUESTED = "rescue_requested"  # the supervisor asked a survivor
 RESCUE_COMMITTED = "rescue_committed"  # the survivor committed its snapshot
 RESCUE_SKIPPED = "rescue_skipped"  # the survivor had nothing to commit, or its commit failed (reason)
 RESCUE_ABANDONED = "rescue_abandoned"  # the supervisor's deadline passed without an answer
+# How long a failing worker waits for a rescue request before it exits: the supervisor
+# polls every 0.05 s, and a chief's death breaks a survivor's collective at once.
+RESCUE_ARRIVAL_S = 2.0
 
 
 def rescue_hold_s(storage_timeout: float) -> float:
@@ -68,6 +72,7 @@ class RescueListener:
         self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
+        self._requested = threading.Event()
         self._read_fd: int | None = None
 
     def install(self) -> None:
@@ -88,6 +93,14 @@ class RescueListener:
         """Wait up to ``timeout_s`` for a rescue in progress; True when none is."""
         return self._idle.wait(timeout_s)
 
+    def before_exit(self, *, arrival_s: float, finish_s: float) -> bool:
+        """A failing worker's last wait: a request may still be on its way (a chief's death
+        breaks a survivor's collective at once, as fast as the supervisor sees it), so give
+        it ``arrival_s`` to arrive, then a rescue in progress ``finish_s`` to end.
+        True when no rescue is left running."""
+        self._requested.wait(arrival_s)
+        return self._idle.wait(finish_s)
+
     def _listen(self) -> None:
         assert self._read_fd is not None
         while True:
@@ -101,6 +114,7 @@ class RescueListener:
         with self._lock:
             target = self._target
             self._idle.clear()
+            self._requested.set()
         try:
             if target is None:
                 self._emit(RESCUE_SKIPPED, reason="no memory tier in this process yet (still starting)")

@@ -133,9 +133,9 @@ class _Worker:
         if self.job.snapshot_every_steps is not None:
             # A peer died: this worker's own collective failed ~8 s later, maybe while its
             # rescue commits on the listener thread. Never race it (bounded by the rescue's deadline).
-            from resilient_train.rundir.rescue_signal import listener, rescue_deadline_s
+            from resilient_train.rundir.rescue_signal import RESCUE_ARRIVAL_S, listener, rescue_deadline_s
 
-            listener().wait_idle(rescue_deadline_s(self.job.storage_timeout))
+            listener().before_exit(arrival_s=RESCUE_ARRIVAL_S, finish_s=rescue_deadline_s(self.job.storage_timeout))
 
     # ------------------------------------------------------------ the run
     def run(self, environ: Mapping[str, str]) -> int:
