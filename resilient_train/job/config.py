@@ -54,7 +54,7 @@ FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 3
 STEPS_PER_EXECUTION_AUTO = "auto"  # the runner sizes calls by time (runner/call_size.py)
 HANG_TIMEOUT_AUTO = "auto"  # scaled from observed call times (supervisor/watchdog.py)
 COLLECTIVE_TIMEOUT_OFF = "off"  # no limit on one collective's wait (runner/strategy.py)
-SNAPSHOT_EVERY_OFF = "off"  # no memory tier: a crash loses the steps since the last commit (runner/state/rescue.py)
+SNAPSHOT_EVERY_OFF = "off"  # no memory tier: a crash loses the steps since the last commit (runner/state/memory_tier.py)
 
 
 def check_steps_per_execution(setting: object) -> None:
@@ -210,7 +210,7 @@ class JobConfig:
     checkpoint_mode: str = field(default="async", metadata=_flag(
         "--checkpoint-mode", choices=CHECKPOINT_MODES,
         help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on"))
-    snapshot_every: int | str = field(default=SNAPSHOT_EVERY_OFF, metadata=_flag(  # runner/state/rescue.py
+    snapshot_every: int | str = field(default=SNAPSHOT_EVERY_OFF, metadata=_flag(  # runner/state/memory_tier.py
         "--snapshot-every", parse=_snapshot_every, metavar="N|off",
         help="memory tier: every worker keeps a snapshot of the whole training state taken every N steps, and "
         "when a worker dies the lowest-ranked survivor commits it, so a crash loses at most about N steps "

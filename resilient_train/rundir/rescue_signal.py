@@ -1,7 +1,7 @@
 """The rescue request: the supervisor's SIGUSR2 to a surviving worker, received off the main thread.
 
 When a worker dies and the memory tier is on (``--snapshot-every``), the supervisor asks
-the lowest-ranked survivor to commit its newest in-memory snapshot (runner/state/rescue.py).
+the lowest-ranked survivor to commit its newest in-memory snapshot (runner/state/memory_tier.py).
 The survivor's training thread is then usually blocked inside a collective that will only
 fail seconds later (TensorFlow's heartbeat), and a Python signal handler runs only on the
 main thread between bytecodes: a handler would run too late. So the request is received by
