@@ -30,6 +30,10 @@
 #    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
 #    last). Every epoch end is saved; then _after_epoch_saved (the epoch-end hook) runs
 #    and epoch_finished is emitted.
+#    The memory tier (--snapshot-every N, runner/state/memory_tier.py): every worker keeps
+#    a twin, calls also end N steps after the last snapshot or save, and there every
+#    worker snapshots (_snapshot: the same request a save builds, nothing persisted); a
+#    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death.
 # 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
 #    summed in the packed all-reduce, so every worker stops after the same call
 #    (_preemption_agreed), saves it (flushed) and returns None (the worker exits 143).

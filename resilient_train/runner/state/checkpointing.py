@@ -47,7 +47,11 @@ in parallel; setup refuses to continue if any name, shape or dtype differs.
 # chief snapshots and persists; the other workers skip saving entirely (in sync mode they
 # still write a private temp copy, see SyncCheckpointer). The exception is a model with
 # sync-on-read variables, whose read in cross-replica context IS a collective: then every
-# worker snapshots (at the same agreed step) and only the chief persists.
+# worker snapshots (at the same agreed step) and only the chief persists. And the memory
+# tier (--snapshot-every, runner/state/memory_tier.py): every worker keeps a twin and also
+# snapshots between saves without persisting; ``latest`` is its newest COMPLETE snapshot
+# (set only after the assign returned), and ``rescue_hold`` lets a rescue read the twin
+# from another thread while no snapshot writes it.
 """
 
 from __future__ import annotations
