@@ -70,3 +70,11 @@ def test_nothing_to_rescue_restores_the_last_commit_as_before(tmp_path, digits_r
     assert [e["attempt"] for e in job.named("fresh_start")] == ([1, 2] if not restored else [1])
     assert job.summary["lost_steps"] == step - (restored[0] if restored else 0)
     assert job.summary["weights_sha256"] == digits_reference
+
+
+def test_the_tier_is_off_by_default(digits_reference_run):
+    # The uninterrupted reference run (no --snapshot-every): no twin beyond the chief's, no
+    # snapshot between saves, nothing to ask for.
+    names = {e["event"] for e in digits_reference_run.events}
+    assert names & {"memory_tier", "rescue_requested", "rescue_committed", "rescue_skipped", "rescue_abandoned"} == set()
+    assert json.loads((digits_reference_run.run_dir / "attempt-1" / "job.json").read_text())["snapshot_every"] == "off"
