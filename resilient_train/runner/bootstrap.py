@@ -17,7 +17,9 @@ then :func:`worker_process` makes it a process of the run, in this order:
    supervisor's hang watchdog asks for before it kills a group);
 6. events go to the run's events.jsonl and stderr, bound to run_id, attempt, rank, role;
 7. SIGTERM and SIGINT set :attr:`WorkerProcess.stop` (save at an agreed step and stop,
-   never ``KeyboardInterrupt``).
+   never ``KeyboardInterrupt``);
+8. with the memory tier on (``--snapshot-every``), SIGUSR2 (a rescue request) is received
+   by a daemon thread (rundir/rescue_signal.py), before the supervisor can send it.
 
 On leaving the block (by any path) what the body entered into ``until_exit`` is closed
 (the chief's stdout tee, whose last line becomes an event): before ``recording`` records an
@@ -45,6 +47,7 @@ from resilient_train.rundir.errorfile import Recording
 from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.rundir.permissions import current_umask
 from resilient_train.rundir.redact import register_secrets, secret_values
+from resilient_train.rundir.rescue_signal import install as install_rescue_listener
 from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
 from resilient_train.rundir.stacks import register as register_stacks
 
@@ -114,6 +117,8 @@ def worker_process(state: Recording, job: JobConfig, *, rank: int, role: str, wr
         process = WorkerProcess(job=job, launched=launched, run_dir=run_dir, attempt_dir=attempt_dir, rank=rank,
                                 role=role, stop=threading.Event(), until_exit=until_exit, stacks_file=stacks_file)
         process.watch_stop_signals()
+        if job.snapshot_every_steps is not None:  # the memory tier: a survivor may be asked to rescue
+            install_rescue_listener()
         yield process
 
 
