@@ -351,9 +351,19 @@ class Trainer:
             return None if manifest is None else manifest.global_step
 
         rescuer = Rescuer(saver, rank=rank, commit=self._commit_rescue, last_committed=last_committed,
-                          deadline_s=rescue_signal.rescue_hold_s(self.job.storage_timeout))
+                          deadline_s=rescue_signal.rescue_hold_s(self.job.storage_timeout),
+                          unable=self._why_no_rescue_here)
         rescue_signal.listener().set_target(rescuer.rescue)
         emit("memory_tier", every_steps=self._snapshots.every_steps, twin_bytes=saver.twin.state_bytes, rank=rank)
+
+    def _why_no_rescue_here(self) -> str | None:
+        """A non-chief holds no current state of the chief-only callbacks (ModelCheckpoint,
+        CSVLogger, TensorBoard run on the chief): its callbacks.json would not restore, or
+        would restore a stale copy. Then the rescue is the chief's or none."""
+        chief_only = [] if self._callbacks is None or self.cluster.is_chief else self._callbacks.chief_only
+        if chief_only:
+            return f"the state of chief-only callbacks ({', '.join(chief_only)}) lives on the chief"
+        return None
 
     def _commit_rescue(self, request: SaveRequest) -> Manifest:
         """A rescue's commit (on the rescue listener's thread): the twin, the ordinary way.

@@ -50,14 +50,14 @@ class FakeSaver:
         yield self.snapshot, self.busy
 
 
-def rescuer_for(saver, *, committed=None, commit=None):
+def rescuer_for(saver, *, committed=None, commit=None, unable=None):
     events, commits = [], []
 
     def default_commit(request):
         commits.append(request)
 
     rescuer = Rescuer(saver, rank=1, commit=commit or default_commit, last_committed=lambda: committed,
-                      deadline_s=5.0, emit=lambda name, **fields: events.append((name, fields)),
+                      deadline_s=5.0, unable=lambda: unable, emit=lambda name, **fields: events.append((name, fields)),
                       clock=iter([100.0, 100.25]).__next__, wall_clock=lambda: 50.5)
     return rescuer, events, commits
 
@@ -81,6 +81,15 @@ def test_the_rescuer_skips_with_the_reason():
         rescuer, events, commits = rescuer_for(saver, committed=committed)
         rescuer.rescue()
         assert (events, commits) == ([("rescue_skipped", {"rank": 1, "reason": reason})], [])
+
+
+def test_a_worker_that_can_never_rescue_says_why_and_does_not_touch_the_twin():
+    request = SaveRequest(global_step=16, epoch=1, step_in_epoch=6)
+    saver = FakeSaver(Snapshot(request, 1.0))
+    reason = "the state of chief-only callbacks (CSVLogger) lives on the chief"
+    rescuer, events, commits = rescuer_for(saver, committed=10, unable=reason)
+    rescuer.rescue()
+    assert (events, commits, saver.held) == ([("rescue_skipped", {"rank": 1, "reason": reason})], [], 0)
 
 
 def test_a_failed_rescue_commit_is_named():

@@ -97,6 +97,8 @@ class Rescuer:
     ``commit(request)``: the ordinary commit of the twin (persist_twin through the store).
     ``last_committed()``: the newest committed step in the store (None: none).
     ``deadline_s``: the longest this worker waits for a snapshot or persist in progress.
+    ``unable()``: why this worker's snapshots can never be committed (None: they can), asked
+    when the request comes, e.g. a non-chief without the chief-only callbacks' state.
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class Rescuer:
         commit: Callable[[Any], Any],
         last_committed: Callable[[], int | None],
         deadline_s: float,
+        unable: Callable[[], str | None] = lambda: None,
         emit: Callable[..., None] = _default_emit,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -116,12 +119,17 @@ class Rescuer:
         self._commit = commit
         self._last_committed = last_committed
         self._deadline_s = deadline_s
+        self._unable = unable
         self._emit = emit
         self._clock = clock
         self._wall_clock = wall_clock
 
     def rescue(self) -> None:
         started = self._clock()
+        unable = self._unable()
+        if unable is not None:
+            self._skip(unable)
+            return
         with self._saver.rescue_hold(self._deadline_s) as (snapshot, busy):
             if busy is not None:
                 self._skip(busy)
