@@ -10,6 +10,7 @@ module of ``resilient_train/commands/`` (``add_parser(subparsers)``, ``main(args
     resilient-train diff A B [--json]       the first committed step where two runs diverge
     resilient-train export URL --recipe R --out DIR [--step N] [--format F]   a checkpoint as a model
     resilient-train doctor [--json] [--storage URL]   check this machine before training
+    resilient-train report RUN_DIR [--out FILE]       the run as one HTML page (timeline, curves, summary)
 
 User errors end in one line on stderr (``resilient-train: error: ...``) and exit code 2
 (errors.py); nothing is started. A command line argparse refuses is the same: one line naming
@@ -27,14 +28,14 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from resilient_train.commands import check, diff, doctor, export, run, verify, worker
+from resilient_train.commands import check, diff, doctor, export, run, run_report, verify, worker
 from resilient_train.errors import EXIT_USAGE, ConfigError, RecipeError, RunDirLockedError, StorageError
 from resilient_train.rundir.redact import redact_text
 
 __all__ = ["main"]
 
 # In --help order; verify adds both ``verify`` and ``ls``.
-_COMMANDS = (run, worker, check, verify, diff, export, doctor)
+_COMMANDS = (run, worker, check, verify, diff, export, doctor, run_report)
 _USER_ERRORS = (ConfigError, RecipeError, RunDirLockedError, StorageError)
 
 

@@ -1,0 +1,545 @@
+"""A run as one HTML page: timeline, training curves and summary, from ``events.jsonl`` alone.
+
+The page is rendered from the event contract (docs/events.md) and nothing else, so any run
+dir renders, an old one included (fields it lacks are left out, never guessed), and the page
+shows what the console and the tools read. ``summary.json`` is used when present, for the
+numbers it owns (status, digest, lost steps, wall time); without it they come from the events.
+
+**Why hand-written SVG, no plotting library.** The page must open with no network, so
+anything it uses is inlined into the file. The plotting libraries that draw a zoomable
+timeline (Plotly ~3.5 MB minified, Vega + Vega-Lite ~800 KB, ECharts ~1 MB) are all far
+over the few hundred KB that are worth inlining into every run dir; uPlot (~50 KB) draws
+curves but no lanes or bands. What the page draws is small: lanes, rectangles, ticks,
+markers, polylines. Plain SVG needs no script at all (a marker's root cause is its
+``<title>``, which every browser shows as a tooltip), no dependency to pin or audit, and its
+output is a document a test can parse and count (``html.parser``): the lanes, markers, ticks
+and curve points are elements with a class and ``data-`` attributes naming the event they
+stand for.
+
+Pure functions: :func:`load_run` reads a run dir into a :class:`RunView`; :func:`render_page`
+turns one into the HTML text. Nothing here writes a file (``commands/run_report.py`` does).
+
+Definitions (also stated on the page):
+
+* *wall time*: summary.json's ``wall_time_s``, else first to last event;
+* *training time*: per attempt, from its ``first_step`` (else its first ``train_progress``)
+  to its last event from a worker; summed over attempts;
+* *goodput*: training time / wall time;
+* *downtime* of a restart or resize: from the moment the run left ``running`` (a
+  ``run_state`` to ``stopping``, ``hung``, ``restarting`` or ``resizing``) to the next
+  attempt's ``first_step`` (else its ``running``); *time lost*: the sum of downtimes.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from resilient_train.errors import ConfigError
+from resilient_train.rundir.layout import RunDir
+
+__all__ = ["RunView", "Band", "load_run", "parse_events", "render_page", "FAULT_EVENTS", "SUPERVISOR_LANE"]
+
+SUPERVISOR_LANE = "supervisor"
+
+# Events drawn as a fault marker, and the line its tooltip starts with. A worker's exit is a
+# fault only when it was not a clean exit 0 (handled in _fault_text).
+FAULT_EVENTS: Mapping[str, str] = {
+    "worker_exited": "worker exited",
+    "hang_detected": "hang",
+    "preemption_requested": "preemption requested",
+    "preempted": "preempted",
+    "rescue_requested": "rescue requested",
+    "rescue_committed": "rescue committed",
+    "rescue_skipped": "rescue skipped",
+    "rescue_abandoned": "rescue abandoned",
+    "gang_restart": "restart",
+    "worker_restarted": "worker restarted in place",
+    "restart_budget_exhausted": "restart budget exhausted",
+    "crash_loop_detected": "crash loop",
+    "fatal_error": "fatal error",
+    "launch_failed": "launch failed",
+    "node_lost": "node lost",
+    "placement_lost": "placement lost",
+    "checkpoint_failed": "checkpoint failed",
+    "checkpoint_rejected": "checkpoint rejected",
+    "input_mismatch": "input mismatch",
+    "stale_writer_fenced": "stale writer fenced",
+    "chaos_fault_injected": "chaos fault injected",
+    "attempt_incomplete": "attempt incomplete",
+}
+_LEFT_RUNNING = frozenset({"stopping", "hung", "restarting", "resizing"})
+_WORKER_EVENT_ROLES = frozenset({"chief", "worker"})
+
+# Layout of the timeline (px).
+_WIDTH = 1100
+_LABEL_W = 110
+_LANE_H = 34
+_TOP = 26
+_CHART_W, _CHART_H, _PAD = 520, 220, 44
+_ATTEMPT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+@dataclass(frozen=True)
+class Band:
+    """A restart or resize: the run was not training from ``start`` to ``end`` (seconds)."""
+
+    kind: str  # "restart" or "resize"
+    attempt: int  # the attempt that started after it
+    start: float
+    end: float
+    reason: str
+
+    @property
+    def downtime_s(self) -> float:
+        return max(0.0, self.end - self.start)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the page shows: the parsed events (file order) and summary.json (or None)."""
+
+    events: tuple[dict[str, Any], ...]
+    skipped_lines: int = 0
+    summary: Mapping[str, Any] | None = None
+    source: str = ""
+    _times: tuple[float, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not self._times:
+            object.__setattr__(self, "_times", tuple(_timestamp(e) for e in self.events))
+
+    # -- time ---------------------------------------------------------------------------
+    @property
+    def t0(self) -> float:
+        known = [t for t in self._times if not math.isnan(t)]
+        return min(known) if known else 0.0
+
+    @property
+    def t_end(self) -> float:
+        known = [t for t in self._times if not math.isnan(t)]
+        return max(known) if known else 0.0
+
+    def at(self, index: int) -> float:
+        """Seconds since the first event of event ``index`` (NaN when its ts is missing)."""
+        return self._times[index] - self.t0
+
+    # -- structure ----------------------------------------------------------------------
+    def ranks(self) -> list[int]:
+        found = {e["rank"] for e in self.events if isinstance(e.get("rank"), int)}
+        for e in self.events:
+            if e.get("event") == "run_started" and isinstance(e.get("workers"), int):
+                found |= set(range(e["workers"]))
+        return sorted(found)
+
+    def lanes(self) -> list[str]:
+        return [SUPERVISOR_LANE, *(f"rank {r}" for r in self.ranks())]
+
+    def attempts(self) -> dict[int, tuple[float, float]]:
+        """attempt -> (first, last) second of the events that name it."""
+        spans: dict[int, list[float]] = {}
+        for i, e in enumerate(self.events):
+            a = e.get("attempt")
+            if isinstance(a, int) and not math.isnan(self.at(i)):
+                span = spans.setdefault(a, [self.at(i), self.at(i)])
+                span[0], span[1] = min(span[0], self.at(i)), max(span[1], self.at(i))
+        return {a: (s[0], s[1]) for a, s in sorted(spans.items())}
+
+    def worker_spans(self) -> list[tuple[int, int, float, float]]:
+        """(rank, attempt, started, exited) per worker process; a worker with no exit ends at the last event."""
+        started: dict[tuple[int, int], float] = {}
+        spans = []
+        for i, e in enumerate(self.events):
+            key = (e.get("rank"), e.get("attempt"))
+            if e.get("event") in ("worker_started", "worker_restarted") and isinstance(key[0], int):
+                started[key] = self.at(i)
+            elif e.get("event") == "worker_exited" and key in started:
+                spans.append((key[0], key[1], started.pop(key), self.at(i)))
+        spans += [(r, a, t, self.t_end - self.t0) for (r, a), t in started.items()]
+        return sorted(spans, key=lambda s: (s[0], s[2]))
+
+    def faults(self) -> list[tuple[int, dict[str, Any], str]]:
+        """(index, event, tooltip) of every fault marker, in file order."""
+        found = []
+        for i, e in enumerate(self.events):
+            text = _fault_text(e, self.events)
+            if text is not None:
+                found.append((i, e, text))
+        return found
+
+    def commits(self) -> list[tuple[int, dict[str, Any]]]:
+        return [(i, e) for i, e in enumerate(self.events) if e.get("event") == "checkpoint_committed"]
+
+    def restores(self) -> list[tuple[int, dict[str, Any]]]:
+        return [(i, e) for i, e in enumerate(self.events) if e.get("event") == "restored"]
+
+    def bands(self) -> list[Band]:
+        bands: list[Band] = []
+        open_at: float | None = None
+        open_reason, open_kind = "", "restart"
+        for i, e in enumerate(self.events):
+            name, t = e.get("event"), self.at(i)
+            if name == "run_state" and e.get("from") == "running" and e.get("to") in _LEFT_RUNNING:
+                if open_at is None:
+                    open_at, open_reason = t, str(e.get("reason", ""))
+                open_kind = "resize" if e.get("to") == "resizing" else open_kind
+            elif name == "run_state" and e.get("to") in ("restarting", "resizing") and open_at is not None:
+                open_kind = "resize" if e.get("to") == "resizing" else "restart"
+                open_reason = str(e.get("reason") or open_reason)
+            elif name == "run_state" and e.get("to") in ("succeeded", "failed", "preempted"):
+                open_at = None  # the run ended: no restart followed
+            elif name == "first_step" and open_at is not None:
+                bands.append(Band(open_kind, int(e.get("attempt", 0) or 0), open_at, t, open_reason))
+                open_at, open_kind = None, "restart"
+        return bands
+
+    def training_seconds(self) -> float:
+        first: dict[int, float] = {}
+        last: dict[int, float] = {}
+        for i, e in enumerate(self.events):
+            a, t = e.get("attempt"), self.at(i)
+            if not isinstance(a, int) or math.isnan(t):
+                continue
+            if e.get("event") in ("first_step", "train_progress") and a not in first:
+                first[a] = t
+            if e.get("role") in _WORKER_EVENT_ROLES:
+                last[a] = t
+        return sum(max(0.0, last[a] - first[a]) for a in first if a in last)
+
+    def wall_seconds(self) -> float:
+        if self.summary and isinstance(self.summary.get("wall_time_s"), (int, float)):
+            return float(self.summary["wall_time_s"])
+        return self.t_end - self.t0
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """(label, value) of the summary table, from summary.json where present, else events."""
+        s = dict(self.summary or {})
+        finished = [e for e in self.events if e.get("event") == "run_finished"]
+        last = finished[-1] if finished else {}
+
+        def pick(key: str) -> Any:
+            return s.get(key, last.get(key))
+
+        steps = pick("global_step")
+        if steps is None:
+            steps = max((e["global_step"] for e in self.events if isinstance(e.get("global_step"), int)), default=None)
+        restarts = pick("restarts")
+        if restarts is None:
+            restarts = sum(e.get("event") == "gang_restart" for e in self.events)
+        preemptions = pick("preemptions")
+        if preemptions is None:
+            preemptions = sum(e.get("event") == "preempted" for e in self.events)
+        wall, training = self.wall_seconds(), self.training_seconds()
+        lost_time = sum(b.downtime_s for b in self.bands())
+        root = s.get("root_cause") or {}
+        rows = [
+            ("status", str(pick("status") or "unfinished (no run_finished event)")),
+            ("global step", _text(steps)),
+            ("weights sha256", _text(pick("weights_sha256"))),
+            ("attempts", _text(s.get("attempts", len(self.attempts()) or None))),
+            ("restarts", _text(restarts)),
+            ("preemptions", _text(preemptions)),
+            ("lost steps", _text(pick("lost_steps"))),
+            ("wall time", f"{wall:.1f} s"),
+            ("training time", f"{training:.1f} s"),
+            ("time lost (downtime)", f"{lost_time:.1f} s"),
+            ("goodput", f"{training / wall:.1%}" if wall > 0 else "-"),
+        ]
+        if root:
+            rows.append(("root cause", _root_cause_text(root)))
+        if "val_loss" in s:
+            rows.append(("last val_loss", _text(s["val_loss"])))
+        return rows
+
+    def curves(self) -> dict[str, list[tuple[int, int, float]]]:
+        """series name -> (attempt, global_step, value) points, in file order.
+
+        ``loss`` and each metric from ``train_progress``; ``epoch loss``, each metric's
+        ``epoch <name>``, ``val_loss`` and ``val_<name>`` from ``epoch_finished``.
+        """
+        series: dict[str, list[tuple[int, int, float]]] = {}
+
+        def add(name: str, e: Mapping[str, Any], value: Any) -> None:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                    and isinstance(e.get("global_step"), int):
+                series.setdefault(name, []).append((int(e.get("attempt") or 0), e["global_step"], float(value)))
+
+        for e in self.events:
+            if e.get("event") == "train_progress":
+                add("loss", e, e.get("loss"))
+                for key, value in sorted((e.get("metrics") or {}).items()):
+                    add(key, e, value)
+            elif e.get("event") == "epoch_finished":
+                add("epoch loss", e, e.get("loss"))
+                for key, value in sorted((e.get("metrics") or {}).items()):
+                    add(f"epoch {key}", e, value)
+                add("val_loss", e, e.get("val_loss"))
+                for key, value in sorted((e.get("val_metrics") or {}).items()):
+                    add(f"val_{key}", e, value)
+        return series
+
+
+def _timestamp(record: Mapping[str, Any]) -> float:
+    try:
+        return datetime.fromisoformat(str(record["ts"])).timestamp()
+    except (KeyError, ValueError):
+        return math.nan
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _root_cause_text(root: Mapping[str, Any]) -> str:
+    if root.get("message"):
+        return str(root["message"])
+    parts = [f"rank {root['rank']}" if "rank" in root else "", str(root.get("exit") or ""),
+             str(root.get("type") or ""), f"at global_step {root['global_step']}" if "global_step" in root else "",
+             f"(attempt {root['attempt']})" if "attempt" in root else ""]
+    return " ".join(p for p in parts if p)
+
+
+def _exit_cause(e: Mapping[str, Any]) -> str:
+    if e.get("signal"):
+        return f"killed by {e['signal']}"
+    return f"exit code {e.get('exit_code')}"
+
+
+def _fault_text(e: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str | None:
+    """The tooltip of a fault marker, or None when ``e`` is no fault."""
+    name = e.get("event")
+    if name not in FAULT_EVENTS:
+        return None
+    if name == "worker_exited":
+        if e.get("exit_code") == 0 and not e.get("signal"):
+            return None
+        rank, attempt = e.get("rank"), e.get("attempt")
+        head = f"rank {rank} (pid {e.get('pid')}) {_exit_cause(e)}, attempt {attempt}"
+        restart = next((r for r in events if r.get("event") == "gang_restart" and isinstance(attempt, int)
+                        and r.get("attempt") == attempt + 1), None)
+        failed = next((r for r in events if r.get("event") == "worker_failed" and r.get("rank") == rank
+                       and r.get("attempt") == attempt), {})
+        if restart is not None and restart.get("root_cause_rank") == rank:
+            cause = f"root cause: {restart.get('reason')}"
+        elif e.get("state") == "killed":
+            cause = "secondary: killed by the supervisor's teardown after a peer's failure"
+        elif e.get("exit_code") == 4:
+            cause = "the group broke under it (exit 4)"
+        else:
+            cause = f"classification: {failed.get('classification', 'unknown')}"
+        return f"{head}\n{cause}"
+    skip = {"event", "ts", "run_id", "role", "stacks", "never_trained"}
+    fields = ", ".join(f"{k}={_short(v)}" for k, v in e.items() if k not in skip)
+    return f"{FAULT_EVENTS[name]}\n{fields}"
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def parse_events(lines: Iterable[bytes | str]) -> tuple[list[dict[str, Any]], int]:
+    """(events, skipped): every JSON object line with an ``event``; a torn or garbled line is
+    counted, not fatal (an empty line is neither)."""
+    events, skipped = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            skipped += 1
+            continue
+        if isinstance(record, dict) and "event" in record:
+            events.append(record)
+        else:
+            skipped += 1
+    return events, skipped
+
+
+def load_run(run_dir: str | Path) -> RunView:
+    """The run dir's events and summary; ConfigError (one line, exit 2) when it is not a run dir."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ConfigError(f"{run_dir} is not a directory (expected a run dir, with events.jsonl)")
+    layout = RunDir(path)
+    if not layout.events.is_file():
+        raise ConfigError(f"{run_dir} is not a run dir: it has no {layout.events.name}")
+    events, skipped = parse_events(layout.events.read_bytes().splitlines())
+    summary = None
+    if layout.summary.is_file():
+        try:
+            loaded = json.loads(layout.summary.read_text())
+            summary = loaded if isinstance(loaded, dict) else None
+        except ValueError:
+            summary = None  # a torn summary: the events still say it
+    return RunView(tuple(events), skipped, summary, str(path))
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _lane_of(e: Mapping[str, Any], lanes: Sequence[str]) -> int:
+    rank = e.get("rank")
+    if isinstance(rank, int) and e.get("event") not in ("gang_restart",) and f"rank {rank}" in lanes:
+        return lanes.index(f"rank {rank}")
+    return 0
+
+
+def _timeline(view: RunView) -> str:
+    lanes = view.lanes()
+    span = max(view.t_end - view.t0, 1e-6)
+    plot_w = _WIDTH - _LABEL_W - 20
+    height = _TOP + _LANE_H * len(lanes) + 30
+
+    def x(t: float) -> float:
+        return round(_LABEL_W + plot_w * (0.0 if math.isnan(t) else t) / span, 1)
+
+    def y(lane: int) -> int:
+        return _TOP + lane * _LANE_H
+
+    out = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
+           f'viewBox="0 0 {_WIDTH} {height}">']
+    for band in view.bands():
+        out.append(f'<g class="band" data-kind="{band.kind}" data-attempt="{band.attempt}" '
+                   f'data-downtime="{band.downtime_s:.3f}"><rect x="{x(band.start)}" y="{_TOP - 14}" '
+                   f'width="{max(1.0, x(band.end) - x(band.start)):.1f}" height="{_LANE_H * len(lanes) + 14}" '
+                   f'fill="#f4c7c3" opacity="0.55"/><text x="{x(band.start) + 2}" y="{_TOP - 4}" font-size="10">'
+                   f'{_e(band.kind)} {band.downtime_s:.1f} s</text><title>{_e(band.kind)} before attempt '
+                   f'{band.attempt}: down {band.downtime_s:.1f} s\n{_e(band.reason)}</title></g>')
+    for n, name in enumerate(lanes):
+        out.append(f'<g class="lane" data-lane="{_e(name)}"><line x1="{_LABEL_W}" x2="{_WIDTH - 20}" '
+                   f'y1="{y(n) + _LANE_H / 2}" y2="{y(n) + _LANE_H / 2}" stroke="#ddd"/>'
+                   f'<text x="6" y="{y(n) + _LANE_H / 2 + 4}" font-size="12">{_e(name)}</text></g>')
+    for attempt, (start, end) in view.attempts().items():
+        colour = _ATTEMPT_COLOURS[(attempt - 1) % len(_ATTEMPT_COLOURS)]
+        out.append(f'<g class="attempt" data-attempt="{attempt}"><rect x="{x(start)}" y="{y(0) + 8}" '
+                   f'width="{max(1.0, x(end) - x(start)):.1f}" height="{_LANE_H - 16}" fill="{colour}" '
+                   f'opacity="0.35"/><text x="{x(start) + 3}" y="{y(0) + _LANE_H / 2 + 4}" font-size="10">'
+                   f'attempt {attempt}</text><title>attempt {attempt}: {start:.1f} s to {end:.1f} s</title></g>')
+    for rank, attempt, start, end in view.worker_spans():
+        lane = lanes.index(f"rank {rank}") if f"rank {rank}" in lanes else 0
+        colour = _ATTEMPT_COLOURS[((attempt or 1) - 1) % len(_ATTEMPT_COLOURS)]
+        out.append(f'<rect class="worker-span" data-rank="{rank}" data-attempt="{attempt}" x="{x(start)}" '
+                   f'y="{y(lane) + 10}" width="{max(1.0, x(end) - x(start)):.1f}" height="{_LANE_H - 20}" '
+                   f'fill="{colour}" opacity="0.6"><title>rank {rank}, attempt {attempt}: '
+                   f'{start:.1f} s to {end:.1f} s</title></rect>')
+    for i, e in view.commits():
+        lane, cx = _lane_of(e, lanes), x(view.at(i))
+        out.append(f'<line class="ckpt" data-step="{_e(e.get("global_step"))}" x1="{cx}" x2="{cx}" '
+                   f'y1="{y(lane) + 4}" y2="{y(lane) + _LANE_H - 4}" stroke="#2a7" stroke-width="2">'
+                   f'<title>checkpoint committed at global step {_e(e.get("global_step"))}'
+                   f'{" (async)" if "blocked_ms" in e else ""}</title></line>')
+    for i, e, text in view.faults():
+        lane, cx = _lane_of(e, lanes), x(view.at(i))
+        cy = y(lane) + _LANE_H / 2
+        out.append(f'<g class="marker" data-event="{_e(e["event"])}" data-lane="{_e(lanes[lane])}">'
+                   f'<path d="M{cx} {cy - 7} L{cx + 7} {cy} L{cx} {cy + 7} L{cx - 7} {cy} Z" fill="#c22" '
+                   f'stroke="#fff"/><title>{_e(text)}</title></g>')
+    for tick in _time_ticks(span):
+        out.append(f'<text class="axis" x="{x(tick)}" y="{height - 8}" font-size="10" text-anchor="middle">'
+                   f'{tick:g} s</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _time_ticks(span: float) -> list[float]:
+    step = 10 ** math.floor(math.log10(max(span, 1e-3)))
+    for factor in (1, 2, 5, 10):
+        if span / (step * factor) <= 8:
+            step *= factor
+            break
+    return [round(k * step, 6) for k in range(int(span / step) + 1)]
+
+
+def _chart(name: str, points: list[tuple[int, int, float]], restores: list[int]) -> str:
+    steps = [p[1] for p in points] + restores
+    values = [p[2] for p in points]
+    x_lo, x_hi = min(steps), max(steps)
+    y_lo, y_hi = min(values), max(values)
+    x_hi, y_hi = (x_hi if x_hi > x_lo else x_lo + 1), (y_hi if y_hi > y_lo else y_lo + 1)
+
+    def x(step: float) -> float:
+        return round(_PAD + (_CHART_W - 2 * _PAD + 10) * (step - x_lo) / (x_hi - x_lo), 1)
+
+    def y(value: float) -> float:
+        return round(_CHART_H - _PAD + 10 - (_CHART_H - _PAD - 10) * (value - y_lo) / (y_hi - y_lo), 1)
+
+    out = [f'<svg class="chart" data-series="{_e(name)}" xmlns="http://www.w3.org/2000/svg" width="{_CHART_W}" '
+           f'height="{_CHART_H}" viewBox="0 0 {_CHART_W} {_CHART_H}">',
+           f'<text x="{_PAD}" y="14" font-size="13" font-weight="bold">{_e(name)}</text>',
+           f'<text x="4" y="{y(y_hi) + 4}" font-size="10">{y_hi:.4g}</text>',
+           f'<text x="4" y="{y(y_lo) + 4}" font-size="10">{y_lo:.4g}</text>',
+           f'<text x="{x(x_lo)}" y="{_CHART_H - 8}" font-size="10">step {x_lo}</text>',
+           f'<text x="{x(x_hi)}" y="{_CHART_H - 8}" font-size="10" text-anchor="end">step {x_hi}</text>']
+    for step in restores:
+        out.append(f'<line class="restore" data-step="{step}" x1="{x(step)}" x2="{x(step)}" y1="20" '
+                   f'y2="{_CHART_H - _PAD + 10}" stroke="#888" stroke-dasharray="4 3">'
+                   f'<title>restored global step {step}</title></line>')
+    for attempt in sorted({p[0] for p in points}):
+        mine = [p for p in points if p[0] == attempt]
+        colour = _ATTEMPT_COLOURS[(attempt - 1) % len(_ATTEMPT_COLOURS)]
+        coords = " ".join(f"{x(s)},{y(v)}" for _, s, v in mine)
+        out.append(f'<g class="curve" data-attempt="{attempt}"><polyline points="{coords}" fill="none" '
+                   f'stroke="{colour}" stroke-width="1.5"/>')
+        out += [f'<circle class="pt" cx="{x(s)}" cy="{y(v)}" r="2.5" fill="{colour}"><title>attempt {attempt}, '
+                f'step {s}: {v:.6g}</title></circle>' for _, s, v in mine]
+        out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:20px;color:#222}
+h1{font-size:20px}h2{font-size:16px;margin-top:26px}
+table.summary td{padding:2px 12px 2px 0;font-family:monospace}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.note{color:#666;font-size:12px}
+.marker{cursor:help}.legend span{display:inline-block;margin-right:14px;font-size:12px}"""
+
+
+def render_page(view: RunView, *, title: str | None = None) -> str:
+    """The whole page: self-contained HTML (inline style, inline SVG, no script, no link)."""
+    title = title or f"resilient-train run {view.source}"
+    restores = sorted({e["global_step"] for _, e in view.restores() if isinstance(e.get("global_step"), int)})
+    curves = view.curves()
+    summary = "\n".join(f'<tr data-key="{_e(k)}"><td>{_e(k)}</td><td>{_e(v)}</td></tr>'
+                        for k, v in view.summary_rows())
+    skipped = (f'<p class="skipped" data-skipped="{view.skipped_lines}">{view.skipped_lines} torn or garbled '
+               f'line{"s" if view.skipped_lines != 1 else ""} of events.jsonl skipped</p>') if view.skipped_lines else ""
+    legend = ('<p class="legend"><span>&#9670; fault (hover: root cause)</span><span>| checkpoint commit</span>'
+              '<span>shaded: restart / resize downtime</span><span>bars: attempts and worker processes</span></p>')
+    charts = "\n".join(_chart(name, points, restores) for name, points in curves.items()) \
+        or '<p class="note">no train_progress or epoch_finished events</p>'
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
+<style>{_STYLE}</style></head>
+<body>
+<h1>{_e(title)}</h1>
+{skipped}
+<h2>Summary</h2>
+<table class="summary">
+{summary}
+</table>
+<p class="note">goodput = training time / wall time; training time: each attempt from its first step to its
+last worker event; downtime: from leaving <code>running</code> to the next attempt's first step.</p>
+<h2>Timeline</h2>
+{legend}
+{_timeline(view)}
+<h2>Training curves</h2>
+<p class="note">x: global step; one colour per attempt; dashed: a restore (the next attempt continues from there).</p>
+<div class="charts">
+{charts}
+</div>
+</body></html>
+"""
