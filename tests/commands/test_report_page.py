@@ -1,0 +1,226 @@
+"""The report page, from synthetic events: the DOM has exactly one lane per rank plus the
+supervisor, one marker per fault, one tick per commit, one curve point per value, and a
+resumed attempt's curve starts at its restore (tests/integration/test_report_browser.py opens
+a real run's page in Chromium)."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from resilient_train.cli import main as cli_main
+from resilient_train.commands.report_page import load_run, parse_events, render_page
+
+
+def _ts(second: float) -> str:
+    return f"2026-01-01T00:00:{second:06.3f}+00:00"
+
+
+def _run_events() -> list[dict]:
+    """Two workers; rank 1 SIGKILLed at step 15 of attempt 1; attempt 2 restores step 10 and completes."""
+    e = []
+
+    def add(t: float, event: str, **fields) -> None:
+        e.append({"event": event, "ts": _ts(t), "run_id": "r1", **fields})
+
+    add(0, "run_started", recipe="recipes/linear_regression.py", workers=2, role="supervisor")
+    add(0.1, "run_state", **{"from": "preparing", "to": "starting"}, attempt=1, role="supervisor")
+    for rank in (0, 1):
+        add(0.2, "worker_started", rank=rank, pid=100 + rank, attempt=1, role="supervisor")
+    add(0.3, "run_state", **{"from": "starting", "to": "running"}, attempt=1, role="supervisor")
+    add(2, "fresh_start", epoch=0, step_in_epoch=0, global_step=0, rank=0, attempt=1, role="chief")
+    add(3, "first_step", global_step=1, rank=0, attempt=1, role="chief")
+    add(3, "train_progress", epoch=0, step_in_epoch=1, global_step=1, loss=2.0, metrics={"mae": 1.0}, rank=0,
+        attempt=1, role="chief")
+    add(4, "checkpoint_committed", epoch=0, step_in_epoch=5, global_step=5, rank=0, attempt=1, role="chief")
+    add(4.5, "checkpoint_committed", epoch=1, step_in_epoch=0, global_step=10, rank=0, attempt=1, role="chief")
+    add(4.6, "epoch_finished", epoch=0, global_step=10, loss=1.2, metrics={"mae": 0.8}, val_loss=0.4,
+        val_metrics={"mae": 0.5}, rank=0, attempt=1, role="chief")
+    add(5, "train_progress", epoch=1, step_in_epoch=5, global_step=15, loss=0.3, metrics={"mae": 0.4}, rank=0,
+        attempt=1, role="chief")
+    add(6, "worker_exited", rank=1, pid=101, attempt=1, signal="SIGKILL", state="exited", role="supervisor")
+    add(6, "worker_failed", rank=1, pid=101, attempt=1, signal="SIGKILL", classification="failed", role="supervisor")
+    add(6, "run_state", **{"from": "running", "to": "stopping"}, attempt=1, reason="worker 1 exited abnormally",
+        role="supervisor")
+    add(8, "worker_exited", rank=0, pid=100, attempt=1, signal="SIGKILL", state="killed", role="supervisor")
+    add(8, "run_state", **{"from": "stopping", "to": "restarting"}, attempt=1,
+        reason="attempt 1 failed (killed by SIGKILL); restart 1 of 3", role="supervisor")
+    add(8, "gang_restart", attempt=2, reason="attempt 1 failed (killed by SIGKILL); restart 1 of 3",
+        root_cause_rank=1, backoff_s=0.3, role="supervisor")
+    for rank in (0, 1):
+        add(9, "worker_started", rank=rank, pid=200 + rank, attempt=2, role="supervisor")
+    add(9.1, "run_state", **{"from": "starting", "to": "running"}, attempt=2, role="supervisor")
+    add(12, "restored", epoch=1, step_in_epoch=0, global_step=10, checkpoint="ckpt-10", rank=0, attempt=2,
+        role="chief")
+    add(14, "first_step", global_step=11, rank=0, attempt=2, role="chief")
+    add(14, "train_progress", epoch=1, step_in_epoch=1, global_step=11, loss=0.35, metrics={"mae": 0.45}, rank=0,
+        attempt=2, role="chief")
+    add(15, "checkpoint_committed", epoch=1, step_in_epoch=5, global_step=15, rank=0, attempt=2, role="chief")
+    add(15.5, "checkpoint_committed", epoch=2, step_in_epoch=0, global_step=20, rank=0, attempt=2, role="chief")
+    add(15.6, "epoch_finished", epoch=1, global_step=20, loss=0.2, metrics={"mae": 0.3}, val_loss=0.1,
+        val_metrics={"mae": 0.2}, rank=0, attempt=2, role="chief")
+    add(16, "training_completed", global_step=20, epoch=2, weights_sha256="ab" * 32, rank=0, attempt=2, role="chief")
+    for rank in (1, 0):
+        add(16.5, "worker_exited", rank=rank, pid=200 + rank, attempt=2, exit_code=0, state="exited",
+            role="supervisor")
+    add(17, "run_state", **{"from": "running", "to": "succeeded"}, attempt=2, role="supervisor")
+    add(17, "run_finished", status="completed", global_step=20, weights_sha256="ab" * 32, restarts=1, preemptions=0,
+        lost_steps=5, role="supervisor")
+    return e
+
+
+class _Dom(HTMLParser):
+    """Every start tag as (tag, attrs), and each element's direct text for <title> and <td>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.titles: list[str] = []
+        self.cells: list[str] = []
+        self._open: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+        self._open.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag):
+        if tag in self._open:
+            while self._open.pop() != tag:
+                pass
+
+    def handle_data(self, data):
+        if self._open and self._open[-1] == "title":
+            self.titles.append(data)
+        elif self._open and self._open[-1] == "td":
+            self.cells.append(data)
+
+    def of_class(self, name: str) -> list[dict[str, str]]:
+        return [attrs for _, attrs in self.elements if name in attrs.get("class", "").split()]
+
+
+def _write_run(tmp_path: Path, events: list[dict], *, extra_lines: list[str] = (), summary: dict | None = None) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [json.dumps(e) for e in events]
+    (run_dir / "events.jsonl").write_text("\n".join([*lines[:5], *extra_lines, *lines[5:]]) + "\n")
+    if summary is not None:
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def _dom(run_dir: Path) -> _Dom:
+    dom = _Dom()
+    dom.feed(render_page(load_run(run_dir)))
+    return dom
+
+
+def test_one_lane_per_rank_and_the_supervisor(tmp_path):
+    dom = _dom(_write_run(tmp_path, _run_events()))
+    assert [a["data-lane"] for a in dom.of_class("lane")] == ["supervisor", "rank 0", "rank 1"]
+
+
+def test_every_fault_is_one_marker_with_its_root_cause(tmp_path):
+    dom = _dom(_write_run(tmp_path, _run_events()))
+    markers = dom.of_class("marker")
+    # rank 1's SIGKILL (root cause), rank 0's teardown kill (secondary), the gang restart; clean exits are no faults
+    assert [(m["data-event"], m["data-lane"]) for m in markers] == [
+        ("worker_exited", "rank 1"), ("worker_exited", "rank 0"), ("gang_restart", "supervisor")]
+    assert "rank 1 (pid 101) killed by SIGKILL, attempt 1\nroot cause: attempt 1 failed (killed by SIGKILL); " \
+           "restart 1 of 3" in dom.titles
+    assert "rank 0 (pid 100) killed by SIGKILL, attempt 1\nsecondary: killed by the supervisor's teardown " \
+           "after a peer's failure" in dom.titles
+
+
+def test_every_commit_is_a_tick_and_each_attempt_a_span(tmp_path):
+    dom = _dom(_write_run(tmp_path, _run_events()))
+    assert [t["data-step"] for t in dom.of_class("ckpt")] == ["5", "10", "15", "20"]
+    assert [a["data-attempt"] for a in dom.of_class("attempt")] == ["1", "2"]
+    assert sorted((s["data-rank"], s["data-attempt"]) for s in dom.of_class("worker-span")) == [
+        ("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")]
+
+
+def test_the_restart_is_a_band_with_its_downtime(tmp_path):
+    dom = _dom(_write_run(tmp_path, _run_events()))
+    # left running at 6 s (rank 1 died), attempt 2's first step at 14 s
+    assert [(b["data-kind"], b["data-attempt"], b["data-downtime"]) for b in dom.of_class("band")] == [
+        ("restart", "2", "8.000")]
+
+
+def test_curves_have_one_point_per_value_and_the_restore_is_marked(tmp_path):
+    dom = _dom(_write_run(tmp_path, _run_events()))
+    charts = [c["data-series"] for c in dom.of_class("chart")]
+    assert charts == ["loss", "mae", "epoch loss", "epoch mae", "val_loss", "val_mae"]
+    assert len(dom.of_class("pt")) == 3 * 2 + 2 * 4  # 3 train_progress x 2 series, 2 epoch_finished x 4 series
+    assert [r["data-step"] for r in dom.of_class("restore")] == ["10"] * len(charts)
+    assert [c["data-attempt"] for c in dom.of_class("curve")][:2] == ["1", "2"]  # loss: attempt 2 continues it
+    view = load_run(tmp_path / "run")
+    assert view.curves()["loss"] == [(1, 1, 2.0), (1, 15, 0.3), (2, 11, 0.35)]
+
+
+def test_the_summary_from_events_and_goodput(tmp_path):
+    dom = _dom(_write_run(tmp_path, _run_events()))
+    rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
+    assert rows["status"] == "completed"
+    assert rows["global step"] == "20"
+    assert rows["restarts"] == "1"
+    assert rows["lost steps"] == "5"
+    assert rows["wall time"] == "17.0 s"
+    # attempt 1: first step 3 s to its last worker event 5 s; attempt 2: 14 s to 16 s
+    assert rows["training time"] == "4.0 s"
+    assert rows["time lost (downtime)"] == "8.0 s"
+    assert rows["goodput"] == "23.5%"
+
+
+def test_summary_json_wins_over_the_events(tmp_path):
+    summary = {"status": "completed", "global_step": 20, "lost_steps": 7, "wall_time_s": 40.0,
+               "root_cause": {"rank": 1, "exit": "killed by SIGKILL", "global_step": 15, "attempt": 1}}
+    dom = _dom(_write_run(tmp_path, _run_events(), summary=summary))
+    rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
+    assert (rows["lost steps"], rows["wall time"], rows["goodput"]) == ("7", "40.0 s", "10.0%")
+    assert rows["root cause"] == "rank 1 killed by SIGKILL at global_step 15 (attempt 1)"
+
+
+def test_torn_and_garbled_lines_are_skipped_and_counted(tmp_path):
+    run_dir = _write_run(tmp_path, _run_events(), extra_lines=['{"event": "train_prog', "not json", "[1, 2]"])
+    dom = _dom(run_dir)
+    assert [s["data-skipped"] for s in dom.of_class("skipped")] == ["3"]
+    assert len(dom.of_class("ckpt")) == 4
+    assert parse_events([b'{"event": "a"}', b"", b"{bad"]) == ([{"event": "a"}], 1)
+
+
+def test_an_old_run_without_attempts_or_summary_still_renders(tmp_path):
+    events = [{"event": "run_started", "ts": _ts(0), "workers": 1},
+              {"event": "train_progress", "ts": _ts(1), "global_step": 1, "loss": 1.0},
+              {"event": "checkpoint_committed", "ts": _ts(2), "global_step": 1}]
+    dom = _dom(_write_run(tmp_path, events))
+    rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
+    assert rows["status"] == "unfinished (no run_finished event)"
+    assert [a["data-lane"] for a in dom.of_class("lane")] == ["supervisor", "rank 0"]
+    assert len(dom.of_class("pt")) == 1
+
+
+def test_the_page_is_self_contained(tmp_path):
+    dom = _dom(_write_run(tmp_path, _run_events()))
+    assert [tag for tag, _ in dom.elements if tag in ("script", "link", "img", "iframe")] == []
+    assert [a for _, a in dom.elements if any(str(v).startswith(("http:", "https:")) for k, v in a.items()
+                                               if k in ("src", "href"))] == []
+
+
+def test_the_command_writes_the_page_and_refuses_a_non_run_dir(tmp_path, capsys):
+    run_dir = _write_run(tmp_path, _run_events())
+    assert cli_main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report.html").read_text().startswith("<!DOCTYPE html>")
+    out = tmp_path / "elsewhere.html"
+    assert cli_main(["report", str(run_dir), "--out", str(out)]) == 0
+    assert out.read_text() == (run_dir / "report.html").read_text()
+    capsys.readouterr()
+    assert cli_main(["report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"resilient-train: error: {tmp_path} is not a run dir: it has no events.jsonl\n"
+    assert cli_main(["report", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
