@@ -21,13 +21,17 @@ turns one into the HTML text. Nothing here writes a file (``commands/run_report.
 
 Definitions (also stated on the page):
 
-* *wall time*: summary.json's ``wall_time_s``, else first to last event;
+* *wall time*: summary.json's ``wall_time_s``, else first to last event (see below);
 * *training time*: per attempt, from its ``first_step`` (else its first ``train_progress``)
   to its last event from a worker; summed over attempts;
 * *goodput*: training time / wall time;
 * *downtime* of a restart or resize: from the moment the run left ``running`` (a
   ``run_state`` to ``stopping``, ``hung``, ``restarting`` or ``resizing``) to the next
-  attempt's ``first_step`` (else its ``running``); *time lost*: the sum of downtimes.
+  attempt's ``first_step``; of a preemption: from ``run_state`` to ``preempted`` to the
+  resuming invocation's first step; *time lost*: the sum of downtimes.
+* summary.json and ``run_finished`` describe the last ``resilient-train run`` invocation
+  only: where several wrote the run dir (a preempted run resumed), restarts, preemptions and
+  lost steps are summed over their ``run_finished`` events and wall time is first to last event.
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ _ATTEMPT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c5
 class Band:
     """A restart or resize: the run was not training from ``start`` to ``end`` (seconds)."""
 
-    kind: str  # "restart" or "resize"
+    kind: str  # "restart", "resize" or "preemption" (until a later invocation's first step)
     attempt: int  # the attempt that started after it
     start: float
     end: float
@@ -191,7 +195,10 @@ class RunView:
             elif name == "run_state" and e.get("to") in ("restarting", "resizing") and open_at is not None:
                 open_kind = "resize" if e.get("to") == "resizing" else "restart"
                 open_reason = str(e.get("reason") or open_reason)
-            elif name == "run_state" and e.get("to") in ("succeeded", "failed", "preempted"):
+            elif name == "run_state" and e.get("to") == "preempted":
+                # stopped after a preemption's save; a later invocation resumes in the same run dir
+                open_at, open_kind, open_reason = t, "preemption", str(e.get("reason") or "preempted")
+            elif name == "run_state" and e.get("to") in ("succeeded", "failed"):
                 open_at = None  # the run ended: no restart followed
             elif name == "first_step" and open_at is not None:
                 bands.append(Band(open_kind, int(e.get("attempt", 0) or 0), open_at, t, open_reason))
@@ -211,8 +218,13 @@ class RunView:
                 last[a] = t
         return sum(max(0.0, last[a] - first[a]) for a in first if a in last)
 
+    def invocations(self) -> int:
+        """How many ``resilient-train run`` invocations wrote this run dir (a preempted run is resumed by another)."""
+        return max(1, sum(e.get("event") == "run_started" for e in self.events))
+
     def wall_seconds(self) -> float:
-        if self.summary and isinstance(self.summary.get("wall_time_s"), (int, float)):
+        # summary.json describes the last invocation only; several are measured by their events
+        if self.invocations() == 1 and self.summary and isinstance(self.summary.get("wall_time_s"), (int, float)):
             return float(self.summary["wall_time_s"])
         return self.t_end - self.t0
 
@@ -221,6 +233,11 @@ class RunView:
         s = dict(self.summary or {})
         finished = [e for e in self.events if e.get("event") == "run_finished"]
         last = finished[-1] if finished else {}
+        if self.invocations() > 1:  # summary.json and run_finished count the last invocation only
+            for key in ("restarts", "preemptions", "lost_steps"):
+                if all(isinstance(f.get(key), int) for f in finished) and finished:
+                    s[key] = sum(f[key] for f in finished)
+            s["preemptions"] = max(int(s.get("preemptions") or 0), sum(e.get("event") == "preempted" for e in self.events))
 
         def pick(key: str) -> Any:
             return s.get(key, last.get(key))
@@ -241,6 +258,7 @@ class RunView:
             ("status", str(pick("status") or "unfinished (no run_finished event)")),
             ("global step", _text(steps)),
             ("weights sha256", _text(pick("weights_sha256"))),
+            ("invocations", str(self.invocations())),
             ("attempts", _text(s.get("attempts", len(self.attempts()) or None))),
             ("restarts", _text(restarts)),
             ("preemptions", _text(preemptions)),
@@ -332,6 +350,8 @@ def _fault_text(e: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> st
             cause = f"root cause: {restart.get('reason')}"
         elif e.get("state") == "killed":
             cause = "secondary: killed by the supervisor's teardown after a peer's failure"
+        elif e.get("exit_code") == 143:
+            cause = "stopped after the preemption's checkpoint (exit 143)"
         elif e.get("exit_code") == 4:
             cause = "the group broke under it (exit 4)"
         else:

@@ -224,3 +224,24 @@ def test_the_command_writes_the_page_and_refuses_a_non_run_dir(tmp_path, capsys)
     assert capsys.readouterr().err == f"resilient-train: error: {tmp_path} is not a run dir: it has no events.jsonl\n"
     assert cli_main(["report", str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_preempted_and_resumed_run_counts_both_invocations(tmp_path):
+    first = [{"event": "run_started", "ts": _ts(0), "workers": 1, "role": "supervisor"},
+             {"event": "first_step", "ts": _ts(1), "global_step": 1, "attempt": 1, "rank": 0, "role": "chief"},
+             {"event": "preemption_requested", "ts": _ts(3), "source": "supervisor:SIGTERM", "role": "supervisor"},
+             {"event": "preempted", "ts": _ts(4), "global_step": 7, "attempt": 1, "rank": 0, "role": "chief"},
+             {"event": "run_state", "ts": _ts(5), "from": "stopping", "to": "preempted", "attempt": 1},
+             {"event": "run_finished", "ts": _ts(5), "status": "preempted", "restarts": 0, "preemptions": 1,
+              "lost_steps": 0}]
+    second = [{"event": "run_started", "ts": _ts(20), "workers": 1, "role": "supervisor"},
+              {"event": "restored", "ts": _ts(22), "global_step": 7, "attempt": 2, "rank": 0, "role": "chief"},
+              {"event": "first_step", "ts": _ts(23), "global_step": 8, "attempt": 2, "rank": 0, "role": "chief"},
+              {"event": "run_finished", "ts": _ts(25), "status": "completed", "restarts": 0, "preemptions": 0,
+               "lost_steps": 0}]
+    summary = {"status": "completed", "preemptions": 0, "wall_time_s": 5.0}  # the last invocation's
+    dom = _dom(_write_run(tmp_path, first + second, summary=summary))
+    rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
+    assert (rows["invocations"], rows["preemptions"], rows["wall time"]) == ("2", "1", "25.0 s")
+    assert [(b["data-kind"], b["data-downtime"]) for b in dom.of_class("band")] == [("preemption", "18.000")]
+    assert [m["data-event"] for m in dom.of_class("marker")] == ["preemption_requested", "preempted"]
