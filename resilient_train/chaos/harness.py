@@ -5,7 +5,8 @@ can be SIGTERMed or SIGKILLed) with real worker processes. The harness arms in-w
 faults through ``RT_FAULTS``, storage faults through ``faulty://`` plus an attempt-scoped
 ``RT_CHAOS_FAULTFS`` (see ``chaos/faultfs.py``), ticks the :class:`Nemesis`
 every ``TICK_S`` while the job runs, runs the job again when a fault took its supervisor
-down, and finally checks the invariants (:mod:`resilient_train.chaos.invariants`).
+down, and finally checks the invariants (:mod:`resilient_train.chaos.invariants`); the run's
+page (``resilient-train report``) is written into its run dir beside ``chaos-result.json``.
 
 The reference run (same recipe, workers, epochs, steps, save interval, seed; no faults)
 is cached under ``<root>/reference-<key>/`` where ``<key>`` hashes those parameters and
@@ -39,6 +40,8 @@ from resilient_train.chaos.invariants import CheckResult, check_run, recipe_defa
 from resilient_train.chaos.nemesis import Nemesis
 from resilient_train.chaos.scenarios import ExternalFault, Scenario, StorageFaults, WorkerFault, plan
 from resilient_train.cluster import entry_points
+from resilient_train.commands.run_report import write_report_page
+from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
 
 __all__ = ["JobSpec", "ScenarioResult", "ensure_reference", "run_scenario"]
@@ -403,7 +406,17 @@ def run_scenario(
         exit_codes=tuple(exit_codes), check=check, problems=tuple(problems), wall_s=wall,
     )
     (run_dir / "chaos-result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    _write_page(run_dir)
     return result
+
+
+def _write_page(run_dir: Path) -> None:
+    """``<run dir>/report.html`` beside chaos-result.json: the run as a page (commands/run_report.py);
+    a run whose supervisor never wrote an event has none."""
+    try:
+        write_report_page(run_dir)
+    except ConfigError:
+        pass  # no events.jsonl: nothing to draw (chaos-result.json says what happened)
 
 
 def _wait_workers_gone(run_dir: Path, wait_s: float, problems: list[str]) -> None:

@@ -52,6 +52,9 @@ def test_seeds_experiment_kill_chief_at_7_resumes_from_7(chaos_root: Path) -> No
     assert result.check.digest_match
     assert result.exit_codes == (0,)
     assert [f["state"] for f in result.faults] == ["done"]
+    page = (Path(result.run_dir) / "report.html").read_text()  # beside chaos-result.json
+    assert page.count('<g class="band" data-kind="restart"') == 1
+    assert page.count('<line class="restore" data-step="7"') >= 1
 
 
 def test_a_worker_hung_before_a_save_is_named_by_the_watchdog(chaos_root: Path) -> None:
