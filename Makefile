@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-all chaos bench bench-smoke clean slurm-deps
+.PHONY: run test test-all chaos bench bench-smoke clean slurm-deps browser-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,12 +20,17 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-all: $(STAMP)
-	RT_SLOW=1 RT_REQUIRE_SLURM=1 RT_REQUIRE_NETNS=1 $(BIN)/python -m pytest -q
+	RT_SLOW=1 RT_REQUIRE_SLURM=1 RT_REQUIRE_NETNS=1 RT_REQUIRE_CHROMIUM=1 $(BIN)/python -m pytest -q
 
 # Debian's Slurm and munge for tests/integration/test_slurm.py (a local cluster, as root).
 slurm-deps:
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurm-wlm munge
+
+# Debian's Chromium for tests/integration/test_report_browser.py (the report page in a real browser).
+browser-deps:
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
 chaos: $(STAMP)
 	$(BIN)/python -m resilient_train.chaos run --all
