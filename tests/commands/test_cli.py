@@ -122,7 +122,7 @@ def test_no_parser_accepts_abbreviations():
     (subparsers,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
     parsers = {"resilient-train": top, **subparsers.choices}
     assert {name: p.allow_abbrev for name, p in parsers.items()} == {name: False for name in parsers}
-    assert sorted(subparsers.choices) == ["check", "diff", "doctor", "export", "ls", "run", "verify", "worker"]
+    assert sorted(subparsers.choices) == ["check", "diff", "doctor", "export", "ls", "report", "run", "verify", "worker"]
 
 
 def test_a_mistyped_flag_in_a_real_process_is_refused_before_anything_runs(tmp_path):
