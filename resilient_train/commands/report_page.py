@@ -237,7 +237,8 @@ class RunView:
             for key in ("restarts", "preemptions", "lost_steps"):
                 if all(isinstance(f.get(key), int) for f in finished) and finished:
                     s[key] = sum(f[key] for f in finished)
-            s["preemptions"] = max(int(s.get("preemptions") or 0), sum(e.get("event") == "preempted" for e in self.events))
+            preempted = sum(e.get("event") == "preempted" for e in self.events)
+            s["preemptions"] = max(int(s.get("preemptions") or 0), preempted)
 
         def pick(key: str) -> Any:
             return s.get(key, last.get(key))
@@ -535,8 +536,9 @@ def render_page(view: RunView, *, title: str | None = None) -> str:
     curves = view.curves()
     summary = "\n".join(f'<tr data-key="{_e(k)}"><td>{_e(k)}</td><td>{_e(v)}</td></tr>'
                         for k, v in view.summary_rows())
+    plural = "s" if view.skipped_lines != 1 else ""
     skipped = (f'<p class="skipped" data-skipped="{view.skipped_lines}">{view.skipped_lines} torn or garbled '
-               f'line{"s" if view.skipped_lines != 1 else ""} of events.jsonl skipped</p>') if view.skipped_lines else ""
+               f'line{plural} of events.jsonl skipped</p>') if view.skipped_lines else ""
     legend = ('<p class="legend"><span>&#9670; fault (hover: root cause)</span><span>| checkpoint commit</span>'
               '<span>shaded: restart / resize downtime</span><span>bars: attempts and worker processes</span></p>')
     charts = "\n".join(_chart(name, points, restores) for name, points in curves.items()) \

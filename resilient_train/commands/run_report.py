@@ -25,7 +25,8 @@ REPORT_PAGE = "report.html"  # the default file name, in the run dir
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("report", help="the run as one HTML page (timeline, curves, summary)")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run dir (with events.jsonl)")
-    parser.add_argument("--out", metavar="FILE", default=None, help=f"where to write the page (default RUN_DIR/{REPORT_PAGE})")
+    parser.add_argument("--out", metavar="FILE", default=None,
+                        help=f"where to write the page (default RUN_DIR/{REPORT_PAGE})")
     parser.set_defaults(handler=main)
 
 
