@@ -6,13 +6,13 @@ a real run's page in Chromium)."""
 from __future__ import annotations
 
 import json
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from resilient_train.cli import main as cli_main
 from resilient_train.commands.report_page import load_run, parse_events, render_page
+from tests.support.page_dom import PageDom
 
 
 def _ts(second: float) -> str:
@@ -72,38 +72,6 @@ def _run_events() -> list[dict]:
     return e
 
 
-class _Dom(HTMLParser):
-    """Every start tag as (tag, attrs), and each element's direct text for <title> and <td>."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.elements: list[tuple[str, dict[str, str]]] = []
-        self.titles: list[str] = []
-        self.cells: list[str] = []
-        self._open: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.elements.append((tag, dict(attrs)))
-        self._open.append(tag)
-
-    def handle_startendtag(self, tag, attrs):
-        self.elements.append((tag, dict(attrs)))
-
-    def handle_endtag(self, tag):
-        if tag in self._open:
-            while self._open.pop() != tag:
-                pass
-
-    def handle_data(self, data):
-        if self._open and self._open[-1] == "title":
-            self.titles.append(data)
-        elif self._open and self._open[-1] == "td":
-            self.cells.append(data)
-
-    def of_class(self, name: str) -> list[dict[str, str]]:
-        return [attrs for _, attrs in self.elements if name in attrs.get("class", "").split()]
-
-
 def _write_run(tmp_path: Path, events: list[dict], *, extra_lines: list[str] = (), summary: dict | None = None) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -114,8 +82,8 @@ def _write_run(tmp_path: Path, events: list[dict], *, extra_lines: list[str] = (
     return run_dir
 
 
-def _dom(run_dir: Path) -> _Dom:
-    dom = _Dom()
+def _dom(run_dir: Path) -> PageDom:
+    dom = PageDom()
     dom.feed(render_page(load_run(run_dir)))
     return dom
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from resilient_train.commands.report_page import load_run
-from tests.commands.test_report_page import _Dom
 from tests.integration.harness import read_events, run_job, run_job_until
+from tests.support.page_dom import PageDom
 
 RECIPE = "recipes/linear_regression.py"
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -72,7 +72,7 @@ def test_a_real_runs_page_renders_in_chromium(tmp_path):
 
     dumped = _headless(browser, "--dump-dom", page.as_uri(), profile=tmp_path / "profile")
     assert dumped.returncode == 0, dumped.stderr
-    dom = _Dom()
+    dom = PageDom()
     dom.feed(dumped.stdout)
     view = load_run(run_dir)
     assert [lane["data-lane"] for lane in dom.of_class("lane")] == ["supervisor", "rank 0", "rank 1"]
