@@ -27,7 +27,8 @@ Definitions (also stated on the page):
 * *goodput*: training time / wall time;
 * *downtime* of a restart or resize: from the moment the run left ``running`` (a
   ``run_state`` to ``stopping``, ``hung``, ``restarting`` or ``resizing``) to the next
-  attempt's ``first_step``; of a preemption: from ``run_state`` to ``preempted`` to the
+  attempt's ``first_step`` (after a hang, from the last progress: ``hang_detected``'s
+  ``seconds`` before it); of a preemption: from ``run_state`` to ``preempted`` to the
   resuming invocation's first step; *time lost*: the sum of downtimes.
 * summary.json and ``run_finished`` describe the last ``resilient-train run`` invocation
   only: where several wrote the run dir (a preempted run resumed), restarts, preemptions and
@@ -195,6 +196,8 @@ class RunView:
             elif name == "run_state" and e.get("to") in ("restarting", "resizing") and open_at is not None:
                 open_kind = "resize" if e.get("to") == "resizing" else "restart"
                 open_reason = str(e.get("reason") or open_reason)
+            elif name == "hang_detected" and open_at is not None and isinstance(e.get("seconds"), (int, float)):
+                open_at = min(open_at, t - float(e["seconds"]))  # the stall was lost time too
             elif name == "run_state" and e.get("to") == "preempted":
                 # stopped after a preemption's save; a later invocation resumes in the same run dir
                 open_at, open_kind, open_reason = t, "preemption", str(e.get("reason") or "preempted")

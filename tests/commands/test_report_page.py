@@ -213,3 +213,21 @@ def test_a_preempted_and_resumed_run_counts_both_invocations(tmp_path):
     assert (rows["invocations"], rows["preemptions"], rows["wall time"]) == ("2", "1", "25.0 s")
     assert [(b["data-kind"], b["data-downtime"]) for b in dom.of_class("band")] == [("preemption", "18.000")]
     assert [m["data-event"] for m in dom.of_class("marker")] == ["preemption_requested", "preempted"]
+
+
+def test_a_hang_is_a_marker_and_its_stall_is_downtime(tmp_path):
+    events = [e for e in _run_events() if e["event"] not in ("worker_exited", "worker_failed", "run_state")
+              or e.get("attempt") != 1 or e.get("to") in ("starting", "running")]
+    at = next(i for i, e in enumerate(events) if e["event"] == "gang_restart")
+    events[at:at] = [
+        {"event": "run_state", "ts": _ts(7.9), "from": "running", "to": "hung", "attempt": 1, "role": "supervisor"},
+        {"event": "hang_detected", "ts": _ts(7.95), "attempt": 1, "rank": 1, "pid": 101, "global_step": 15,
+         "seconds": 2.5, "where": "faults.py:112 _hang_forever", "stacks": "attempt-1/stacks-1.txt",
+         "role": "supervisor"},
+        {"event": "run_state", "ts": _ts(7.96), "from": "hung", "to": "stopping", "attempt": 1, "role": "supervisor"}]
+    dom = _dom(_write_run(tmp_path, events))
+    assert [(m["data-event"], m["data-lane"]) for m in dom.of_class("marker")] == [
+        ("hang_detected", "rank 1"), ("gang_restart", "supervisor")]
+    # the watchdog saw the last progress 2.5 s before 7.95 s; attempt 2's first step at 14 s
+    assert [b["data-downtime"] for b in dom.of_class("band")] == ["8.550"]
+    assert any(t.startswith("hang\n") and "where=faults.py:112 _hang_forever" in t for t in dom.titles)
