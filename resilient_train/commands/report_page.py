@@ -113,22 +113,18 @@ class RunView:
     skipped_lines: int = 0
     summary: Mapping[str, Any] | None = None
     source: str = ""
-    _times: tuple[float, ...] = field(default=(), repr=False)
+    _times: tuple[float, ...] = field(default=(), init=False, repr=False)
+    t0: float = field(default=0.0, init=False)  # the first event's time (epoch seconds)
+    t_end: float = field(default=0.0, init=False)  # the last event's
 
     def __post_init__(self) -> None:
-        if not self._times:
-            object.__setattr__(self, "_times", tuple(_timestamp(e) for e in self.events))
+        times = tuple(_timestamp(e) for e in self.events)
+        known = [t for t in times if not math.isnan(t)]
+        object.__setattr__(self, "_times", times)
+        object.__setattr__(self, "t0", min(known) if known else 0.0)
+        object.__setattr__(self, "t_end", max(known) if known else 0.0)
 
     # -- time ---------------------------------------------------------------------------
-    @property
-    def t0(self) -> float:
-        known = [t for t in self._times if not math.isnan(t)]
-        return min(known) if known else 0.0
-
-    @property
-    def t_end(self) -> float:
-        known = [t for t in self._times if not math.isnan(t)]
-        return max(known) if known else 0.0
 
     def at(self, index: int) -> float:
         """Seconds since the first event of event ``index`` (NaN when its ts is missing)."""
