@@ -840,7 +840,8 @@ class Supervisor:
         self.out.write(
             f"Run {status}: global step {summary['global_step']}, weights_sha256 "
             f"{summary['weights_sha256']}\nSummary: {self.run_dir.summary}  "
-            f"Events: {self.run_dir.events}  Logs: {self.run_dir.worker_logs_glob}\n"
+            f"Events: {self.run_dir.events}  Logs: {self.run_dir.worker_logs_glob}  "
+            f"Page: resilient-train report {self.run_dir.path}\n"  # commands/run_report.py draws it
         )
         if status == "completed":
             return EXIT_OK

@@ -28,6 +28,7 @@ def test_the_default_console_is_sentences_and_verbose_shows_the_fields(tmp_path)
     assert lines[-3][8:] == f"  model of global step 20 exported to {run_dir}/model"
     assert lines[-2] == f"Run completed: global step 20, weights_sha256 {job.summary['weights_sha256']}"
     assert lines[-1].startswith(f"Summary: {run_dir}/summary.json  Events: {run_dir}/events.jsonl")
+    assert lines[-1].endswith(f"  Page: resilient-train report {run_dir}")
     assert "\r" not in job.output  # not a terminal: progress comes as whole lines
 
     verbose_dir = tmp_path / "verbose"
