@@ -74,11 +74,11 @@ TIMEOUT_S = 1800.0  # per wait for the job (start-up, a restart) and for its end
 Record = dict[str, Any]
 
 
-def job_command(run_dir: Path, steps: int, save_every: int, max_restarts: int) -> list[str]:
+def job_command(run_dir: Path, steps: int, save_every: int, max_restarts: int, snapshot_every: str = "off") -> list[str]:
     return [sys.executable, "-m", "resilient_train", "run", RECIPE, "--run-dir", str(run_dir),
             "--workers", str(WORKERS), "--epochs", "1", "--steps-per-epoch", str(steps),
             "--global-batch-size", str(BATCH), "--save-every-steps", str(save_every),
-            "--max-restarts", str(max_restarts)]
+            "--max-restarts", str(max_restarts), "--snapshot-every", snapshot_every]
 
 
 def _of(records: list[Record], name: str, attempt: int | None = None) -> list[Record]:
@@ -129,9 +129,10 @@ def _outcome(run_dir: Path, proc: subprocess.Popen, load_before: float) -> Recor
 
 
 @contextlib.contextmanager
-def _job(run_dir: Path, steps: int, save_every: int, max_restarts: int) -> Iterator[subprocess.Popen]:
+def _job(run_dir: Path, steps: int, save_every: int, max_restarts: int,
+         snapshot_every: str = "off") -> Iterator[subprocess.Popen]:
     """The job running in its own session; waits for it to end, and kills what is left on the way out."""
-    proc = subprocess.Popen(job_command(run_dir, steps, save_every, max_restarts), cwd=ROOT, env=_env(),
+    proc = subprocess.Popen(job_command(run_dir, steps, save_every, max_restarts, snapshot_every), cwd=ROOT, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         yield proc
@@ -150,12 +151,12 @@ def run_reference(run_dir: Path, steps: int, save_every: int) -> Record:
 
 
 def run_with_kills(run_dir: Path, steps: int, save_every: int, kills: int, every_s: float,
-                   rng: random.Random) -> tuple[Record, list[Record], float]:
+                   rng: random.Random, snapshot_every: str = "off") -> tuple[Record, list[Record], float]:
     """The job with ``kills`` kills; returns its outcome, the kills and the window's end (epoch seconds)."""
     load = os.getloadavg()[0]
     events = Events(RunDir(run_dir).events)
     done: list[Record] = []
-    with _job(run_dir, steps, save_every, kills + 1) as proc:
+    with _job(run_dir, steps, save_every, kills + 1, snapshot_every) as proc:
         _wait(events, proc, lambda r: r["event"] == "train_progress", "the first train_progress")
         clock_start = time.time()
         next_at = clock_start + every_s
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="steps of the job: enough to train past the last kill's period (default 50000)")
     parser.add_argument("--save-every-steps", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranks to kill (default 0)")
+    parser.add_argument("--snapshot-every", default="off",
+                        help="the killed run's memory tier (issue 32's rescue): off (default) or N steps")
     parser.add_argument("--out", default=str(RESULTS / "goodput.json"))
     add_smoke_flag(parser)  # one kill 1 s into a 1000-step job, a save every 100
     args = parser.parse_args(argv)
@@ -218,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         reference = run_reference(work / "reference", args.steps, args.save_every_steps)
         print("reference", json.dumps(reference), flush=True)
         killed, kills, window_end = run_with_kills(work / "killed", args.steps, args.save_every_steps, args.kills,
-                                                   args.every_s, random.Random(args.seed))
+                                                   args.every_s, random.Random(args.seed),
+                                                   snapshot_every=args.snapshot_every)
         records = read_events(RunDir(work / "killed").events)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "job": {"recipe": RECIPE, "workers": WORKERS, "epochs": 1, "steps": args.steps, "global_batch_size": BATCH,
-                "save_every_steps": args.save_every_steps},
+                "save_every_steps": args.save_every_steps, "snapshot_every": args.snapshot_every},
         "schedule": {"kills": args.kills, "every_s": args.every_s, "seed": args.seed,
                      "ranks": [f["rank"] for f in figures]},
         "goodput": round(1 - time_lost / window_s, 4),

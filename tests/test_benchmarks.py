@@ -148,7 +148,7 @@ def _epochs(data: dict[str, Any]) -> None:
 
 def _goodput(data: dict[str, Any]) -> None:
     assert data["job"] == {"recipe": "recipes/digits_cnn.py", "workers": 2, "epochs": 1, "steps": 1000,
-                           "global_batch_size": 64, "save_every_steps": 100}
+                           "global_batch_size": 64, "save_every_steps": 100, "snapshot_every": "off"}
     assert data["schedule"] == {"kills": 1, "every_s": 1.0, "seed": 0, "ranks": [random.Random(0).randrange(2)]}
     [kill] = data["kills"]
     assert (kill["attempt"], kill["rank"]) == (1, data["schedule"]["ranks"][0])
