@@ -17,7 +17,8 @@ feeds (each a call that returns the notices it sees now, blocking at most one lo
 # ``on_notice`` (once per notice); what goes wrong (MetadataError: unreachable, slow,
 # garbled) goes to ``on_event`` as ``preemption_notice_error`` once per distinct message,
 # and the feed backs off (1 s doubling to 60 s) and tries again. Nothing a server does can
-# raise into the caller. close() stops the loops at their next wait.
+# raise into the caller. close() stops the loops at their next wait. Every thread runs in a
+# copy of start()'s context, so callbacks see what the caller bound (structlog contextvars).
 
 Everything that touches the outside is an argument: the environment (endpoints), the
 sources, ``on_notice`` / ``on_event`` (the worker binds them to its stop request and to
@@ -27,6 +28,7 @@ events.jsonl; this layer writes nothing itself), and the waits (a ``threading.Ev
 from __future__ import annotations
 
 import abc
+import contextvars
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -151,7 +153,7 @@ class NoticeWatch:
         if self.setting == OFF:
             self.resolved.set()
             return
-        threading.Thread(target=self._run, name="notice-watch", daemon=True).start()
+        _thread(self._run, "notice-watch")
 
     def close(self) -> None:
         self._closed.set()
@@ -183,8 +185,7 @@ class NoticeWatch:
         self.on_event(EVENT_WATCH, provider=source.provider, setting=self.setting, endpoint=source.where(),
                       feeds=[feed.name for feed in feeds])
         for feed in feeds:
-            threading.Thread(target=self._follow, args=(source, feed), name=f"notice-{feed.name}",
-                             daemon=True).start()
+            _thread(self._follow, f"notice-{feed.name}", source, feed)
 
     def _resolve(self) -> NoticeSource | None:
         if self.setting != AUTO:
@@ -229,6 +230,13 @@ class NoticeWatch:
                 return
             self.notices.append(notice)
         self.on_notice(notice)
+
+
+def _thread(target: Callable[..., None], name: str, *args: Any) -> None:
+    """A daemon thread that runs ``target`` in a copy of the caller's context: the callbacks
+    see what the caller bound (a worker's run_id, attempt and rank for its events)."""
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(target, *args), name=name, daemon=True).start()
 
 
 def _describe(exc: BaseException) -> str:
