@@ -254,3 +254,15 @@ def unused_tcp_address() -> str:
     with socket.socket() as probe:  # bound, then released: nothing listens there
         probe.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_the_flag_is_in_the_option_table_and_checked():
+    from resilient_train.errors import ConfigError
+    from resilient_train.job.config import JobConfig, job_from_args
+    from resilient_train.runner.worker_main import argument_parser
+
+    assert JobConfig(recipe="r.py").preemption_notice == "auto"
+    args = argument_parser().parse_args(["r.py", "--preemption-notice", "aws"])
+    assert job_from_args(args).preemption_notice == "aws"
+    with pytest.raises(ConfigError, match="preemption_notice='ibm'"):
+        JobConfig(recipe="r.py", preemption_notice="ibm")
