@@ -21,8 +21,8 @@ import json
 import time
 from typing import Callable, Mapping
 
-from resilient_train.cluster.notices import Notice, NoticeWatch, notice_sources
-from resilient_train.cluster.notices.notice_watch import EVENT_ERROR, OFF
+from resilient_train.cluster.notices import OFF, notice_sources
+from resilient_train.cluster.notices.notice_watch import EVENT_ERROR, Notice, NoticeWatch
 from resilient_train.rundir import events
 from resilient_train.rundir.atomic import write_atomic
 from resilient_train.rundir.layout import AttemptDir

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from resilient_train.cluster.notices import Notice, NoticeWatch, notice_sources
+from resilient_train.cluster.notices import notice_sources
+from resilient_train.cluster.notices.notice_watch import Notice, NoticeWatch
 from resilient_train.cluster.notices.aws_notices import AwsSource
 from resilient_train.cluster.notices.azure_notices import AzureSource
 from resilient_train.cluster.notices.gce_notices import GceSource

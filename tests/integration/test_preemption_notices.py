@@ -36,13 +36,20 @@ def test_a_notice_saves_the_agreed_step_exits_143_and_the_rerun_loses_nothing(pr
     assert sorted((e["rank"], e["provider"], e["setting"]) for e in watched) == [(0, provider, "auto"),
                                                                                   (1, provider, "auto")]
     kind, deadline = KINDS[provider]
+    # Each worker watches its own node (here both the same server), on its own clock: the
+    # first to see the notice votes stop in the next all-reduce, and a peer that polls later
+    # (AWS: every 5 s) may see it only after the group agreed, or not before it exits.
     notices = job.named("preemption_notice")
-    assert sorted(e["rank"] for e in notices) == [0, 1]  # each worker watches its own node (here: the same)
+    noticed = {e["rank"] for e in notices}
+    assert noticed <= {0, 1} and len(notices) == len(noticed) >= 1  # once per worker that saw it
     assert {(e["provider"], e["kind"], e["action"], e["deadline"]) for e in notices} == {
         (provider, kind, "stop", deadline)}
-    # The stop came from the notice: the workers' own votes, the supervisor's after the fact; no signal.
-    sources = sorted(e["source"] for e in job.named("preemption_requested"))
-    assert sources == [f"notice:{provider}", "worker:0", "worker:1"]
+    # The stop came from the notice: the noticing workers' votes, the supervisor's stop after
+    # the fact (its host is doomed); no signal from anyone.
+    votes = [e["source"] for e in job.named("preemption_requested") if e["source"].startswith("worker:")]
+    others = [e["source"] for e in job.named("preemption_requested") if not e["source"].startswith("worker:")]
+    assert others == [f"notice:{provider}"]
+    assert 1 <= len(votes) == len(set(votes)) and {int(v.split(":")[1]) for v in votes} <= noticed
     exits = {e["rank"]: (e.get("exit_code"), e.get("signal")) for e in job.named("worker_exited")}
     assert exits == {0: (EXIT_PREEMPTED, None), 1: (EXIT_PREEMPTED, None)}
 
@@ -52,12 +59,12 @@ def test_a_notice_saves_the_agreed_step_exits_143_and_the_rerun_loses_nothing(pr
     assert 4 <= step < 20  # after the first commit, before the end
     committed = [e["global_step"] for e in job.named("checkpoint_committed")]
     assert committed[-1] == step  # the agreed step was saved
-    saved = job.named("preemption_notice_saved")
-    assert sorted((e["rank"], e["provider"], e["kind"], e["global_step"]) for e in saved) == [
-        (0, provider, kind, step), (1, provider, kind, step)]
+    saved = job.named("preemption_notice_saved")  # by each worker that had its notice before the save returned
+    assert {e["rank"] for e in saved} >= {int(v.split(":")[1]) for v in votes}
+    assert {(e["provider"], e["kind"], e["global_step"]) for e in saved} == {(provider, kind, step)}
     assert all(e["seconds"] >= 0 for e in saved)
-    if provider == "azure":  # acknowledged only after the save, once per worker
-        assert server.acknowledged == [{"StartRequests": [{"EventId": "602d9444-d2cd-49c7-8624-8643e7171297"}]}] * 2
+    if provider == "azure":  # acknowledged only after the save, by each worker that reported it
+        assert server.acknowledged == [{"StartRequests": [{"EventId": "602d9444-d2cd-49c7-8624-8643e7171297"}]}] * len(saved)
 
     rerun = run_job(SLOW_DIGITS, run_dir, *DIGITS_FLAGS, "--set", "step_delay_s=0")  # no metadata server now
     assert rerun.returncode == 0, rerun.output

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import threading
 
-from resilient_train.cluster.notices import Notice, NoticeSource
-from resilient_train.cluster.notices.notice_watch import Feed
+from resilient_train.cluster.notices.notice_watch import Feed, Notice, NoticeSource
 from resilient_train.rundir.layout import RunDir
 from resilient_train.runner.preemption_notices import NoticeStop
 

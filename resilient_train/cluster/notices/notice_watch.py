@@ -34,14 +34,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+from resilient_train.cluster.notices import AUTO, OFF, PROVIDERS, SETTINGS
 from resilient_train.cluster.notices.metadata_http import MetadataError
 
-__all__ = ["SETTINGS", "AUTO", "OFF", "Notice", "Feed", "NoticeSource", "NoticeWatch", "PROBE_TIMEOUT_S"]
-
-AUTO = "auto"
-OFF = "off"
-PROVIDERS = ("gce", "aws", "azure")
-SETTINGS = (AUTO, *PROVIDERS, OFF)  # --preemption-notice
+__all__ = ["Notice", "Feed", "NoticeSource", "NoticeWatch", "PROBE_TIMEOUT_S", "EVENT_WATCH", "EVENT_ERROR"]
 
 PROBE_TIMEOUT_S = 0.5  # a metadata server is one hop away: it answers in milliseconds or is not there
 BACKOFF_FIRST_S = 1.0
