@@ -4,9 +4,9 @@ Each worker watches the node it runs on (cluster/notices/: GCE, AWS, Azure), wha
 launched it. A notice that the machine does not survive sets the same stop request as
 SIGTERM (:attr:`WorkerProcess.stop`, runner/bootstrap.py): the group agrees on a step in the
 next call's all-reduce, saves it, and every worker exits 143. A notice the machine survives
-(GCE's live migration, Azure's Freeze, AWS's rebalance recommendation) is recorded and
-nothing else happens: a save without stopping would need a second vote in the loop's
-all-reduce, not built yet (docs/preemption.md).
+(GCE's live migration, Azure's Freeze, AWS's rebalance recommendation) asks for one agreed
+save without stopping (:meth:`NoticeStop.save_requested`, this worker's vote in the call's
+save column, runner/loop.py): a checkpoint taken before the risk, and training goes on.
 
 What it writes: a ``preemption_notice`` event per notice; for a stopping one also
 ``attempt-<n>/notice-<rank>.json`` (the supervisor reads it: a local run's node is going,
@@ -18,6 +18,7 @@ the provider's acknowledgement where it wants one (Azure).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Callable, Mapping
 
@@ -46,6 +47,8 @@ class NoticeStop:
         self.attempt_dir, self.rank, self.stop, self.clock, self.emit = attempt_dir, rank, stop, clock, emit
         self.noticed_at: float | None = None  # the first stopping notice, on ``clock``
         self.first: Notice | None = None
+        self._saves_asked = 0  # surviving notices not yet voted for (runner/loop.py asks once per call)
+        self._lock = threading.Lock()
         if sources is None:
             try:
                 sources = notice_sources(environ) if setting != OFF else {}
@@ -61,9 +64,19 @@ class NoticeStop:
     def close(self) -> None:
         self.watch.close()
 
+    def save_requested(self) -> bool:
+        """True once per notice the machine survives: the training thread's vote for a save."""
+        with self._lock:
+            asked, self._saves_asked = self._saves_asked > 0, 0
+        return asked
+
     def _on_notice(self, notice: Notice) -> None:
-        self.emit(EVENT_NOTICE, **notice.fields())
-        if not notice.stops or self.noticed_at is not None:
+        self.emit(EVENT_NOTICE, **notice.fields(), action="stop" if notice.stops else "save")
+        if not notice.stops:
+            with self._lock:
+                self._saves_asked += 1
+            return
+        if self.noticed_at is not None:
             return
         self.noticed_at, self.first = self.clock(), notice
         try:  # the supervisor's hint; the stop request does not depend on it

@@ -211,6 +211,7 @@ class _Worker:
             work_dir=process.run_dir.work_dir(self.cluster.rank),
             attempt_dir=process.attempt_dir.path,
             stop_requested=process.stop.is_set,
+            save_requested=process.notices.save_requested if process.notices is not None else lambda: False,
             faults=self.faults,
             **seams,
         )

@@ -58,8 +58,9 @@ def test_a_stopping_notice_sets_the_stop_request_once_and_leaves_the_marker(tmp_
     watch, source, attempt_dir, events, stops = _stop_watch(tmp_path, [preempted, terminate])
     assert stops == [True]
     assert [name for name, _ in events] == ["preemption_notice_watch", "preemption_notice", "preemption_notice"]
-    assert events[1][1] == {"provider": "gce", "kind": "preempted", "action": "stop", "deadline": None}
-    assert json.loads(attempt_dir.notice(1).read_text()) == events[1][1]
+    assert events[1][1] == {"provider": "gce", "kind": "preempted", "deadline": None, "action": "stop"}
+    assert json.loads(attempt_dir.notice(1).read_text()) == {"provider": "gce", "kind": "preempted", "deadline": None}
+    assert watch.save_requested() is False  # a stop, not a save
 
     watch.saved(12)
     assert events[-1] == ("preemption_notice_saved",
@@ -67,12 +68,13 @@ def test_a_stopping_notice_sets_the_stop_request_once_and_leaves_the_marker(tmp_
     assert source.acknowledged == [[preempted, terminate]]
 
 
-def test_a_notice_the_machine_survives_is_only_recorded(tmp_path):
+def test_a_notice_the_machine_survives_asks_for_one_save_and_no_stop(tmp_path):
     migrate = Notice("gce", "MIGRATE_ON_HOST_MAINTENANCE", stops=False)
     watch, source, attempt_dir, events, stops = _stop_watch(tmp_path, [migrate])
     assert stops == [] and not attempt_dir.notice(1).exists()
     assert events[1] == ("preemption_notice", {"provider": "gce", "kind": "MIGRATE_ON_HOST_MAINTENANCE",
-                                               "action": "record", "deadline": None})
+                                               "action": "save", "deadline": None})
+    assert [watch.save_requested(), watch.save_requested()] == [True, False]  # one vote, once
     watch.saved(3)  # preempted by something else (SIGTERM): no notice to report
     assert [name for name, _ in events] == ["preemption_notice_watch", "preemption_notice"]
     assert source.acknowledged == []

@@ -7,7 +7,7 @@ The probe is that PUT: only IMDS answers it with a token. AWS advises polling ev
 ``instance-action`` is 404 until the notice, then ``{"action": "terminate"|"stop"|
 "hibernate", "time": "<UTC>"}``, two minutes ahead (``time`` is the deadline). The
 rebalance recommendation (``events/recommendations/rebalance``, ``{"noticeTime": ...}``)
-comes earlier and does not stop the machine: it is recorded only.
+comes earlier and does not stop the machine (``stops`` False).
 
 The endpoint: ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (what botocore reads: http://host[:port]),
 else http://169.254.169.254.

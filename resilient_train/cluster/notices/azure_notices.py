@@ -6,7 +6,7 @@ in ``Resources`` (one document serves an availability set). The feed polls
 ``/metadata/scheduledevents`` every second; a document whose ``DocumentIncarnation`` was
 seen already is not read again. ``Preempt`` (a Spot VM evicted, at least 30 s ahead),
 ``Terminate``, ``Reboot`` and ``Redeploy`` end this VM's processes: stop. ``Freeze`` (a
-pause of seconds, e.g. a live migration) is survived: recorded only. ``NotBefore`` is the
+pause of seconds, e.g. a live migration) is survived (``stops`` False). ``NotBefore`` is the
 deadline.
 
 Azure lets an event start before NotBefore once it is acknowledged (a ``POST`` of

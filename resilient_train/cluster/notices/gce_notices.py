@@ -9,7 +9,7 @@ carries it back (google-auth's check: another server on that address is not GCE'
 ``preempted`` ``TRUE``: a Spot/preemptible VM is stopped about 30 s later (GCE gives no
 time). ``maintenance-event`` ``TERMINATE_ON_HOST_MAINTENANCE``: the VM (GPU VMs cannot
 migrate) is stopped for host maintenance; ``MIGRATE_ON_HOST_MAINTENANCE``: it is
-live-migrated and survives (recorded only); ``NONE``: nothing. TensorFlow's own
+live-migrated and survives (``stops`` False); ``NONE``: nothing. TensorFlow's own
 ``PreemptionCheckpointHandler`` watches only the second, so a Spot GPU VM is missed there.
 
 The endpoint: ``GCE_METADATA_HOST`` (host[:port], what google-auth reads), else

@@ -53,7 +53,7 @@ class Notice:
 
     ``kind``: the provider's own word for it (``preempted``, ``TERMINATE_ON_HOST_MAINTENANCE``,
     ``spot_terminate``, ``Preempt``, ...). ``stops``: the machine goes (save and stop); False:
-    it survives (a live migration, a rebalance recommendation): recorded only. ``deadline``:
+    it survives (a live migration, a rebalance recommendation). ``deadline``:
     the end the provider gave, ISO 8601 UTC, None when it gives none (GCE). ``ref``: what the
     provider wants acknowledged (Azure's EventId), else None.
     """
@@ -71,9 +71,9 @@ class Notice:
             raise ValueError("Received an empty notice kind; expected the provider's name for it")
 
     def fields(self) -> dict[str, Any]:
-        """The ``preemption_notice`` event's fields."""
-        return {"provider": self.provider, "kind": self.kind, "action": "stop" if self.stops else "record",
-                "deadline": self.deadline, **({"ref": self.ref} if self.ref else {})}
+        """What an event says of it."""
+        return {"provider": self.provider, "kind": self.kind, "deadline": self.deadline,
+                **({"ref": self.ref} if self.ref else {})}
 
 
 @dataclass(frozen=True)
