@@ -71,3 +71,24 @@ def test_a_notice_saves_the_agreed_step_exits_143_and_the_rerun_loses_nothing(pr
     assert [r["global_step"] for r in rerun.named("restored")] == [step]
     assert rerun.summary["lost_steps"] == 0
     assert rerun.summary["weights_sha256"] == digits_reference
+
+
+def test_a_live_migration_notice_saves_the_agreed_step_and_the_run_goes_on(tmp_path, digits_reference):
+    """GCE's MIGRATE_ON_HOST_MAINTENANCE: the machine survives; one agreed save, no stop."""
+    flags = ("--epochs", "2", "--steps-per-epoch", "10", "--global-batch-size", "32", "--save-every-steps", "0")
+    with MetadataServer("gce") as server:
+        job = run_job_until(SLOW_DIGITS, tmp_path / "run", *flags, *SLOW, when=after_first_commit,
+                            action=lambda proc, events: server.set_gce("instance/maintenance-event",
+                                                                       "MIGRATE_ON_HOST_MAINTENANCE"),
+                            env=server.environ())
+    assert job.returncode == 0, job.output
+    notices = job.named("preemption_notice")
+    assert {(e["provider"], e["kind"], e["action"]) for e in notices} == {("gce", "MIGRATE_ON_HOST_MAINTENANCE", "save")}
+    assert job.named("preempted") == [] and job.named("preemption_requested") == []
+    committed = [e["global_step"] for e in job.named("checkpoint_committed")]
+    assert committed[0] == 10 and committed[-1] == 20  # the epoch ends (--save-every-steps 0)
+    assert len(committed) == 3 and 10 < committed[1] < 20  # and the one the notice asked for, mid-epoch
+    summary = job.summary
+    assert (summary["status"], summary["preemptions"], summary["restarts"], summary["lost_steps"]) == (
+        "completed", 0, 0, 0)
+    assert summary["weights_sha256"] == digits_reference
