@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from resilient_train.cluster.notices import notice_sources
-from resilient_train.cluster.notices.notice_watch import Notice, NoticeWatch
+from resilient_train.cluster.notices.notice_watch import Feed, Notice, NoticeSource, NoticeWatch
 from resilient_train.cluster.notices.aws_notices import AwsSource
 from resilient_train.cluster.notices.azure_notices import AzureSource
 from resilient_train.cluster.notices.gce_notices import GceSource
@@ -267,3 +267,34 @@ def test_the_flag_is_in_the_option_table_and_checked():
     assert job_from_args(args).preemption_notice == "aws"
     with pytest.raises(ConfigError, match="preemption_notice='ibm'"):
         JobConfig(recipe="r.py", preemption_notice="ibm")
+
+
+class _Once(NoticeSource):
+    """A long-poll feed whose server answers at once, with nothing (wait_for_change ignored)."""
+
+    provider = "gce"
+
+    def __init__(self, polls_before_close: int) -> None:
+        self.polls, self.limit, self.watch = 0, polls_before_close, None
+
+    def probe(self, timeout_s):
+        return True
+
+    def feeds(self):
+        return [Feed("fast", self._poll, every_s=0)]
+
+    def _poll(self):
+        self.polls += 1
+        if self.polls == self.limit:
+            self.watch.close()
+        return []
+
+
+def test_a_long_poll_that_returns_at_once_is_not_a_tight_loop():
+    recorder, waits, ticks = _Recorder(), [], iter(range(1000))
+    source = _Once(polls_before_close=3)
+    watch = NoticeWatch("gce", {"gce": source}, on_notice=recorder.notice, on_event=recorder.event,
+                        clock=lambda: next(ticks) * 0.25, wait=waits.append)
+    source.watch = watch
+    watch._follow(source, source.feeds()[0])  # on this thread, until the third poll closes the watch
+    assert (source.polls, waits) == (3, [0.75, 0.75])  # the 1 s floor less the 0.25 s each poll took (fake clock)

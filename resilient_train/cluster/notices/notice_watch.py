@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import contextvars
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -42,6 +43,9 @@ __all__ = ["Notice", "Feed", "NoticeSource", "NoticeWatch", "PROBE_TIMEOUT_S", "
 PROBE_TIMEOUT_S = 0.5  # a metadata server is one hop away: it answers in milliseconds or is not there
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
+# A long poll (``every_s`` 0) that came back sooner than this without a notice waits out the
+# rest: a server that ignores wait_for_change is asked once a second, not in a tight loop.
+LONG_POLL_FLOOR_S = 1.0
 
 EVENT_WATCH = "preemption_notice_watch"
 EVENT_ERROR = "preemption_notice_error"
@@ -128,7 +132,8 @@ class NoticeWatch:
 
     def __init__(self, setting: str, sources: Mapping[str, NoticeSource], *,
                  on_notice: Callable[[Notice], None], on_event: Callable[..., None],
-                 probe_timeout_s: float = PROBE_TIMEOUT_S, backoff_max_s: float = BACKOFF_MAX_S) -> None:
+                 probe_timeout_s: float = PROBE_TIMEOUT_S, backoff_max_s: float = BACKOFF_MAX_S,
+                 clock: Callable[[], float] = time.monotonic, wait: Callable[[float], object] | None = None) -> None:
         if setting not in SETTINGS:
             raise ValueError(f"Received preemption_notice={setting!r}; expected one of {', '.join(SETTINGS)}")
         self.setting = setting
@@ -142,6 +147,8 @@ class NoticeWatch:
         self.resolved = threading.Event()  # set once the provider is known (or none is)
         self._closed = threading.Event()
         self._lock = threading.Lock()
+        self.clock = clock
+        self.wait = wait or self._closed.wait  # returns early once closed
 
     # ------------------------------------------------------------ life
     def start(self) -> None:
@@ -204,6 +211,7 @@ class NoticeWatch:
     def _follow(self, source: NoticeSource, feed: Feed) -> None:
         backoff, last_error = 0.0, None
         while not self._closed.is_set():
+            started = self.clock()
             try:
                 found = feed.poll()
             except Exception as exc:  # MetadataError above all; anything else is a bug here, still not the run's
@@ -212,13 +220,14 @@ class NoticeWatch:
                     self.on_event(EVENT_ERROR, provider=source.provider, feed=feed.name, error=error)
                     last_error = error
                 backoff = min(self.backoff_max_s, backoff * 2 if backoff else BACKOFF_FIRST_S)
-                self._closed.wait(backoff)
+                self.wait(backoff)
                 continue
             backoff, last_error = 0.0, None
             for notice in found:
                 self._hand_over(notice)
-            if feed.every_s:
-                self._closed.wait(feed.every_s)
+            pause = feed.every_s or (0.0 if found else LONG_POLL_FLOOR_S - (self.clock() - started))
+            if pause > 0 and not self._closed.is_set():
+                self.wait(pause)
 
     def _hand_over(self, notice: Notice) -> None:
         with self._lock:
