@@ -298,3 +298,45 @@ def test_a_long_poll_that_returns_at_once_is_not_a_tight_loop():
     source.watch = watch
     watch._follow(source, source.feeds()[0])  # on this thread, until the third poll closes the watch
     assert (source.polls, waits) == (3, [0.75, 0.75])  # the 1 s floor less the 0.25 s each poll took (fake clock)
+
+
+class _Scripted(NoticeSource):
+    """A feed whose polls return the given lists in turn; the watch is closed after the last."""
+
+    provider = "gce"
+
+    def __init__(self, polls) -> None:
+        self.polls, self.watch = list(polls), None
+
+    def probe(self, timeout_s):
+        return True
+
+    def feeds(self):
+        return [Feed("scripted", self._poll, every_s=0.5)]
+
+    def _poll(self):
+        found = self.polls.pop(0)
+        if not self.polls:
+            self.watch.close()
+        return found
+
+
+def test_a_standing_notice_is_handed_over_once_and_a_returning_one_again():
+    migrate, preempted = Notice("gce", "MIGRATE_ON_HOST_MAINTENANCE", stops=False), Notice("gce", "preempted", stops=True)
+    recorder, waits = _Recorder(), []
+    source = _Scripted([[migrate], [migrate], [], [migrate], [migrate, preempted]])
+    watch = NoticeWatch("gce", {"gce": source}, on_notice=recorder.notice, on_event=recorder.event, wait=waits.append)
+    source.watch = watch
+    watch._follow(source, source.feeds()[0])
+    assert recorder.notices == [migrate, migrate, preempted]
+    assert waits == [0.5, 0.5, 0.5, 0.5]  # every_s between polls, none after the close
+
+
+def test_azure_reports_an_event_once_across_documents():
+    with MetadataServer("azure") as server:
+        source = AzureSource(server.environ())
+        assert source.probe(2.0) is True
+        server.announce()
+        assert [n.kind for n in source.poll()] == ["Preempt"]
+        server.set_azure([{**server.azure_events[0], "EventStatus": "Started"}])  # a new incarnation, the same event
+        assert source.poll() == []

@@ -48,6 +48,7 @@ class AzureSource(NoticeSource):
         self.every_s = every_s
         self.vm_name: str | None = None
         self.incarnation: int | None = None  # the last document read
+        self.seen: set[str] = set()  # EventIds already returned: a later document may list them again
 
     def where(self) -> str:
         return f"{self.host}:{self.port}"
@@ -78,8 +79,9 @@ class AzureSource(NoticeSource):
             raise MetadataError(f"GET {EVENTS_PATH}: {reply.body[:120]!r}; expected DocumentIncarnation and Events")
         if document["DocumentIncarnation"] == self.incarnation:
             return []
-        notices = [n for n in map(self._notice, document["Events"]) if n is not None]
+        notices = [n for n in map(self._notice, document["Events"]) if n is not None and n.ref not in self.seen]
         self.incarnation = document["DocumentIncarnation"]
+        self.seen.update(n.ref for n in notices if n.ref)
         return notices
 
     def acknowledge(self, notices: Sequence[Notice]) -> None:

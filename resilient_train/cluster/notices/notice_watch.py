@@ -14,7 +14,7 @@ feeds (each a call that returns the notices it sees now, blocking at most one lo
 # (``auto``: every provider's probe at once, each on its own thread with a short timeout;
 # the first that answers is watched; none: the thread ends and nothing else happens), then
 # runs each of the source's feeds on its own daemon thread. A feed's new notices go to
-# ``on_notice`` (once per notice); what goes wrong (MetadataError: unreachable, slow,
+# ``on_notice`` (once while they stand); what goes wrong (MetadataError: unreachable, slow,
 # garbled) goes to ``on_event`` as ``preemption_notice_error`` once per distinct message,
 # and the feed backs off (1 s doubling to 60 s) and tries again. Nothing a server does can
 # raise into the caller. close() stops the loops at their next wait. Every thread runs in a
@@ -209,7 +209,11 @@ class NoticeWatch:
         return None
 
     def _follow(self, source: NoticeSource, feed: Feed) -> None:
-        backoff, last_error = 0.0, None
+        """Poll ``feed`` until closed. A notice is handed over when it appears: one that the
+        previous poll returned too is the same announcement still standing (AWS's
+        instance-action stays until the end), one that went away and came back is new (a
+        second GCE maintenance event)."""
+        backoff, last_error, standing = 0.0, None, []
         while not self._closed.is_set():
             started = self.clock()
             try:
@@ -223,16 +227,16 @@ class NoticeWatch:
                 self.wait(backoff)
                 continue
             backoff, last_error = 0.0, None
-            for notice in found:
-                self._hand_over(notice)
+            for notice in dict.fromkeys(found):  # in order, each once
+                if notice not in standing:
+                    self._hand_over(notice)
+            standing = found
             pause = feed.every_s or (0.0 if found else LONG_POLL_FLOOR_S - (self.clock() - started))
             if pause > 0 and not self._closed.is_set():
                 self.wait(pause)
 
     def _hand_over(self, notice: Notice) -> None:
         with self._lock:
-            if notice in self.notices:
-                return
             self.notices.append(notice)
         self.on_notice(notice)
 
