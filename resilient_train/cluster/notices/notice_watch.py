@@ -8,18 +8,6 @@ Each provider is one small module (gce_notices.py, aws_notices.py, azure_notices
 :class:`NoticeSource`: a probe (does this provider's metadata server answer here?) and its
 feeds (each a call that returns the notices it sees now, blocking at most one long poll).
 
-# Implementation:
-# NoticeWatch.start() starts one daemon thread, "notice-watch", and returns at once: the
-# training thread never waits for a probe or a poll. That thread resolves the setting
-# (``auto``: every provider's probe at once, each on its own thread with a short timeout;
-# the first that answers is watched; none: the thread ends and nothing else happens), then
-# runs each of the source's feeds on its own daemon thread. A feed's new notices go to
-# ``on_notice`` (once while they stand); what goes wrong (MetadataError: unreachable, slow,
-# garbled) goes to ``on_event`` as ``preemption_notice_error`` once per distinct message,
-# and the feed backs off (1 s doubling to 60 s) and tries again. Nothing a server does can
-# raise into the caller. close() stops the loops at their next wait. Every thread runs in a
-# copy of start()'s context, so callbacks see what the caller bound (structlog contextvars).
-
 Everything that touches the outside is an argument: the environment (endpoints), the
 sources, ``on_notice`` / ``on_event`` (the worker binds them to its stop request and to
 events.jsonl; this layer writes nothing itself), and the waits (a ``threading.Event``).
@@ -37,6 +25,20 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from resilient_train.cluster.notices import AUTO, OFF, PROVIDERS, SETTINGS
 from resilient_train.cluster.notices.metadata_http import MetadataError
+
+# Implementation:
+# NoticeWatch.start() starts one daemon thread, "notice-watch", and returns at once: the
+# training thread never waits for a probe or a poll. That thread resolves the setting
+# (``auto``: every provider's probe at once, each on its own thread with a short timeout;
+# of those that answer, the first in PROVIDERS order is watched; none: the thread ends and
+# nothing else happens), then runs each of the source's feeds on its own daemon thread. A
+# feed's new notices go to ``on_notice`` (once while they stand); what goes wrong
+# (MetadataError: unreachable, slow, garbled) goes to ``on_event`` as
+# ``preemption_notice_error`` once per distinct message, and the feed backs off (1 s
+# doubling to 60 s) and tries again. Nothing a server does can raise into the caller. A
+# long poll that returns at once without news waits out a 1 s floor. close() stops the
+# loops at their next wait. Every thread runs in a copy of start()'s context, so callbacks
+# see what the caller bound (structlog contextvars).
 
 __all__ = ["Notice", "Feed", "NoticeSource", "NoticeWatch", "PROBE_TIMEOUT_S", "EVENT_WATCH", "EVENT_ERROR"]
 
