@@ -20,6 +20,12 @@ the benchmark posts the provider's notice and notes the time; the run must then 
 * ``post_to_commit_s``: from posting the notice to the ``checkpoint_committed`` event of
   the preempted step: what a provider's deadline has to cover.
 
+``auto_startup``: what ``--preemption-notice auto`` costs a worker's start-up where no
+metadata server exists (every endpoint a refused loopback port): the time
+runner/preemption_notices.py's ``NoticeStop(...).start()`` takes on the calling thread, and
+until its probes are done (off that thread), over ``--startup-repeats`` starts, next to
+``off``.
+
 Times between processes come from the events' ``ts`` (milliseconds, one host's clock).
 ``uptime`` is recorded before and after: the machine is shared.
 """
@@ -49,7 +55,7 @@ from tests.support.metadata_server import MetadataServer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 RESULT_KEYS = ("benchmark", "date", "host", "recipe", "workers", "flags", "uptime_before", "uptime_after", "wall_s",
-               "summary", "runs", "smoke")
+               "auto_startup", "summary", "runs", "smoke")
 RECIPE = "tests/recipes/slow_digits.py"
 FLAGS = ("--epochs", "2", "--steps-per-epoch", "10", "--global-batch-size", "32", "--save-every-steps", "4",
          "--set", "step_delay_s=0.6")
@@ -110,6 +116,33 @@ def run_once(provider: str, timeout_s: float = 300.0) -> dict[str, Any]:
     }
 
 
+def startup_cost(repeats: int) -> dict[str, Any]:
+    """``NoticeStop.start()`` on this thread, and until its probes resolved, for off and auto (ms)."""
+    from resilient_train.rundir.layout import RunDir
+    from resilient_train.runner.preemption_notices import NoticeStop
+
+    environ = _nowhere()
+    result: dict[str, Any] = {"repeats": repeats}
+    with tempfile.TemporaryDirectory(prefix="notice-start-") as tmp:
+        attempt_dir = RunDir(Path(tmp)).attempt(1)
+        for setting in ("off", "auto"):
+            on_thread, resolved, events = [], [], []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                watch = NoticeStop(setting, environ, attempt_dir=attempt_dir, rank=0, stop=lambda: None,
+                                   emit=lambda name, **fields: events.append(name)).start()
+                on_thread.append((time.perf_counter() - started) * 1e3)
+                watch.watch.resolved.wait(10)
+                resolved.append((time.perf_counter() - started) * 1e3)
+            on_thread.sort()
+            resolved.sort()
+            result[setting] = {"start_ms_median": round(statistics.median(on_thread), 3),
+                               "start_ms_p95": round(on_thread[int(0.95 * (repeats - 1))], 3),
+                               "resolved_ms_median": round(statistics.median(resolved), 3),
+                               "events": sorted(set(events))}
+    return result
+
+
 def _median(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return round(statistics.median(present), 3) if present else None
@@ -119,15 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--startup-repeats", type=int, default=300)
     parser.add_argument("--out", default=str(RESULTS / "notice_save.json"))
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
     if args.smoke:  # one run of the fastest watcher: every code path, no figure worth keeping
-        args.providers, args.repeats = ["gce"], 1
+        args.providers, args.repeats, args.startup_repeats = ["gce"], 1, 5
 
     uptime_before = _uptime()
     started = time.time()
+    auto_startup = startup_cost(args.startup_repeats)
+    print(f"auto start-up, no metadata server: {auto_startup}", flush=True)
     runs = []
     for repeat in range(args.repeats):
         for provider in args.providers:
@@ -156,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "uptime_before": uptime_before,
         "uptime_after": _uptime(),
         "wall_s": round(time.time() - started, 1),
+        "auto_startup": auto_startup,
         "summary": summary,
         "runs": runs,
         "smoke": args.smoke,

@@ -137,6 +137,7 @@ def _notice_save(data: dict[str, Any]) -> None:
     (run,) = data["runs"]
     assert (run["provider"], run["returncode"], data["summary"]["gce"]["all_exited_143"]) == ("gce", 143, True)
     assert run["global_step"] is not None and run["post_to_commit_s"] is not None
+    assert data["auto_startup"]["auto"]["events"] == [] and data["auto_startup"]["off"]["events"] == []
 
 
 def _reentry(data: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Callable, Mapping
 
-from resilient_train.cluster.notices import OFF, notice_sources
+from resilient_train.cluster.notices import notice_sources
 from resilient_train.cluster.notices.notice_watch import EVENT_ERROR, Notice, NoticeWatch
 from resilient_train.rundir import events
 from resilient_train.rundir.atomic import write_atomic
@@ -49,12 +49,8 @@ class NoticeStop:
         self.first: Notice | None = None
         self._saves_asked = 0  # surviving notices not yet voted for (runner/loop.py asks once per call)
         self._lock = threading.Lock()
-        if sources is None:
-            try:
-                sources = notice_sources(environ) if setting != OFF else {}
-            except ValueError as exc:  # a malformed endpoint override: said, and nothing watched
-                emit(EVENT_ERROR, provider=None, feed="endpoint", error=str(exc))
-                setting, sources = OFF, {}
+        if sources is None:  # built on the watch's thread (imports, endpoints): nothing on this one
+            sources = lambda: notice_sources(environ)  # noqa: E731
         self.watch = NoticeWatch(setting, sources, on_notice=self._on_notice, on_event=emit)
 
     def start(self) -> "NoticeStop":

@@ -84,7 +84,7 @@ def test_a_malformed_endpoint_override_is_reported_and_nothing_is_watched(tmp_pa
     events = []
     watch = NoticeStop("auto", {"GCE_METADATA_HOST": "https://metadata"}, attempt_dir=RunDir(tmp_path).attempt(1),
                        rank=0, stop=lambda: None, emit=lambda name, **fields: events.append((name, fields))).start()
-    assert watch.watch.resolved.is_set() and watch.watch.source is None
+    assert watch.watch.resolved.wait(WAIT) and watch.watch.source is None
     assert events == [("preemption_notice_error", {
         "provider": None, "feed": "endpoint",
         "error": "Received metadata endpoint 'https://metadata'; expected host[:port] or http://host[:port]"})]

@@ -128,18 +128,21 @@ class NoticeWatch:
     """The watch of one process: resolve the provider, run its feeds, hand notices over.
 
     ``setting``: one of :data:`SETTINGS`. ``sources``: provider -> its NoticeSource (the
-    endpoints are theirs). ``on_notice(notice)`` is called once per new notice, on a feed's
+    endpoints are theirs), or a callable that builds that mapping on the watch's thread. ``on_notice(notice)`` is called once per new notice, on a feed's
     thread; ``on_event(name, **fields)`` records what the watch does and what went wrong.
     """
 
-    def __init__(self, setting: str, sources: Mapping[str, NoticeSource], *,
+    def __init__(self, setting: str, sources: Mapping[str, NoticeSource] | Callable[[], Mapping[str, NoticeSource]], *,
                  on_notice: Callable[[Notice], None], on_event: Callable[..., None],
                  probe_timeout_s: float = PROBE_TIMEOUT_S, backoff_max_s: float = BACKOFF_MAX_S,
                  clock: Callable[[], float] = time.monotonic, wait: Callable[[float], object] | None = None) -> None:
         if setting not in SETTINGS:
             raise ValueError(f"Received preemption_notice={setting!r}; expected one of {', '.join(SETTINGS)}")
         self.setting = setting
-        self.sources = dict(sources)
+        # A callable is called on the watch's thread: building the sources (imports, endpoint
+        # parsing) costs the caller nothing, and a malformed endpoint is an event there.
+        self._make_sources = sources if callable(sources) else (lambda: sources)
+        self.sources: dict[str, NoticeSource] = {} if callable(sources) else dict(sources)
         self.on_notice = on_notice
         self.on_event = on_event
         self.probe_timeout_s = probe_timeout_s
@@ -176,6 +179,12 @@ class NoticeWatch:
 
     # ------------------------------------------------------------ the threads
     def _run(self) -> None:
+        try:
+            self.sources = dict(self._make_sources())
+        except ValueError as exc:  # a malformed endpoint override: said, and nothing watched
+            self.on_event(EVENT_ERROR, provider=None, feed="endpoint", error=str(exc))
+            self.resolved.set()
+            return
         try:
             self.source = self._resolve()
         except Exception as exc:  # never into the caller; a watch that cannot resolve watches nothing
