@@ -47,6 +47,7 @@ import os
 import posixpath
 import re
 import shutil
+import socket
 import stat
 import time
 import uuid
@@ -65,6 +66,7 @@ from resilient_train.checkpoint.deadline import progress
 from resilient_train.checkpoint.fence import (
     GENERATIONS_DIR,
     GenerationFence,
+    GenerationRecord,
     claim_generation,
     newest_generation,
 )
@@ -248,6 +250,19 @@ class CheckpointStore:
         except OSError as exc:
             raise self._fail("claim a generation in", exc) from None
         return self._fence.generation
+
+    def adopt_generation(self, generation: int | None, *, run_id: str, attempt: int) -> int | None:
+        """Fence this store's writes by the generation its attempt's chief claims, without
+        claiming it: a non-chief rank that may commit a rescue for the live attempt
+        (runner/state/memory_tier.py). ``None`` (a launcher that hands none down): the
+        newest generation in the storage now, None when there is none (then unfenced)."""
+        if generation is None:
+            generation = self.newest_generation()
+            if generation is None:
+                return None
+        record = GenerationRecord(generation, run_id, attempt, os.getpid(), socket.gethostname(), now_utc())
+        self._fence = GenerationFence(self.fs, self._root, self.url, record, call=self._do, emit=self._emit)
+        return generation
 
     def newest_generation(self) -> int | None:
         """The highest generation claimed in this storage (one listing), None when none is."""

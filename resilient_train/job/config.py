@@ -41,7 +41,7 @@ from resilient_train.rundir.redact import drop_redacted, merge_secrets, redact_t
 from resilient_train.job.recipe import recipe_name
 
 __all__ = ["JobConfig", "Option", "JOB_OPTIONS", "TOML_KEYS", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO",
-           "COLLECTIVE_TIMEOUT_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS",
+           "COLLECTIVE_TIMEOUT_OFF", "SNAPSHOT_EVERY_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS",
            "add_job_arguments", "job_from_args", "parse_workers"]
 
 LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
@@ -55,6 +55,7 @@ FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 3
 STEPS_PER_EXECUTION_AUTO = "auto"  # the runner sizes calls by time (runner/call_size.py)
 HANG_TIMEOUT_AUTO = "auto"  # scaled from observed call times (supervisor/watchdog.py)
 COLLECTIVE_TIMEOUT_OFF = "off"  # no limit on one collective's wait (runner/strategy.py)
+SNAPSHOT_EVERY_OFF = "off"  # no memory tier: a crash loses the steps since the last commit (runner/state/memory_tier.py)
 
 
 def check_steps_per_execution(setting: object) -> None:
@@ -149,6 +150,16 @@ def _collective_timeout(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or off") from None
 
 
+def _snapshot_every(text: str) -> int | str:
+    """``off`` as text, ``N`` as an int (JobConfig checks both, and refuses ``auto`` for now)."""
+    if text == SNAPSHOT_EVERY_OFF:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer number of steps or off") from None
+
+
 def parse_set_pairs(pairs: list[str], *, flag: str = "--set") -> dict[str, str]:
     """``["lr=0.1", "path=/x"]`` -> ``{"lr": "0.1", "path": "/x"}``."""
     result: dict[str, str] = {}
@@ -200,6 +211,11 @@ class JobConfig:
     checkpoint_mode: str = field(default="async", metadata=_flag(
         "--checkpoint-mode", choices=CHECKPOINT_MODES,
         help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on"))
+    snapshot_every: int | str = field(default=SNAPSHOT_EVERY_OFF, metadata=_flag(  # runner/state/memory_tier.py
+        "--snapshot-every", parse=_snapshot_every, metavar="N|off",
+        help="memory tier: every worker keeps a snapshot of the whole training state taken every N steps, and "
+        "when a worker dies the lowest-ranked survivor commits it, so a crash loses at most about N steps "
+        "(needs --checkpoint-mode async; default off; docs/failures.md, Rescue)"))
     save_every_seconds: float | None = field(default=None, metadata=_flag(
         "--save-every-seconds", parse=float, metavar="T",
         help="also checkpoint when T seconds passed since the last save (the chief's clock; all workers agree on the step)"))
@@ -355,6 +371,7 @@ class JobConfig:
                 )
         if self.checkpoint_mode not in CHECKPOINT_MODES:
             raise ConfigError(f"Received checkpoint_mode={self.checkpoint_mode!r}; expected 'async' or 'sync'")
+        _check_snapshot_every(self)
         if self.save_every_seconds is not None and (
             isinstance(self.save_every_seconds, bool)
             or not isinstance(self.save_every_seconds, (int, float))
@@ -382,6 +399,11 @@ class JobConfig:
             object.__setattr__(self, "run_dir", str(Path("runs") / recipe_name(self.recipe)))
         if not self.storage:
             object.__setattr__(self, "storage", str(RunDir(self.run_dir).checkpoints))
+
+    @property
+    def snapshot_every_steps(self) -> int | None:
+        """The memory tier's interval in steps; None when it is off."""
+        return None if self.snapshot_every == SNAPSHOT_EVERY_OFF else int(self.snapshot_every)
 
     @property
     def elastic(self) -> bool:
@@ -488,6 +510,22 @@ def _check_strategy_fields(job: "JobConfig") -> None:
             f"Received launcher={job.launcher!r} with strategy='parameter-server'; expected 'local' "
             "(the parameter-server tier places its processes on this host only, docs/parameter_server.md)"
         )
+
+
+def _check_snapshot_every(job: "JobConfig") -> None:
+    """``off`` or an integer >= 1, and only with async checkpoints under MultiWorkerMirroredStrategy."""
+    value = job.snapshot_every
+    if value == SNAPSHOT_EVERY_OFF:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"Received snapshot_every={value!r}; expected 'off' or an integer number of steps >= 1 "
+                          "('auto' is not available yet)")
+    if job.checkpoint_mode != "async":
+        raise ConfigError(f"Received snapshot_every={value} with checkpoint_mode={job.checkpoint_mode!r}; the memory "
+                          "tier keeps its snapshot in the async checkpointer's twin: use --checkpoint-mode async")
+    if job.strategy != "mirrored":
+        raise ConfigError(f"Received snapshot_every={value} with strategy={job.strategy!r}; the memory tier needs "
+                          "every worker to hold the whole state (--strategy mirrored)")
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

@@ -17,10 +17,12 @@ then :func:`worker_process` makes it a process of the run, in this order:
    supervisor's hang watchdog asks for before it kills a group);
 6. events go to the run's events.jsonl and stderr, bound to run_id, attempt, rank, role;
 7. SIGTERM and SIGINT set :attr:`WorkerProcess.stop` (save at an agreed step and stop,
-   never ``KeyboardInterrupt``).
-8. with ``watch_notices`` (an MWMS worker), this node's cloud preemption notices set it too
-   (runner/preemption_notices.py; ``--preemption-notice``): a background thread, started
-   here, that never blocks this one.
+   never ``KeyboardInterrupt``);
+8. with the memory tier on (``--snapshot-every``), SIGUSR2 (a rescue request) is received
+   by a daemon thread (rundir/rescue_signal.py), before the supervisor can send it;
+9. with ``watch_notices`` (an MWMS worker), this node's cloud preemption notices set
+   ``stop`` too (runner/preemption_notices.py; ``--preemption-notice``): a background
+   thread, started here, that never blocks this one.
 
 On leaving the block (by any path) what the body entered into ``until_exit`` is closed
 (the chief's stdout tee, whose last line becomes an event): before ``recording`` records an
@@ -48,6 +50,7 @@ from resilient_train.rundir.errorfile import Recording
 from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.rundir.permissions import current_umask
 from resilient_train.rundir.redact import register_secrets, secret_values
+from resilient_train.rundir.rescue_signal import install as install_rescue_listener
 from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
 from resilient_train.rundir.stacks import register as register_stacks
 from resilient_train.runner.preemption_notices import NoticeStop
@@ -128,6 +131,8 @@ def worker_process(state: Recording, job: JobConfig, *, rank: int, role: str, wr
                                 role=role, stop=stop, until_exit=until_exit, stacks_file=stacks_file,
                                 notices=notices)
         process.watch_stop_signals()
+        if job.snapshot_every_steps is not None:  # the memory tier: a survivor may be asked to rescue
+            install_rescue_listener()
         if notices is not None:
             notices.start()
         yield process

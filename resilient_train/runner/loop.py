@@ -30,6 +30,10 @@
 #    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
 #    last). Every epoch end is saved; then _after_epoch_saved (the epoch-end hook) runs
 #    and epoch_finished is emitted.
+#    The memory tier (--snapshot-every N, runner/state/memory_tier.py): every worker keeps
+#    a twin, calls also end N steps after the last snapshot or save, and there every
+#    worker snapshots (_snapshot: the same request a save builds, nothing persisted); a
+#    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death.
 # 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
 #    summed in the packed all-reduce, so every worker stops after the same call
 #    (_preemption_agreed), saves it (flushed) and returns None (the worker exits 143).
@@ -87,7 +91,9 @@ from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.reentry import EpochInput
+from resilient_train.runner.state.memory_tier import Rescuer, SnapshotSchedule
 from resilient_train.runner.state.save_policy import SavePolicy
+from resilient_train.rundir import rescue_signal
 from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
@@ -217,6 +223,9 @@ class Trainer:
             clock=clock,
         )
         self.sizer = CallSizer(job.steps_per_execution)
+        # The memory tier (--snapshot-every, runner/state/memory_tier.py): None when off.
+        every = job.snapshot_every_steps
+        self._snapshots = SnapshotSchedule(every) if every is not None else None
         self._call_steps = self.sizer.initial  # the agreed maximum of the next call
         self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
         # What the supervisor's hang watchdog reads besides the step: a phase that may take
@@ -331,10 +340,40 @@ class Trainer:
                 keep=self.job.keep,
             )
         twin = TwinState.build(self.checkpoint, self.model, self._build_twin)
-        if not (self.cluster.is_chief or twin.sync_on_read):
+        if not (self.cluster.is_chief or twin.sync_on_read or self._snapshots is not None):
             return NoCheckpointer()
         self._async = AsyncCheckpointer(twin, self._persist)
+        if self._snapshots is not None:
+            self._start_memory_tier(self._async)
         return BackgroundCheckpointer(self._async, persist=self.cluster.is_chief)
+
+    def _start_memory_tier(self, saver: AsyncCheckpointer) -> None:
+        """Every worker keeps a twin; the rescue request (rundir/rescue_signal.py) commits it."""
+        rank = self.cluster.rank
+
+        def last_committed() -> int | None:
+            manifest = self.store.latest_manifest()
+            return None if manifest is None else manifest.global_step
+
+        rescuer = Rescuer(saver, rank=rank, commit=self._commit_rescue, last_committed=last_committed,
+                          deadline_s=rescue_signal.rescue_hold_s(self.job.storage_timeout),
+                          unable=self._why_no_rescue_here)
+        rescue_signal.listener().set_target(rescuer.rescue)
+        emit("memory_tier", every_steps=self._snapshots.every_steps, twin_bytes=saver.twin.state_bytes, rank=rank)
+
+    def _why_no_rescue_here(self) -> str | None:
+        """A non-chief holds no current state of the chief-only callbacks (ModelCheckpoint,
+        CSVLogger, TensorBoard run on the chief): its callbacks.json would not restore, or
+        would restore a stale copy. Then the rescue is the chief's or none."""
+        chief_only = [] if self._callbacks is None or self.cluster.is_chief else self._callbacks.chief_only
+        if chief_only:
+            return f"the state of chief-only callbacks ({', '.join(chief_only)}) lives on the chief"
+        return None
+
+    def _commit_rescue(self, request: SaveRequest) -> Manifest:
+        """A rescue's commit (on the rescue listener's thread): the twin, the ordinary way.
+        Its events are this rank's own (a non-chief's group events would be dropped)."""
+        return self._persist(request, emit=lambda event, group=False, **fields: emit(event, **fields))
 
     def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
         """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""
@@ -346,9 +385,9 @@ class Trainer:
                                                 rng=ckpt_layout.twin_rng_state(self.model, model))
         return checkpoint, model
 
-    def _persist(self, request: SaveRequest) -> Manifest:
-        """The background half of an async save (runs on the persist thread)."""
-        assert self._async is not None  # only called by the AsyncCheckpointer
+    def _persist(self, request: SaveRequest, *, emit: Callable[..., None] = emit) -> Manifest:
+        """The background half of an async save (runs on the persist thread), or a rescue's commit."""
+        assert self._async is not None  # only called by the AsyncCheckpointer and the Rescuer
         return persist_twin(
             self._async.twin,
             request,
@@ -359,6 +398,7 @@ class Trainer:
             world_size=self.cluster.num_workers,
             faults=self.faults,
             keep=self.job.keep,
+            emit=emit,
         )
 
     def _make_train_call(self):
@@ -468,6 +508,8 @@ class Trainer:
         self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
                                 same_world_size=manifest.world_size == self.cluster.num_workers)
         self._last_saved = manifest.global_step
+        if self._snapshots is not None:
+            self._snapshots.taken(manifest.global_step)  # the interval counts from the restored step
         reentry, reentry_reason = self._input.plan_reentry(manifest, local_dir)
         if manifest.world_size != self.cluster.num_workers:
             emit(
@@ -511,16 +553,35 @@ class Trainer:
             if request is None:  # e.g. preempted right after a restore or an epoch-end save
                 return self.checkpointer.flush() if flush else None
             self._last_saved = global_step
-            return self.checkpointer.save(request, flush=flush)
+            manifest = self.checkpointer.save(request, flush=flush)
+            if self._snapshots is not None:
+                self._snapshots.taken(global_step)  # a save is a snapshot too
+            return manifest
         finally:
             self._phase.restore(previous)
 
+    def _snapshot(self) -> None:
+        """The memory tier: snapshot the current step into this worker's twin, persist
+        nothing (every worker at the same agreed step: the request may all-reduce)."""
+        assert self._async is not None and self._snapshots is not None
+        global_step = int(self.global_step.numpy())
+        request = self._save_request(completed=False)  # still in the training phase (it may all-reduce)
+        previous = self._phase.enter(PHASE_FLUSH)  # it may wait for the chief's in-flight persist
+        try:
+            self._async.save(request, persist=False)
+        finally:
+            self._phase.restore(previous)
+        self._snapshots.taken(global_step)
+
     def _save_request(self, completed: bool) -> SaveRequest:
-        # Only the chief's copy is ever committed; the others skip encoding (best_weights can be large).
+        # Only the chief's copy is ever committed; the others skip encoding (best_weights can be
+        # large), unless the memory tier is on: then any survivor may commit its own snapshot.
+        encodes = self.cluster.is_chief or self._snapshots is not None
         files = ({STATE_FILE: self._callbacks.state(stopped=self._stopped_early)}
-                 if self._callbacks and self.cluster.is_chief else {})
+                 if self._callbacks and encodes else {})
         iterator_files, iterator_extra = self._input.state_to_save(int(self.epoch.numpy()),
-                                                                  int(self.step_in_epoch.numpy()))
+                                                                  int(self.step_in_epoch.numpy()),
+                                                                  files_everywhere=encodes)
         files.update(iterator_files)
         return SaveRequest(
             files=files,
@@ -617,6 +678,8 @@ class Trainer:
         while step_in_epoch < steps_per_epoch:
             steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
                                             steps_per_epoch=steps_per_epoch, max_steps=self._call_steps)
+            if self._snapshots is not None:  # a call also ends at the memory tier's next snapshot
+                steps = self._snapshots.call_length(global_step=global_step, max_steps=steps)
             if self._callbacks:
                 self._callbacks.batch_begin(step_in_epoch)
             preempt, save_due = self._run_call(iterator, steps, global_step)
@@ -633,6 +696,8 @@ class Trainer:
             elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
                                         steps_per_epoch=steps_per_epoch, agreed_time_flag=save_due):
                 self.save()
+            elif self._snapshots is not None and step_in_epoch < steps_per_epoch and self._snapshots.due(global_step):
+                self._snapshot()  # (the epoch end saves, which snapshots too)
         return True
 
     def _record_next_input(self, epoch: int) -> None:

@@ -49,12 +49,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from typing import Any, Callable, TextIO
 
 from resilient_train.cluster.environment import STANDBY_READY_FD
+from resilient_train.rundir.rescue_signal import RESCUE_SIGNAL
 
 __all__ = ["main", "prewarm", "run_at_low_priority"]
 
@@ -193,6 +195,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.warm_standby", allow_abbrev=False)
     parser.add_argument("--recipe", help="recipe to import ahead (its imports only)")
     args = parser.parse_args(argv)
+    # A rescue request (SIGUSR2, rundir/rescue_signal.py) that reaches a standby being handed
+    # over, before its worker start-up installs the listener, must not kill it (the default action).
+    signal.signal(RESCUE_SIGNAL, signal.SIG_IGN)
     ready_fd = int(os.environ[STANDBY_READY_FD]) if os.environ.get(STANDBY_READY_FD) else None
     started = time.monotonic()
     try:

@@ -130,6 +130,12 @@ class _Worker:
     def drain(self) -> None:
         if self.trainer is not None:
             self.trainer.drain_pending_checkpoint(_DRAIN_ON_ERROR_S)
+        if self.job.snapshot_every_steps is not None:
+            # A peer died: this worker's own collective failed ~8 s later, maybe while its
+            # rescue commits on the listener thread. Never race it (bounded by the rescue's deadline).
+            from resilient_train.rundir.rescue_signal import RESCUE_ARRIVAL_S, listener, rescue_deadline_s
+
+            listener().before_exit(arrival_s=RESCUE_ARRIVAL_S, finish_s=rescue_deadline_s(self.job.storage_timeout))
 
     # ------------------------------------------------------------ the run
     def run(self, environ: Mapping[str, str]) -> int:
@@ -195,6 +201,8 @@ class _Worker:
                                 retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         if self.cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
             store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
+        elif job.snapshot_every_steps is not None:  # it may commit a rescue for this attempt (memory tier)
+            store.adopt_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
         return store
 
     def _make_trainer(self, job: JobConfig, recipe: Any, params: dict[str, Any], **seams: Any) -> Any:

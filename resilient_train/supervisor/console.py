@@ -145,6 +145,19 @@ def _checkpoint_committed(r: Mapping[str, Any], _: Facts) -> str:
     return f"checkpoint committed at global step {r['global_step']} ({checkpoint_position(r)}) -> {r['path']}"
 
 
+def _rescue_committed(r: Mapping[str, Any], _: Facts) -> str:
+    return (f"rescue: rank {r['rank']} committed its in-memory snapshot of global step {r['global_step']} "
+            f"(taken {r['snapshot_age_s']:g} s before, committed in {r['seconds']:g} s)")
+
+
+def _rescue_skipped(r: Mapping[str, Any], _: Facts) -> str:
+    return f"rescue: rank {r.get('rank')} committed nothing: {r['reason']}; the restart restores the last commit"
+
+
+def _rescue_abandoned(r: Mapping[str, Any], _: Facts) -> str:
+    return f"rescue: abandoned ({r['reason']}); the restart restores the last commit"
+
+
 def _checkpoint_rejected(r: Mapping[str, Any], _: Facts) -> str:
     return f"checkpoint {r['path']} rejected: {r['reason']}"
 
@@ -332,6 +345,12 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "storage_claimed": _storage_claimed,  # only a take-over (--force-storage)
     "generation_claimed": None,  # each attempt's fencing token
     "stale_writer_fenced": _stale_writer_fenced,
+    # the memory tier (--snapshot-every)
+    "memory_tier": None,  # each worker's interval and twin size at setup: evidence, not news
+    "rescue_requested": None,  # the rescue's answer below says what happened
+    "rescue_committed": _rescue_committed,
+    "rescue_skipped": _rescue_skipped,
+    "rescue_abandoned": _rescue_abandoned,
     # supervisor policy
     "gang_restart": _gang_restart,
     "restart_budget_exhausted": None,  # the supervisor's "Stopping: <reason>" line

@@ -99,11 +99,13 @@ from resilient_train.rundir.stacks import (
     dump_size,
     read_dump,
 )
+from resilient_train.rundir.rescue_signal import RESCUE_ABANDONED, RESCUE_REQUESTED, RESCUE_SIGNAL, rescue_deadline_s
 from resilient_train.rundir.stepmarker import read_phase, read_step
 from resilient_train.supervisor.attempt import Attempt, Resize, Restart, Worker
 from resilient_train.supervisor.console import Console, EventTail, hang_line
 from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
 from resilient_train.supervisor.ownership import claim_storage, generation_for
+from resilient_train.supervisor.rescue import RescueWait, choose_rescuer, failed_ranks
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
     ExitClass,
@@ -201,6 +203,7 @@ class Supervisor:
         self._fatal = False  # the run FAILED on a fatal error (EXIT_FATAL, not EXIT_FAILURE)
         self.watchdog = ProgressWatchdog(HangPolicy.from_setting(job.hang_timeout, job.startup_timeout))
         self._asked_capacity_at = 0.0  # an elastic run below MAX asks for room at most every CAPACITY_EVERY_S
+        self._rescue: RescueWait | None = None  # a rescue being waited for (supervisor/rescue.py)
         self._steps: dict[RunState, Callable[[], None]] = {
             RunState.STARTING: self._step_starting,
             RunState.RUNNING: self._step_running,
@@ -324,6 +327,8 @@ class Supervisor:
             ends = self._running_ends()
             if ends is not None:
                 state, reason = ends
+                if state is RunState.STOPPING and self.job.snapshot_every_steps is not None:
+                    self._ask_for_rescue()
                 self._to(state, reason=reason)
                 return
             grow = self._room_to_grow()
@@ -356,6 +361,30 @@ class Supervisor:
         if failed:
             return RunState.STOPPING, f"worker {failed[0]} exited abnormally"
         return None
+
+    def _ask_for_rescue(self) -> None:
+        """The memory tier is on and RUNNING is about to stop: when a worker failed, ask the
+        lowest-ranked survivor to commit its in-memory snapshot, and wait (bounded) for its
+        answer, so the restart restores it (supervisor/rescue.py)."""
+        rescuer = choose_rescuer(self.workers) if self.stop_signal is None else None
+        if rescuer is None:
+            return
+        deadline_s = rescue_deadline_s(self.job.storage_timeout)
+        emit(RESCUE_REQUESTED, rank=rescuer.rank, dead_ranks=failed_ranks(self.workers), attempt=self.attempt,
+             deadline_s=deadline_s)
+        self._rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
+        started = self.clock()
+        self._signal(rescuer, RESCUE_SIGNAL)
+        try:
+            self._wait(lambda: self._rescue.answer is not None or rescuer.returncode is not None, deadline_s)
+            self._rescue.observe(self.tail.pump())  # an answer written just as the rescuer exited
+            if self._rescue.answer is None:
+                reason = (f"rank {rescuer.rank} exited without answering" if rescuer.returncode is not None
+                          else f"no answer within {deadline_s:g} s")
+                emit(RESCUE_ABANDONED, rank=rescuer.rank, attempt=self.attempt, reason=reason,
+                     waited_s=round(self.clock() - started, 3))
+        finally:
+            self._rescue = None
 
     def _room_to_grow(self) -> Resize | None:
         """Elastic, below MAX and training: a resize to the larger size the launcher can place
@@ -653,7 +682,9 @@ class Supervisor:
 
     def _poll(self) -> None:
         """One poll of the attempt: print new events, let the launcher work, reap exits."""
-        self.tail.pump()
+        records = self.tail.pump()
+        if self._rescue is not None:
+            self._rescue.observe(records)
         self.launcher.maintain(training=self._training())
         for worker in self.workers:
             if worker.returncode is None:

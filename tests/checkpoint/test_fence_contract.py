@@ -171,3 +171,26 @@ def test_an_unfenced_store_behaves_as_before(backend):
     assert commit(backend, store, 10).extra == {}  # the same bytes again: manifest replaced
     assert store.newest_generation() is None
     assert backend.events.named("stale_writer_fenced") == []
+
+
+def test_a_rescuer_adopts_its_attempts_generation_without_claiming_it(backend):
+    # A non-chief rank that may commit a rescue (runner/state/memory_tier.py) writes under the
+    # generation its chief claimed: its commits carry it, and a newer attempt fences them.
+    url = backend.new_url()
+    chief = backend.store(url)
+    chief.claim_generation(1, run_id="run-1", attempt=1)
+    claimed = snapshot(backend, chief)
+    rescuer = backend.store(url)
+    assert rescuer.adopt_generation(1, run_id="run-1", attempt=1) == 1
+    assert snapshot(backend, rescuer) == claimed  # adopting writes nothing
+    assert commit(backend, rescuer, 16).extra == {"generation": 1}
+    assert backend.store(url).adopt_generation(None, run_id="run-1", attempt=1) == 1  # the newest, when none is given
+    backend.store(url).claim_generation(2, run_id="run-1", attempt=2)
+    with pytest.raises(StaleWriterError, match=r"generation 1 .* superseded by generation 2 .*refusing to commit"):
+        commit(backend, rescuer, 17)
+
+
+def test_adopting_in_an_unfenced_storage_leaves_the_store_unfenced(backend):
+    store = backend.store(backend.new_url())
+    assert store.adopt_generation(None, run_id="run-1", attempt=1) is None
+    assert commit(backend, store, 3).extra == {}

@@ -202,3 +202,45 @@ def test_the_workers_flag_takes_min_max():
     add_job_arguments(parser)
     job = job_from_args(parser.parse_args(["r.py", "--workers", "1:2"]))
     assert (job.workers, job.min_workers) == (2, 1)
+
+
+# ------------------------------------------------------------ --snapshot-every (the memory tier)
+
+def test_snapshot_every_is_off_by_default_and_takes_a_number_of_steps():
+    from resilient_train.job.config import JobConfig
+
+    assert JobConfig(recipe="r.py").snapshot_every_steps is None
+    job = JobConfig(recipe="r.py", snapshot_every=5)
+    assert job.snapshot_every_steps == 5
+    assert JobConfig.from_json(job.to_json()).snapshot_every_steps == 5
+
+
+def test_snapshot_every_flag_parses_off_and_n_and_refuses_the_rest():
+    import argparse
+
+    from resilient_train.job.config import add_job_arguments, job_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("recipe")
+    add_job_arguments(parser)
+    assert job_from_args(parser.parse_args(["r.py", "--snapshot-every", "4"])).snapshot_every_steps == 4
+    assert job_from_args(parser.parse_args(["r.py", "--snapshot-every", "off"])).snapshot_every_steps is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["r.py", "--snapshot-every", "often"])
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"snapshot_every": "auto"}, "Received snapshot_every='auto'; expected 'off' or an integer number of steps >= 1"),
+    ({"snapshot_every": 0}, "Received snapshot_every=0; expected 'off' or an integer"),
+    ({"snapshot_every": True}, "Received snapshot_every=True; expected 'off' or an integer"),
+    ({"snapshot_every": 5, "checkpoint_mode": "sync"},
+     "Received snapshot_every=5 with checkpoint_mode='sync'; the memory tier keeps its snapshot in the async "
+     "checkpointer's twin: use --checkpoint-mode async"),
+])
+def test_snapshot_every_refuses_what_it_cannot_do(settings, message):
+    from resilient_train.errors import ConfigError
+    from resilient_train.job.config import JobConfig
+
+    with pytest.raises(ConfigError) as raised:
+        JobConfig(recipe="r.py", **settings)
+    assert str(raised.value).startswith(message)

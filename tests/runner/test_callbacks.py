@@ -142,6 +142,7 @@ def test_model_checkpoint_and_csv_logger_run_on_the_chief_only_and_keep_their_st
     chief.epoch(0, {"loss": 1.0, "val_loss": 1.0})
     worker = Process(make, tmp_path / "elsewhere", is_chief=False, carried=chief.checkpoint())
     assert [type(cb).__name__ for _, cb in worker.runner.active] == ["EarlyStopping"]
+    assert (worker.runner.chief_only, chief.runner.chief_only) == (["CSVLogger"], [])  # no rescue from the worker
     assert decode_state(worker.runner.state(stopped=False))["callbacks"]["0"] == \
         decode_state(chief.runner.state(stopped=False))["callbacks"]["0"]  # carried on unchanged
 

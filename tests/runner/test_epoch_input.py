@@ -15,7 +15,7 @@ import tensorflow as tf
 from resilient_train.checkpoint import FileEntry, Manifest
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.input.iterator_state import (
-    ITERATOR_STATE, SKIP, START_STEP, serialize_iterator, state_file,
+    ITERATOR_STATE, SKIP, START_STEP, restore_iterator, serialize_iterator, state_file,
 )
 from resilient_train.runner.input.reentry import EPOCH_START, EpochInput
 
@@ -66,6 +66,15 @@ def manifest(*, step_in_epoch: int, extra: dict, world_size: int = 2) -> Manifes
 
 def take(iterator, count: int) -> list[int]:
     return [int(next(iterator)) for _ in range(count)]
+
+
+def position(blob: bytes, epoch: int, start: int) -> int:
+    """The element a fresh iterator of World's pipeline yields next once ``blob`` is restored
+    into it. (Not the bytes: tf.data injects a prefetch whose buffered elements are part of the
+    state, so two serializations of one position may differ with how far the buffer filled.)"""
+    iterator = iter(tf.data.Dataset.range(epoch * STEPS + start, (epoch + 1) * STEPS))
+    restore_iterator(iterator, blob)
+    return int(next(iterator))
 
 
 # ------------------------------------------------------------------ the path
@@ -172,16 +181,16 @@ def test_the_chief_gets_every_workers_state_and_the_size_is_reported_once():
     epoch_input = plain_input(world)
     iterator = epoch_input.iterator(1, 3)
     take(iterator, 4)
-    blob = serialize_iterator(iterator)
     files, extra = epoch_input.state_to_save(1, 7)
-    assert files == {"iterator-0.bin": blob, "iterator-1.bin": PEER_STATE}
-    sizes = [len(blob), len(PEER_STATE)]
+    assert (sorted(files), files["iterator-1.bin"]) == (["iterator-0.bin", "iterator-1.bin"], PEER_STATE)
+    assert position(files["iterator-0.bin"], 1, 3) == 107  # this worker's own state, where it stood
+    sizes = [len(files["iterator-0.bin"]), len(PEER_STATE)]
     assert extra == {"iterator_state": {"world_size": 2, "epoch": 1, "entry_step": 3, "bytes": sizes}}
     assert world.events == [("iterator_state_sized", {"group": True, "bytes": sizes, "max_bytes": 1 << 20,
                                                       "kept": True})]
     take(iterator, 1)
     files, extra = epoch_input.state_to_save(1, 8)
-    assert files["iterator-0.bin"] == serialize_iterator(iterator) and len(world.events) == 1
+    assert position(files["iterator-0.bin"], 1, 3) == 108 and len(world.events) == 1
     assert epoch_input.path == ITERATOR_STATE
 
 
@@ -270,11 +279,10 @@ def test_a_kept_iterator_is_not_retired_and_the_preemption_save_still_records_it
     iterator = epoch_input.iterator(0, 0)
     take(iterator, 3)
     epoch_input.keep(iterator)
-    expected = serialize_iterator(iterator)
     del iterator
     assert epoch_input.reaper.retired == 0
     files, _ = epoch_input.state_to_save(0, 3)
-    assert files["iterator-0.bin"] == expected
+    assert position(files["iterator-0.bin"], 0, 0) == 3
 
 
 class _Teardown:

@@ -51,13 +51,14 @@ SHOWN = {
     "checkpoint_committed", "checkpoint_rejected", "checkpoint_failed", "storage_retry", "storage_claimed",
     "stale_writer_fenced", "gang_restart", "hang_detected", "model_exported", "model_export_failed",
     "ray_connected", "node_lost", "chaos_fault_injected", "script_output",
+    "rescue_committed", "rescue_skipped", "rescue_abandoned",
     "preemption_notice_watch", "preemption_notice", "preemption_notice_saved", "preemption_notice_error",
 }
 
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 62
+    assert len(documented) == 67
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN
@@ -163,6 +164,12 @@ SENTENCES = [
      "node 10.0.0.2 was lost with worker slot 1 (pid 4242)"),
     ({"event": "chaos_fault_injected", "op": "sigkill_worker", "target": "rank 1", "trigger": "checkpoint_committed #2"},
      "chaos harness: sigkill_worker on rank 1 (trigger: checkpoint_committed #2)"),
+    ({"event": "rescue_committed", "global_step": 16, "rank": 1, "snapshot_age_s": 0.066, "seconds": 0.175},
+     "rescue: rank 1 committed its in-memory snapshot of global step 16 (taken 0.066 s before, committed in 0.175 s)"),
+    ({"event": "rescue_skipped", "rank": 0, "reason": "no snapshot yet"},
+     "rescue: rank 0 committed nothing: no snapshot yet; the restart restores the last commit"),
+    ({"event": "rescue_abandoned", "rank": 0, "reason": "no answer within 80 s", "waited_s": 80.0},
+     "rescue: abandoned (no answer within 80 s); the restart restores the last commit"),
 ]
 
 

@@ -176,10 +176,12 @@ class EpochInput:
         return iterator
 
     # ------------------------------------------------------------------ save
-    def state_to_save(self, epoch: int, step_in_epoch: int) -> tuple[dict[str, bytes], dict[str, Any]]:
+    def state_to_save(self, epoch: int, step_in_epoch: int, *,
+                      files_everywhere: bool = False) -> tuple[dict[str, bytes], dict[str, Any]]:
         """(files, manifest extra) the save of this step records of the input: every
         worker's iterator state at a mid-epoch save on the iterator_state path (the chief
-        gets the files), else nothing.
+        gets the files; every worker with ``files_everywhere``: the memory tier, where any
+        survivor may commit), else nothing.
 
         Collective on that path: every worker calls it at the same save step; it
         all-reduces the states' sizes, then, when they are within the bound, the states."""
@@ -212,7 +214,8 @@ class EpochInput:
         if max(sizes) > bound:  # grew since it was measured: this checkpoint goes without
             return {}, {}
         states = self._gather_bytes(blob, sizes)
-        files = {state_file(rank): state for rank, state in enumerate(states)} if self._is_chief else {}
+        files = ({state_file(rank): state for rank, state in enumerate(states)}
+                 if self._is_chief or files_everywhere else {})
         return files, {EXTRA_KEY: {"world_size": self._workers, "epoch": epoch, "entry_step": self._entry_step,
                                    "bytes": sizes}}
 

@@ -290,6 +290,12 @@ class CallbackRunner:
             cb.on_train_end(dict(logs))
 
     @property
+    def chief_only(self) -> list[str]:
+        """The class names of the callbacks this worker does not run (they run on the chief)."""
+        active = {index for index, _ in self.active}
+        return [type(cb).__name__ for index, cb in enumerate(self.all) if index not in active]
+
+    @property
     def stop_training(self) -> bool:
         return bool(getattr(self.model, "stop_training", False))
 

@@ -47,11 +47,16 @@ in parallel; setup refuses to continue if any name, shape or dtype differs.
 # chief snapshots and persists; the other workers skip saving entirely (in sync mode they
 # still write a private temp copy, see SyncCheckpointer). The exception is a model with
 # sync-on-read variables, whose read in cross-replica context IS a collective: then every
-# worker snapshots (at the same agreed step) and only the chief persists.
+# worker snapshots (at the same agreed step) and only the chief persists. And the memory
+# tier (--snapshot-every, runner/state/memory_tier.py): every worker keeps a twin and also
+# snapshots between saves without persisting; ``latest`` is its newest COMPLETE snapshot
+# (set only after the assign returned), and ``rescue_hold`` lets a rescue read the twin
+# from another thread while no snapshot writes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import queue
@@ -61,12 +66,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from resilient_train.runner.state.memory_tier import Snapshot
 from resilient_train.runner.state.model_state import preserved_rng
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.rundir.events import emit as _default_emit
@@ -326,6 +332,7 @@ class AsyncCheckpointer:
         *,
         emit: Callable[..., None] = _default_emit,
         clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.twin = twin
         self._persist = persist
@@ -343,6 +350,17 @@ class AsyncCheckpointer:
         self.last_manifest: Manifest | None = None
         self.blocked_s: list[float] = []
         self.waited_s: list[float] = []
+        # The memory tier (runner/state/memory_tier.py): the newest COMPLETE snapshot in the
+        # twin, and the hand-over between the training thread (writes the twin) and a
+        # rescue (reads it from another thread). ``_snapshotting``: the twin is being
+        # written; ``_torn``: the last write never returned; ``_rescuing``: a rescue reads
+        # the twin, so no snapshot may start.
+        self.latest: Snapshot | None = None
+        self._wall_clock = wall_clock
+        self._guard = threading.Condition()
+        self._snapshotting = False
+        self._torn = False
+        self._rescuing = False
 
     @property
     def in_flight(self) -> int | None:
@@ -371,20 +389,56 @@ class AsyncCheckpointer:
             self._emit("checkpoint_waited", global_step=request.global_step, in_flight_step=pending,
                        waited_ms=round(waited * 1000, 1))
         self.raise_if_failed()  # the one we waited for may have failed
+        with self._guard:
+            while self._rescuing:  # a rescue reads the twin (a peer died: this call fails soon)
+                self._guard.wait()
+            self._snapshotting, self._torn, self.latest = True, True, None
         start = self._clock()
-        self.twin.snapshot()
+        try:
+            self.twin.snapshot()
+        finally:
+            with self._guard:
+                self._snapshotting = False
+                self._guard.notify_all()
         self.blocked_s.append(self._clock() - start)
-        if not persist:
-            return
-        request = dataclasses.replace(request, blocked_ms=round(self.blocked_s[-1] * 1000, 3))
-        self._inflight = request
-        if self._thread is None:
-            # Daemon: a worker that dies of another error must not hang on an upload; an
-            # interrupted upload is uncommitted (no manifest) and invisible to readers.
-            self._thread = threading.Thread(target=self._serve, name="rt-checkpoint-persist", daemon=True)
-            self._thread.start()
-        self._idle.clear()
-        self._queue.put((contextvars.copy_context(), request))
+        with self._guard:  # complete; and a rescue that takes the twin now sees the persist below
+            self._torn = False
+            self.latest = Snapshot(request, completed_at=self._wall_clock())
+            if not persist:
+                return
+            request = dataclasses.replace(request, blocked_ms=round(self.blocked_s[-1] * 1000, 3))
+            self._inflight = request
+            if self._thread is None:
+                # Daemon: a worker that dies of another error must not hang on an upload; an
+                # interrupted upload is uncommitted (no manifest) and invisible to readers.
+                self._thread = threading.Thread(target=self._serve, name="rt-checkpoint-persist", daemon=True)
+                self._thread.start()
+            self._idle.clear()
+            self._queue.put((contextvars.copy_context(), request))
+
+    @contextlib.contextmanager
+    def rescue_hold(self, timeout_s: float) -> Iterator[tuple[Snapshot | None, str | None]]:
+        """Hold the twin for a rescue: ``(newest complete snapshot or None, why it cannot be
+        used or None)``. No snapshot starts until the block ends; a snapshot in progress
+        and this worker's in-flight persist (it reads the twin, and may commit the same
+        step) get up to ``timeout_s`` to finish first."""
+        deadline = self._clock() + timeout_s
+        with self._guard:
+            self._rescuing = True
+            while self._snapshotting and self._clock() < deadline:
+                self._guard.wait(max(0.0, deadline - self._clock()))
+            snapshotting = self._snapshotting
+        try:
+            if snapshotting or (self.latest is None and self._torn):
+                yield None, "snapshot incomplete: one was being taken when the rescue was asked (never committed)"
+            elif not self._idle.wait(max(0.0, deadline - self._clock())):
+                yield None, f"this worker's persist of step {self.in_flight} was still running after {timeout_s:g} s"
+            else:
+                yield self.latest, None
+        finally:
+            with self._guard:
+                self._rescuing = False
+                self._guard.notify_all()
 
     def _serve(self) -> None:
         while True:

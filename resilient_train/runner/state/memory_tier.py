@@ -1,0 +1,159 @@
+"""The memory tier: every worker's newest snapshot of the whole state, and its rescue.
+
+Under MultiWorkerMirroredStrategy every worker holds the whole model and optimizer state,
+so when one worker dies the survivors still have everything a checkpoint needs. With
+``--snapshot-every N`` every worker (not only the chief) keeps a twin of the saved state
+(runner/state/checkpointing.py) and snapshots into it at agreed call boundaries; when the
+supervisor sees a worker die it asks the lowest-ranked survivor (rundir/rescue_signal.py)
+to commit that snapshot as an ordinary checkpoint, so the gang restart resumes from it and
+loses at most about N steps instead of a save interval.
+
+Why a snapshot and never the live variables: a survivor's next collective only fails
+seconds after a peer's death (TensorFlow's heartbeat), and after that failed call its live
+state is torn (weights of step s, ``optimizer.iterations`` of s+1). The snapshot was taken
+at a call boundary before the failure, by the training thread, and is marked complete only
+after its assign returned; a snapshot interrupted mid-way is never committed.
+
+# Implementation:
+#   schedule (training thread, every worker alike)
+#     SnapshotSchedule: a call ends where global_step reaches last snapshot + N (like a
+#     save point), and a snapshot is due there; any save is also a snapshot and restarts
+#     the interval. Every input of the rule is agreed (steps, saves), so all workers
+#     snapshot at the same steps (a snapshot may all-reduce: iterator states,
+#     sync-on-read variables).
+#   rescue (the rescue listener's thread, on the supervisor's request)
+#     hold the twin: no new snapshot starts; wait (bounded) for one in progress and for
+#     this worker's in-flight persist (which reads the twin); then
+#       no complete snapshot / not newer than the newest commit  -> rescue_skipped(reason)
+#       else commit it through the store's ordinary path (persist_twin: manifest last,
+#       fence-checked), extra["rescue"] = {rank, snapshot_age_s} -> rescue_committed
+#     a commit that raises -> rescue_skipped naming the error
+#   The live variables are never read by the rescue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from resilient_train.rundir.events import emit as _default_emit
+from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
+
+__all__ = ["SnapshotSchedule", "Snapshot", "Rescuer", "rescue_skip_reason", "RESCUE_EXTRA_KEY"]
+
+RESCUE_EXTRA_KEY = "rescue"  # the manifest's extra: {rank, snapshot_age_s} of a rescued checkpoint
+
+
+class SnapshotSchedule:
+    """Snapshot when ``every_steps`` steps passed since the last snapshot (or save).
+
+    Pure: the loop asks ``call_length`` (cap a call so it ends at the next snapshot step),
+    ``due`` after each call, and reports every snapshot and save with ``taken``.
+    """
+
+    def __init__(self, every_steps: int, *, start_step: int = 0) -> None:
+        if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
+            raise ValueError(f"Received every_steps={every_steps!r}; expected an integer >= 1")
+        self.every_steps = every_steps
+        self.last = start_step
+
+    def call_length(self, *, global_step: int, max_steps: int) -> int:
+        """At most ``max_steps``, ending no later than the next snapshot step (>= 1)."""
+        return max(1, min(max_steps, self.last + self.every_steps - global_step))
+
+    def due(self, global_step: int) -> bool:
+        return global_step - self.last >= self.every_steps
+
+    def taken(self, global_step: int) -> None:
+        """A snapshot (or a save, which snapshots too) of ``global_step`` was taken."""
+        self.last = global_step
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A complete snapshot: the request captured with it and the wall time it completed."""
+
+    request: Any  # runner/state/checkpointing.py SaveRequest
+    completed_at: float
+
+
+def rescue_skip_reason(snapshot_step: int | None, last_committed: int | None, *, incomplete: bool = False) -> str | None:
+    """Why a snapshot of ``snapshot_step`` is not committed, or None when it should be."""
+    if incomplete:
+        return "snapshot incomplete: one was being taken when the rescue was asked (never committed)"
+    if snapshot_step is None:
+        return "no snapshot yet"
+    if last_committed is not None and snapshot_step <= last_committed:
+        return f"snapshot of step {snapshot_step} is not newer than the last commit (step {last_committed})"
+    return None
+
+
+class Rescuer:
+    """Commits this worker's newest complete snapshot, once asked (any thread but the training one).
+
+    ``saver``: the AsyncCheckpointer whose twin holds the snapshot (``rescue_hold``).
+    ``commit(request)``: the ordinary commit of the twin (persist_twin through the store).
+    ``last_committed()``: the newest committed step in the store (None: none).
+    ``deadline_s``: the longest this worker waits for a snapshot or persist in progress.
+    ``unable()``: why this worker's snapshots can never be committed (None: they can), asked
+    when the request comes, e.g. a non-chief without the chief-only callbacks' state.
+    """
+
+    def __init__(
+        self,
+        saver: Any,
+        *,
+        rank: int,
+        commit: Callable[[Any], Any],
+        last_committed: Callable[[], int | None],
+        deadline_s: float,
+        unable: Callable[[], str | None] = lambda: None,
+        emit: Callable[..., None] = _default_emit,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._saver = saver
+        self._rank = rank
+        self._commit = commit
+        self._last_committed = last_committed
+        self._deadline_s = deadline_s
+        self._unable = unable
+        self._emit = emit
+        self._clock = clock
+        self._wall_clock = wall_clock
+
+    def rescue(self) -> None:
+        started = self._clock()
+        unable = self._unable()
+        if unable is not None:
+            self._skip(unable)
+            return
+        with self._saver.rescue_hold(self._deadline_s) as (snapshot, busy):
+            if busy is not None:
+                self._skip(busy)
+                return
+            try:
+                committed = self._last_committed()
+            except Exception as exc:  # the store cannot be listed: no commit is safe to compare with
+                self._skip(f"commit failed: cannot list the store: {type(exc).__name__}: {exc}")
+                return
+            step = None if snapshot is None else snapshot.request.global_step
+            reason = rescue_skip_reason(step, committed)
+            if reason is not None:
+                self._skip(reason)
+                return
+            age = round(self._wall_clock() - snapshot.completed_at, 3)
+            request = dataclasses.replace(snapshot.request, blocked_ms=None, extra={
+                **snapshot.request.extra, RESCUE_EXTRA_KEY: {"rank": self._rank, "snapshot_age_s": age}})
+            try:
+                self._commit(request)
+            except Exception as exc:  # e.g. StaleWriterError, StorageUnavailableError: the restart falls back
+                self._skip(f"commit failed: {type(exc).__name__}: {exc}", global_step=step)
+                return
+        self._emit(RESCUE_COMMITTED, global_step=step, rank=self._rank, snapshot_age_s=age,
+                   seconds=round(self._clock() - started, 3))
+
+    def _skip(self, reason: str, **fields: Any) -> None:
+        self._emit(RESCUE_SKIPPED, rank=self._rank, reason=reason, **fields)

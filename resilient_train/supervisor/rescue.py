@@ -1,0 +1,51 @@
+"""Who rescues, and the supervisor's bounded wait for its answer (the memory tier's process side).
+
+With ``--snapshot-every`` every worker keeps its newest snapshot of the whole state in
+memory (runner/state/memory_tier.py). When a worker of a running attempt fails (not a
+clean exit, not a preemption), the lowest-ranked worker still alive is asked, by
+``RESCUE_SIGNAL`` through its launcher handle (rundir/rescue_signal.py), to commit its
+snapshot; the supervisor waits for that rank's ``rescue_committed`` or ``rescue_skipped``
+in events.jsonl, at most ``rescue_deadline_s(--storage-timeout)``, then stops the group as
+before. Nobody alive, a preemption, or the tier off: no request and no wait at all.
+
+Pure (no processes, no clock): the supervisor drives it from its poll loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
+from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
+from resilient_train.supervisor.attempt import Worker
+
+__all__ = ["choose_rescuer", "failed_ranks", "RescueWait"]
+
+
+def failed_ranks(workers: Sequence[Worker]) -> list[int]:
+    """The ranks that exited abnormally: neither 0 nor 'preempted' (143)."""
+    return [w.rank for w in workers if w.returncode not in (None, EXIT_OK, EXIT_PREEMPTED)]
+
+
+def choose_rescuer(workers: Sequence[Worker]) -> Worker | None:
+    """The lowest-ranked worker still alive after a failure, or None when there is nothing
+    to rescue from: no failure, a preemption under way (its peers save anyway), nobody alive."""
+    if not failed_ranks(workers) or any(w.returncode == EXIT_PREEMPTED for w in workers):
+        return None
+    alive = [w for w in workers if w.returncode is None]
+    return min(alive, key=lambda w: w.rank, default=None)
+
+
+class RescueWait:
+    """The answer of ``rank`` in ``attempt``: fed the events the supervisor's tail reads."""
+
+    def __init__(self, *, rank: int, attempt: int) -> None:
+        self.rank = rank
+        self.attempt = attempt
+        self.answer: dict[str, Any] | None = None
+
+    def observe(self, records: Iterable[dict[str, Any]]) -> None:
+        for record in records:
+            if (self.answer is None and record.get("event") in (RESCUE_COMMITTED, RESCUE_SKIPPED)
+                    and record.get("rank") == self.rank and record.get("attempt") == self.attempt):
+                self.answer = record

@@ -1,0 +1,80 @@
+"""The memory tier (--snapshot-every): a worker killed between saves costs the steps since the
+last snapshot, not since the last save (runner/state/memory_tier.py, supervisor/rescue.py).
+
+Saves every 50 steps (so only the epoch ends, 10 and 20, commit on their own), a snapshot
+every 3 steps, one step per call (so a kill at the end of step 17 lands right after it):
+snapshots at 13, 16, 19 in the second epoch. Every run must end with the uninterrupted
+run's exact weights.
+"""
+
+import json
+
+import pytest
+
+from tests.integration.conftest import DIGITS
+from tests.integration.harness import run_job
+from resilient_train.errors import EXIT_OK
+
+RESCUE_FLAGS = ("--epochs", "2", "--steps-per-epoch", "10", "--global-batch-size", "32", "--save-every-steps", "50",
+                "--snapshot-every", "3", "--steps-per-execution", "1")
+
+
+def reached(job, attempt):
+    return next(e["global_step"] for e in job.named("attempt_reached") if e["attempt"] == attempt)
+
+
+def manifest(job, step):
+    return json.loads((job.run_dir / "checkpoints" / f"ckpt-{step:012d}" / "MANIFEST.json").read_text())
+
+
+@pytest.mark.parametrize("killed, rescuer", [(1, 0), (0, 1)], ids=["rank-1-killed", "chief-killed"])
+def test_a_worker_killed_between_saves_is_rescued_by_the_lowest_survivor(tmp_path, digits_reference, killed, rescuer):
+    job = run_job(DIGITS, tmp_path / "run", *RESCUE_FLAGS,
+                  faults=[{"point": "after_step", "global_step": 17, "rank": killed}])
+    assert job.returncode == EXIT_OK, job.output
+    tiers = job.named("memory_tier")
+    assert sorted((e["attempt"], e["rank"], e["every_steps"]) for e in tiers) == [
+        (1, 0, 3), (1, 1, 3), (2, 0, 3), (2, 1, 3)]
+    assert len({e["twin_bytes"] for e in tiers}) == 1 and tiers[0]["twin_bytes"] > 0
+    requested = job.named("rescue_requested")
+    assert [(e["rank"], e["dead_ranks"], e["attempt"]) for e in requested] == [(rescuer, [killed], 1)]
+    committed = job.named("rescue_committed")
+    assert [(e["global_step"], e["rank"], e["attempt"]) for e in committed] == [(16, rescuer, 1)]
+    assert committed[0]["snapshot_age_s"] >= 0 and committed[0]["seconds"] >= 0
+    assert job.named("rescue_skipped") == [] and job.named("rescue_abandoned") == []
+    # An ordinary commit (manifest last, the live attempt's generation), marked as a rescue.
+    rescued = manifest(job, 16)
+    assert rescued["extra"]["rescue"]["rank"] == rescuer
+    assert rescued["extra"]["generation"] == 1
+    assert [(e["global_step"], e["rank"]) for e in job.named("checkpoint_committed") if e["attempt"] == 1] == [
+        (10, 0), (16, rescuer)]
+    assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(16, 2)]
+    assert reached(job, 1) == 17
+    assert job.summary["lost_steps"] == 1  # not 7: the last save was step 10
+    assert job.summary["weights_sha256"] == digits_reference
+    assert (job.summary["restarts"], job.summary["attempts"]) == (1, 2)
+
+
+@pytest.mark.parametrize("step, reason, restored", [
+    (2, "no snapshot yet", []),
+    (11, "snapshot of step 10 is not newer than the last commit (step 10)", [10]),
+], ids=["before-the-first-snapshot", "right-after-a-save"])
+def test_nothing_to_rescue_restores_the_last_commit_as_before(tmp_path, digits_reference, step, reason, restored):
+    job = run_job(DIGITS, tmp_path / "run", *RESCUE_FLAGS,
+                  faults=[{"point": "after_step", "global_step": step, "rank": 1}])
+    assert job.returncode == EXIT_OK, job.output
+    assert [(e["rank"], e["dead_ranks"]) for e in job.named("rescue_requested")] == [(0, [1])]
+    assert [(e["rank"], e["reason"], e["attempt"]) for e in job.named("rescue_skipped")] == [(0, reason, 1)]
+    assert job.named("rescue_committed") == []
+    assert [r["global_step"] for r in job.named("restored")] == restored
+    assert [e["attempt"] for e in job.named("fresh_start")] == ([1, 2] if not restored else [1])
+    assert job.summary["lost_steps"] == step - (restored[0] if restored else 0)
+    assert job.summary["weights_sha256"] == digits_reference
+
+
+def test_the_tier_is_off_by_default(digits_reference_run):
+    # The uninterrupted reference run (no --snapshot-every): no twin beyond the chief's, no
+    # snapshot between saves, nothing to ask for.
+    names = {e["event"] for e in digits_reference_run.events}
+    assert names & {"memory_tier", "rescue_requested", "rescue_committed", "rescue_skipped", "rescue_abandoned"} == set()
+    assert json.loads((digits_reference_run.run_dir / "attempt-1" / "job.json").read_text())["snapshot_every"] == "off"

@@ -1,0 +1,158 @@
+"""The memory tier's pure parts: the snapshot schedule, why a rescue commits nothing, the
+Rescuer's decisions, and the twin's hand-over between a snapshot and a rescue."""
+
+import threading
+from contextlib import contextmanager
+
+import pytest
+
+from resilient_train.runner.state.checkpointing import AsyncCheckpointer, SaveRequest
+from resilient_train.runner.state.memory_tier import Rescuer, Snapshot, SnapshotSchedule, rescue_skip_reason
+
+
+def test_the_schedule_ends_calls_at_every_snapshot_step_and_restarts_at_saves():
+    schedule = SnapshotSchedule(5)
+    assert schedule.call_length(global_step=0, max_steps=100) == 5
+    assert schedule.call_length(global_step=3, max_steps=100) == 2
+    assert schedule.call_length(global_step=3, max_steps=1) == 1
+    assert (schedule.due(4), schedule.due(5)) == (False, True)
+    schedule.taken(5)
+    assert (schedule.due(9), schedule.due(10)) == (False, True)
+    schedule.taken(7)  # a save at 7 (an epoch end) is a snapshot too
+    assert schedule.call_length(global_step=7, max_steps=100) == 5
+    assert (schedule.due(11), schedule.due(12)) == (False, True)
+    assert SnapshotSchedule(3, start_step=40).call_length(global_step=40, max_steps=8) == 3
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "5"])
+def test_the_schedule_refuses_a_bad_interval(bad):
+    with pytest.raises(ValueError, match=f"Received every_steps={bad!r}"):
+        SnapshotSchedule(bad)
+
+
+def test_why_a_rescue_commits_nothing():
+    assert rescue_skip_reason(None, None) == "no snapshot yet"
+    assert rescue_skip_reason(None, 10) == "no snapshot yet"
+    assert rescue_skip_reason(10, 10) == "snapshot of step 10 is not newer than the last commit (step 10)"
+    assert rescue_skip_reason(8, 10) == "snapshot of step 8 is not newer than the last commit (step 10)"
+    assert rescue_skip_reason(13, 10) is None
+    assert rescue_skip_reason(13, None) is None
+    assert rescue_skip_reason(13, 10, incomplete=True).startswith("snapshot incomplete")
+
+
+class FakeSaver:
+    def __init__(self, snapshot, busy=None):
+        self.snapshot, self.busy, self.held = snapshot, busy, 0
+
+    @contextmanager
+    def rescue_hold(self, timeout_s):
+        self.held += 1
+        yield self.snapshot, self.busy
+
+
+def rescuer_for(saver, *, committed=None, commit=None, unable=None):
+    events, commits = [], []
+
+    def default_commit(request):
+        commits.append(request)
+
+    rescuer = Rescuer(saver, rank=1, commit=commit or default_commit, last_committed=lambda: committed,
+                      deadline_s=5.0, unable=lambda: unable, emit=lambda name, **fields: events.append((name, fields)),
+                      clock=iter([100.0, 100.25]).__next__, wall_clock=lambda: 50.5)
+    return rescuer, events, commits
+
+
+def test_the_rescuer_commits_a_newer_snapshot_marked_as_a_rescue():
+    request = SaveRequest(global_step=16, epoch=1, step_in_epoch=6, extra={"completed": False}, blocked_ms=1.0)
+    rescuer, events, commits = rescuer_for(FakeSaver(Snapshot(request, completed_at=50.0)), committed=10)
+    rescuer.rescue()
+    assert [(c.global_step, c.extra, c.blocked_ms) for c in commits] == [
+        (16, {"completed": False, "rescue": {"rank": 1, "snapshot_age_s": 0.5}}, None)]
+    assert events == [("rescue_committed", {"global_step": 16, "rank": 1, "snapshot_age_s": 0.5, "seconds": 0.25})]
+
+
+def test_the_rescuer_skips_with_the_reason():
+    request = SaveRequest(global_step=10, epoch=1, step_in_epoch=0)
+    for saver, committed, reason in [
+        (FakeSaver(None), None, "no snapshot yet"),
+        (FakeSaver(Snapshot(request, 1.0)), 10, "snapshot of step 10 is not newer than the last commit (step 10)"),
+        (FakeSaver(None, busy="snapshot incomplete: x"), None, "snapshot incomplete: x"),
+    ]:
+        rescuer, events, commits = rescuer_for(saver, committed=committed)
+        rescuer.rescue()
+        assert (events, commits) == ([("rescue_skipped", {"rank": 1, "reason": reason})], [])
+
+
+def test_a_worker_that_can_never_rescue_says_why_and_does_not_touch_the_twin():
+    request = SaveRequest(global_step=16, epoch=1, step_in_epoch=6)
+    saver = FakeSaver(Snapshot(request, 1.0))
+    reason = "the state of chief-only callbacks (CSVLogger) lives on the chief"
+    rescuer, events, commits = rescuer_for(saver, committed=10, unable=reason)
+    rescuer.rescue()
+    assert (events, commits, saver.held) == ([("rescue_skipped", {"rank": 1, "reason": reason})], [], 0)
+
+
+def test_a_failed_rescue_commit_is_named():
+    def fail(request):
+        raise OSError("disk full")
+
+    request = SaveRequest(global_step=16, epoch=1, step_in_epoch=6)
+    rescuer, events, _ = rescuer_for(FakeSaver(Snapshot(request, 1.0)), commit=fail)
+    rescuer.rescue()
+    assert events == [("rescue_skipped", {"rank": 1, "reason": "commit failed: OSError: disk full", "global_step": 16})]
+
+
+class FakeTwin:
+    def __init__(self):
+        self.snapshots = 0
+        self.fail = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.block = False
+
+    def snapshot(self):
+        self.entered.set()
+        if self.block:
+            self.release.wait(5)
+        if self.fail:
+            raise RuntimeError("collective aborted")
+        self.snapshots += 1
+
+
+def test_a_snapshot_is_complete_only_after_it_returned():
+    twin = FakeTwin()
+    saver = AsyncCheckpointer(twin, persist=lambda request: None, emit=lambda *a, **k: None, wall_clock=lambda: 7.0)
+    with saver.rescue_hold(0.1) as (snapshot, busy):
+        assert (snapshot, busy) == (None, None)
+    saver.save(SaveRequest(global_step=3, epoch=0, step_in_epoch=3), persist=False)
+    with saver.rescue_hold(0.1) as (snapshot, busy):
+        assert (snapshot.request.global_step, snapshot.completed_at, busy) == (3, 7.0, None)
+    twin.fail = True
+    with pytest.raises(RuntimeError):
+        saver.save(SaveRequest(global_step=6, epoch=0, step_in_epoch=6), persist=False)
+    with saver.rescue_hold(0.1) as (snapshot, busy):
+        assert snapshot is None and busy.startswith("snapshot incomplete")
+
+
+def test_a_rescue_waits_for_a_snapshot_in_progress_and_no_snapshot_starts_while_it_holds_the_twin():
+    twin = FakeTwin()
+    twin.block = True
+    saver = AsyncCheckpointer(twin, persist=lambda request: None, emit=lambda *a, **k: None, wall_clock=lambda: 7.0)
+    taking = threading.Thread(target=saver.save, args=(SaveRequest(global_step=3, epoch=0, step_in_epoch=3),),
+                              kwargs={"persist": False})
+    taking.start()
+    assert twin.entered.wait(5)
+    with saver.rescue_hold(0.05) as (snapshot, busy):  # still blocked (a dead collective): never used
+        assert snapshot is None and busy.startswith("snapshot incomplete")
+    twin.release.set()
+    taking.join(5)
+    with saver.rescue_hold(5) as (snapshot, busy):
+        assert (snapshot.request.global_step, busy) == (3, None)
+        twin.block = False
+        later = threading.Thread(target=saver.save, args=(SaveRequest(global_step=6, epoch=0, step_in_epoch=6),),
+                                 kwargs={"persist": False})
+        twin.entered.clear()
+        later.start()
+        assert not twin.entered.wait(0.2)  # held: the twin is not written under the rescue
+    later.join(5)
+    assert twin.snapshots == 2 and saver.latest.request.global_step == 6
