@@ -42,7 +42,7 @@ SLOW = {
     "checkpoint_overhead": "60 s (load 8), 46 s: every save mode on the 100 MB wide_mlp, K=50 trials at 100 steps",
     "ray_recovery": "111 s (load 9), 76 s: a 4-node loopback Ray cluster, three kills and a node loss",
     "goodput": "50 s (load 1-3); 180 s, 244 s (load 20-31): two 2-worker runs of 1000 steps, one with a kill",
-    "notice_save": "about 40 s (load 6-7): one 2-worker run preempted by a GCE notice from a loopback server",
+    "notice_save": "18 s (load 9): one 2-worker run preempted by a GCE notice from a loopback server",
 }
 
 
