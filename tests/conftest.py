@@ -4,12 +4,29 @@ from tests.support.gcsserver import gcs_server  # noqa: F401  (session fixture, 
 from tests.support.s3server import s3_server  # noqa: F401  (session fixture, started on first use)
 
 import os
+import socket
 
 import pytest
 import structlog
 
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job
+
+
+def _closed_loopback_port() -> int:
+    with socket.socket() as probe:  # bound, then released: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# Every worker a test starts watches its node's preemption notices (--preemption-notice auto,
+# runner/preemption_notices.py). Its probes go to a loopback port nothing listens on (refused
+# at once), never to 169.254.169.254: all traffic of the suite stays on loopback. A test that
+# wants a metadata server passes its own endpoints (tests/support/metadata_server.py).
+_NOWHERE = f"127.0.0.1:{_closed_loopback_port()}"
+os.environ.setdefault("GCE_METADATA_HOST", _NOWHERE)
+os.environ.setdefault("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://{_NOWHERE}")
+os.environ.setdefault("RT_AZURE_METADATA_HOST", _NOWHERE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

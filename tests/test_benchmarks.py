@@ -42,6 +42,7 @@ SLOW = {
     "checkpoint_overhead": "60 s (load 8), 46 s: every save mode on the 100 MB wide_mlp, K=50 trials at 100 steps",
     "ray_recovery": "111 s (load 9), 76 s: a 4-node loopback Ray cluster, three kills and a node loss",
     "goodput": "50 s (load 1-3); 180 s, 244 s (load 20-31): two 2-worker runs of 1000 steps, one with a kill",
+    "notice_save": "18 s (load 9): one 2-worker run preempted by a GCE notice from a loopback server",
 }
 
 
@@ -132,6 +133,13 @@ def _ray_recovery(data: dict[str, Any]) -> None:
     assert samples["node_loss"][0]["moved_off_lost_node"] is True
 
 
+def _notice_save(data: dict[str, Any]) -> None:
+    (run,) = data["runs"]
+    assert (run["provider"], run["returncode"], data["summary"]["gce"]["all_exited_143"]) == ("gce", 143, True)
+    assert run["global_step"] is not None and run["post_to_commit_s"] is not None
+    assert data["auto_startup"]["auto"]["events"] == [] and data["auto_startup"]["off"]["events"] == []
+
+
 def _reentry(data: dict[str, Any]) -> None:
     assert {r: {p: len(v) for p, v in by.items()} for r, by in data["runs"].items()} == {"indexed": {"early": 1, "late": 1}}
 
@@ -172,6 +180,7 @@ OUTCOMES: dict[str, Callable[[dict[str, Any]], None]] = {
     "defences": _defences,
     "keras_fit": _keras_fit,
     "reentry": _reentry,
+    "notice_save": _notice_save,
     "resize": _resize,
     "checkpoint_overhead": _checkpoint_overhead,
     "ray_recovery": _ray_recovery,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from resilient_train.checkpoint.options import parse_storage_options
+from resilient_train.cluster.notices import AUTO as NOTICE_AUTO, SETTINGS as NOTICE_SETTINGS
 from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.permissions import DEFAULT_RUN_DIR_MODE, parse_mode
@@ -285,6 +286,11 @@ class JobConfig:
         "servers and --workers workers (docs/parameter_server.md)"))
     ps: int = field(default=1, metadata=_flag(
         "--ps", parse=_integer, metavar="P", help="--strategy parameter-server: parameter servers (default 1)"))
+    preemption_notice: str = field(default=NOTICE_AUTO, metadata=_flag(  # cluster/notices/
+        "--preemption-notice", choices=NOTICE_SETTINGS,
+        help="watch this node's cloud preemption notices (GCE, AWS spot, Azure Scheduled Events) and save at an "
+        "agreed step and exit 143 on one, before SIGTERM comes; auto (default): whichever metadata server answers "
+        "a short probe, none: nothing (docs/preemption.md)"))
     def __post_init__(self) -> None:
         if not self.recipe:
             raise ConfigError("No recipe given; expected a recipe file or module, e.g. recipes/digits_cnn.py")
@@ -319,6 +325,9 @@ class JobConfig:
             _check_int("eval_every_epochs", self.eval_every_epochs, minimum=0)
         if self.eval_steps is not None:
             _check_int("eval_steps", self.eval_steps, minimum=1)
+        if self.preemption_notice not in NOTICE_SETTINGS:
+            raise ConfigError(f"Received preemption_notice={self.preemption_notice!r}; "
+                              f"expected one of {', '.join(NOTICE_SETTINGS)}")
         if not isinstance(self.grace_period, (int, float)) or self.grace_period <= 0:
             raise ConfigError(f"Received grace_period={self.grace_period!r}; expected a number of seconds > 0")
         if isinstance(self.progress_every_s, bool) or not isinstance(self.progress_every_s, (int, float)) \

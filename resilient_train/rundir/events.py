@@ -24,6 +24,8 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
 * workers: worker_started, worker_exited, worker_failed, worker_preempted, first_step
 * training: fresh_start, restored, train_progress, epoch_finished, training_completed,
   world_size_changed, input_mismatch, preemption_requested, preempted
+* preemption notices: preemption_notice_watch, preemption_notice, preemption_notice_saved,
+  preemption_notice_error (runner/preemption_notices.py)
 * checkpoints: checkpoint_committed, checkpoint_rejected, checkpoint_waited,
   checkpoint_failed, checkpoint_fetched, cache_rejected, cache_write_failed,
   garbage_collected, storage_retry, storage_claimed, generation_claimed, stale_writer_fenced

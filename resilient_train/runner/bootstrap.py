@@ -19,7 +19,10 @@ then :func:`worker_process` makes it a process of the run, in this order:
 7. SIGTERM and SIGINT set :attr:`WorkerProcess.stop` (save at an agreed step and stop,
    never ``KeyboardInterrupt``);
 8. with the memory tier on (``--snapshot-every``), SIGUSR2 (a rescue request) is received
-   by a daemon thread (rundir/rescue_signal.py), before the supervisor can send it.
+   by a daemon thread (rundir/rescue_signal.py), before the supervisor can send it;
+9. with ``watch_notices`` (an MWMS worker), this node's cloud preemption notices set
+   ``stop`` too (runner/preemption_notices.py; ``--preemption-notice``): a background
+   thread, started here, that never blocks this one.
 
 On leaving the block (by any path) what the body entered into ``until_exit`` is closed
 (the chief's stdout tee, whose last line becomes an event): before ``recording`` records an
@@ -50,6 +53,7 @@ from resilient_train.rundir.redact import register_secrets, secret_values
 from resilient_train.rundir.rescue_signal import install as install_rescue_listener
 from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
 from resilient_train.rundir.stacks import register as register_stacks
+from resilient_train.runner.preemption_notices import NoticeStop
 
 __all__ = ["WorkerProcess", "worker_process", "exit_process"]
 
@@ -60,7 +64,8 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class WorkerProcess:
     """One process of the run, started: who it is, where it writes, its stop request.
 
-    ``job`` carries the real storage credentials. ``stop`` is set by SIGTERM or SIGINT.
+    ``job`` carries the real storage credentials. ``stop`` is set by SIGTERM or SIGINT, and
+    by a preemption notice (``notices``).
     ``until_exit``: contexts that last until the process leaves its :func:`worker_process`
     block.
     """
@@ -74,6 +79,7 @@ class WorkerProcess:
     stop: threading.Event
     until_exit: contextlib.ExitStack
     stacks_file: IO[str]  # kept open: faulthandler writes the SIGUSR1 dumps into it
+    notices: NoticeStop | None = None  # this node's preemption notices (watch_notices)
 
     def watch_stop_signals(self) -> None:
         """SIGTERM and SIGINT set ``stop`` (again: TensorFlow's coordination service installs
@@ -93,12 +99,14 @@ class WorkerProcess:
 
 @contextlib.contextmanager
 def worker_process(state: Recording, job: JobConfig, *, rank: int, role: str, writes_group_events: bool,
-                   environ: Mapping[str, str]) -> Iterator[WorkerProcess]:
+                   environ: Mapping[str, str], watch_notices: bool = False) -> Iterator[WorkerProcess]:
     """Start this process as rank ``rank`` (``role``) of ``job``'s run (the steps in the
     module docstring), inside ``recording``'s ``state``; yield it.
 
     ``writes_group_events``: this process is the one that writes the group's events (the
-    chief, the coordinator). ``environ``: where the ``RT_*`` variables are read.
+    chief, the coordinator). ``environ``: where the ``RT_*`` variables are read (and the
+    metadata endpoint overrides). ``watch_notices``: watch this node's preemption notices
+    (``job.preemption_notice``).
     """
     launched = WorkerEnvironment.from_environ(environ)
     job = job.with_secrets(launched.storage_secrets)
@@ -114,11 +122,19 @@ def worker_process(state: Recording, job: JobConfig, *, rank: int, role: str, wr
     events.configure(run_dir.events, console=sys.stderr, writes_group_events=writes_group_events,
                      run_id=launched.run_id, attempt=launched.attempt, rank=rank, role=role)
     with contextlib.ExitStack() as until_exit:
+        stop = threading.Event()
+        notices = None
+        if watch_notices:
+            notices = NoticeStop(job.preemption_notice, environ, attempt_dir=attempt_dir, rank=rank, stop=stop.set)
+            until_exit.callback(notices.close)
         process = WorkerProcess(job=job, launched=launched, run_dir=run_dir, attempt_dir=attempt_dir, rank=rank,
-                                role=role, stop=threading.Event(), until_exit=until_exit, stacks_file=stacks_file)
+                                role=role, stop=stop, until_exit=until_exit, stacks_file=stacks_file,
+                                notices=notices)
         process.watch_stop_signals()
         if job.snapshot_every_steps is not None:  # the memory tier: a survivor may be asked to rescue
             install_rescue_listener()
+        if notices is not None:
+            notices.start()
         yield process
 
 

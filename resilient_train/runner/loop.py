@@ -168,6 +168,7 @@ class Trainer:
         work_dir: Path,
         attempt_dir: Path | None = None,
         stop_requested: Callable[[], bool] = lambda: False,
+        save_requested: Callable[[], bool] = lambda: False,
         faults: FaultPlan | None = None,
         clock: Callable[[], float] = time.monotonic,
         strategy: tf.distribute.Strategy | None = None,
@@ -177,7 +178,10 @@ class Trainer:
         ``input_source(epoch, start)``: the iterator to train epoch ``epoch`` from step
         ``start`` on, in place of the recipe's per-epoch ``dataset`` (runner/input/data.py).
         ``stop_requested()``: True once SIGTERM/SIGINT asked this worker to stop
-        (runner/worker_main.py); it is this worker's preemption vote in every call."""
+        (runner/worker_main.py); it is this worker's preemption vote in every call.
+        ``save_requested()``: True once per preemption notice the machine survives
+        (runner/preemption_notices.py): this worker's vote in the call's save column, beside
+        the chief's time-based one, so the group saves the same step and trains on."""
         self.job = job
         self._given_strategy = strategy
         self._input_source = input_source
@@ -188,6 +192,7 @@ class Trainer:
         self.run_id = run_id
         self.work_dir = work_dir
         self.stop_requested = stop_requested
+        self.save_requested = save_requested
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
         self.stats = _EpochStats()
@@ -623,7 +628,7 @@ class Trainer:
         and sets the agreed maximum steps of the next call."""
         self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
         chief = self.cluster.is_chief
-        flags = np.array([self._preemption_flag(), self.policy.time_flag(),
+        flags = np.array([self._preemption_flag(), max(self.policy.time_flag(), float(self.save_requested())),
                           self.sizer.proposal() if chief else 0.0], dtype=np.float32)
         started = time.perf_counter()
         result = self._train_call(iterator, tf.constant(steps, tf.int32), flags)

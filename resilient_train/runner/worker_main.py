@@ -91,7 +91,7 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     # file, stack dumps, events, SIGTERM/SIGINT; its until_exit (the chief's stdout tee) is
     # closed, its last line emitted, before an exception is recorded and before exit_process.
     with worker_process(state, job, rank=cluster.rank, role=cluster.role, writes_group_events=cluster.is_chief,
-                        environ=environ) as process:
+                        environ=environ, watch_notices=True) as process:
         worker = _Worker(process, cluster, process.job)
         state.global_step, state.diagnose, state.on_failure = worker.global_step, worker.diagnose, worker.drain
         if cluster.is_chief:  # its prints on the supervisor's console too, once (runner/outputs/script_output.py)
@@ -172,6 +172,8 @@ class _Worker:
             placeholder.close()  # the strategy's server binds this port next
             result = self._run_trainer(self._make_trainer(self.job, recipe, params))
         process.ignore_stop_signals()
+        if result is None and process.notices is not None:  # preempted: a notice's time to the save
+            process.notices.saved(self.global_step())
         if result is not None and cluster.is_chief:
             from resilient_train.runner.outputs.model_export import export_completed
 
@@ -217,6 +219,7 @@ class _Worker:
             work_dir=process.run_dir.work_dir(self.cluster.rank),
             attempt_dir=process.attempt_dir.path,
             stop_requested=process.stop.is_set,
+            save_requested=process.notices.save_requested if process.notices is not None else lambda: False,
             faults=self.faults,
             **seams,
         )

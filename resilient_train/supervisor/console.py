@@ -198,13 +198,35 @@ def _preemption_requested(r: Mapping[str, Any], _: Facts) -> str:
     source = str(r.get("source", ""))
     who, _, what = source.partition(":")
     asked = {"supervisor": f"the run got {what}", "worker": f"worker {what} got a stop signal",
-             "launcher": f"the {what} launcher asked to stop"}.get(who, f"stop requested ({source})")
+             "launcher": f"the {what} launcher asked to stop",
+             "notice": f"this host had a preemption notice ({what})"}.get(who, f"stop requested ({source})")
     return f"{asked}: the workers save at one agreed step, then stop"
 
 
 def _preempted(r: Mapping[str, Any], _: Facts) -> str:
     where = f" ({checkpoint_position(r)})" if r.get("epoch") is not None and r.get("step_in_epoch") is not None else ""
     return f"saved global step {r['global_step']}{where} and stopped"
+
+
+def _notice_watch(r: Mapping[str, Any], _: Facts) -> str | None:
+    if r.get("rank") != 0:  # every worker says it; the chief's line stands for the group
+        return None
+    return f"watching {r['provider']} preemption notices at {r.get('endpoint')} (--preemption-notice {r.get('setting')})"
+
+
+def _notice(r: Mapping[str, Any], _: Facts) -> str:
+    deadline = f", deadline {r['deadline']}" if r.get("deadline") else ""
+    then = ("the workers save at one agreed step, then stop" if r.get("action") == "stop"
+            else "the machine survives it: one agreed save, training goes on")
+    return f"worker {r.get('rank')}: {r['provider']} preemption notice {r['kind']}{deadline}: {then}"
+
+
+def _notice_saved(r: Mapping[str, Any], _: Facts) -> str:
+    return f"worker {r.get('rank')}: saved global step {r['global_step']} {r['seconds']:.1f} s after its notice"
+
+
+def _notice_error(r: Mapping[str, Any], _: Facts) -> str:
+    return f"worker {r.get('rank')}: preemption notices ({r.get('provider')}, {r.get('feed')}) ignored: {r['error']}"
 
 
 def _hang_detected(r: Mapping[str, Any], _: Facts) -> str:
@@ -306,6 +328,10 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "world_size_changed": _world_size_changed,
     "preemption_requested": _preemption_requested,  # once per attempt (EventTail)
     "preempted": _preempted,
+    "preemption_notice_watch": _notice_watch,  # which cloud's notices are watched (absent: none found)
+    "preemption_notice": _notice,
+    "preemption_notice_saved": _notice_saved,
+    "preemption_notice_error": _notice_error,  # a misbehaving metadata server, once per distinct error
     # checkpoints and storage
     "checkpoint_committed": _checkpoint_committed,
     "checkpoint_rejected": _checkpoint_rejected,

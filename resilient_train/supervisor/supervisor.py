@@ -544,6 +544,9 @@ class Supervisor:
         if outcome is None:
             self._to(RunState.SUCCEEDED)
             return
+        if self.stop_signal is None and (doomed := self.launcher.host_doomed(self.run_dir.attempt(self.attempt))):
+            self.stop_signal = doomed  # a preemption notice for this host (launchers/api.py host_doomed)
+            emit("preemption_requested", source=doomed)
         if self.stop_signal is not None:
             self.totals.preemptions += 1
             self._to(RunState.PREEMPTED, reason=f"stop requested ({self.stop_signal})")

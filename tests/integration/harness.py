@@ -100,16 +100,17 @@ def run_job_until(
     timeout: float = 240,
     new_session: bool = False,
     cwd: Path = REPO,
+    env: dict[str, str] | None = None,
 ) -> Job:
     """Start a job, watch its events, and call ``action`` once ``when(events)`` holds.
 
     ``new_session`` puts the job in its own process group, as a terminal would, so a test
-    can signal the whole group (Ctrl-C) without signalling pytest. ``cwd``: as for :func:`run_job`.
+    can signal the whole group (Ctrl-C) without signalling pytest. ``cwd``, ``env``: as for :func:`run_job`.
     """
     proc = subprocess.Popen(
         command(recipe, run_dir, *flags),
         cwd=cwd,
-        env=environment(),
+        env=environment(**(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

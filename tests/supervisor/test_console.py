@@ -52,12 +52,13 @@ SHOWN = {
     "stale_writer_fenced", "gang_restart", "hang_detected", "model_exported", "model_export_failed",
     "ray_connected", "node_lost", "chaos_fault_injected", "script_output",
     "rescue_committed", "rescue_skipped", "rescue_abandoned",
+    "preemption_notice_watch", "preemption_notice", "preemption_notice_saved", "preemption_notice_error",
 }
 
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 63
+    assert len(documented) == 67
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN
@@ -67,6 +68,26 @@ def test_every_documented_event_has_a_decision_in_the_one_table():
 
 AT = {"epoch": 1, "step_in_epoch": 20, "global_step": 60}
 SENTENCES = [
+    ({"event": "preemption_notice_watch", "rank": 0, "provider": "gce", "setting": "auto",
+      "endpoint": "169.254.169.254:80", "feeds": ["preempted", "maintenance-event"]},
+     "watching gce preemption notices at 169.254.169.254:80 (--preemption-notice auto)"),
+    ({"event": "preemption_notice", "rank": 1, "provider": "aws", "kind": "spot_terminate", "action": "stop",
+      "deadline": "2026-11-26T12:02:00Z"},
+     "worker 1: aws preemption notice spot_terminate, deadline 2026-11-26T12:02:00Z: the workers save at one "
+     "agreed step, then stop"),
+    ({"event": "preemption_notice", "rank": 0, "provider": "gce", "kind": "MIGRATE_ON_HOST_MAINTENANCE",
+      "action": "save", "deadline": None},
+     "worker 0: gce preemption notice MIGRATE_ON_HOST_MAINTENANCE: the machine survives it: one agreed save, "
+     "training goes on"),
+    ({"event": "preemption_notice_saved", "rank": 0, "provider": "gce", "kind": "preempted", "global_step": 6,
+      "seconds": 1.105},
+     "worker 0: saved global step 6 1.1 s after its notice"),
+    ({"event": "preemption_requested", "source": "notice:azure"},
+     "this host had a preemption notice (azure): the workers save at one agreed step, then stop"),
+    ({"event": "preemption_notice_error", "rank": 1, "provider": "aws", "feed": "spot",
+      "error": "GET /latest/meta-data/spot/instance-action: '<html>' is not a JSON object"},
+     "worker 1: preemption notices (aws, spot) ignored: GET /latest/meta-data/spot/instance-action: '<html>' "
+     "is not a JSON object"),
     ({"event": "run_started", "recipe": "recipes/digits_cnn.py", "workers": 2, "run_dir": "runs/digits_cnn",
       "storage": "runs/digits_cnn/checkpoints", "launcher": "local"},
      "training recipes/digits_cnn.py on 2 workers (local launcher); run dir runs/digits_cnn, "

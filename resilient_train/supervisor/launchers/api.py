@@ -125,6 +125,14 @@ class Launcher(abc.ABC):
         the supervisor): the supervisor then saves and exits 143 like on its own SIGTERM."""
         return False
 
+    def host_doomed(self, attempt_dir: AttemptDir) -> str | None:
+        """A worker of the attempt in ``attempt_dir`` was told its node is going (a cloud
+        preemption notice, ``notice-<rank>.json``), and that node is the supervisor's own:
+        the reason to stop the run with 143 (``notice:<provider>``) instead of restarting on
+        a doomed host. None (the default): restart as after any preemption, elsewhere when
+        the engine can place it elsewhere."""
+        return None
+
     def lost_reason(self, handle: WorkerHandle) -> str | None:
         """Why ``handle`` exited when the launcher knows better than its exit code (node lost)."""
         return None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from resilient_train.rundir import events
-from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.job.config import JobConfig
@@ -113,6 +113,16 @@ class LocalLauncher(Launcher):
     def maintain(self, *, training: bool) -> None:
         if self.pool is not None:
             self.pool.maintain(refill=training)
+
+    def host_doomed(self, attempt_dir: AttemptDir) -> str | None:
+        """Every worker runs on this host: one's notice means the supervisor's host is going too."""
+        for path in attempt_dir.notices():
+            try:
+                provider = json.loads(path.read_text()).get("provider")
+            except (OSError, ValueError, AttributeError):
+                provider = None
+            return f"notice:{provider or 'unknown'}"
+        return None
 
     def close(self) -> None:
         if self.pool is not None:
