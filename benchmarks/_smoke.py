@@ -18,6 +18,7 @@ keys.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -38,3 +39,11 @@ def check_smoke_out(parser: argparse.ArgumentParser, args: argparse.Namespace, a
         parser.error("--smoke needs --out FILE (a smoke run never writes into benchmarks/results/)")
     if RESULTS in Path(args.out).resolve().parents:
         parser.error(f"Received --out {args.out} with --smoke; expected a file outside {RESULTS}")
+
+
+def write_result(path: str | Path, report: dict) -> Path:
+    """Write a benchmark's JSON (indented, one trailing newline), creating its folder; the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return out

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import shutil
@@ -41,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+from benchmarks._smoke import add_smoke_flag, check_smoke_out, write_result  # noqa: E402
 from benchmarks.throughput import _env, _ts, run_tf_config_workers_json  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 
@@ -152,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "smoke": args.smoke,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_result(args.out, report)
     lines = ["| run | wall (median) | longest pause (median / max) |", "|---|---|---|"]
     lines += [f"| {name} | {s['median_wall_s']} s | {s['median_longest_pause_s']} s / {s['max_longest_pause_s']} s |"
               for name, s in summary.items()]

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+from benchmarks._smoke import add_smoke_flag, check_smoke_out, write_result  # noqa: E402
 from benchmarks.recovery import Events  # noqa: E402
 from benchmarks.throughput import _env, _ts  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
@@ -250,9 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.time() - started, 1),
         "smoke": args.smoke,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_result(args.out, report)
     print(json.dumps({k: report[k] for k in ("goodput", "window_s", "time_lost_s", "steps_per_s", "medians",
                                               "digest_exact")}, indent=2))
     return 0

@@ -50,7 +50,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+from benchmarks._smoke import add_smoke_flag, check_smoke_out, write_result  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 from resilient_train.rundir.layout import RunDir  # noqa: E402
 
@@ -327,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                   "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
         "wall_s": round(time.time() - started, 1),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_result(args.out, report)
     print(json.dumps({name: c["passed"] for name, c in checks.items()}), "->", "PASS" if report["passed"] else "FAIL")
     return 0 if report["passed"] else 1
 

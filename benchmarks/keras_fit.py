@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import statistics
@@ -45,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import RESULTS, measured, run_ours, run_tf_config_workers  # noqa: E402
 
-from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+from benchmarks._smoke import add_smoke_flag, check_smoke_out, write_result  # noqa: E402
 
 RECIPE = "benchmarks/_keras_digits.py"
 SAVE_EVERY = 20
@@ -125,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "smoke": args.smoke,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_result(args.out, report)
     out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))
     return 0

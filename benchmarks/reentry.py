@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+from benchmarks._smoke import add_smoke_flag, check_smoke_out, write_result  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -161,9 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "smoke": args.smoke,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_result(args.out, report)
     print(json.dumps(summary, indent=2))
     return 0
 

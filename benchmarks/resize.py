@@ -44,7 +44,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._smoke import add_smoke_flag, check_smoke_out  # noqa: E402
+from benchmarks._smoke import add_smoke_flag, check_smoke_out, write_result  # noqa: E402
 from resilient_train.rundir.events import read_events  # noqa: E402
 from resilient_train.rundir.layout import RunDir  # noqa: E402
 
@@ -195,9 +195,7 @@ def main(argv: list[str] | None = None) -> int:
               "recipe": RECIPE, "steps": STEPS, "save_every_steps": SAVE_EVERY, "repeats": args.repeats,
               "load_1min": {"min": min(loads), "max": max(loads)}, "wall_s": round(time.time() - started, 1),
               "summary": summary, "runs": runs, "smoke": args.smoke}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_result(args.out, report)
     print(json.dumps(summary, indent=2))
     return 0
 
