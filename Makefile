@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/reentry.py
 	$(BIN)/python benchmarks/resize.py
 	$(BIN)/python benchmarks/goodput.py
+	$(BIN)/python benchmarks/notice_save.py
 	$(BIN)/python benchmarks/ray_recovery.py
 	$(BIN)/python benchmarks/keras_fit.py
 	$(BIN)/python benchmarks/ps_throughput.py
