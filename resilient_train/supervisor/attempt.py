@@ -21,11 +21,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resilient_train.supervisor.launchers import WorkerHandle
 from resilient_train.supervisor.policy import Decision
 from resilient_train.supervisor.state import WorkerState
+
+if TYPE_CHECKING:  # supervisor/rescue.py imports Worker from here
+    from resilient_train.supervisor.rescue import RescueWait
 
 __all__ = ["Worker", "Attempt", "Resize", "Restart"]
 
@@ -73,3 +76,4 @@ class Attempt:
     hang: dict[str, Any] | None = None  # HUNG named the stuck rank: hang_detected's fields
     resize: Resize | None = None  # RESIZING asked the group to save and stop for this resize
     restarts_in_place: Counter[int] = field(default_factory=Counter)  # rank -> restarts (parameter-server tier)
+    rescue: RescueWait | None = None  # a survivor's rescue answer being waited for (supervisor/rescue.py)

@@ -203,7 +203,6 @@ class Supervisor:
         self._fatal = False  # the run FAILED on a fatal error (EXIT_FATAL, not EXIT_FAILURE)
         self.watchdog = ProgressWatchdog(HangPolicy.from_setting(job.hang_timeout, job.startup_timeout))
         self._asked_capacity_at = 0.0  # an elastic run below MAX asks for room at most every CAPACITY_EVERY_S
-        self._rescue: RescueWait | None = None  # a rescue being waited for (supervisor/rescue.py)
         self._steps: dict[RunState, Callable[[], None]] = {
             RunState.STARTING: self._step_starting,
             RunState.RUNNING: self._step_running,
@@ -372,19 +371,19 @@ class Supervisor:
         deadline_s = rescue_deadline_s(self.job.storage_timeout)
         emit(RESCUE_REQUESTED, rank=rescuer.rank, dead_ranks=failed_ranks(self.workers), attempt=self.attempt,
              deadline_s=deadline_s)
-        self._rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
+        rescue = self.current.rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
         started = self.clock()
         self._signal(rescuer, RESCUE_SIGNAL)
         try:
-            self._wait(lambda: self._rescue.answer is not None or rescuer.returncode is not None, deadline_s)
-            self._rescue.observe(self.tail.pump())  # an answer written just as the rescuer exited
-            if self._rescue.answer is None:
+            self._wait(lambda: rescue.answer is not None or rescuer.returncode is not None, deadline_s)
+            rescue.observe(self.tail.pump())  # an answer written just as the rescuer exited
+            if rescue.answer is None:
                 reason = (f"rank {rescuer.rank} exited without answering" if rescuer.returncode is not None
                           else f"no answer within {deadline_s:g} s")
                 emit(RESCUE_ABANDONED, rank=rescuer.rank, attempt=self.attempt, reason=reason,
                      waited_s=round(self.clock() - started, 3))
         finally:
-            self._rescue = None
+            self.current.rescue = None
 
     def _room_to_grow(self) -> Resize | None:
         """Elastic, below MAX and training: a resize to the larger size the launcher can place
@@ -683,8 +682,8 @@ class Supervisor:
     def _poll(self) -> None:
         """One poll of the attempt: print new events, let the launcher work, reap exits."""
         records = self.tail.pump()
-        if self._rescue is not None:
-            self._rescue.observe(records)
+        if self.current is not None and self.current.rescue is not None:
+            self.current.rescue.observe(records)
         self.launcher.maintain(training=self._training())
         for worker in self.workers:
             if worker.returncode is None:
