@@ -17,7 +17,7 @@ run: $(STAMP)
 	$(BIN)/resilient-train run recipes/digits_cnn.py --workers 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-all: $(STAMP)
 	RT_SLOW=1 RT_REQUIRE_SLURM=1 RT_REQUIRE_NETNS=1 RT_REQUIRE_CHROMIUM=1 $(BIN)/python -m pytest -q
