@@ -11,12 +11,20 @@ node A holds (RESIZING, reason naming the notice, no budget spent), and attempt 
 exactly the saved step on node A and completes. The indexed recipe trains every global step
 on the uninterrupted 2-worker run's examples, so the weights are within test_elastic's
 tolerance of that run's (floating-point reduction order only).
+
+The slow variant is the fixed-size case: ``--workers 2`` on three nodes, a notice on rank
+1's node -> the attempt ends 143 at the save and restarts, as a preemption, on the two
+other nodes, and the weights are bit-identical to the uninterrupted local run's.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
+from resilient_train.errors import EXIT_PREEMPTED
+from tests.integration.conftest import DIGITS_FLAGS
 from tests.integration.test_elastic import FLAGS as ELASTIC_FLAGS
 from tests.integration.test_elastic import INDEXED, RECIPE_FLAGS, _of, assert_same_examples_as_uninterrupted, run_with_triggers
 from tests.integration.test_elastic import uninterrupted  # noqa: F401  (the fixture, by request.getfixturevalue)
@@ -64,3 +72,38 @@ def test_a_notice_on_one_node_shrinks_the_elastic_run_without_a_lost_step(tmp_pa
         0, 0, 1, 0)
     assert summary["world_sizes"] == {"1": 2, "2": 1}
     assert_same_examples_as_uninterrupted(job.run_dir, request.getfixturevalue("uninterrupted"))
+
+
+@pytest.mark.slow  # a second Ray cluster and run (~3-4 min on 2 busy cores); the elastic case above is the default
+def test_a_notice_on_one_node_of_a_fixed_size_run_restarts_it_on_the_other_nodes(tmp_path, monkeypatch, digits_reference):
+    monkeypatch.setenv("RT_RAY_PLACEMENT_TIMEOUT_S", "30")
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(MetadataServer("gce")) for _ in range(3)]
+        cluster = stack.enter_context(joined_cluster(nodes=3, cpus_per_node=1,
+                                                     node_env=[server.environ() for server in servers]))
+        by_node = {node.node_id: server for node, server in zip(cluster.workers, servers)}
+        doomed: dict[str, str] = {}
+
+        def announce_on_rank_1(events):
+            doomed["node"] = nodes_of(events, 1)[1]
+            by_node[doomed["node"]].announce()
+
+        job = run_with_triggers("tests/recipes/slow_digits.py", tmp_path / "run", *DIGITS_FLAGS, *RAY,
+                                "--set", "step_delay_s=0.3", triggers=[
+                                    (lambda events: bool(_of(events, "checkpoint_committed", 1)), announce_on_rank_1)])
+    assert job.returncode == 0, job.output
+    events = job.events
+    avoided = job.named("node_avoided")
+    assert [(e["attempt"], e["nodes"], e["placeable"], e["action"]) for e in avoided] == [
+        (1, [doomed["node"]], 2, "restart")]
+    exits = {e["rank"]: e.get("exit_code") for e in _of(events, "worker_exited", 1)}
+    assert exits == {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}
+    saved = [e["global_step"] for e in _of(events, "preempted", 1)]
+    assert len(saved) == 1
+    assert [e["global_step"] for e in _of(events, "restored", 2)] == saved
+    second = nodes_of(events, 2)
+    assert sorted(second) == [0, 1] and doomed["node"] not in second.values()
+    summary = job.summary
+    assert (summary["restarts"], summary["preemptions"], summary["membership_changes"], summary["lost_steps"]) == (
+        0, 1, 0, 0)
+    assert summary["weights_sha256"] == digits_reference
