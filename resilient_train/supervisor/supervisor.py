@@ -431,8 +431,10 @@ class Supervisor:
         why = f"preemption notice ({', '.join(providers)}) on node {', '.join(nodes)}"
         if size < self.job.world_sizes.start:
             action = "stop"
+        elif not self.job.elastic:
+            action = "restart"
         else:
-            action = "shrink" if self.job.elastic and size < self.current.size else "move" if self.job.elastic else "restart"
+            action = "shrink" if size < self.current.size else "move"
         emit("node_avoided", attempt=self.attempt, nodes=nodes, providers=providers, placeable=size, action=action)
         if action == "stop":
             self.stop_signal = f"notice:{providers[0]}"
