@@ -205,3 +205,19 @@ def test_a_fixed_size_run_with_a_spare_restarts_away_from_the_noticed_host_as_a_
     assert [name for name, _ in spawner.processes[0].signals] == []  # the group stopped on its own vote
     result = summary(tmp_path)
     assert (result["restarts"], result["membership_changes"], result["preemptions"]) == (0, 0, 1)
+
+
+def test_a_notice_on_another_host_with_a_spare_moves_an_elastic_run_at_its_size(tmp_path):
+    supervisor, spawner, clock, _ = make(
+        tmp_path,
+        [{"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED},
+         {"exit_at": 1.0}, {"exit_at": 1.0}],  # attempt 2: two workers, on the spare and the host left
+        workers="1:2", max_restarts=0, max_preemptions=0,
+    )
+    _Hosts(supervisor, clock, nodes=3, notice_at=1001.0)
+    assert supervisor.run() == EXIT_OK
+    assert avoided(tmp_path) == [(1, ["host-1"], 2, "move")]
+    assert resizes(tmp_path) == []  # the same size: no world_size_changed
+    result = summary(tmp_path)
+    assert result["world_sizes"] == {"1": 2, "2": 2}
+    assert (result["restarts"], result["membership_changes"], result["preemptions"]) == (0, 1, 0)
