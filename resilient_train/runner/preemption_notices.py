@@ -9,8 +9,10 @@ save without stopping (:meth:`NoticeStop.save_requested`, this worker's vote in 
 save column, runner/loop.py): a checkpoint taken before the risk, and training goes on.
 
 What it writes: a ``preemption_notice`` event per notice; for a stopping one also
-``attempt-<n>/notice-<rank>.json`` (the supervisor reads it: a local run's node is going,
-so the run stops with 143 rather than restart there); once the worker's part of the
+``attempt-<n>/notice-<rank>.json`` with the notice and the node's name (``host``: Slurm's
+SLURMD_NODENAME, else the hostname). The supervisor reads it: a local run's node is going, so
+the run stops with 143 rather than restart there; on Ray and Slurm the launcher avoids that
+node from then on, and an elastic run shrinks without it (supervisor/supervisor.py); once the worker's part of the
 agreed save is done, ``preemption_notice_saved`` with the seconds since the notice, and
 the provider's acknowledgement where it wants one (Azure).
 """
@@ -18,6 +20,7 @@ the provider's acknowledgement where it wants one (Azure).
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import Callable, Mapping
@@ -45,6 +48,7 @@ class NoticeStop:
                  stop: Callable[[], None], clock: Callable[[], float] = time.monotonic,
                  emit: Callable[..., None] = events.emit, sources=None) -> None:
         self.attempt_dir, self.rank, self.stop, self.clock, self.emit = attempt_dir, rank, stop, clock, emit
+        self.host = environ.get("SLURMD_NODENAME") or socket.gethostname()  # the marker names the node
         self.noticed_at: float | None = None  # the first stopping notice, on ``clock``
         self.first: Notice | None = None
         self._saves_asked = 0  # surviving notices not yet voted for (runner/loop.py asks once per call)
@@ -76,7 +80,7 @@ class NoticeStop:
             return
         self.noticed_at, self.first = self.clock(), notice
         try:  # the supervisor's hint; the stop request does not depend on it
-            write_atomic(self.attempt_dir.notice(self.rank), json.dumps(notice.fields()))
+            write_atomic(self.attempt_dir.notice(self.rank), json.dumps({**notice.fields(), "host": self.host}))
         except OSError as exc:
             self.emit(EVENT_ERROR, provider=notice.provider, feed="marker", error=f"{type(exc).__name__}: {exc}")
         self.stop()

@@ -24,7 +24,8 @@ Transitions (``TRANSITIONS``, the only ones the loop may make)::
     RUNNING -> HUNG            every worker is alive but none made progress for longer than
                                the watchdog allows (supervisor/watchdog.py)
     RUNNING -> RESIZING        an elastic run (``--workers MIN:MAX``) runs below MAX and the
-                               launcher can place more workers now
+                               launcher can place more workers now, or a preemption notice
+                               on one node (not the supervisor's) leaves it without that node
     RESIZING -> STOPPING       the group was asked (SIGTERM) to agree on a step and save it;
                                the stop is settled as a membership change, not a failure
     HUNG -> STOPPING           the stacks are collected and the stuck rank is named

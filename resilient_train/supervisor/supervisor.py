@@ -33,6 +33,9 @@ workers restore the last committed checkpoint.
 #              ProgressWatchdog (supervisor/watchdog.py): no rank advanced for longer than
 #              the allowance -> HUNG. Elastic and below MAX: every CAPACITY_EVERY_S, once
 #              the attempt trains, ask capacity(); room for more workers -> RESIZING.
+#              A preemption notice on a worker's node that is not this host's (Ray, Slurm):
+#              the launcher avoids that node; elastic with MIN placeable without it ->
+#              RESIZING (a planned shrink), fewer -> stop with 143 (_notice_elsewhere).
 #              (_running_ends decides the first two; the parameter-server tier overrides it.)
 #   RESIZING   SIGTERM the group (the same agreed save as a preemption) -> STOPPING, which
 #              gives it grace_period to save and exit 143; settled as a membership change.
@@ -104,6 +107,7 @@ from resilient_train.rundir.stepmarker import read_phase, read_step
 from resilient_train.supervisor.attempt import Attempt, Resize, Restart, Worker
 from resilient_train.supervisor.console import Console, EventTail, hang_line
 from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
+from resilient_train.supervisor.launchers.api import read_notices
 from resilient_train.supervisor.ownership import claim_storage, generation_for
 from resilient_train.supervisor.rescue import RescueWait, choose_rescuer, failed_ranks
 from resilient_train.supervisor.policy import (
@@ -323,6 +327,10 @@ class Supervisor:
         (-> RESIZING with the Resize) or made no progress (-> HUNG with the Stall)."""
         while True:
             self._poll()
+            move = self._notice_elsewhere()
+            if move is not None:  # before _running_ends: the noticing group may already have exited 143
+                self._to(RunState.RESIZING, reason=move.reason, carrying=move)
+                return
             ends = self._running_ends()
             if ends is not None:
                 state, reason = ends
@@ -399,6 +407,42 @@ class Supervisor:
         if placeable <= size:
             return None
         return Resize(placeable, f"capacity returned: the launcher can place {placeable} workers")
+
+    def _notice_elsewhere(self) -> Resize | None:
+        """A worker's node announced its end (``notice-<rank>.json``) and it is not the
+        supervisor's (Ray, Slurm: launchers/api.py ``avoid_noticed``): the launcher places
+        nothing there again. The group is already saving the step it agreed on. Then:
+        fewer than MIN (a fixed-size run: its size) placeable without that node -> stop with
+        143 as on a notice for this host; elastic -> a planned resize to what can be placed
+        (the Resize: RESIZING, settled as a membership change, no budget spent); a fixed-size
+        run that still fits -> None: the attempt ends 143 and restarts elsewhere as a
+        preemption. None too while nothing was noticed, on a doomed host (``_settle`` stops
+        the run) and where the launcher cannot avoid a node."""
+        attempt_dir = self.run_dir.attempt(self.attempt)
+        if self.stop_signal is not None or self.current.resize is not None or not attempt_dir.notices():
+            return None
+        if self.launcher.host_doomed(attempt_dir) is not None:
+            return None
+        nodes = self.launcher.avoid_noticed(attempt_dir)
+        if not nodes:
+            return None
+        providers = sorted({str(f.get("provider") or "unknown") for f in read_notices(attempt_dir).values()})
+        size = min(self._placeable(), self.current.size)
+        why = f"preemption notice ({', '.join(providers)}) on node {', '.join(nodes)}"
+        if size < self.job.world_sizes.start:
+            action = "stop"
+        elif not self.job.elastic:
+            action = "restart"
+        else:
+            action = "shrink" if size < self.current.size else "move"
+        emit("node_avoided", attempt=self.attempt, nodes=nodes, providers=providers, placeable=size, action=action)
+        if action == "stop":
+            self.stop_signal = f"notice:{providers[0]}"
+            emit("preemption_requested", source=self.stop_signal)
+            return None
+        if not self.job.elastic:
+            return None
+        return Resize(size, f"{why}: the group continues without it at {size} workers")
 
     def _placeable(self) -> int:
         """min(MAX, the launcher's capacity): the size to start an attempt at."""

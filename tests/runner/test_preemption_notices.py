@@ -5,6 +5,7 @@ agreed save reports the time since the notice and acknowledges it."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 
 from resilient_train.cluster.notices.notice_watch import Feed, Notice, NoticeSource
@@ -38,12 +39,12 @@ class FakeSource(NoticeSource):
         self.acknowledged.append(list(notices))
 
 
-def _stop_watch(tmp_path, notices, clock_values=(100.0, 107.25)):
+def _stop_watch(tmp_path, notices, clock_values=(100.0, 107.25), environ=None):
     attempt_dir = RunDir(tmp_path).attempt(1)
     attempt_dir.path.mkdir(parents=True)
     events, stops, clock = [], [], iter(clock_values)
     source = FakeSource(notices)
-    watch = NoticeStop("gce", {}, attempt_dir=attempt_dir, rank=1, stop=lambda: stops.append(True),
+    watch = NoticeStop("gce", environ or {"SLURMD_NODENAME": "node-7"}, attempt_dir=attempt_dir, rank=1, stop=lambda: stops.append(True),
                        clock=lambda: next(clock), emit=lambda name, **fields: events.append((name, fields)),
                        sources={"gce": source})
     watch.start()
@@ -59,7 +60,8 @@ def test_a_stopping_notice_sets_the_stop_request_once_and_leaves_the_marker(tmp_
     assert stops == [True]
     assert [name for name, _ in events] == ["preemption_notice_watch", "preemption_notice", "preemption_notice"]
     assert events[1][1] == {"provider": "gce", "kind": "preempted", "deadline": None, "action": "stop"}
-    assert json.loads(attempt_dir.notice(1).read_text()) == {"provider": "gce", "kind": "preempted", "deadline": None}
+    assert json.loads(attempt_dir.notice(1).read_text()) == {"provider": "gce", "kind": "preempted", "deadline": None,
+                                                               "host": "node-7"}  # the node the launcher avoids
     assert watch.save_requested() is False  # a stop, not a save
 
     watch.saved(12)
@@ -88,3 +90,8 @@ def test_a_malformed_endpoint_override_is_reported_and_nothing_is_watched(tmp_pa
     assert events == [("preemption_notice_error", {
         "provider": None, "feed": "endpoint",
         "error": "Received metadata endpoint 'https://metadata'; expected host[:port] or http://host[:port]"})]
+
+
+def test_the_marker_names_this_host_outside_slurm(tmp_path):
+    _, _, attempt_dir, _, _ = _stop_watch(tmp_path, [Notice("gce", "preempted", stops=True)], environ={"HOME": "/"})
+    assert json.loads(attempt_dir.notice(1).read_text())["host"] == socket.gethostname()

@@ -125,3 +125,99 @@ def test_a_size_that_cannot_be_placed_after_all_is_tried_smaller_down_to_min(tmp
     assert supervisor.run() == EXIT_OK
     assert resizes(tmp_path) == [(1, 3, 2, "no placement for 3 workers")]
     assert summary(tmp_path)["world_sizes"] == {"1": 2}
+
+
+class _Hosts:
+    """Rank i runs on host-i (as on Ray or Slurm, not the supervisor's host): a noticed
+    rank's host is avoided, and capacity is ``nodes`` minus the avoided ones."""
+
+    def __init__(self, supervisor, clock, *, nodes: int, notice_at: float, rank: int = 1) -> None:
+        self.avoided: list[str] = []
+        self.clock, self.nodes, self.notice_at, self.rank = clock, nodes, notice_at, rank
+        launcher = supervisor.launcher
+        launcher.host_doomed = lambda attempt_dir: None
+        launcher.avoid_noticed = self.avoid_noticed
+        launcher.capacity = lambda: self.nodes - len(self.avoided)
+        self.supervisor, self._maintain = supervisor, launcher.maintain
+        launcher.maintain = self.maintain
+
+    def maintain(self, *, training):
+        self._maintain(training=training)
+        attempt = self.supervisor.run_dir.attempt(1)
+        if self.supervisor.attempt == 1 and self.clock.now >= self.notice_at and not attempt.notice(self.rank).exists():
+            attempt.notice(self.rank).write_text(json.dumps({"provider": "gce", "kind": "preempted", "deadline": None}))
+
+    def avoid_noticed(self, attempt_dir):
+        noticed = [f"host-{p.stem.split('-')[1]}" for p in attempt_dir.notices()]
+        new = [h for h in noticed if h not in self.avoided]
+        self.avoided += new
+        return new
+
+
+def avoided(tmp_path) -> list[tuple[int, list[str], int, str]]:
+    return [(e["attempt"], e["nodes"], e["placeable"], e["action"]) for e in events(tmp_path, "node_avoided")]
+
+
+def test_a_notice_on_another_host_shrinks_an_elastic_run_without_spending_a_restart(tmp_path):
+    supervisor, spawner, clock, _ = make(
+        tmp_path,
+        [{"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED},
+         {"exit_at": 1.0}],  # attempt 2: the worker left finishes
+        workers="1:2", max_restarts=0, max_preemptions=0,
+    )
+    _Hosts(supervisor, clock, nodes=2, notice_at=1001.0)
+    assert supervisor.run() == EXIT_OK
+    reason = "preemption notice (gce) on node host-1: the group continues without it at 1 workers"
+    assert avoided(tmp_path) == [(1, ["host-1"], 1, "shrink")]
+    assert ("running", "resizing", 1) in run_states(tmp_path)
+    assert [(e["attempt"], e["reason"]) for e in events(tmp_path, "run_state") if e["to"] == "resizing"] == [(1, reason)]
+    assert resizes(tmp_path) == [(2, 2, 1, reason)]
+    assert [[name for name, _ in p.signals] for p in spawner.processes[:2]] == [["SIGTERM"], ["SIGTERM"]]
+    assert events(tmp_path, "preemption_requested") == []
+    result = summary(tmp_path)
+    assert result["world_sizes"] == {"1": 2, "2": 1}
+    assert (result["restarts"], result["membership_changes"], result["preemptions"]) == (0, 1, 0)
+
+
+def test_a_notice_that_leaves_fewer_than_min_stops_the_run_with_143(tmp_path):
+    supervisor, spawner, clock, _ = make(
+        tmp_path, [{"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED}],
+        workers="2:2",
+    )
+    _Hosts(supervisor, clock, nodes=2, notice_at=1001.0)
+    assert supervisor.run() == EXIT_PREEMPTED
+    assert avoided(tmp_path) == [(1, ["host-1"], 1, "stop")]
+    assert [e["source"] for e in events(tmp_path, "preemption_requested")] == ["notice:gce"]
+    assert len(spawner.calls) == 2 and summary(tmp_path)["status"] == "preempted"
+
+
+def test_a_fixed_size_run_with_a_spare_restarts_away_from_the_noticed_host_as_a_preemption(tmp_path):
+    supervisor, spawner, clock, _ = make(
+        tmp_path,
+        [{"exit_at": 2.0, "exit_code": EXIT_PREEMPTED}, {"exit_at": 2.0, "exit_code": EXIT_PREEMPTED},  # the agreed save
+         {"exit_at": 1.0}, {"exit_at": 1.0}],
+        workers=2,
+    )
+    hosts = _Hosts(supervisor, clock, nodes=3, notice_at=1001.0)
+    assert supervisor.run() == EXIT_OK
+    assert avoided(tmp_path) == [(1, ["host-1"], 2, "restart")]
+    assert hosts.avoided == ["host-1"]
+    assert [name for name, _ in spawner.processes[0].signals] == []  # the group stopped on its own vote
+    result = summary(tmp_path)
+    assert (result["restarts"], result["membership_changes"], result["preemptions"]) == (0, 0, 1)
+
+
+def test_a_notice_on_another_host_with_a_spare_moves_an_elastic_run_at_its_size(tmp_path):
+    supervisor, spawner, clock, _ = make(
+        tmp_path,
+        [{"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED},
+         {"exit_at": 1.0}, {"exit_at": 1.0}],  # attempt 2: two workers, on the spare and the host left
+        workers="1:2", max_restarts=0, max_preemptions=0,
+    )
+    _Hosts(supervisor, clock, nodes=3, notice_at=1001.0)
+    assert supervisor.run() == EXIT_OK
+    assert avoided(tmp_path) == [(1, ["host-1"], 2, "move")]
+    assert resizes(tmp_path) == []  # the same size: no world_size_changed
+    result = summary(tmp_path)
+    assert result["world_sizes"] == {"1": 2, "2": 2}
+    assert (result["restarts"], result["membership_changes"], result["preemptions"]) == (0, 1, 0)

@@ -46,10 +46,13 @@ class RayTestCluster:
     def node(self, node_id: str) -> Any:
         return next(n for n in self.workers if n.node_id == node_id)
 
-    def add_worker(self) -> None:
+    def add_worker(self, env: dict[str, str] | None = None) -> None:
+        """One more worker node; ``env``: variables its raylet, and so every process it
+        starts (slot actors, the workers they run), has and the other nodes do not (a
+        per-node metadata endpoint: GCE_METADATA_HOST)."""
         self.workers.append(
             self.cluster.add_node(node_ip_address="127.0.0.1", num_cpus=self.cpus_per_node,
-                                  object_store_memory=_OBJECT_STORE_BYTES)
+                                  object_store_memory=_OBJECT_STORE_BYTES, env_vars=dict(env or {}))
         )
         self.cluster.wait_for_nodes()
 
@@ -60,7 +63,8 @@ class RayTestCluster:
         self.cluster.remove_node(node, allow_graceful=False)
 
 
-def start_cluster(nodes: int = NODES, cpus_per_node: int = CPUS_PER_NODE, health_check: dict[str, int] = HEALTH_CHECK) -> RayTestCluster:
+def start_cluster(nodes: int = NODES, cpus_per_node: int = CPUS_PER_NODE, health_check: dict[str, int] = HEALTH_CHECK,
+                  node_env: list[dict[str, str]] | None = None) -> RayTestCluster:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     from ray.cluster_utils import Cluster
 
@@ -75,20 +79,21 @@ def start_cluster(nodes: int = NODES, cpus_per_node: int = CPUS_PER_NODE, health
         },
     )
     test_cluster = RayTestCluster(cluster, cluster.address, cpus_per_node)
-    for _ in range(nodes):
-        test_cluster.add_worker()
+    for index in range(nodes):
+        test_cluster.add_worker(node_env[index] if node_env else None)
     return test_cluster
 
 
 @contextlib.contextmanager
 def joined_cluster(
-    nodes: int = NODES, cpus_per_node: int = CPUS_PER_NODE, health_check: dict[str, int] = HEALTH_CHECK
+    nodes: int = NODES, cpus_per_node: int = CPUS_PER_NODE, health_check: dict[str, int] = HEALTH_CHECK,
+    node_env: list[dict[str, str]] | None = None,
 ) -> Iterator[RayTestCluster]:
     """A fresh loopback cluster whose address is in this process's environment (RAY_ADDRESS),
     which the jobs the tests start inherit (tests/integration/harness.py copies os.environ)."""
     pytest.importorskip("ray", reason="Ray not installed: pip install 'resilient-train[ray]'")
     saved = {key: os.environ.get(key) for key in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
-    test_cluster = start_cluster(nodes, cpus_per_node, health_check)
+    test_cluster = start_cluster(nodes, cpus_per_node, health_check, node_env)
     os.environ.update(test_cluster.env())
     try:
         yield test_cluster

@@ -28,20 +28,22 @@ Lifecycle, driven by the supervisor's single loop::
     start(specs) -> handles           once per attempt, specs in rank order
     maintain(training=...)            every poll: pump files, reap/refill standbys
     stop_requested()                  every poll: True = the engine is stopping the job
+    host_doomed(), avoid_noticed()    once a worker wrote a preemption notice marker
     close()                           once, always (finally)
 """
 
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 from resilient_train.job.config import JobConfig
 from resilient_train.rundir.layout import AttemptDir
 
-__all__ = ["Launcher", "WorkerHandle", "WorkerSpec"]
+__all__ = ["Launcher", "WorkerHandle", "WorkerSpec", "read_notices"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,31 @@ class Launcher(abc.ABC):
         the engine can place it elsewhere."""
         return None
 
+    def avoid_noticed(self, attempt_dir: AttemptDir) -> list[str]:
+        """Workers of the attempt in ``attempt_dir`` were told their node is going
+        (``notice-<rank>.json``) and that node is not the supervisor's: place no worker of
+        this run there again. Returns the nodes avoided by this call (each once; a node
+        already avoided is not repeated). [] (the default): the launcher cannot tell where a
+        rank runs or cannot avoid a node, so the next attempt may land there again."""
+        return []
+
     def lost_reason(self, handle: WorkerHandle) -> str | None:
         """Why ``handle`` exited when the launcher knows better than its exit code (node lost)."""
         return None
+
+
+def read_notices(attempt_dir: AttemptDir) -> dict[int, dict[str, Any]]:
+    """The attempt's preemption notice markers (runner/preemption_notices.py writes them):
+    rank -> the marker's fields (``provider``, ``kind``, ``deadline``, ``host``); a marker
+    that does not parse still says that its rank's node is going (then ``{}``)."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in attempt_dir.notices():
+        rank = path.stem.removeprefix("notice-")
+        if not rank.isdigit():
+            continue
+        try:
+            fields = json.loads(path.read_text())
+        except (OSError, ValueError):
+            fields = {}
+        found[int(rank)] = fields if isinstance(fields, dict) else {}
+    return found

@@ -30,7 +30,7 @@ from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.job.config import JobConfig
 from resilient_train.supervisor._process import die_with_parent_hook
-from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
+from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec, read_notices
 from resilient_train.supervisor.standby_pool import PopenStandbySpawner, StandbyPool, StandbySpawner
 from resilient_train.cluster import entry_points
 
@@ -116,12 +116,8 @@ class LocalLauncher(Launcher):
 
     def host_doomed(self, attempt_dir: AttemptDir) -> str | None:
         """Every worker runs on this host: one's notice means the supervisor's host is going too."""
-        for path in attempt_dir.notices():
-            try:
-                provider = json.loads(path.read_text()).get("provider")
-            except (OSError, ValueError, AttributeError):
-                provider = None
-            return f"notice:{provider or 'unknown'}"
+        for fields in read_notices(attempt_dir).values():
+            return f"notice:{fields.get('provider') or 'unknown'}"
         return None
 
     def close(self) -> None:

@@ -67,7 +67,8 @@ from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.job.config import JobConfig
 from resilient_train.errors import ConfigError, RestartNotPlacedError
 from resilient_train.supervisor.launchers._slot import Slot, SlotReport, apply_chunks, seed_chunks
-from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
+from resilient_train.rundir.layout import AttemptDir
+from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec, read_notices
 
 __all__ = ["RayLauncher", "RayHandle", "RayPlacementError", "check_storage", "ray_address", "placement_strategy", "bundles_on",
            "SLOT_LOST_ERRORS", "slot_lost_errors"]
@@ -76,6 +77,7 @@ PLACEMENT_TIMEOUT_S = float(os.environ.get("RT_RAY_PLACEMENT_TIMEOUT_S", "60"))
 POLL_INTERVAL_S = 0.2
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id (ray.util.placement_group.NODE_ID_LABEL_KEY)
 # What a Ray call on a slot actor raises when the actor or its node died (ray.exceptions):
 # the actor (ActorDiedError, ActorUnavailableError: RayActorError), its node, its worker
 # process, the reply's object with the node, or the actor's bundle (group removed, or no
@@ -220,6 +222,7 @@ class RayLauncher(Launcher):
         self._handles: dict[int, RayHandle] = {}
         self._prestarted = False
         self._started = False  # an attempt of this run started: placement failures are run failures
+        self._avoided: list[str] = []  # node ids with a preemption notice: no bundle of this run goes there
 
     # ------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -266,7 +269,7 @@ class RayLauncher(Launcher):
         for tries_left in (1, 0):
             try:
                 lost = [i for i in range(len(self._slots)) if self._dead(i)]
-                if len(self._slots) != len(specs):
+                if len(self._slots) != len(specs) or any(s.node_id in self._avoided for s in self._slots):
                     self._release()
                     self._place(len(specs), run_id=run_id)
                 elif lost:
@@ -331,7 +334,22 @@ class RayLauncher(Launcher):
             nodes = [n for n in self._ray.nodes() if n.get("Alive")]
         except Exception:  # noqa: BLE001 - no answer from the GCS: no opinion
             return None
-        return sum(bundles_on(node.get("Resources") or {}, self._bundle()) for node in nodes)
+        return sum(bundles_on(node.get("Resources") or {}, self._bundle()) for node in nodes
+                   if node.get("NodeID") not in self._avoided)
+
+    def avoid_noticed(self, attempt_dir: AttemptDir) -> list[str]:
+        """The nodes of the noticing ranks' slots: ``capacity()`` no longer counts them, and
+        the next placement is a new group whose every bundle carries the label selector
+        ``ray.io/node-id: !in(<avoided>)`` (Ray labels each node with its id), so no
+        worker of this run lands there again. The current slots stay until the attempt
+        ended (they are saving)."""
+        new = []
+        for rank in sorted(read_notices(attempt_dir)):
+            node = self._slots[rank].node_id if rank < len(self._slots) else ""
+            if node and node not in self._avoided:
+                self._avoided.append(node)
+                new.append(node)
+        return new
 
     def describe(self, handle: WorkerHandle) -> dict[str, object]:
         if not isinstance(handle, RayHandle):
@@ -444,7 +462,9 @@ class RayLauncher(Launcher):
 
         bundle = self._bundle()
         self._check_room(count)
-        group = placement_group([dict(bundle) for _ in range(count)], strategy=placement_strategy(self.job.ray_strategy))
+        avoid = {"bundle_label_selector": [{NODE_ID_LABEL: f"!in({','.join(self._avoided)})"}] * count} if self._avoided else {}
+        group = placement_group([dict(bundle) for _ in range(count)], strategy=placement_strategy(self.job.ray_strategy),
+                                **avoid)
         self._group = group
         ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:

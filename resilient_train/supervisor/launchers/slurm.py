@@ -64,7 +64,7 @@ from resilient_train.job.config import JobConfig
 from resilient_train.rundir.layout import AttemptDir
 from resilient_train.errors import ConfigError
 from resilient_train.cluster.slurm_env import DEFAULT_PORT_BASE, compress_hostlist, expand_hostlist
-from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec
+from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec, read_notices
 from resilient_train.cluster import entry_points
 
 __all__ = ["SlurmLauncher", "Commands", "SubprocessCommands", "allocation_nodes"]
@@ -159,6 +159,7 @@ class SlurmLauncher(Launcher):
         self.nodes: list[str] = []
         self.step: _Step | None = None
         self._tasks_per_node: int | None = None  # SLURM_NTASKS / the allocation's nodes at the start
+        self.excluded: list[str] = []  # nodes with a preemption notice: every later step runs --exclude'd of them
 
     # ------------------------------------------------------------ seam
     def prepare(self) -> None:
@@ -222,7 +223,22 @@ class SlurmLauncher(Launcher):
         if nodes is None:
             return None
         self.nodes = nodes
-        return len(nodes) * self._tasks_per_node
+        return len(self._usable()) * self._tasks_per_node
+
+    def avoid_noticed(self, attempt_dir: AttemptDir) -> list[str]:
+        """The noticing tasks' nodes (each marker names its ``host``: SLURMD_NODENAME):
+        every later step is started with ``--exclude`` of them and ``capacity()`` no longer
+        counts them. A marker without a host (torn) names no node: nothing is excluded."""
+        new = []
+        for fields in read_notices(attempt_dir).values():
+            host = fields.get("host")
+            if isinstance(host, str) and host and host not in self.excluded:
+                self.excluded.append(host)
+                new.append(host)
+        return new
+
+    def _usable(self) -> list[str]:
+        return [node for node in self.nodes if node not in self.excluded]
 
     def stop_requested(self) -> bool:
         """Slurm itself sent SIGTERM to this attempt's tasks (not the supervisor)."""
@@ -251,8 +267,9 @@ class SlurmLauncher(Launcher):
         return [
             "srun",
             f"--job-name={name}",
-            f"--nodes={min(len(self.nodes), len(specs))}",
+            f"--nodes={min(len(self._usable()) or len(self.nodes), len(specs))}",
             f"--ntasks={len(specs)}",
+            *([f"--exclude={','.join(self.excluded)}"] if self.excluded else []),
             "--distribution=block",
             "--kill-on-bad-exit=0",
             "--wait=0",

@@ -612,3 +612,64 @@ def test_signals_standbys_and_release_on_a_dead_slot_do_not_raise(tmp_path):
     launcher._group = None
     launcher._release()
     assert fake.killed == [alive, dead] and launcher._slots == []
+
+
+# ------------------------------------------------------------------ a preemption notice on one node
+def _notice(tmp_path, attempt, rank, provider="gce"):
+    from resilient_train.rundir.layout import RunDir
+
+    attempt_dir = RunDir(tmp_path).attempt(attempt)
+    attempt_dir.path.mkdir(parents=True, exist_ok=True)
+    attempt_dir.notice(rank).write_text(json.dumps({"provider": provider, "kind": "preempted", "deadline": None}))
+    return attempt_dir
+
+
+@pytest.fixture
+def placed_groups(monkeypatch):
+    """The placement groups _place asks Ray for: (bundles, keyword arguments) each."""
+    import importlib
+
+    module = importlib.import_module("ray.util.placement_group")
+    asked = []
+
+    class Group:
+        def ready(self):
+            return lambda: None
+
+    def placement_group(bundles, **kwargs):
+        asked.append((bundles, kwargs))
+        return Group()
+
+    monkeypatch.setattr(module, "placement_group", placement_group)
+    monkeypatch.setattr(module, "remove_placement_group", lambda group: None)
+    return asked
+
+
+def test_a_noticed_node_is_avoided_once_left_out_of_capacity_and_of_every_later_placement(tmp_path, placed_groups):
+    fake = _RealErrorsRay(alive=("node-0", "node-1", "node-2"))
+    launcher, specs = _launcher_on(tmp_path, fake, [_FakeSlotActor(False, 5000), _FakeSlotActor(False, 5001)])
+    launcher._start_on_slots(specs(1))
+    launcher._started = True
+    from resilient_train.rundir.layout import RunDir
+
+    assert launcher.avoid_noticed(RunDir(tmp_path).attempt(1)) == []  # no marker
+    attempt_dir = _notice(tmp_path, 1, 1)
+    assert launcher.capacity() == 3
+    assert launcher.avoid_noticed(attempt_dir) == ["node-1"]
+    assert launcher.avoid_noticed(attempt_dir) == []  # once
+    assert launcher.capacity() == 2
+
+    launcher._new_actor = lambda index, run_id: _FakeSlotActor(False, 6000 + index)
+    handles = launcher.start(specs(2))  # the same size: the slot on node-1 forces a new group
+    assert [h.pid for h in handles] == [200, 201]
+    assert placed_groups == [([{"CPU": 1.0}] * 2, {"strategy": "SPREAD",
+                                                   "bundle_label_selector": [{"ray.io/node-id": "!in(node-1)"}] * 2})]
+    assert [s.node_id for s in launcher._slots] == ["node-new", "node-new"]
+
+
+def test_without_a_notice_placement_has_no_label_selector(tmp_path, placed_groups):
+    fake = _RealErrorsRay(alive=("node-0", "node-1"))
+    launcher, specs = _launcher_on(tmp_path, fake, [])
+    launcher._new_actor = lambda index, run_id: _FakeSlotActor(False, 6000 + index)
+    launcher.start(specs(1))
+    assert placed_groups == [([{"CPU": 1.0}] * 2, {"strategy": "SPREAD"})]

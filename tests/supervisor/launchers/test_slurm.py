@@ -268,3 +268,29 @@ def test_an_elastic_run_needs_only_min_tasks(tmp_path):
     slurm = SlurmLauncher(job, commands=FakeCommands(["n1", "n2"]), environ=SLURM_ENV, python="py")
     with pytest.raises(ConfigError, match=r"Received --workers 3:4 but Slurm job 77 has 2 task\(s\)"):
         slurm.prepare()
+
+
+def test_a_noticed_node_is_excluded_from_every_later_step_and_from_capacity(tmp_path):
+    """A task's preemption notice names its node (``host``: SLURMD_NODENAME): the next step
+    runs ``--exclude`` of it on the nodes left, and capacity no longer counts it."""
+    job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), workers="1:2",
+                    launcher="slurm", global_batch_size=32)
+    commands = AllocationCommands(["n1", "n2"], "n[1-2]")
+    slurm = SlurmLauncher(job, commands=commands, environ=SLURM_ENV, python="py")
+    slurm.prepare()
+    first = specs(job, tmp_path, attempt=1)
+    slurm.start(first)
+    attempt_dir = AttemptDir.at(first[0].attempt_dir)
+    assert slurm.avoid_noticed(attempt_dir) == []
+    attempt_dir.notice(0).write_text("{torn")  # names no node: nothing to exclude
+    attempt_dir.notice(1).write_text(json.dumps({"provider": "gce", "kind": "preempted", "deadline": None, "host": "n2"}))
+    assert slurm.avoid_noticed(attempt_dir) == ["n2"]
+    assert slurm.avoid_noticed(attempt_dir) == []  # once
+    assert slurm.capacity() == 1
+    for spec in first:
+        report_exit(spec, EXIT_PREEMPTED)
+    commands.processes[0].returncode = 0
+    second = specs(job, tmp_path, attempt=2)[:1]
+    slurm.start(second)
+    argv = commands.started[1][0]
+    assert argv[2:5] == ["--nodes=1", "--ntasks=1", "--exclude=n2"]
