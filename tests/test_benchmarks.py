@@ -69,6 +69,9 @@ def _recovery(data: dict[str, Any]) -> None:
     assert [s["attempt"] for s in samples["warm"] + samples["cold"]] == [2, 2]
     assert samples["warm"][0]["standby"] == [True, True] and samples["cold"][0]["standby"] == [False, False]
     assert len(data["details"]["tf_survivor_exit_s"]) == 1
+    assert [s["chief_start"] for s in samples["warm"] + samples["cold"]] == ["assigned", "created"]
+    assert [s["traces"] for s in samples["warm"] + samples["cold"]] == [1, 1]
+    assert list(data["breakdown_s"]["warm"])[:4] == ["detection", "stop_old_group", "launch", "handover"]
 
 
 def _gpu_check(data: dict[str, Any]) -> None:
