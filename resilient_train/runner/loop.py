@@ -497,8 +497,10 @@ class Trainer:
             self.store.collect_garbage()
         cache_dir = self.work_dir / "cache"
         found = self.store.restore_latest(cache_dir)
+        startup_phases.mark("fetch")
         mine = found[0].global_step if found else -1
         agreed = self._gather(mine)[0]
+        startup_phases.mark("agree")
         if agreed < 0:
             emit("fresh_start", group=True, epoch=0, step_in_epoch=0, global_step=0)
             self.untrained_fresh_start = True

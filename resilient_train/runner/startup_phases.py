@@ -15,7 +15,10 @@ start is ``assigned`` (a standby read its assignment) or ``created`` (a cold pro
     strategy     MultiWorkerMirroredStrategy and the coordination service's registration barrier
     model_build  seeds, build_model, the optimizer's variables, the checkpoint's object graph
     setup        the step function object, checkpointer, evaluator, callbacks, the epoch input
-    restore      the newest checkpoint agreed, fetched and read (or the fresh start agreed)
+    fetch        (the chief: old uncommitted checkpoints collected) the newest checkpoint listed
+                 and fetched into this worker's cache (host cache or shared storage)
+    agree        every worker's newest step, all-reduced (the first collective: its trace too)
+    restore      the agreed checkpoint read into the variables (or the fresh start), its state
     input        the epoch's iterator (re-entry at the restored step)
     trace        tracing the training call (its Python body run once by tf.function)
     first_call   the first call after its trace: graph optimization, collectives, the steps
