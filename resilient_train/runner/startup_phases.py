@@ -63,7 +63,7 @@ def count_trace() -> None:
 
 def report() -> dict[str, Any]:
     """``{"phases": {name: seconds, ...}, "total_s": ..., "traces": n}`` for the marks so far, in order."""
-    ordered = sorted(_marks.items(), key=lambda item: item[1])
+    ordered = list(_marks.items())  # the order the start-up reached them (a clock step cannot reorder)
     phases = {name: round(at - ordered[i - 1][1], 3) for i, (name, at) in enumerate(ordered) if i > 0}
     total = round(ordered[-1][1] - ordered[0][1], 3) if ordered else 0.0
     return {"start": ordered[0][0] if ordered else None, "phases": phases, "total_s": total, "traces": _traces}
