@@ -8,6 +8,12 @@ What it answers, all measured in one invocation on the same machine:
 * ``kill_to_first_step_s``: ``kill -9`` -> the chief's ``first_step`` event of the next
   attempt (a step of MWMS is a collective, so every worker took part in it), median per
   mode: ``warm`` (default, standbys ready before each kill) and ``cold`` (--no-warm-standby).
+* ``breakdown_s``: where kill -> first step goes, median per phase per mode: the
+  supervisor's share from its events (``detection``: kill -> the chief's ``worker_exited``;
+  ``stop_old_group``: -> the old attempt's last ``worker_exited``; ``launch``: -> the new
+  chief's start: a standby read its assignment, or a cold process was created), then the new
+  chief's phases from its ``startup_phases`` event (docs/events.md). The phases of one
+  sample add up to its kill_to_first_step_s (up to the event's millisecond resolution).
 * ``baseline_tf_timeout_plus_cold_s``: what recovery costs when TensorFlow's own failure
   detection is what notices: a 2-worker group started without a supervisor, the chief
   killed, and the time until the survivor exits by itself (its collective error), plus the
@@ -55,8 +61,11 @@ from resilient_train.rundir.events import EventReader  # noqa: E402
 
 RECIPE = "recipes/linear_regression.py"
 JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-steps", "20"]
-RESULT_KEYS = ("detection_s_p50", "detection_s_p95", "kill_to_first_step_s", "baseline_tf_timeout_plus_cold_s",
-               "restore_s", "warm_over_baseline", "details", "setup", "smoke")
+RESULT_KEYS = ("detection_s_p50", "detection_s_p95", "kill_to_first_step_s", "breakdown_s",
+               "baseline_tf_timeout_plus_cold_s", "restore_s", "warm_over_baseline", "details", "setup", "smoke")
+# The supervisor's share of a restart, from its events (kill -> the new chief's start), then the
+# new chief's own phases (its startup_phases event, runner/startup_phases.py), in order.
+SUPERVISOR_PHASES = ("detection", "stop_old_group", "launch")
 
 
 class Events:
@@ -123,13 +132,26 @@ def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: floa
             first = events.wait(
                 lambda r: r["event"] == "first_step" and r.get("attempt") == attempt + 1, timeout, "first step"
             )
+            phases = events.wait(
+                lambda r: r["event"] == "startup_phases" and r.get("attempt") == attempt + 1, timeout, "startup_phases"
+            )
             records = events.poll()
             started = [r for r in records if r["event"] == "worker_started" and r["attempt"] == attempt + 1]
+            old_exits = [ts(r) for r in records if r["event"] == "worker_exited" and r["attempt"] == attempt]
+            chief_start = ts(first) - phases["total_s"]  # the new chief's start mark (startup_phases.py)
             fetched = [r for r in records if r["event"] == "checkpoint_fetched" and r.get("attempt") == attempt + 1]
             samples.append({
                 "attempt": attempt + 1,
                 "detection_s": round(ts(exited) - killed_at, 3),
                 "kill_to_first_step_s": round(ts(first) - killed_at, 3),
+                "phases": {
+                    "detection": round(ts(exited) - killed_at, 3),
+                    "stop_old_group": round(max(old_exits) - ts(exited), 3),
+                    "launch": round(chief_start - max(old_exits), 3),
+                    **phases["phases"],
+                },
+                "chief_start": phases["start"],
+                "traces": phases["traces"],
                 "standby": [r["standby"] for r in started],
                 "restore": [(r["source"], r["seconds"]) for r in fetched],
                 "restored_step": next((r["global_step"] for r in records if r["event"] == "restored"
@@ -196,6 +218,14 @@ def restore_times(work: Path, mb: int, repeats: int) -> dict[str, Any]:
             "median_s": {k: round(statistics.median(vs), 4) for k, vs in times.items()}}
 
 
+def median_phases(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """Each phase's median over the samples, in the order of the first sample's phases."""
+    names = list(samples[0]["phases"])
+    for sample in samples[1:]:
+        names += [n for n in sample["phases"] if n not in names]
+    return {n: round(statistics.median(s["phases"].get(n, 0.0) for s in samples), 3) for n in names}
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = (len(ordered) - 1) * q
@@ -229,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     cold_med = statistics.median(s["kill_to_first_step_s"] for s in cold)
     cold_restart = statistics.median(s["kill_to_first_step_s"] - s["detection_s"] for s in cold)
     baseline = statistics.median(survivor) + cold_restart
+    breakdown = {mode: median_phases(samples) for mode, samples in (("warm", warm), ("cold", cold))}
     in_runs: dict[str, list[float]] = {}
     for sample in warm + cold:
         for source, seconds in sample["restore"]:
@@ -237,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "detection_s_p50": pct(detections, 0.5),
         "detection_s_p95": pct(detections, 0.95),
         "kill_to_first_step_s": {"cold": round(cold_med, 3), "warm": round(warm_med, 3)},
+        "breakdown_s": breakdown,
         "baseline_tf_timeout_plus_cold_s": round(baseline, 3),
         "restore_s": restore["median_s"],
         "warm_over_baseline": round(warm_med / baseline, 3),

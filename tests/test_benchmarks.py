@@ -43,6 +43,7 @@ SLOW = {
     "ray_recovery": "111 s (load 9), 76 s: a 4-node loopback Ray cluster, three kills and a node loss",
     "goodput": "50 s (load 1-3); 180 s, 244 s (load 20-31): two 2-worker runs of 1000 steps, one with a kill",
     "notice_save": "18 s (load 9): one 2-worker run preempted by a GCE notice from a loopback server",
+    "preformed_group": "290 s (load 84-118): four 2-worker TF groups (reference, training, standby, a standby losing a member)",
 }
 
 
@@ -69,6 +70,9 @@ def _recovery(data: dict[str, Any]) -> None:
     assert [s["attempt"] for s in samples["warm"] + samples["cold"]] == [2, 2]
     assert samples["warm"][0]["standby"] == [True, True] and samples["cold"][0]["standby"] == [False, False]
     assert len(data["details"]["tf_survivor_exit_s"]) == 1
+    assert [s["chief_start"] for s in samples["warm"] + samples["cold"]] == ["assigned", "created"]
+    assert [s["traces"] for s in samples["warm"] + samples["cold"]] == [1, 1]
+    assert list(data["breakdown_s"]["warm"])[:4] == ["detection", "stop_old_group", "launch", "handover"]
 
 
 def _gpu_check(data: dict[str, Any]) -> None:
@@ -168,7 +172,20 @@ def _goodput(data: dict[str, Any]) -> None:
     assert data["window_s"] >= max(1.0, kill["standstill_s"]) and data["time_lost_s"] == kill["lost_s"]
 
 
+def _preformed_group(data: dict[str, Any]) -> None:
+    assert data["answers"] == {
+        "second_group_forms_beside_training": True, "idle_past_heartbeat_timeout_ok": True,
+        "continues_without_retrace": True, "same_digest_as_uninterrupted": True,
+        "group_usable_after_a_member_is_killed": False,
+    }
+    idle = data["idle_then_restore"]
+    assert idle["restored_step"] == data["setup"]["steps"] - data["setup"]["save_every"]
+    assert idle["digest"] == data["reference"]["digest"] and idle["traces_after_go"] == [0, 0]
+    assert data["standby_member_killed"]["rank0_exit_code_after_go"] == 1
+
+
 OUTCOMES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "preformed_group": _preformed_group,
     "epochs": _epochs,
     "goodput": _goodput,
     "recovery": _recovery,

@@ -58,6 +58,7 @@ STRATEGIES = ("mirrored", PARAMETER_SERVER)
 EVENTS = (
     "run_started", "run_finished", "run_already_complete", "attempt_reached", "job_changed", "run_state",
     "worker_started", "worker_exited", "worker_failed", "worker_preempted", "worker_restarted", "first_step",
+    "startup_phases",
     "fresh_start", "restored", "train_progress", "epoch_finished", "training_completed", "training_stopped",
     "world_size_changed", "input_mismatch", "input_digest", "input_torn_down", "input_teardown_waited",
     "iterator_state_sized", "preemption_requested", "preempted",

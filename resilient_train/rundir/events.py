@@ -21,7 +21,8 @@ Vocabulary (``event`` field, stable snake_case names; README "Events and summary
 
 * run: run_started, run_finished, run_already_complete, attempt_reached, job_changed,
   run_state (supervisor state transitions; kept out of the console's human view)
-* workers: worker_started, worker_exited, worker_failed, worker_preempted, first_step
+* workers: worker_started, worker_exited, worker_failed, worker_preempted, first_step,
+  startup_phases (where the start-up went; runner/startup_phases.py)
 * training: fresh_start, restored, train_progress, epoch_finished, training_completed,
   world_size_changed, input_mismatch, preemption_requested, preempted
 * preemption notices: preemption_notice_watch, preemption_notice, preemption_notice_saved,

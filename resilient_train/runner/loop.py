@@ -94,6 +94,7 @@ from resilient_train.runner.input.reentry import EpochInput
 from resilient_train.runner.state.memory_tier import Rescuer, SnapshotSchedule
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.rundir import rescue_signal
+from resilient_train.runner import startup_phases
 from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
@@ -242,6 +243,7 @@ class Trainer:
         # The strategy must exist before any other op (collectives are configured at start);
         # runner/strategy.py adds the heartbeat, registration and collective timeouts.
         self.strategy = self._given_strategy or make_strategy(self.job, self.cluster)
+        startup_phases.mark("strategy")
         keras.utils.set_random_seed(self.job.seed)
         tf.config.experimental.enable_op_determinism()
         with self.strategy.scope():
@@ -266,6 +268,7 @@ class Trainer:
         self.epoch, self.step_in_epoch, self.global_step = (counters[name] for name in ckpt_layout.COUNTERS)
         self.checkpoint = ckpt_layout.training_graph(model=self.model, optimizer=self.optimizer, counters=counters,
                                                      rng=ckpt_layout.rng_state(self.model))
+        startup_phases.mark("model_build")
         self._value_names: list[str] = []  # the packed row's layout, filled when traced
         self._train_call = self._make_train_call()
         self._sum_over_workers = _make_sum_over_workers(self.strategy)
@@ -275,6 +278,7 @@ class Trainer:
         self._input = self._make_epoch_input()
         if self._evaluator is not None:  # its iterators are torn down by the same reaper
             self._evaluator.retire = self._input.retire_evaluation
+        startup_phases.mark("setup")
 
     def _make_epoch_input(self) -> EpochInput:
         """The epoch input (runner/input/reentry.py): each epoch's iterator, how a resumed
@@ -452,6 +456,7 @@ class Trainer:
 
         @tf.function
         def train_call(iterator, steps, flags):
+            startup_phases.count_trace()  # the Python body runs only when tf.function traces
             rows = tf.TensorArray(tf.float32, size=steps)
             index_rows = tf.TensorArray(tf.int64, size=steps)
             for i in tf.range(steps):
@@ -467,6 +472,7 @@ class Trainer:
                 with tf.control_dependencies([row]):
                     self.global_step.assign_add(1)
                     self.step_in_epoch.assign_add(1)
+            startup_phases.mark("trace")
             return (rows.stack(), index_rows.stack()) if record else rows.stack()
 
         return train_call
@@ -491,8 +497,10 @@ class Trainer:
             self.store.collect_garbage()
         cache_dir = self.work_dir / "cache"
         found = self.store.restore_latest(cache_dir)
+        startup_phases.mark("fetch")
         mine = found[0].global_step if found else -1
         agreed = self._gather(mine)[0]
+        startup_phases.mark("agree")
         if agreed < 0:
             emit("fresh_start", group=True, epoch=0, step_in_epoch=0, global_step=0)
             self.untrained_fresh_start = True
@@ -638,6 +646,7 @@ class Trainer:
                 self._step_indices.write(global_step + offset, indices.tolist())
             self._step_indices.flush()
         rows = result.numpy()
+        startup_phases.mark("first_call")
         self.untrained_fresh_start = False  # a step finished: later failures may be faults
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started)
@@ -661,6 +670,7 @@ class Trainer:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
         self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
         iterator = self._input.iterator(epoch, start)
+        startup_phases.mark("input")
         ended = self._train_steps(iterator, epoch, start, progress)
         if ended and not self._preemption_agreed:
             self._input.retire(iterator, epoch)
@@ -793,6 +803,7 @@ class Trainer:
     def run(self) -> TrainResult | None:
         """Train to the end (returns the result) or until preempted (returns None)."""
         self._restore_or_start()
+        startup_phases.mark("restore")
         if self._callbacks:
             self._callbacks.train_begin(resuming=self._callback_state is not None)
             if self._callback_state is not None:
@@ -840,6 +851,7 @@ class _Progress:
         if self.first_pending:  # the recovery benchmark's "training again" moment
             self.first_pending = False
             emit("first_step", group=True, global_step=global_step)
+            emit("startup_phases", group=True, global_step=global_step, **startup_phases.report())
         self.window_steps += steps
         now = self.clock()
         if now - self.last < self.every_s:

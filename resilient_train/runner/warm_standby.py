@@ -170,6 +170,9 @@ def _report(fd: int | None, record: dict[str, Any]) -> None:
 
 
 def _become_worker(assignment: dict[str, Any], stdin: TextIO) -> int:
+    from resilient_train.runner import startup_phases
+
+    startup_phases.mark("assigned")  # the restart's breakdown counts from here (startup_phases.py)
     argv = [str(a) for a in assignment["argv"]]
     env = {str(k): str(v) for k, v in assignment["env"].items()}
     log_path = str(assignment["log"])

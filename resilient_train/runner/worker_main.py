@@ -31,6 +31,7 @@ from resilient_train.job.config import JobConfig, add_job_arguments, job_from_ar
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import Recording, recording
 from resilient_train.runner.bootstrap import WorkerProcess, worker_process
+from resilient_train.runner import startup_phases
 from resilient_train.runner.outputs.script_output import EVENT as SCRIPT_OUTPUT, tee_stdout
 
 __all__ = ["main", "run", "argument_parser", "parse_args"]
@@ -63,6 +64,7 @@ def parse_args(argv: list[str]) -> tuple[JobConfig, argparse.Namespace]:
 
 def main(argv: list[str], *, environ: Mapping[str, str] = os.environ) -> int:
     """``python -m resilient_train.runner ARGV``: parse, then :func:`run`; the exit code."""
+    startup_phases.main_entered()
     with recording(PREFIX) as parsing:  # a bad flag or job file: one line, EXIT_USAGE
         job, args = parse_args(argv)
         parsing.exit_code = run(job, tf_config_from=args.tf_config_from, port_base=args.port_base, environ=environ)
@@ -92,6 +94,7 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     # closed, its last line emitted, before an exception is recorded and before exit_process.
     with worker_process(state, job, rank=cluster.rank, role=cluster.role, writes_group_events=cluster.is_chief,
                         environ=environ, watch_notices=True) as process:
+        startup_phases.mark("bootstrap")
         worker = _Worker(process, cluster, process.job)
         state.global_step, state.diagnose, state.on_failure = worker.global_step, worker.diagnose, worker.drain
         if cluster.is_chief:  # its prints on the supervisor's console too, once (runner/outputs/script_output.py)
@@ -148,6 +151,7 @@ class _Worker:
 
         self.faults = FaultPlan.from_env(environ, rank=cluster.rank, attempt=process.launched.attempt)
         placeholder = _reach_peers(cluster, self.job.startup_timeout, unreachable=self.faults.take("before_join", 0))
+        startup_phases.mark("reach_peers")
 
         from resilient_train.job.recipe import is_fit_script
 
@@ -157,6 +161,8 @@ class _Worker:
         self.store = self._open_store()
 
         import resilient_train.runner.loop  # noqa: F401 (TensorFlow is imported here, after the store)
+
+        startup_phases.mark("recipe_store")
 
         if cluster.is_chief:  # the chief's TensorBoard log follows the event stream
             from resilient_train.runner.outputs.tensorboard import TensorBoardLog

@@ -310,6 +310,7 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "worker_preempted": None,  # preemption_requested / preempted say it once for the group
     "worker_restarted": _worker_restarted,
     "first_step": None,  # the progress display shows training has begun
+    "startup_phases": None,  # a timing breakdown for the recovery benchmark
     "server_started": None,  # parameter-server tier processes serving
     "server_stopped": None,
     "slurm_step_started": None,  # the launcher's srun step name and ports

@@ -20,6 +20,14 @@ def _fetch_sources(job, attempt):
     return sorted((e["rank"], e["source"]) for e in job.named("checkpoint_fetched") if e["attempt"] == attempt)
 
 
+_WORKER_PHASES = ["bootstrap", "reach_peers", "recipe_store", "strategy", "model_build", "setup", "fetch", "agree",
+                  "restore", "input", "trace", "first_call"]
+
+
+def _first_step(job, attempt):
+    return next(e["global_step"] for e in job.named("first_step") if e["attempt"] == attempt)
+
+
 def _started(job, attempt):
     return sorted((e["rank"], e["standby"]) for e in job.named("worker_started") if e["attempt"] == attempt)
 
@@ -46,6 +54,14 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
         assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(10, 2)]
         assert _fetch_sources(job, 2) == [(0, "host_cache"), (1, "host_cache")]  # no download
     assert warm.summary["weights_sha256"] == cold_restart.summary["weights_sha256"]
+    # Where each attempt's start-up went (runner/startup_phases.py): the chief's one event at its
+    # first step, counted from a cold process's creation or a standby's assignment; one trace each.
+    for job, starts in ((cold_restart, ["created", "created"]), (warm, ["created", "assigned"])):
+        phases = sorted(job.named("startup_phases"), key=lambda e: e["attempt"])
+        assert [(e["attempt"], e["start"], e["traces"], e["global_step"]) for e in phases] == [
+            (1, starts[0], 1, _first_step(job, 1)), (2, starts[1], 1, _first_step(job, 2))]
+        first = "imports" if starts[1] == "created" else "handover"
+        assert list(phases[1]["phases"]) == [first, *_WORKER_PHASES]
 
 
 @pytest.mark.slow  # tests/checkpoint's cache tests reject a corrupt copy
