@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/ray_recovery.py
 	$(BIN)/python benchmarks/keras_fit.py
 	$(BIN)/python benchmarks/ps_throughput.py
+	$(BIN)/python benchmarks/supervisor_scaling.py
 
 # Every benchmark script at smoke size (`--smoke --out FILE`), the slow ones included:
 # tests/test_benchmarks.py, benchmarks/README.md. Nothing is written into benchmarks/results/.

@@ -207,6 +207,7 @@ class Supervisor:
         self._fatal = False  # the run FAILED on a fatal error (EXIT_FATAL, not EXIT_FAILURE)
         self.watchdog = ProgressWatchdog(HangPolicy.from_setting(job.hang_timeout, job.startup_timeout))
         self._asked_capacity_at = 0.0  # an elastic run below MAX asks for room at most every CAPACITY_EVERY_S
+        self._markers: tuple[tuple[int, list[int]], list[tuple[int, str, str]]] | None = None  # _marker_paths
         self._steps: dict[RunState, Callable[[], None]] = {
             RunState.STARTING: self._step_starting,
             RunState.RUNNING: self._step_running,
@@ -463,11 +464,19 @@ class Supervisor:
         if now - self.current.watched_at < WATCH_EVERY_S:
             return None
         self.current.watched_at = now
-        attempt_dir = self.run_dir.attempt(self.attempt)
-        for worker in self._watched():
-            step = read_step(attempt_dir.step_marker(worker.rank))
-            self.watchdog.observe(now, worker.rank, step, read_phase(attempt_dir.phase_marker(worker.rank)))
+        for rank, step_marker, phase_marker in self._marker_paths():
+            self.watchdog.observe(now, rank, read_step(step_marker), read_phase(phase_marker))
         return self.watchdog.check(now)
+
+    def _marker_paths(self) -> list[tuple[int, str, str]]:
+        """(rank, step marker, phase marker) of each watched worker, built once per attempt
+        and group: the watchdog reads them every WATCH_EVERY_S (benchmarks/supervisor_scaling.py)."""
+        key = (self.attempt, [w.rank for w in self._watched()])
+        if self._markers is None or self._markers[0] != key:
+            attempt_dir = self.run_dir.attempt(self.attempt)
+            self._markers = key, [(rank, str(attempt_dir.step_marker(rank)), str(attempt_dir.phase_marker(rank)))
+                                  for rank in key[1]]
+        return self._markers[1]
 
     def _watched(self) -> list[Worker]:
         """The workers whose step and phase markers the hang watchdog reads: all of them

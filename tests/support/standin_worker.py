@@ -183,7 +183,8 @@ class _Group:
     each step; the k-th barrier is passed at ``workers * k`` bytes (a stat per poll, whatever
     the group's size). A dead rank stops the group there, as a dead peer stops an all-reduce."""
 
-    POLL_S = 0.01
+    POLL_S = 0.01  # between steps: the ranks arrive within a step's skew
+    JOIN_POLL_S = 0.05  # while the group forms: up to 256 ranks wait for the slowest start-up
 
     def __init__(self, path: Path, workers: int, stop) -> None:
         self.path, self.workers, self.stop = path, workers, stop
@@ -199,7 +200,7 @@ class _Group:
         while self.path.stat().st_size < self.workers * self.arrived:
             if self.stop.is_set():
                 return False
-            time.sleep(self.POLL_S)
+            time.sleep(self.JOIN_POLL_S if self.arrived == 1 else self.POLL_S)
         return not self.stop.is_set()
 
 
