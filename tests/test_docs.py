@@ -174,7 +174,7 @@ def _makefile_recipes() -> dict[str, list[str]]:
 def test_the_quickstart_states_what_the_makefile_runs():
     recipes = _makefile_recipes()
     assert recipes["run"] == [".venv/bin/resilient-train run recipes/digits_cnn.py --workers 2"]
-    assert recipes["test"] == [".venv/bin/python -m pytest -q"]
+    assert recipes["test"] == [".venv/bin/python -m pytest -q --durations=25"]
     quickstart = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     first_block = _blocks_in(quickstart)[0]
     stated = dict(re.fullmatch(r"make (\w+)\s+# (.+)", line).groups() for line in first_block.splitlines())
