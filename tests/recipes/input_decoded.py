@@ -5,8 +5,8 @@ Each example is a synthetic 256x256 RGB image (stateless random, a pure function
 ``map``, then batched: the usual shape of an image pipeline without a shuffle buffer. It
 does not take ``start_step``, so a mid-epoch resume restores each worker's tf.data iterator
 state; with symbolic checkpointing (runner/input/reentry.py) that state is the positions
-(~1 KB), not the prefetched 32x32 batches it held before (over the old 256 KiB bound, so it
-fell back to ``skip()``, which decodes every skipped image again).
+(975 bytes per worker), not the prefetched 32x32 batches it held before (348-397 KB, over the
+old 256 KiB bound, so it fell back to ``skip()``, which decodes every skipped image again).
 ``start_log``: a file each dataset() call appends "<epoch>" to (tests count the builds).
 """
 
