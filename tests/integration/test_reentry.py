@@ -96,7 +96,7 @@ def test_an_ordinary_pipeline_resumes_from_positions_to_the_uninterrupted_weight
 
 def test_a_shuffled_pipeline_restores_its_buffer_to_the_same_weights(tmp_path, digits_reference):
     # recipes/digits_cnn.py shuffles its images: under symbolic checkpointing TensorFlow still
-    # saves the shuffle buffer (the images, ~580 KB per worker), under the 4 MiB default bound.
+    # saves the shuffle buffer (the images, ~570 KB per worker), under the 4 MiB default bound.
     job = run_job("recipes/digits_cnn.py", tmp_path / "run", *DIGITS_FLAGS, "--no-warm-standby",
                   faults=KILL_CHIEF_AFTER_COMMIT_8)
     assert job.returncode == 0, job.output

@@ -13,7 +13,7 @@ Four paths, chosen per recipe (``reentry_path``), best first:
   asks it once per attempt): positions instead of buffered elements, so a range -> map ->
   batch pipeline saves ~1 KB (tests/recipes/input_decoded.py: 975 B; explicitly: its
   prefetched batches, 348-397 KB). A shuffle buffer is saved in either mode (recipes/digits_cnn.py:
-  ~580 KB, the data itself); ``cache()`` refuses symbolic, so it is saved explicitly;
+  ~570 KB, the data itself); ``cache()`` refuses symbolic, so it is saved explicitly;
 * ``skip``: the runner rebuilds the epoch and ``skip()``s to the step (runs the pipeline
   of every skipped batch).
 
