@@ -269,6 +269,8 @@ def test_this_workers_unsaveable_pipeline_is_reported_with_tensorflows_message()
     take(epoch_input.iterator(0, 0), 1)
     assert epoch_input.state_to_save(0, 1) == ({}, {})
     assert world.gathered == [-1]
+    [(_, fields)] = world.events  # not symbolic either: a position would not restore the op's state
+    assert fields["symbolic"] is False and "EagerPyFunc is stateful" in fields["not_symbolic"]
     assert epoch_input.reason.startswith("the tf.data pipeline of rank(s) [0, 1] cannot be saved (")
     assert "EagerPyFunc is stateful" in epoch_input.reason
 

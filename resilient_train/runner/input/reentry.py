@@ -196,11 +196,20 @@ class EpochInput:
         that does not support it refuses (UnimplementedError "CacheDatasetV2 does not
         support symbolic checkpoint"; only once it has yielded: a fresh iterator saves), and
         the attempt builds explicit iterators from then on. Any other error is left to the
-        first mid-epoch save, as on the explicit path. The probe costs one element."""
+        first mid-epoch save, as on the explicit path. The probe costs one element.
+        A pipeline with a stateful op (``py_function``, ``numpy_function``) is never symbolic:
+        TensorFlow would save its position, but a restore would not bring back the op's own
+        state (e.g. NumPy's generator), so the batches could differ; explicitly TensorFlow
+        refuses to save it, and it re-enters by ``skip`` as before."""
         worker = (self._rank, self._workers)
         if self._symbolic is None:
             self._symbolic, self._not_symbolic = True, ""
-            probe = iter(self._dataset(epoch, entry, worker, True))
+            dataset = self._dataset(epoch, entry, worker, True)
+            stateful = _stateful(dataset)
+            if stateful:  # a symbolic state would save it, but not the op's state: not exact
+                self._symbolic, self._not_symbolic = False, f"a stateful op ({stateful}) keeps state a position cannot"
+                return iter(self._dataset(epoch, entry, worker, False))
+            probe = iter(dataset)
             try:
                 next(probe, None)
                 serialize_iterator(probe)
@@ -300,3 +309,13 @@ def _first_line(exc: tf.errors.OpError) -> str:
     message = (exc.message or type(exc).__name__).splitlines()[0]
     message = re.sub(r"^\{\{[^}]*\}\}\s*", "", message)  # {{function_node ...}}
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", message)[:200]  # [Op:SerializeIterator] name:
+
+
+def _stateful(dataset: Any) -> str:
+    """TensorFlow's complaint when ``dataset`` has an op with external state, else "" (the
+    check an explicit iterator save makes: DatasetToGraph with the FAIL policy)."""
+    try:
+        tf.raw_ops.DatasetToGraphV2(input_dataset=dataset._variant_tensor, external_state_policy=2)
+    except tf.errors.OpError as exc:
+        return _first_line(exc)
+    return ""
