@@ -14,8 +14,13 @@ positions its index range before the expensive map), ``skip`` (input_bound_skip.
 skipped batch), ``iterator_state`` (input_bound_skip.py as it is: each worker's saved
 tf.data iterator state is restored, runner/input/iterator_state.py) and ``indexed``
 (input_bound_indexed.py, the indexed contract: the runner starts its range of positions at
-the step, runner/input/indexed.py). Each resumed job's ``restored`` event must name the path
-(``input_reentry``). Target: late <= 1.2x early. ``--recipes indexed,skip`` runs a subset.
+the step, runner/input/indexed.py). Two more for an ordinary pipeline (issue 33):
+tests/recipes/input_decoded.py, ``range -> map -> batch`` of 32x32 images decoded from
+256x256 without ``start_step``: ``symbolic`` (as it is: the tf.data iterator state saved
+with symbolic checkpointing, positions only) and ``decoded_skip`` (``--max-iterator-state-bytes
+0``: the ``skip()`` it fell back to when its state held the prefetched batches). Each resumed
+job's ``restored`` event must name the path (``input_reentry``). Target: late <= 1.2x early.
+``--recipes indexed,skip`` runs a subset.
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ from resilient_train.rundir.events import read_events  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 RESULT_KEYS = ("benchmark", "date", "steps_per_epoch", "positions", "repeats", "load_1min", "wall_s", "summary",
                "runs", "smoke")
-# re-entry path (the restored event's input_reentry) -> (recipe, extra flags)
-RECIPES = {"start_step": ("tests/recipes/input_bound.py", []),
-           "skip": ("tests/recipes/input_bound_skip.py", ["--max-iterator-state-bytes", "0"]),
-           "iterator_state": ("tests/recipes/input_bound_skip.py", []),
-           "indexed": ("tests/recipes/input_bound_indexed.py", [])}
+# name -> (recipe, extra flags, the restored event's input_reentry)
+RECIPES = {"start_step": ("tests/recipes/input_bound.py", [], "start_step"),
+           "skip": ("tests/recipes/input_bound_skip.py", ["--max-iterator-state-bytes", "0"], "skip"),
+           "iterator_state": ("tests/recipes/input_bound_skip.py", [], "iterator_state"),
+           "indexed": ("tests/recipes/input_bound_indexed.py", [], "indexed"),
+           "symbolic": ("tests/recipes/input_decoded.py", [], "iterator_state"),
+           "decoded_skip": ("tests/recipes/input_decoded.py", ["--max-iterator-state-bytes", "0"], "skip")}
 STEPS_PER_EPOCH = 400
 POSITIONS = {"early": 20, "late": 380}  # issue 20's positions (before 2026-11-24: 8 and 392)
 
@@ -67,7 +74,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def make_checkpoint(path: str, step: int, work: Path) -> Path:
     """A checkpoint store whose newest commit is mid-epoch step ``step`` (re-entry ``path``)."""
-    recipe, extra = RECIPES[path]
+    recipe, extra, _ = RECIPES[path]
     storage = work / "storage"
     faults = json.dumps([{"point": "after_commit", "global_step": step, "rank": 0}])
     subprocess.run([sys.executable, "-m", "resilient_train", "run", recipe, *_flags(work / "make", storage, step), *extra],
@@ -78,7 +85,7 @@ def make_checkpoint(path: str, step: int, work: Path) -> Path:
 
 def time_reentry(path: str, storage: Path, step: int, work: Path) -> float:
     """Seconds from ``restored`` to ``first_step`` of a job resuming from ``storage`` by ``path``."""
-    recipe, extra = RECIPES[path]
+    recipe, extra, reentry = RECIPES[path]
     copy = work / "storage-copy"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(storage, copy)
@@ -96,8 +103,8 @@ def time_reentry(path: str, storage: Path, step: int, work: Path) -> float:
             restored = [e for e in events if e["event"] == "restored"]
             first = [e for e in events if e["event"] == "first_step"]
             if restored and first:
-                if (restored[0]["step_in_epoch"], restored[0].get("input_reentry")) != (step, path):
-                    raise RuntimeError(f"restored {restored[0]} instead of step {step} by {path}")
+                if (restored[0]["step_in_epoch"], restored[0].get("input_reentry")) != (step, reentry):
+                    raise RuntimeError(f"restored {restored[0]} instead of step {step} by {reentry}")
                 return _ts(first[0]) - _ts(restored[0])
             time.sleep(0.05)
         raise RuntimeError(f"no restored/first_step events in {run_dir}")

@@ -254,10 +254,10 @@ class JobConfig:
         "--record-indices", action="store_true",
         help="indexed recipes: write a digest of each global step's example indices to "
         "attempt-<n>/step-indices.txt (one all-gather per step; docs/recipes.md)"))
-    max_iterator_state_bytes: int = field(default=262144, metadata=_flag(  # runner/input/iterator_state.py
+    max_iterator_state_bytes: int = field(default=4194304, metadata=_flag(  # runner/input/iterator_state.py
         "--max-iterator-state-bytes", parse=_integer, metavar="BYTES",
         help="dataset recipes without start_step: save each worker's tf.data iterator state with mid-epoch "
-        "checkpoints when it is at most this large, so re-entry replays nothing (default 262144; 0: never)"))
+        "checkpoints when it is at most this large, so re-entry replays nothing (default 4194304; 0: never)"))
     hang_timeout: float | str = field(default=HANG_TIMEOUT_AUTO, metadata=_flag(  # supervisor/watchdog.py
         "--hang-timeout", parse=_hang_timeout, metavar="SECONDS|auto",
         help="restart the group when no worker finished a step for this long (default auto: "

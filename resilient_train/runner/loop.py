@@ -290,11 +290,11 @@ class Trainer:
             return EpochInput.for_fit_script(self._input_source, **common)
         job = self.job
 
-        def dataset(epoch: int, start_step: int, worker: tuple[int, int] | None) -> Any:
+        def dataset(epoch: int, start_step: int, worker: tuple[int, int] | None, symbolic: bool = False) -> Any:
             return epoch_dataset(
                 self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=start_step,
                 steps_per_epoch=job.steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,
-                input_check=self.input_check, worker=worker,
+                input_check=self.input_check, worker=worker, symbolic=symbolic,
             )
 
         return EpochInput.for_recipe(

@@ -13,6 +13,7 @@ from tests.integration.harness import run_job
 
 INPUT_BOUND = "tests/recipes/input_bound.py"
 INPUT_BOUND_SKIP = "tests/recipes/input_bound_skip.py"
+INPUT_DECODED = "tests/recipes/input_decoded.py"
 # 2 epochs x 12 steps, a save every 4: the kill after the commit of 8 is mid-epoch 0.
 FLAGS = ("--epochs", "2", "--steps-per-epoch", "12", "--global-batch-size", "8", "--save-every-steps", "4",
          "--no-warm-standby")
@@ -68,10 +69,41 @@ def test_recipe_without_start_step_restores_its_iterator_state(tmp_path, input_b
                   faults=KILL_CHIEF_AFTER_COMMIT_8)
     assert job.returncode == 0, job.output
     sized = job.named("iterator_state_sized")[0]  # at the first mid-epoch save (step 4)
-    assert (sized["kept"], len(sized["bytes"]), sized["max_bytes"]) == (True, 2, 262144)
+    assert (sized["kept"], len(sized["bytes"]), sized["max_bytes"]) == (True, 2, 4194304)
     restored = job.named("restored")
     assert [(r["step_in_epoch"], r["input_reentry"]) for r in restored] == [(8, "iterator_state")]
     assert job.summary["weights_sha256"] == input_bound_reference
+
+
+def test_an_ordinary_pipeline_resumes_from_positions_to_the_uninterrupted_weights(tmp_path):
+    # tests/recipes/input_decoded.py: range -> parallel map (256x256 -> 32x32) -> batch -> prefetch,
+    # no start_step. Its explicit state held the prefetched batches (one alone is 48 KB); with
+    # symbolic checkpointing each worker saves positions only. The reference never restarts and
+    # feeds the same batches through MWMS's distributed iterator.
+    reference = run_job(INPUT_DECODED, tmp_path / "reference", *FLAGS, "--max-iterator-state-bytes", "0")
+    assert reference.returncode == 0, reference.output
+    job = run_job(INPUT_DECODED, tmp_path / "run", *FLAGS, faults=KILL_CHIEF_AFTER_COMMIT_8)
+    assert job.returncode == 0, job.output
+    sized = job.named("iterator_state_sized")  # attempt 1 at step 4, attempt 2 at step 16
+    assert [(e["attempt"], e["kept"], e["symbolic"], len(e["bytes"])) for e in sized] == [
+        (1, True, True, 2), (2, True, True, 2)]
+    assert max(max(e["bytes"]) for e in sized) < 4096
+    [restored] = job.named("restored")
+    assert (restored["step_in_epoch"], restored["input_reentry"]) == (8, "iterator_state")
+    assert restored["input_reentry_reason"].endswith("-byte symbolic (positions) tf.data iterator state")
+    assert (job.summary["global_step"], job.summary["weights_sha256"]) == (24, reference.summary["weights_sha256"])
+
+
+def test_a_shuffled_pipeline_restores_its_buffer_to_the_same_weights(tmp_path, digits_reference):
+    # recipes/digits_cnn.py shuffles its images: under symbolic checkpointing TensorFlow still
+    # saves the shuffle buffer (the images, ~570 KB per worker), under the 4 MiB default bound.
+    job = run_job("recipes/digits_cnn.py", tmp_path / "run", *DIGITS_FLAGS, "--no-warm-standby",
+                  faults=KILL_CHIEF_AFTER_COMMIT_8)
+    assert job.returncode == 0, job.output
+    assert [(e["kept"], e["symbolic"]) for e in job.named("iterator_state_sized")] == [(True, True), (True, True)]
+    [restored] = job.named("restored")
+    assert (restored["step_in_epoch"], restored["input_reentry"]) == (8, "iterator_state")
+    assert job.summary["weights_sha256"] == digits_reference
 
 
 def test_a_state_larger_than_the_bound_falls_back_to_skip(tmp_path, input_bound_reference):

@@ -24,6 +24,12 @@ PEER_STATE = b"the peer's state"
 STEPS = 100  # per epoch: epoch e's element k is e * STEPS + k
 
 
+def with_symbolic(dataset: tf.data.Dataset, symbolic: bool) -> tf.data.Dataset:
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = symbolic
+    return dataset.with_options(options)
+
+
 class World:
     """Rank ``rank`` of two workers: records every call the EpochInput makes to its seams."""
 
@@ -32,10 +38,13 @@ class World:
         self.built: list[tuple[int, int, tuple[int, int] | None]] = []
         self.gathered: list[int] = []
         self.events: list[tuple[str, dict]] = []
+        self.symbolic: list[bool] = []  # the symbolic argument of each build
 
-    def dataset(self, epoch: int, start_step: int, worker: tuple[int, int] | None) -> tf.data.Dataset:
+    def dataset(self, epoch: int, start_step: int, worker: tuple[int, int] | None,
+                symbolic: bool = False) -> tf.data.Dataset:
         self.built.append((epoch, start_step, worker))
-        return tf.data.Dataset.range(epoch * STEPS + start_step, (epoch + 1) * STEPS)
+        self.symbolic.append(symbolic)
+        return with_symbolic(tf.data.Dataset.range(epoch * STEPS + start_step, (epoch + 1) * STEPS), symbolic)
 
     def gather(self, value: int) -> list[int]:
         self.gathered.append(value)
@@ -72,7 +81,7 @@ def position(blob: bytes, epoch: int, start: int) -> int:
     """The element a fresh iterator of World's pipeline yields next once ``blob`` is restored
     into it. (Not the bytes: tf.data injects a prefetch whose buffered elements are part of the
     state, so two serializations of one position may differ with how far the buffer filled.)"""
-    iterator = iter(tf.data.Dataset.range(epoch * STEPS + start, (epoch + 1) * STEPS))
+    iterator = iter(with_symbolic(tf.data.Dataset.range(epoch * STEPS + start, (epoch + 1) * STEPS), True))
     restore_iterator(iterator, blob)
     return int(next(iterator))
 
@@ -156,9 +165,10 @@ def test_a_restored_state_continues_the_saved_pipeline_from_its_entry_step(tmp_p
     epoch_input = plain_input(world)
     saved = {"iterator_state": {"world_size": 2, "epoch": 1, "entry_step": 2, "bytes": [len(blob), len(blob)]}}
     assert epoch_input.plan_reentry(manifest(step_in_epoch=7, extra=saved), tmp_path) == (
-        ITERATOR_STATE, f"restores this worker's {len(blob)}-byte tf.data iterator state")
+        ITERATOR_STATE, f"restores this worker's {len(blob)}-byte explicit (buffered elements) tf.data iterator state")
     assert take(epoch_input.iterator(1, 7), 3) == [107, 108, 109]
     assert world.built == [(1, 2, (1, 2))]  # built from the saved entry step, this worker's own pipeline
+    assert world.symbolic == [False]  # as it was saved: a manifest without "symbolic" holds an explicit state
     # The state served that epoch once: the next epoch (or a second entry) is built from its start step.
     assert take(epoch_input.iterator(2, 0), 1) == [200]
     assert world.built[-1] == (2, 0, (1, 2))
@@ -172,7 +182,8 @@ def test_a_restored_state_of_another_epoch_is_dropped(tmp_path):
     saved = {"iterator_state": {"world_size": 2, "epoch": 0, "entry_step": 2, "bytes": [len(blob)] * 2}}
     assert epoch_input.plan_reentry(manifest(step_in_epoch=7, extra=saved), tmp_path)[0] == ITERATOR_STATE
     assert take(epoch_input.iterator(1, 7), 1) == [107]
-    assert world.built == [(1, 7, (0, 2))]
+    assert world.built == [(1, 7, (0, 2))] * 2  # the symbolic probe, then the iterator (no state to restore)
+    assert world.symbolic == [True, True]
 
 
 # --------------------------------------------------------------------- save
@@ -185,9 +196,10 @@ def test_the_chief_gets_every_workers_state_and_the_size_is_reported_once():
     assert (sorted(files), files["iterator-1.bin"]) == (["iterator-0.bin", "iterator-1.bin"], PEER_STATE)
     assert position(files["iterator-0.bin"], 1, 3) == 107  # this worker's own state, where it stood
     sizes = [len(files["iterator-0.bin"]), len(PEER_STATE)]
-    assert extra == {"iterator_state": {"world_size": 2, "epoch": 1, "entry_step": 3, "bytes": sizes}}
+    assert extra == {"iterator_state": {"world_size": 2, "epoch": 1, "entry_step": 3, "bytes": sizes,
+                                        "symbolic": True}}
     assert world.events == [("iterator_state_sized", {"group": True, "bytes": sizes, "max_bytes": 1 << 20,
-                                                      "kept": True})]
+                                                      "kept": True, "symbolic": True})]
     take(iterator, 1)
     files, extra = epoch_input.state_to_save(1, 8)
     assert position(files["iterator-0.bin"], 1, 3) == 108 and len(world.events) == 1
@@ -243,21 +255,82 @@ def test_a_pipeline_that_cannot_be_saved_on_a_peer_turns_the_path_into_skip():
     reason = "the tf.data pipeline of rank(s) [1] cannot be saved: a stateful op such as py_function"
     assert (epoch_input.path, epoch_input.reason) == (SKIP, reason)
     assert world.events == [("iterator_state_sized", {"group": True, "bytes": [world.gathered[0], -1],
-                                                      "max_bytes": 1 << 20, "kept": False, "reason": reason})]
+                                                      "max_bytes": 1 << 20, "kept": False, "reason": reason,
+                                                      "symbolic": True})]
 
 
 def test_this_workers_unsaveable_pipeline_is_reported_with_tensorflows_message():
     world = World()
 
-    def stateful(epoch: int, start_step: int, worker):
+    def stateful(epoch: int, start_step: int, worker, symbolic):
         return tf.data.Dataset.range(10).map(lambda i: tf.py_function(lambda x: x, [i], tf.int64))
 
     epoch_input = EpochInput(path=ITERATOR_STATE, reason="", max_state_bytes=100, dataset=stateful, **world.common())
     take(epoch_input.iterator(0, 0), 1)
     assert epoch_input.state_to_save(0, 1) == ({}, {})
     assert world.gathered == [-1]
+    [(_, fields)] = world.events  # not symbolic either: a position would not restore the op's state
+    assert fields["symbolic"] is False and "EagerPyFunc is stateful" in fields["not_symbolic"]
     assert epoch_input.reason.startswith("the tf.data pipeline of rank(s) [0, 1] cannot be saved (")
     assert "EagerPyFunc is stateful" in epoch_input.reason
+
+
+# ----------------------------------------------------------------- symbolic
+def test_a_restored_symbolic_state_rebuilds_its_pipeline_symbolic(tmp_path):
+    saved_iterator = iter(with_symbolic(tf.data.Dataset.range(1 * STEPS + 2, 2 * STEPS), True))
+    take(saved_iterator, 5)
+    blob = serialize_iterator(saved_iterator)
+    (tmp_path / state_file(0)).write_bytes(blob)
+    world = World()
+    epoch_input = plain_input(world)
+    saved = {"iterator_state": {"world_size": 2, "epoch": 1, "entry_step": 2, "bytes": [len(blob)] * 2,
+                                "symbolic": True}}
+    assert epoch_input.plan_reentry(manifest(step_in_epoch=7, extra=saved), tmp_path) == (
+        ITERATOR_STATE, f"restores this worker's {len(blob)}-byte symbolic (positions) tf.data iterator state")
+    assert take(epoch_input.iterator(1, 7), 2) == [107, 108]
+    assert world.symbolic == [True]
+
+
+def test_a_symbolic_state_holds_positions_not_the_buffered_elements():
+    # range -> map -> batch(8) -> unbatch of 4 KB elements: after 3 elements, an explicit state
+    # holds the rest of the current batch (5 x 4 KB), a symbolic one the positions.
+    def dataset(epoch: int, start_step: int, worker, symbolic):
+        noise = tf.data.Dataset.range(start_step, STEPS).map(lambda i: tf.random.stateless_uniform([1024], [i, 0]))
+        pipeline = noise.batch(8).unbatch()  # 4 KB of noise per element: nothing to compress
+        return with_symbolic(pipeline, symbolic)
+
+    def saved_bytes(*, symbolic: bool) -> tuple[bool, int]:
+        world = World(peer_size=1)
+        epoch_input = EpochInput(path=ITERATOR_STATE, reason="", max_state_bytes=1 << 20, dataset=dataset,
+                                 **world.common())
+        if not symbolic:  # as after a refused try (next test)
+            epoch_input._symbolic = False
+        iterator = epoch_input.iterator(0, 0)
+        [next(iterator) for _ in range(3)]
+        files, extra = epoch_input.state_to_save(0, 3)
+        return extra["iterator_state"]["symbolic"], len(files["iterator-0.bin"])
+
+    (symbolic, positions), (explicit, buffered) = saved_bytes(symbolic=True), saved_bytes(symbolic=False)
+    assert (symbolic, explicit) == (True, False)
+    assert positions < 2048 and buffered > 5 * 4096
+
+
+def test_a_dataset_without_symbolic_checkpointing_is_saved_explicitly_and_says_why():
+    world = World(peer_size=1)
+
+    def cached(epoch: int, start_step: int, worker, symbolic):
+        world.symbolic.append(symbolic)
+        return with_symbolic(tf.data.Dataset.range(start_step, STEPS).cache(), symbolic)
+
+    epoch_input = EpochInput(path=ITERATOR_STATE, reason="", max_state_bytes=100, dataset=cached, **world.common())
+    take(epoch_input.iterator(0, 0), 2)
+    assert world.symbolic == [True, False]  # a probe tried, TensorFlow refused: built explicit
+    assert epoch_input.state_to_save(0, 2) == ({}, {})  # the cache's state is over 100 bytes
+    [(name, fields)] = world.events
+    assert (name, fields["symbolic"], fields["not_symbolic"]) == (
+        "iterator_state_sized", False, "CacheDatasetV2 does not support symbolic checkpointing.")
+    assert epoch_input.reason.endswith(
+        "; it holds buffered elements because CacheDatasetV2 does not support symbolic checkpointing.")
 
 
 # ---------------------------------------------------------------------- end
@@ -269,7 +342,7 @@ def test_a_retired_epoch_is_handed_to_the_reaper_and_saves_no_state_after():
     epoch_input.retire(iterator, 0)
     del iterator
     assert epoch_input.reaper.wait_idle(10)
-    assert (epoch_input.reaper.retired, epoch_input.reaper.torn_down) == (1, 1)
+    assert (epoch_input.reaper.retired, epoch_input.reaper.torn_down) == (2, 2)  # the symbolic probe's too
     assert epoch_input.state_to_save(0, 3) == ({}, {}) and world.gathered == []
 
 
@@ -280,7 +353,7 @@ def test_a_kept_iterator_is_not_retired_and_the_preemption_save_still_records_it
     take(iterator, 3)
     epoch_input.keep(iterator)
     del iterator
-    assert epoch_input.reaper.retired == 0
+    assert epoch_input.reaper.retired == 1  # the symbolic probe of the attempt's first iterator only
     files, _ = epoch_input.state_to_save(0, 3)
     assert position(files["iterator-0.bin"], 0, 0) == 3
 

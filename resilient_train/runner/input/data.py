@@ -69,11 +69,14 @@ def epoch_dataset(
     params: dict[str, Any],
     input_check: InputCheck | None = None,
     worker: tuple[int, int] | None = None,
+    symbolic: bool = False,
 ):
     """The distributed dataset for ``epoch``, positioned at ``start_step``.
 
     ``worker=(rank, workers)``: instead, worker ``rank``'s own ``tf.data.Dataset`` (the same
-    batches its replica would get; for the iterator-state path, runner/input/iterator_state.py).
+    batches its replica would get; for the iterator-state path, runner/input/iterator_state.py);
+    ``symbolic``: with ``experimental_symbolic_checkpoint`` on, so its saved state holds
+    positions, not buffered elements (the values are the same either way).
 
     Every global RNG a recipe draws from is reseeded from ``(seed, epoch)`` right before
     each call of ``recipe.dataset`` (runner/input/determinism.py), so an unseeded shuffle or
@@ -92,6 +95,8 @@ def epoch_dataset(
         options = tf.data.Options()
         options.deterministic = True
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        if symbolic:
+            options.experimental_symbolic_checkpoint = True
         return dataset.with_options(options).skip(skip).take(steps_per_epoch - start_step).prefetch(2)
 
     if worker is None:

@@ -18,7 +18,8 @@ sizes. A fit script's input (runner/keras_recipes/fitscript.py) is one iterator 
 outlives its epochs: it is never retired or kept here, and it re-enters by ``skip``.
 
 # Implementation:
-# On the iterator_state path each worker iterates its own plain tf.data iterator; this
+# On the iterator_state path each worker iterates its own plain tf.data iterator, built with
+# symbolic checkpointing unless the attempt's probe found TensorFlow refuses it; this
 # object holds it between the epoch's start and its retirement (a preemption save needs it
 # after the last call). state_to_save runs on every worker at the same save step: one
 # all-reduce of the states' sizes (-1: this worker's pipeline cannot be saved), then, when
@@ -30,6 +31,7 @@ outlives its epochs: it is never retired or kept here, and it re-enters by ``ski
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -58,10 +60,11 @@ _FIT_SCRIPT_REASON = "a fit script's input skips to the position"
 # An input whose teardown took this long is reported (input_torn_down).
 SLOW_TEARDOWN_S = 1.0
 
-# dataset(epoch, start_step, worker): epoch ``epoch``'s input from ``start_step``; ``worker``
-# (rank, workers) asks for that worker's own plain tf.data.Dataset (the iterator_state path),
-# None for the distributed one (runner/input/data.py epoch_dataset).
-DatasetFn = Callable[[int, int, "tuple[int, int] | None"], Any]
+# dataset(epoch, start_step, worker, symbolic): epoch ``epoch``'s input from ``start_step``;
+# ``worker`` (rank, workers) asks for that worker's own plain tf.data.Dataset (the
+# iterator_state path), None for the distributed one; ``symbolic``: with tf.data's symbolic
+# checkpointing on (runner/input/data.py epoch_dataset).
+DatasetFn = Callable[[int, int, "tuple[int, int] | None", bool], Any]
 
 
 class EpochInput:
@@ -104,7 +107,12 @@ class EpochInput:
         self._plain: Any = None  # the epoch's plain per-worker iterator on the iterator_state path
         self._entry_step = 0  # the step the current epoch's pipeline was built from
         self._state_sized = False  # iterator_state_sized was reported (once per attempt)
-        self._restored: tuple[int, int, bytes] | None = None  # (epoch, entry step, state) of the restore
+        # (epoch, entry step, state, symbolic) of the restore
+        self._restored: tuple[int, int, bytes, bool] | None = None
+        # Whether the plain pipeline is saved symbolically (positions, not buffered elements):
+        # None until the attempt's first plain iterator tries it; why not, when it cannot be.
+        self._symbolic: bool | None = None
+        self._not_symbolic = ""
         # The epoch's iterator when a preemption stopped it: held past the preemption save.
         self._kept_iterator: Any = None
         # Finished epochs' (and evaluations') iterators are torn down off the training thread.
@@ -153,8 +161,10 @@ class EpochInput:
             return SKIP, (f"the iterator state was saved by {saved.get('world_size')} workers; "
                           f"{self._workers} resume (another sharding)")
         blob = (checkpoint_dir / state_file(self._rank)).read_bytes()
-        self._restored = (int(saved["epoch"]), int(saved["entry_step"]), blob)
-        return ITERATOR_STATE, f"restores this worker's {len(blob)}-byte tf.data iterator state"
+        symbolic = bool(saved.get("symbolic", False))  # before symbolic states: explicit ones
+        self._restored = (int(saved["epoch"]), int(saved["entry_step"]), blob, symbolic)
+        kind = "symbolic (positions)" if symbolic else "explicit (buffered elements)"
+        return ITERATOR_STATE, f"restores this worker's {len(blob)}-byte {kind} tf.data iterator state"
 
     # ----------------------------------------------------------------- enter
     def iterator(self, epoch: int, start: int) -> Any:
@@ -164,16 +174,52 @@ class EpochInput:
         if self._source is not None:
             return self._source(epoch, start)
         assert self._dataset is not None  # exactly one of the two (checked at construction)
-        plain = self.plain
+        if not self.plain:
+            self._restored = None
+            self._plain, self._entry_step = None, start
+            return iter(self._dataset(epoch, start, None, False))
         entry, state = start, None
-        if plain and self._restored is not None and self._restored[0] == epoch:
-            _, entry, state = self._restored
+        if self._restored is not None and self._restored[0] == epoch:
+            _, entry, state, self._symbolic = self._restored  # rebuilt as it was saved
         self._restored = None
-        iterator = iter(self._dataset(epoch, entry, (self._rank, self._workers) if plain else None))
+        iterator = self._plain_iterator(epoch, entry)
         if state is not None:
             restore_iterator(iterator, state)
-        self._plain, self._entry_step = (iterator if plain else None), entry
+        self._plain, self._entry_step = iterator, entry
         return iterator
+
+    def _plain_iterator(self, epoch: int, entry: int) -> Any:
+        """This worker's plain iterator of epoch ``epoch`` from ``entry``, symbolic when it can be.
+
+        Whether it can is asked of TensorFlow, once per attempt: a probe of the same pipeline,
+        built with symbolic checkpointing, yields one element and is serialized; a dataset
+        that does not support it refuses (UnimplementedError "CacheDatasetV2 does not
+        support symbolic checkpoint"; only once it has yielded: a fresh iterator saves), and
+        the attempt builds explicit iterators from then on. Any other error is left to the
+        first mid-epoch save, as on the explicit path. The probe costs one element.
+        A pipeline with a stateful op (``py_function``, ``numpy_function``) is never symbolic:
+        TensorFlow would save its position, but a restore would not bring back the op's own
+        state (e.g. NumPy's generator), so the batches could differ; explicitly TensorFlow
+        refuses to save it, and it re-enters by ``skip`` as before."""
+        worker = (self._rank, self._workers)
+        if self._symbolic is None:
+            self._symbolic, self._not_symbolic = True, ""
+            dataset = self._dataset(epoch, entry, worker, True)
+            stateful = _stateful(dataset)
+            if stateful:  # a symbolic state would save it, but not the op's state: not exact
+                self._symbolic, self._not_symbolic = False, f"a stateful op ({stateful}) keeps state a position cannot"
+                return iter(self._dataset(epoch, entry, worker, False))
+            probe = iter(dataset)
+            try:
+                next(probe, None)
+                serialize_iterator(probe)
+            except tf.errors.OpError as exc:
+                message = _first_line(exc)
+                if "symbolic checkpoint" in message:
+                    self._symbolic, self._not_symbolic = False, message
+            self.reaper.retire(probe, ("train", epoch))  # its prefetch threads go off this thread
+            del probe
+        return iter(self._dataset(epoch, entry, worker, self._symbolic))
 
     # ------------------------------------------------------------------ save
     def state_to_save(self, epoch: int, step_in_epoch: int, *,
@@ -190,11 +236,14 @@ class EpochInput:
         try:
             blob = serialize_iterator(self._plain)
         except tf.errors.OpError as exc:  # e.g. a py_function / numpy_function: "EagerPyFunc is stateful"
-            blob, unsaveable = b"", (exc.message or type(exc).__name__).splitlines()[0][:200]
+            blob, unsaveable = b"", _first_line(exc)
         else:
             unsaveable = None
         sizes = self._gather(-1 if unsaveable is not None else len(blob))  # every worker decides alike
         bound = self._max_state_bytes
+        kind = {"symbolic": bool(self._symbolic)}
+        if not self._symbolic:
+            kind["not_symbolic"] = self._not_symbolic
         if min(sizes) < 0:
             ranks = [rank for rank, size in enumerate(sizes) if size < 0]
             self._state_sized = True
@@ -202,14 +251,16 @@ class EpochInput:
                 f"the tf.data pipeline of rank(s) {ranks} cannot be saved"
                 + (f" ({unsaveable})" if unsaveable else "") + ": a stateful op such as py_function")
             self._emit("iterator_state_sized", group=True, bytes=sizes, max_bytes=bound, kept=False,
-                       reason=self._reason)
+                       reason=self._reason, **kind)
             return {}, {}
         if not self._state_sized:
             self._state_sized = True
-            self._emit("iterator_state_sized", group=True, bytes=sizes, max_bytes=bound, kept=max(sizes) <= bound)
+            self._emit("iterator_state_sized", group=True, bytes=sizes, max_bytes=bound, kept=max(sizes) <= bound,
+                       **kind)
             if max(sizes) > bound:
                 self._path, self._reason = SKIP, (
-                    f"the iterator state ({max(sizes)} bytes) is larger than --max-iterator-state-bytes {bound}")
+                    f"the iterator state ({max(sizes)} bytes) is larger than --max-iterator-state-bytes {bound}"
+                    + (f"; it holds buffered elements because {self._not_symbolic}" if self._not_symbolic else ""))
                 return {}, {}
         if max(sizes) > bound:  # grew since it was measured: this checkpoint goes without
             return {}, {}
@@ -217,7 +268,7 @@ class EpochInput:
         files = ({state_file(rank): state for rank, state in enumerate(states)}
                  if self._is_chief or files_everywhere else {})
         return files, {EXTRA_KEY: {"world_size": self._workers, "epoch": epoch, "entry_step": self._entry_step,
-                                   "bytes": sizes}}
+                                   "bytes": sizes, "symbolic": bool(self._symbolic)}}
 
     # ------------------------------------------------------------------- end
     def retire(self, iterator: Any, epoch: int) -> None:
@@ -251,3 +302,20 @@ class EpochInput:
         slow ones are reported."""
         if seconds >= SLOW_TEARDOWN_S:
             self._emit("input_torn_down", input=label[0], epoch=label[1], seconds=round(seconds, 3))
+
+
+def _first_line(exc: tf.errors.OpError) -> str:
+    """TensorFlow's message, first line, without the ``{{function_node ...}}`` and ``[Op:...]`` decorations."""
+    message = (exc.message or type(exc).__name__).splitlines()[0]
+    message = re.sub(r"^\{\{[^}]*\}\}\s*", "", message)  # {{function_node ...}}
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", message)[:200]  # [Op:SerializeIterator] name:
+
+
+def _stateful(dataset: Any) -> str:
+    """TensorFlow's complaint when ``dataset`` has an op with external state, else "" (the
+    check an explicit iterator save makes: DatasetToGraph with the FAIL policy)."""
+    try:
+        tf.raw_ops.DatasetToGraphV2(input_dataset=dataset._variant_tensor, external_state_policy=2)
+    except tf.errors.OpError as exc:
+        return _first_line(exc)
+    return ""
