@@ -105,7 +105,7 @@ from resilient_train.supervisor.attempt import Attempt, Resize, Restart, Worker
 from resilient_train.supervisor.console import Console, EventTail, hang_line
 from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
 from resilient_train.supervisor.ownership import claim_storage, generation_for
-from resilient_train.supervisor.rescue import RescueWait, choose_rescuer, failed_ranks
+from resilient_train.supervisor.rescue import RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
     ExitClass,
@@ -326,7 +326,7 @@ class Supervisor:
             ends = self._running_ends()
             if ends is not None:
                 state, reason = ends
-                if state is RunState.STOPPING and self.job.snapshot_every_steps is not None:
+                if state is RunState.STOPPING and self.job.memory_tier:
                     self._ask_for_rescue()
                 self._to(state, reason=reason)
                 return
@@ -366,11 +366,13 @@ class Supervisor:
         lowest-ranked survivor to commit its in-memory snapshot, and wait (bounded) for its
         answer, so the restart restores it (supervisor/rescue.py)."""
         rescuer = choose_rescuer(self.workers) if self.stop_signal is None else None
-        if rescuer is None:
-            return
+        if rescuer is not None:
+            self._rescue_from(rescuer, dead_ranks=failed_ranks(self.workers))
+
+    def _rescue_from(self, rescuer: Worker, **why: Any) -> None:
+        """Ask ``rescuer`` to commit its snapshot; wait (bounded) for its answer."""
         deadline_s = rescue_deadline_s(self.job.storage_timeout)
-        emit(RESCUE_REQUESTED, rank=rescuer.rank, dead_ranks=failed_ranks(self.workers), attempt=self.attempt,
-             deadline_s=deadline_s)
+        emit(RESCUE_REQUESTED, rank=rescuer.rank, attempt=self.attempt, deadline_s=deadline_s, **why)
         rescue = self.current.rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
         started = self.clock()
         self._signal(rescuer, RESCUE_SIGNAL)
@@ -474,6 +476,10 @@ class Supervisor:
         self.current.hang = hang
         emit("hang_detected", attempt=self.attempt, **hang)
         self.tail.pump()
+        if self.job.memory_tier and self.stop_signal is None:  # a peer of the stuck rank commits its snapshot
+            rescuer = choose_hang_rescuer(self._alive(), stuck=rank)
+            if rescuer is not None:
+                self._rescue_from(rescuer, dead_ranks=[], stuck_rank=rank)
         self._to(RunState.STOPPING, reason=f"hang: rank {rank} made no progress for {stall.seconds:.0f} s")
 
     def _step_stopping(self, _: None) -> None:

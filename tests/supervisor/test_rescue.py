@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from resilient_train.supervisor.attempt import Worker
-from resilient_train.supervisor.rescue import RescueWait, choose_rescuer, failed_ranks
+from resilient_train.supervisor.rescue import RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks
 
 
 def workers(*codes):
@@ -24,6 +24,13 @@ def test_no_rescue_without_a_failure_a_survivor_or_with_a_preemption():
     assert choose_rescuer(workers(-9, -9)) is None  # nobody alive
     assert choose_rescuer(workers(143, None)) is None  # a preemption: the peers save at the agreed step
     assert choose_rescuer(workers(-9, 143, None)) is None
+
+
+def test_on_a_hang_the_lowest_ranked_worker_but_the_stuck_one_rescues():
+    assert choose_hang_rescuer(workers(None, None, None), stuck=1).rank == 0
+    assert choose_hang_rescuer(workers(None, None, None), stuck=0).rank == 1  # a frozen chief cannot answer
+    assert choose_hang_rescuer(workers(-9, None, None), stuck=1).rank == 2
+    assert choose_hang_rescuer(workers(None, -9), stuck=0) is None
 
 
 def test_the_wait_takes_only_the_asked_ranks_answer_in_this_attempt():
@@ -97,7 +104,7 @@ def test_a_rescuer_that_does_not_answer_is_abandoned_at_the_deadline(tmp_path, a
 
 def test_no_rescue_request_when_the_tier_is_off(tmp_path, answering):
     scripts = [{"exit_at": None}, {"exit_at": 0.5, "exit_code": -signal.SIGKILL}]
-    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0)
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0, snapshot_every="off")
     assert supervisor.run() == EXIT_FAILURE
     assert [name for name, _ in spawner.processes[0].signals] == ["SIGTERM", "SIGKILL"]
     assert events(tmp_path, "rescue_requested") == []
