@@ -108,3 +108,23 @@ def test_no_rescue_request_when_the_tier_is_off(tmp_path, answering):
     assert supervisor.run() == EXIT_FAILURE
     assert [name for name, _ in spawner.processes[0].signals] == ["SIGTERM", "SIGKILL"]
     assert events(tmp_path, "rescue_requested") == []
+
+
+def test_a_hang_asks_the_lowest_rank_but_the_stuck_one_before_the_kill(tmp_path, answering):
+    from resilient_train.errors import EXIT_OK
+    from tests.supervisor.test_supervisor_loop import hanging_spawner
+
+    answering[0] = {"event": "rescue_committed", "global_step": 3, "snapshot_age_s": 0.1, "seconds": 0.2}
+    scripts = [{"exit_at": None}, {"exit_at": None}, {"exit_at": 2.0}, {"exit_at": 2.0}]
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=1, hang_timeout=5)  # the tier on: auto
+    supervisor.launcher.spawner = hanging_spawner(spawner, {1})  # both alive, no progress; rank 1 in recipe code
+    assert supervisor.run() == EXIT_OK
+    [hang] = events(tmp_path, "hang_detected")
+    asked = events(tmp_path, "rescue_requested")
+    assert [(e["rank"], e["stuck_rank"], e["dead_ranks"], e["attempt"]) for e in asked] == [(0, hang["rank"], [], 1)]
+    chief, stuck = spawner.processes[:2]
+    # Stacks, then the rescue request to rank 0 only, then (its answer came at once) the kill.
+    assert [name for name, _ in chief.signals] == ["SIGUSR1", "SIGUSR2", "SIGKILL"]
+    assert [name for name, _ in stuck.signals] == ["SIGUSR1", "SIGKILL"]
+    assert chief.signals[2][1] - chief.signals[1][1] <= 0.1
+    assert events(tmp_path, "rescue_abandoned") == []
