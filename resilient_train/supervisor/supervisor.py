@@ -38,8 +38,10 @@ workers restore the last committed checkpoint.
 #              gives it grace_period to save and exit 143; settled as a membership change.
 #   HUNG       send SIGUSR1 through the launcher's handles (workers dump their stacks,
 #              rundir/stacks.py), wait up to STACKS_WAIT_S for the dumps, name the stuck
-#              rank, emit hang_detected -> STOPPING, which SIGKILLs the group at once (a
-#              hung group can save nothing) and settles it like a crash: it spends the
+#              rank, emit hang_detected; with the memory tier, ask the lowest rank but the
+#              stuck one to commit its snapshot (bounded, supervisor/rescue.py) -> STOPPING,
+#              which SIGKILLs the group at once (a hung group cannot save at an agreed
+#              step) and settles it like a crash: it spends the
 #              failure budget, and a hang at the same step twice in a row is a crash loop.
 #   STOPPING   _tear_down (the parameter-server tier overrides it), then _settle:
 #              the group hung -> SIGKILL everyone at once (no SIGTERM: nobody can save);
