@@ -1,13 +1,16 @@
 """Goodput under a kill -9 of a random worker every N seconds: what a failure costs, in one number.
 
-    .venv/bin/python benchmarks/goodput.py                # 6 kills, one every 20 s (~8 min on 2 quiet cores)
+    .venv/bin/python benchmarks/goodput.py                # 6 kills, one every 20 s, without and with the memory tier
     .venv/bin/python benchmarks/goodput.py --smoke --out /tmp/goodput.json   # one kill, 1000 steps
 
 Writes benchmarks/results/goodput.json. The job: ``recipes/digits_cnn.py``, 2 workers,
 global batch 64, one epoch of ``--steps`` steps, a save every ``--save-every-steps``
 (2000), the runner's defaults otherwise (async saves, warm standbys), ``--max-restarts``
-one above the kills. It runs twice, uninterrupted first (the reference) and then with the
-killer. The killer's clock starts at the first ``train_progress``; ``--every-s`` later it
+one above the kills. It runs uninterrupted first (the reference, ``--snapshot-every off``),
+then once with the killer for each ``--snapshot-every`` value of ``--compare`` (default
+``off,auto``: before and after issue 32's memory tier, on the same machine in one
+invocation), each with the same seeded ranks; ``compare`` in the JSON holds each run's
+figures below, keyed by that value. The killer's clock starts at the first ``train_progress``; ``--every-s`` later it
 SIGKILLs one worker of the attempt that trains, the rank drawn from ``random.Random(--seed)``
 (recorded per kill), its pid the one the supervisor announced in ``worker_started``. Each
 next kill comes ``--every-s`` after the previous one, or, when the group has not trained
@@ -65,8 +68,7 @@ from resilient_train.rundir.events import read_events  # noqa: E402
 from resilient_train.rundir.layout import RunDir  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-RESULT_KEYS = ("benchmark", "date", "host", "job", "schedule", "goodput", "window_s", "time_lost_s", "steps_per_s",
-               "medians", "kills", "digest_exact", "runs", "wall_s", "smoke")
+RESULT_KEYS = ("benchmark", "date", "host", "job", "schedule", "reference", "compare", "wall_s", "smoke")
 RECIPE = "recipes/digits_cnn.py"
 WORKERS, BATCH = 2, 64
 TIMEOUT_S = 1800.0  # per wait for the job (start-up, a restart) and for its end
@@ -199,6 +201,41 @@ def kill_figures(records: list[Record], kills: list[Record], rate: float) -> lis
     return figures
 
 
+def _compare_values(text: str) -> list[str]:
+    """``off,auto`` -> ["off", "auto"]: each a --snapshot-every value, none twice."""
+    values = [v.strip() for v in text.split(",")]
+    for value in values:
+        if value not in ("off", "auto") and not (value.isdigit() and int(value) >= 1):
+            raise argparse.ArgumentTypeError(f"{value!r} is not a --snapshot-every value; expected off, auto or N >= 1")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r} names a value twice; expected e.g. off,auto")
+    return values
+
+
+def measure(work: Path, args: argparse.Namespace, snapshot_every: str, reference: Record) -> Record:
+    """One killed run with ``--snapshot-every snapshot_every`` and its figures (module docstring)."""
+    run_dir = work / f"killed-{snapshot_every}"
+    killed, kills, window_end = run_with_kills(run_dir, args.steps, args.save_every_steps, args.kills,
+                                               args.every_s, random.Random(args.seed), snapshot_every=snapshot_every)
+    records = read_events(RunDir(run_dir).events)
+    rate = steps_per_s(records)
+    figures = kill_figures(records, kills, rate)
+    window_s = window_end - kills[0]["killed_at"]
+    time_lost = sum(f["lost_s"] for f in figures)
+    return {
+        "snapshot_every": snapshot_every,
+        "goodput": round(1 - time_lost / window_s, 4),
+        "window_s": round(window_s, 3),
+        "time_lost_s": round(time_lost, 3),
+        "steps_per_s": round(rate, 2),
+        "medians": {key: round(statistics.median(f[key] for f in figures), 3)
+                    for key in ("standstill_s", "lost_steps", "lost_s")},
+        "kills": figures,
+        "digest_exact": killed["weights_sha256"] == reference["weights_sha256"],
+        "run": killed,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=6, help="kills in the measured window (default 6)")
@@ -207,10 +244,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="steps of the job: enough to train past the last kill's period (default 50000)")
     parser.add_argument("--save-every-steps", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranks to kill (default 0)")
-    parser.add_argument("--snapshot-every", default="off",
-                        help="the killed run's memory tier (issue 32's rescue): off (default) or N steps")
+    parser.add_argument("--compare", type=_compare_values, default=["off", "auto"], metavar="V,V...",
+                        help="the killed runs' --snapshot-every values, one run each (default off,auto: "
+                        "without and with issue 32's memory tier)")
     parser.add_argument("--out", default=str(RESULTS / "goodput.json"))
-    add_smoke_flag(parser)  # one kill 1 s into a 1000-step job, a save every 100
+    add_smoke_flag(parser)  # one kill 1 s into a 1000-step job, a save every 100, per compared value
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
     if args.smoke:
@@ -220,39 +258,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reference = run_reference(work / "reference", args.steps, args.save_every_steps)
         print("reference", json.dumps(reference), flush=True)
-        killed, kills, window_end = run_with_kills(work / "killed", args.steps, args.save_every_steps, args.kills,
-                                                   args.every_s, random.Random(args.seed),
-                                                   snapshot_every=args.snapshot_every)
-        records = read_events(RunDir(work / "killed").events)
+        compare = {value: measure(work, args, value, reference) for value in args.compare}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rate = steps_per_s(records)
-    figures = kill_figures(records, kills, rate)
-    window_s = window_end - kills[0]["killed_at"]
-    time_lost = sum(f["lost_s"] for f in figures)
     report = {
         "benchmark": "goodput",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "job": {"recipe": RECIPE, "workers": WORKERS, "epochs": 1, "steps": args.steps, "global_batch_size": BATCH,
-                "save_every_steps": args.save_every_steps, "snapshot_every": args.snapshot_every},
+                "save_every_steps": args.save_every_steps},
         "schedule": {"kills": args.kills, "every_s": args.every_s, "seed": args.seed,
-                     "ranks": [f["rank"] for f in figures]},
-        "goodput": round(1 - time_lost / window_s, 4),
-        "window_s": round(window_s, 3),
-        "time_lost_s": round(time_lost, 3),
-        "steps_per_s": round(rate, 2),
-        "medians": {key: round(statistics.median(f[key] for f in figures), 3)
-                    for key in ("standstill_s", "lost_steps", "lost_s")},
-        "kills": figures,
-        "digest_exact": killed["weights_sha256"] == reference["weights_sha256"],
-        "runs": {"reference": reference, "killed": killed},
+                     "ranks": [k["rank"] for k in next(iter(compare.values()))["kills"]]},
+        "reference": reference,
+        "compare": compare,
         "wall_s": round(time.time() - started, 1),
         "smoke": args.smoke,
     }
-    out = write_result(args.out, report)
-    print(json.dumps({k: report[k] for k in ("goodput", "window_s", "time_lost_s", "steps_per_s", "medians",
-                                              "digest_exact")}, indent=2))
+    write_result(args.out, report)
+    print(json.dumps({value: {k: figures[k] for k in ("goodput", "window_s", "time_lost_s", "steps_per_s", "medians",
+                                                       "digest_exact")} for value, figures in compare.items()},
+                     indent=2))
     return 0
 
 

@@ -14,7 +14,9 @@ loss, input) and the same global batch:
 * ``ours_*``: ``resilient-train run`` with ``--no-warm-standby`` (``ours_standbys_*``: warm
   standbys on, as by default, importing TensorFlow beside training), no mid-epoch save /
   async or sync save every 20 steps, ``--steps-per-execution N`` (``_nN``; ``_auto``: the
-  default, the chief sizes calls to ~0.1 s).
+  default, the chief sizes calls to ~0.1 s). Every ``ours_*`` runs with the memory tier's
+  default (``--snapshot-every auto``); ``ours_{nosave,async20}_*_tieroff`` are the same
+  with ``--snapshot-every off``, so each pair measures what the default tier costs per step.
 
 steps/s excludes start-up and tracing on both sides: the plain loop times from the end of
 step 20 to its last step; ours is the slope between the first and the last
@@ -70,6 +72,12 @@ def configurations(steps_per_execution: list[str]) -> dict[str, dict[str, Any]]:
     n = steps_per_execution[-1]  # the slower variants only for the last N (keeps the run short)
     configs[f"ours_sync20_{suffix(n)}"] = {"kind": "ours", "flags": ["--save-every-steps", "20", "--checkpoint-mode", "sync"], "n": n}
     configs[f"ours_standbys_async20_{suffix(n)}"] = {"kind": "ours", "flags": ["--save-every-steps", "20"], "n": n, "standby": True}
+    # The memory tier is on by default (--snapshot-every auto): its cost is the default's steps/s
+    # against these (without mid-epoch saves the tier snapshots at its own interval; with a
+    # save every 20 steps the saves are its snapshots and what remains is the probes).
+    for save_every, name in ((0, "nosave"), (20, "async20")):
+        configs[f"ours_{name}_{suffix(n)}_tieroff"] = {
+            "kind": "ours", "n": n, "flags": ["--save-every-steps", str(save_every), "--snapshot-every", "off"]}
     return configs
 
 

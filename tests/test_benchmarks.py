@@ -41,7 +41,8 @@ SLOW = {
     "resize": "88 s (load 8), 61 s: the elastic shrink-and-grow job and the fixed one, 1200 steps each",
     "checkpoint_overhead": "60 s (load 8), 46 s: every save mode on the 100 MB wide_mlp, K=50 trials at 100 steps",
     "ray_recovery": "111 s (load 9), 76 s: a 4-node loopback Ray cluster, three kills and a node loss",
-    "goodput": "50 s (load 1-3); 180 s, 244 s (load 20-31): two 2-worker runs of 1000 steps, one with a kill",
+    "goodput": "50 s (load 1-3) and 180 s, 244 s (load 20-31) before --compare; now three 2-worker runs of 1000 steps, "
+               "two with a kill (--snapshot-every off, auto)",
     "notice_save": "18 s (load 9): one 2-worker run preempted by a GCE notice from a loopback server",
     "preformed_group": "290 s (load 84-118): four 2-worker TF groups (reference, training, standby, a standby losing a member)",
 }
@@ -160,16 +161,22 @@ def _epochs(data: dict[str, Any]) -> None:
 
 def _goodput(data: dict[str, Any]) -> None:
     assert data["job"] == {"recipe": "recipes/digits_cnn.py", "workers": 2, "epochs": 1, "steps": 1000,
-                           "global_batch_size": 64, "save_every_steps": 100, "snapshot_every": "off"}
+                           "global_batch_size": 64, "save_every_steps": 100}
     assert data["schedule"] == {"kills": 1, "every_s": 1.0, "seed": 0, "ranks": [random.Random(0).randrange(2)]}
-    [kill] = data["kills"]
-    assert (kill["attempt"], kill["rank"]) == (1, data["schedule"]["ranks"][0])
-    assert kill["resumed_step"] % 100 == 0 and 0 <= kill["lost_steps"] == kill["reached_step"] - kill["resumed_step"]
-    killed = data["runs"]["killed"]
-    assert (killed["status"], killed["global_step"], killed["restarts"]) == ("completed", 1000, 1)
-    assert killed["lost_steps"] == kill["lost_steps"]  # the per-kill count is summary.json's
-    assert data["runs"]["reference"]["restarts"] == 0 and data["digest_exact"] is True
-    assert data["window_s"] >= max(1.0, kill["standstill_s"]) and data["time_lost_s"] == kill["lost_s"]
+    assert data["reference"]["restarts"] == 0
+    assert list(data["compare"]) == ["off", "auto"]  # before and after the memory tier, one invocation
+    for value, result in data["compare"].items():
+        assert result["snapshot_every"] == value
+        [kill] = result["kills"]
+        assert (kill["attempt"], kill["rank"]) == (1, data["schedule"]["ranks"][0])
+        assert 0 <= kill["lost_steps"] == kill["reached_step"] - kill["resumed_step"]
+        killed = result["run"]
+        assert (killed["status"], killed["global_step"], killed["restarts"]) == ("completed", 1000, 1)
+        assert killed["lost_steps"] == kill["lost_steps"]  # the per-kill count is summary.json's
+        assert result["digest_exact"] is True
+        assert result["window_s"] >= max(1.0, kill["standstill_s"]) and result["time_lost_s"] == kill["lost_s"]
+    # Without the tier a kill resumes from a save (every 100 steps); with it, from a save or a rescued snapshot.
+    assert data["compare"]["off"]["kills"][0]["resumed_step"] % 100 == 0
 
 
 def _preformed_group(data: dict[str, Any]) -> None:

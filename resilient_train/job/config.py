@@ -41,7 +41,7 @@ from resilient_train.rundir.redact import drop_redacted, merge_secrets, redact_t
 from resilient_train.job.recipe import recipe_name
 
 __all__ = ["JobConfig", "Option", "JOB_OPTIONS", "TOML_KEYS", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO",
-           "COLLECTIVE_TIMEOUT_OFF", "SNAPSHOT_EVERY_OFF", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS",
+           "COLLECTIVE_TIMEOUT_OFF", "SNAPSHOT_EVERY_OFF", "SNAPSHOT_EVERY_AUTO", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS",
            "add_job_arguments", "job_from_args", "parse_workers"]
 
 LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
@@ -56,6 +56,7 @@ STEPS_PER_EXECUTION_AUTO = "auto"  # the runner sizes calls by time (runner/call
 HANG_TIMEOUT_AUTO = "auto"  # scaled from observed call times (supervisor/watchdog.py)
 COLLECTIVE_TIMEOUT_OFF = "off"  # no limit on one collective's wait (runner/strategy.py)
 SNAPSHOT_EVERY_OFF = "off"  # no memory tier: a crash loses the steps since the last commit (runner/state/memory_tier.py)
+SNAPSHOT_EVERY_AUTO = "auto"  # the default: an interval measured at start (runner/state/memory_tier.py, AutoInterval)
 
 
 def check_steps_per_execution(setting: object) -> None:
@@ -151,13 +152,13 @@ def _collective_timeout(text: str) -> float | str:
 
 
 def _snapshot_every(text: str) -> int | str:
-    """``off`` as text, ``N`` as an int (JobConfig checks both, and refuses ``auto`` for now)."""
-    if text == SNAPSHOT_EVERY_OFF:
+    """``auto`` and ``off`` as text, ``N`` as an int (JobConfig checks them)."""
+    if text in (SNAPSHOT_EVERY_AUTO, SNAPSHOT_EVERY_OFF):
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer number of steps or off") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer number of steps, auto or off") from None
 
 
 def parse_set_pairs(pairs: list[str], *, flag: str = "--set") -> dict[str, str]:
@@ -211,11 +212,13 @@ class JobConfig:
     checkpoint_mode: str = field(default="async", metadata=_flag(
         "--checkpoint-mode", choices=CHECKPOINT_MODES,
         help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on"))
-    snapshot_every: int | str = field(default=SNAPSHOT_EVERY_OFF, metadata=_flag(  # runner/state/memory_tier.py
-        "--snapshot-every", parse=_snapshot_every, metavar="N|off",
+    snapshot_every: int | str = field(default=SNAPSHOT_EVERY_AUTO, metadata=_flag(  # runner/state/memory_tier.py
+        "--snapshot-every", parse=_snapshot_every, metavar="auto|N|off",
         help="memory tier: every worker keeps a snapshot of the whole training state taken every N steps, and "
-        "when a worker dies the lowest-ranked survivor commits it, so a crash loses at most about N steps "
-        "(needs --checkpoint-mode async; default off; docs/failures.md, Rescue)"))
+        "when a worker dies or hangs a survivor commits it, so a crash loses at most about N steps; auto "
+        "(default): as often as keeps the snapshots' cost under 2%% of step time, off where the tier cannot "
+        "work (sync checkpoints, parameter-server, one worker); off: no tier, no extra copy of the state "
+        "(docs/failures.md, Rescue)"))
     save_every_seconds: float | None = field(default=None, metadata=_flag(
         "--save-every-seconds", parse=float, metavar="T",
         help="also checkpoint when T seconds passed since the last save (the chief's clock; all workers agree on the step)"))
@@ -402,8 +405,30 @@ class JobConfig:
 
     @property
     def snapshot_every_steps(self) -> int | None:
-        """The memory tier's interval in steps; None when it is off."""
-        return None if self.snapshot_every == SNAPSHOT_EVERY_OFF else int(self.snapshot_every)
+        """The memory tier's fixed interval in steps; None when it is off or ``auto``."""
+        return None if self.snapshot_every in (SNAPSHOT_EVERY_OFF, SNAPSHOT_EVERY_AUTO) else int(self.snapshot_every)
+
+    @property
+    def memory_tier_off_reason(self) -> str | None:
+        """Why this job runs without the memory tier (None: it runs with it, at least where
+        a worker has a peer; runner/loop.py says when a single worker turns ``auto`` off)."""
+        value = self.snapshot_every
+        if value == SNAPSHOT_EVERY_OFF:
+            return "--snapshot-every off"
+        if value != SNAPSHOT_EVERY_AUTO:
+            return None  # an explicit N: _check_snapshot_every refused what cannot work
+        if self.checkpoint_mode != "async":
+            return f"checkpoint_mode={self.checkpoint_mode!r}: the snapshot lives in the async checkpointer's twin"
+        if self.strategy != "mirrored":
+            return f"strategy={self.strategy!r}: no worker holds the whole state"
+        if self.workers == 1:
+            return "a single worker: no survivor to rescue from"
+        return None
+
+    @property
+    def memory_tier(self) -> bool:
+        """Whether workers keep snapshots and a survivor may be asked to rescue."""
+        return self.memory_tier_off_reason is None
 
     @property
     def elastic(self) -> bool:
@@ -513,13 +538,14 @@ def _check_strategy_fields(job: "JobConfig") -> None:
 
 
 def _check_snapshot_every(job: "JobConfig") -> None:
-    """``off`` or an integer >= 1, and only with async checkpoints under MultiWorkerMirroredStrategy."""
+    """``auto`` (never refused: it turns itself off where the tier cannot work, saying why),
+    ``off``, or an integer >= 1, and that only with async checkpoints under MultiWorkerMirroredStrategy."""
     value = job.snapshot_every
-    if value == SNAPSHOT_EVERY_OFF:
+    if value in (SNAPSHOT_EVERY_OFF, SNAPSHOT_EVERY_AUTO):
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"Received snapshot_every={value!r}; expected 'off' or an integer number of steps >= 1 "
-                          "('auto' is not available yet)")
+        raise ConfigError(f"Received snapshot_every={value!r}; expected 'auto', 'off' or an integer number of "
+                          "steps >= 1")
     if job.checkpoint_mode != "async":
         raise ConfigError(f"Received snapshot_every={value} with checkpoint_mode={job.checkpoint_mode!r}; the memory "
                           "tier keeps its snapshot in the async checkpointer's twin: use --checkpoint-mode async")

@@ -131,7 +131,7 @@ def worker_process(state: Recording, job: JobConfig, *, rank: int, role: str, wr
                                 role=role, stop=stop, until_exit=until_exit, stacks_file=stacks_file,
                                 notices=notices)
         process.watch_stop_signals()
-        if job.snapshot_every_steps is not None:  # the memory tier: a survivor may be asked to rescue
+        if job.memory_tier:  # the memory tier: a survivor may be asked to rescue
             install_rescue_listener()
         if notices is not None:
             notices.start()

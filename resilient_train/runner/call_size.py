@@ -60,6 +60,11 @@ class CallSizer:
         if self._calls > 1 and steps > 0:
             self._per_step.append(seconds / steps)
 
+    @property
+    def step_seconds(self) -> float | None:
+        """The chief's measured seconds per step (median of the recent calls; None: none yet)."""
+        return statistics.median(self._per_step) if self._per_step else None
+
     def proposal(self) -> int:
         """The chief's proposal for the next call's maximum steps."""
         if not self.auto:

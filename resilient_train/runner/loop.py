@@ -33,7 +33,10 @@
 #    The memory tier (--snapshot-every N, runner/state/memory_tier.py): every worker keeps
 #    a twin, calls also end N steps after the last snapshot or save, and there every
 #    worker snapshots (_snapshot: the same request a save builds, nothing persisted); a
-#    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death.
+#    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death
+#    or a hang. auto (the default): a snapshot after every call until the chief, having
+#    timed a few, proposes the interval in the packed all-reduce (_SNAPSHOT_EVERY) and
+#    every worker adopts it at the same call (memory_tier.AutoInterval).
 # 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
 #    summed in the packed all-reduce, so every worker stops after the same call
 #    (_preemption_agreed), saves it (flushed) and returns None (the worker exits 143).
@@ -67,7 +70,7 @@ import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.cluster.tf_config import ClusterInfo
-from resilient_train.job.config import JobConfig
+from resilient_train.job.config import SNAPSHOT_EVERY_AUTO, SNAPSHOT_EVERY_OFF, JobConfig
 from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
@@ -91,7 +94,7 @@ from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.reentry import EpochInput
-from resilient_train.runner.state.memory_tier import Rescuer, SnapshotSchedule
+from resilient_train.runner.state.memory_tier import AutoInterval, Rescuer, SnapshotSchedule
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.rundir import rescue_signal
 from resilient_train.runner import startup_phases
@@ -122,6 +125,8 @@ _RESIZE_NOTE_INDEXED = ("every global step trains on the same examples as an uni
 _PREEMPT = "__stop_requested__"  # the packed row's column: the sum of the workers' stop requests
 _SAVE_DUE = "__save_due__"
 _NEXT_CALL = "__next_call_steps__"
+_SNAPSHOT_EVERY = "__snapshot_every__"  # --snapshot-every auto: the chief's proposed interval (0: not yet)
+_SINGLE_WORKER = "a single worker: no survivor to rescue from"
 
 
 @dataclass(frozen=True)
@@ -225,8 +230,15 @@ class Trainer:
         )
         self.sizer = CallSizer(job.steps_per_execution)
         # The memory tier (--snapshot-every, runner/state/memory_tier.py): None when off.
-        every = job.snapshot_every_steps
-        self._snapshots = SnapshotSchedule(every) if every is not None else None
+        # auto also turns off for an attempt of one worker (an explicit N does not).
+        self._tier_off = job.memory_tier_off_reason
+        if self._tier_off is None and job.snapshot_every_steps is None and cluster.num_workers == 1:
+            self._tier_off = _SINGLE_WORKER
+        self._snapshots = SnapshotSchedule(job.snapshot_every_steps) if self._tier_off is None else None
+        # auto: the chief times the first snapshots and proposes the interval (None: not auto, or not the chief)
+        self._auto_interval = (AutoInterval() if self._snapshots is not None and self._snapshots.pending
+                               and cluster.is_chief else None)
+        self._twin_bytes = 0
         self._call_steps = self.sizer.initial  # the agreed maximum of the next call
         self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
         # What the supervisor's hang watchdog reads besides the step: a phase that may take
@@ -330,6 +342,9 @@ class Trainer:
         """HOW this worker saves, decided once. async: the chief (and every worker only if
         the model has sync-on-read variables, whose read is a collective) keeps a twin of
         the saved state (runner/state/checkpointing.py); other workers write nothing."""
+        if self._snapshots is None and self.job.snapshot_every == SNAPSHOT_EVERY_AUTO:  # auto resolved to off
+            emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=SNAPSHOT_EVERY_OFF, reason=self._tier_off,
+                 rank=self.cluster.rank)
         if self.job.checkpoint_mode == "sync":
             return SyncCheckpointer(
                 self.checkpoint,
@@ -363,7 +378,27 @@ class Trainer:
                           deadline_s=rescue_signal.rescue_hold_s(self.job.storage_timeout),
                           unable=self._why_no_rescue_here)
         rescue_signal.listener().set_target(rescuer.rescue)
-        emit("memory_tier", every_steps=self._snapshots.every_steps, twin_bytes=saver.twin.state_bytes, rank=rank)
+        self._twin_bytes = saver.twin.state_bytes
+        if not self._snapshots.pending:  # auto announces its interval once decided (_adopt_snapshot_every)
+            emit("memory_tier", setting=self._snapshots.every_steps, every_steps=self._snapshots.every_steps,
+                 twin_bytes=self._twin_bytes, rank=rank)
+
+    def _adopt_snapshot_every(self, proposed: float) -> None:
+        """auto: the interval the chief proposed, read by every worker from the same call."""
+        every = int(round(proposed))
+        if self._snapshots is None or not self._snapshots.pending or every < 1:
+            return
+        self._snapshots.decide(every)
+        measured = dict(self._auto_interval.chosen or {}) if self._auto_interval is not None else {}
+        measured.pop("every_steps", None)
+        emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=every, twin_bytes=self._twin_bytes,
+             rank=self.cluster.rank, **measured)
+
+    def _snapshot_every_proposal(self) -> float:
+        """The chief's vote in the call's _SNAPSHOT_EVERY column (0: nothing to propose)."""
+        if self._auto_interval is None or self._snapshots is None or not self._snapshots.pending:
+            return 0.0
+        return float(self._auto_interval.proposal(step_s=self.sizer.step_seconds, call_steps=self.sizer.proposal()))
 
     def _why_no_rescue_here(self) -> str | None:
         """A non-chief holds no current state of the chief-only callbacks (ModelCheckpoint,
@@ -441,7 +476,7 @@ class Trainer:
                     values[name] = tf.nn.compute_average_loss(
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
-            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL]  # fixed at trace time
+            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY]  # fixed at trace time
             first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
             flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags], axis=0)
@@ -573,12 +608,15 @@ class Trainer:
         nothing (every worker at the same agreed step: the request may all-reduce)."""
         assert self._async is not None and self._snapshots is not None
         global_step = int(self.global_step.numpy())
+        started = time.perf_counter()
         request = self._save_request(completed=False)  # still in the training phase (it may all-reduce)
         previous = self._phase.enter(PHASE_FLUSH)  # it may wait for the chief's in-flight persist
         try:
             self._async.save(request, persist=False)
         finally:
             self._phase.restore(previous)
+        if self._auto_interval is not None and self._snapshots.pending:
+            self._auto_interval.snapshot_took(time.perf_counter() - started)
         self._snapshots.taken(global_step)
 
     def _save_request(self, completed: bool) -> SaveRequest:
@@ -637,7 +675,8 @@ class Trainer:
         self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
         chief = self.cluster.is_chief
         flags = np.array([self._preemption_flag(), max(self.policy.time_flag(), float(self.save_requested())),
-                          self.sizer.proposal() if chief else 0.0], dtype=np.float32)
+                          self.sizer.proposal() if chief else 0.0,
+                          self._snapshot_every_proposal() if chief else 0.0], dtype=np.float32)
         started = time.perf_counter()
         result = self._train_call(iterator, tf.constant(steps, tf.int32), flags)
         if self._record_indices:
@@ -651,12 +690,14 @@ class Trainer:
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started)
         names = self._value_names
-        flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL)]
+        flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL),
+                        names.index(_SNAPSHOT_EVERY)]
         for row in rows:
             self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
         self._marker.write(global_step + steps)
-        preempt, save_due, next_call = (rows[-1, k] for k in flag_columns)
+        preempt, save_due, next_call, snapshot_every = (rows[-1, k] for k in flag_columns)
         self._call_steps = max(1, int(round(next_call)))
+        self._adopt_snapshot_every(snapshot_every)
         return bool(preempt > 0), bool(save_due > 0)
 
     def _hit_step_faults(self, first: int, last: int) -> None:

@@ -133,7 +133,7 @@ class _Worker:
     def drain(self) -> None:
         if self.trainer is not None:
             self.trainer.drain_pending_checkpoint(_DRAIN_ON_ERROR_S)
-        if self.job.snapshot_every_steps is not None:
+        if self.job.memory_tier:
             # A peer died: this worker's own collective failed ~8 s later, maybe while its
             # rescue commits on the listener thread. Never race it (bounded by the rescue's deadline).
             from resilient_train.rundir.rescue_signal import RESCUE_ARRIVAL_S, listener, rescue_deadline_s
@@ -207,7 +207,7 @@ class _Worker:
                                 retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         if self.cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
             store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
-        elif job.snapshot_every_steps is not None:  # it may commit a rescue for this attempt (memory tier)
+        elif job.memory_tier:  # it may commit a rescue for this attempt (memory tier)
             store.adopt_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
         return store
 

@@ -8,6 +8,11 @@ snapshot; the supervisor waits for that rank's ``rescue_committed`` or ``rescue_
 in events.jsonl, at most ``rescue_deadline_s(--storage-timeout)``, then stops the group as
 before. Nobody alive, a preemption, or the tier off: no request and no wait at all.
 
+On a hang (the watchdog's HUNG, supervisor/watchdog.py) every process is alive but the one
+named stuck may not be able to answer (SIGSTOPped, frozen host): the lowest-ranked worker
+other than it is asked, with the same bounded wait, before the group is killed. Its
+training thread is blocked in a collective; the rescue runs on its listener thread.
+
 Pure (no processes, no clock): the supervisor drives it from its poll loop.
 """
 
@@ -19,7 +24,7 @@ from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
 from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
 from resilient_train.supervisor.attempt import Worker
 
-__all__ = ["choose_rescuer", "failed_ranks", "RescueWait"]
+__all__ = ["choose_rescuer", "choose_hang_rescuer", "failed_ranks", "RescueWait"]
 
 
 def failed_ranks(workers: Sequence[Worker]) -> list[int]:
@@ -33,6 +38,12 @@ def choose_rescuer(workers: Sequence[Worker]) -> Worker | None:
     if not failed_ranks(workers) or any(w.returncode == EXIT_PREEMPTED for w in workers):
         return None
     alive = [w for w in workers if w.returncode is None]
+    return min(alive, key=lambda w: w.rank, default=None)
+
+
+def choose_hang_rescuer(workers: Sequence[Worker], *, stuck: int) -> Worker | None:
+    """The lowest-ranked worker still alive that is not the ``stuck`` one, or None."""
+    alive = [w for w in workers if w.returncode is None and w.rank != stuck]
     return min(alive, key=lambda w: w.rank, default=None)
 
 

@@ -41,8 +41,10 @@ workers restore the last committed checkpoint.
 #              gives it grace_period to save and exit 143; settled as a membership change.
 #   HUNG       send SIGUSR1 through the launcher's handles (workers dump their stacks,
 #              rundir/stacks.py), wait up to STACKS_WAIT_S for the dumps, name the stuck
-#              rank, emit hang_detected -> STOPPING, which SIGKILLs the group at once (a
-#              hung group can save nothing) and settles it like a crash: it spends the
+#              rank, emit hang_detected; with the memory tier, ask the lowest rank but the
+#              stuck one to commit its snapshot (bounded, supervisor/rescue.py) -> STOPPING,
+#              which SIGKILLs the group at once (a hung group cannot save at an agreed
+#              step) and settles it like a crash: it spends the
 #              failure budget, and a hang at the same step twice in a row is a crash loop.
 #   STOPPING   _tear_down (the parameter-server tier overrides it), then _settle:
 #              the group hung -> SIGKILL everyone at once (no SIGTERM: nobody can save);
@@ -109,7 +111,7 @@ from resilient_train.supervisor.console import Console, EventTail, hang_line
 from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
 from resilient_train.supervisor.launchers.api import read_notices
 from resilient_train.supervisor.ownership import claim_storage, generation_for
-from resilient_train.supervisor.rescue import RescueWait, choose_rescuer, failed_ranks
+from resilient_train.supervisor.rescue import RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
     ExitClass,
@@ -335,7 +337,7 @@ class Supervisor:
             ends = self._running_ends()
             if ends is not None:
                 state, reason = ends
-                if state is RunState.STOPPING and self.job.snapshot_every_steps is not None:
+                if state is RunState.STOPPING and self.job.memory_tier:
                     self._ask_for_rescue()
                 self._to(state, reason=reason)
                 return
@@ -375,11 +377,13 @@ class Supervisor:
         lowest-ranked survivor to commit its in-memory snapshot, and wait (bounded) for its
         answer, so the restart restores it (supervisor/rescue.py)."""
         rescuer = choose_rescuer(self.workers) if self.stop_signal is None else None
-        if rescuer is None:
-            return
+        if rescuer is not None:
+            self._rescue_from(rescuer, dead_ranks=failed_ranks(self.workers))
+
+    def _rescue_from(self, rescuer: Worker, **why: Any) -> None:
+        """Ask ``rescuer`` to commit its snapshot; wait (bounded) for its answer."""
         deadline_s = rescue_deadline_s(self.job.storage_timeout)
-        emit(RESCUE_REQUESTED, rank=rescuer.rank, dead_ranks=failed_ranks(self.workers), attempt=self.attempt,
-             deadline_s=deadline_s)
+        emit(RESCUE_REQUESTED, rank=rescuer.rank, attempt=self.attempt, deadline_s=deadline_s, **why)
         rescue = self.current.rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
         started = self.clock()
         self._signal(rescuer, RESCUE_SIGNAL)
@@ -527,6 +531,10 @@ class Supervisor:
         self.current.hang = hang
         emit("hang_detected", attempt=self.attempt, **hang)
         self.tail.pump()
+        if self.job.memory_tier and self.stop_signal is None:  # a peer of the stuck rank commits its snapshot
+            rescuer = choose_hang_rescuer(self._alive(), stuck=rank)
+            if rescuer is not None:
+                self._rescue_from(rescuer, dead_ranks=[], stuck_rank=rank)
         self._to(RunState.STOPPING, reason=f"hang: rank {rank} made no progress for {stall.seconds:.0f} s")
 
     def _step_stopping(self, _: None) -> None:

@@ -8,10 +8,11 @@ run's exact weights.
 """
 
 import json
+import math
 
 import pytest
 
-from tests.integration.conftest import DIGITS
+from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job
 from resilient_train.errors import EXIT_OK
 
@@ -72,9 +73,39 @@ def test_nothing_to_rescue_restores_the_last_commit_as_before(tmp_path, digits_r
     assert job.summary["weights_sha256"] == digits_reference
 
 
-def test_the_tier_is_off_by_default(digits_reference_run):
-    # The uninterrupted reference run (no --snapshot-every): no twin beyond the chief's, no
-    # snapshot between saves, nothing to ask for.
-    names = {e["event"] for e in digits_reference_run.events}
-    assert names & {"memory_tier", "rescue_requested", "rescue_committed", "rescue_skipped", "rescue_abandoned"} == set()
-    assert json.loads((digits_reference_run.run_dir / "attempt-1" / "job.json").read_text())["snapshot_every"] == "off"
+def test_auto_is_the_default_and_leaves_the_training_math_unchanged(tmp_path, digits_reference_run):
+    # The uninterrupted reference run (no --snapshot-every): auto. Every worker adopts the
+    # chief's proposal at the same call; the chief says what it measured.
+    tiers = digits_reference_run.named("memory_tier")
+    assert sorted(e["rank"] for e in tiers) == [0, 1]
+    assert {e["setting"] for e in tiers} == {"auto"}
+    [every] = {e["every_steps"] for e in tiers}
+    [chief] = [e for e in tiers if e["rank"] == 0]
+    assert chief["budget"] == 0.02 and chief["snapshot_ms"] > 0 and chief["step_ms"] > 0
+    assert every == max(chief["call_steps"], math.ceil(chief["snapshot_ms"] / (0.02 * chief["step_ms"])))
+    assert json.loads((digits_reference_run.run_dir / "attempt-1" / "job.json").read_text())["snapshot_every"] == "auto"
+    # Snapshots and the calls they end never change what is trained: the same weights as without the tier.
+    off = run_job(DIGITS, tmp_path / "off", *DIGITS_FLAGS, "--snapshot-every", "off")
+    assert off.returncode == EXIT_OK, off.output
+    assert off.named("memory_tier") == []
+    assert off.summary["weights_sha256"] == digits_reference_run.summary["weights_sha256"]
+
+
+def test_a_hang_between_snapshots_is_rescued_by_a_peer_of_the_stuck_rank(tmp_path, digits_reference):
+    # Rank 1's training thread stops after step 17 (alive, heartbeats on); rank 0 waits in
+    # step 18's collective. The watchdog names rank 1; rank 0 commits its snapshot of 16.
+    job = run_job(DIGITS, tmp_path / "run", *RESCUE_FLAGS, "--hang-timeout", "5",
+                  faults=[{"point": "after_step", "global_step": 17, "rank": 1, "signal": "HANG"}])
+    assert job.returncode == EXIT_OK, job.output
+    [hang] = job.named("hang_detected")
+    assert (hang["rank"], hang["attempt"]) == (1, 1)
+    requested = job.named("rescue_requested")
+    assert [(e["rank"], e["stuck_rank"], e["dead_ranks"], e["attempt"]) for e in requested] == [(0, 1, [], 1)]
+    committed = job.named("rescue_committed")
+    assert [(e["global_step"], e["rank"], e["attempt"]) for e in committed] == [(16, 0, 1)]
+    assert job.named("rescue_skipped") == [] and job.named("rescue_abandoned") == []
+    assert manifest(job, 16)["extra"]["rescue"]["rank"] == 0
+    assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(16, 2)]
+    assert job.summary["lost_steps"] == 1  # at most the interval (--snapshot-every 3), not 7
+    assert job.summary["weights_sha256"] == digits_reference
+    assert (job.summary["restarts"], job.summary["attempts"]) == (1, 2)

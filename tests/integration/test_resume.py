@@ -1,4 +1,8 @@
-"""A killed run, re-run, resumes from the last committed step with exact weights."""
+"""A killed run, re-run, resumes from the last committed step with exact weights.
+
+These runs are without the memory tier (``NO_TIER``): on by default, it would have a survivor
+commit its newer snapshot first (its rescue: tests/integration/test_rescue.py).
+"""
 
 import signal
 
@@ -7,6 +11,9 @@ import pytest
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job, run_job_until, worker_pids
 from resilient_train.errors import EXIT_FAILURE
+
+
+NO_TIER = ("--snapshot-every", "off")
 
 
 def committed_steps(job, attempt):
@@ -23,7 +30,7 @@ def test_kill_chief_mid_epoch_then_rerun_resumes_exactly(tmp_path, digits_refere
     # With async checkpointing the commit lands in the background, so the training
     # thread may have run a step or two further: those are the lost steps.
     killed = run_job(
-        DIGITS, run_dir, *DIGITS_FLAGS, "--max-restarts", "0",
+        DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER, "--max-restarts", "0",
         faults=[{"point": "after_commit", "global_step": 4, "rank": 0}],
     )
     assert killed.returncode == EXIT_FAILURE, killed.output
@@ -33,7 +40,7 @@ def test_kill_chief_mid_epoch_then_rerun_resumes_exactly(tmp_path, digits_refere
     assert [(e["rank"], e.get("signal")) for e in failed][0] == (0, "SIGKILL")
     assert killed.summary["status"] == "failed" and killed.summary["root_cause"]["rank"] == 0
 
-    rerun = run_job(DIGITS, run_dir, *DIGITS_FLAGS)
+    rerun = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER)
     assert rerun.returncode == 0, rerun.output
     restored = rerun.named("restored")
     assert [(r["global_step"], r["epoch"], r["step_in_epoch"], r["attempt"]) for r in restored] == [(4, 0, 4, 2)]
@@ -50,7 +57,7 @@ def test_kill_non_chief_gang_restart_is_exact(tmp_path, digits_reference):
     system_tmp.mkdir()
     # One step per call, so the kill lands right after step 13 (a longer call would end at
     # the save point 16 first, which the chief may commit before it is stopped).
-    job = run_job(DIGITS, tmp_path / "run", *DIGITS_FLAGS, "--steps-per-execution", "1",
+    job = run_job(DIGITS, tmp_path / "run", *DIGITS_FLAGS, *NO_TIER, "--steps-per-execution", "1",
                   faults=[{"point": "after_step", "global_step": 13, "rank": 1}], env={"TMPDIR": str(system_tmp)})
     assert job.returncode == 0, job.output
     assert sorted(p.name for p in system_tmp.iterdir()) == []
@@ -79,6 +86,7 @@ def test_seeds_scenario_kill_chief_at_step_7_resumes_at_7(tmp_path, digits_refer
     """The seed notes' experiment: checkpoint every step, kill the chief at step 7."""
     run_dir = tmp_path / "run"
     flags = (*DIGITS_FLAGS[:-1], "1")  # --save-every-steps 1
+    flags = (*flags, *NO_TIER)
     killed = run_job(DIGITS, run_dir, *flags, "--max-restarts", "0", faults=[{"point": "after_commit", "global_step": 7, "rank": 0}])
     assert killed.returncode == EXIT_FAILURE, killed.output
     assert committed_steps(killed, 1) == [1, 2, 3, 4, 5, 6, 7]
@@ -112,7 +120,8 @@ def test_external_sigkill_of_chief_restores_newest_commit(tmp_path, digits_refer
 
         os.kill(worker_pids(events)[0], signal.SIGKILL)
 
-    job = run_job_until("tests/recipes/slow_digits.py", tmp_path / "run", *DIGITS_FLAGS, when=first_commit, action=kill_chief)
+    job = run_job_until("tests/recipes/slow_digits.py", tmp_path / "run", *DIGITS_FLAGS, *NO_TIER, when=first_commit,
+                        action=kill_chief)
     assert job.returncode == 0, job.output
     before_kill = committed_steps(job, 1)
     restored = job.named("restored")

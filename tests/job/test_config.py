@@ -206,13 +206,28 @@ def test_the_workers_flag_takes_min_max():
 
 # ------------------------------------------------------------ --snapshot-every (the memory tier)
 
-def test_snapshot_every_is_off_by_default_and_takes_a_number_of_steps():
+def test_snapshot_every_is_auto_by_default_and_takes_a_number_of_steps():
     from resilient_train.job.config import JobConfig
 
-    assert JobConfig(recipe="r.py").snapshot_every_steps is None
+    default = JobConfig(recipe="r.py")
+    assert (default.snapshot_every, default.snapshot_every_steps, default.memory_tier) == ("auto", None, True)
     job = JobConfig(recipe="r.py", snapshot_every=5)
-    assert job.snapshot_every_steps == 5
+    assert (job.snapshot_every_steps, job.memory_tier) == (5, True)
     assert JobConfig.from_json(job.to_json()).snapshot_every_steps == 5
+    off = JobConfig(recipe="r.py", snapshot_every="off")
+    assert (off.memory_tier, off.memory_tier_off_reason) == (False, "--snapshot-every off")
+
+
+@pytest.mark.parametrize("settings, reason", [
+    ({"checkpoint_mode": "sync"}, "checkpoint_mode='sync': the snapshot lives in the async checkpointer's twin"),
+    ({"strategy": "parameter-server", "workers": 2}, "strategy='parameter-server': no worker holds the whole state"),
+    ({"workers": 1}, "a single worker: no survivor to rescue from"),
+])
+def test_auto_turns_the_tier_off_where_it_cannot_work_and_says_why(settings, reason):
+    from resilient_train.job.config import JobConfig
+
+    job = JobConfig(recipe="r.py", **settings)
+    assert (job.snapshot_every, job.memory_tier, job.memory_tier_off_reason) == ("auto", False, reason)
 
 
 def test_snapshot_every_flag_parses_off_and_n_and_refuses_the_rest():
@@ -224,15 +239,17 @@ def test_snapshot_every_flag_parses_off_and_n_and_refuses_the_rest():
     parser.add_argument("recipe")
     add_job_arguments(parser)
     assert job_from_args(parser.parse_args(["r.py", "--snapshot-every", "4"])).snapshot_every_steps == 4
-    assert job_from_args(parser.parse_args(["r.py", "--snapshot-every", "off"])).snapshot_every_steps is None
+    assert job_from_args(parser.parse_args(["r.py", "--snapshot-every", "off"])).snapshot_every == "off"
+    assert job_from_args(parser.parse_args(["r.py", "--snapshot-every", "auto"])).snapshot_every == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["r.py", "--snapshot-every", "often"])
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"snapshot_every": "auto"}, "Received snapshot_every='auto'; expected 'off' or an integer number of steps >= 1"),
-    ({"snapshot_every": 0}, "Received snapshot_every=0; expected 'off' or an integer"),
-    ({"snapshot_every": True}, "Received snapshot_every=True; expected 'off' or an integer"),
+    ({"snapshot_every": "often"}, "Received snapshot_every='often'; expected 'auto', 'off' or an integer number of "
+     "steps >= 1"),
+    ({"snapshot_every": 0}, "Received snapshot_every=0; expected 'auto', 'off' or an integer"),
+    ({"snapshot_every": True}, "Received snapshot_every=True; expected 'auto', 'off' or an integer"),
     ({"snapshot_every": 5, "checkpoint_mode": "sync"},
      "Received snapshot_every=5 with checkpoint_mode='sync'; the memory tier keeps its snapshot in the async "
      "checkpointer's twin: use --checkpoint-mode async"),

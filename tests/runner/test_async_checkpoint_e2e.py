@@ -146,7 +146,9 @@ def test_kill_9_inside_the_background_persist_never_restores_a_torn_checkpoint(t
         # attempt 2: killed right after step 20's manifest, before retention
         {"point": "after_commit", "global_step": 20, "rank": 0, "attempt": 2, "signal": "SIGKILL"},
     ]
-    job = run_job(tmp_path / "run", faults=faults)
+    # Without the memory tier: rank 1 would rescue its snapshot of step 10 (restored 10, not 5);
+    # this test is about the chief's own persist (a torn rescue: tests/integration/test_rescue*.py).
+    job = run_job(tmp_path / "run", "--snapshot-every", "off", faults=faults)
     assert job.returncode == 0, job.output
     summary = job.summary
     assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", TOTAL_STEPS, 2)

@@ -7,7 +7,13 @@ from contextlib import contextmanager
 import pytest
 
 from resilient_train.runner.state.checkpointing import AsyncCheckpointer, SaveRequest
-from resilient_train.runner.state.memory_tier import Rescuer, Snapshot, SnapshotSchedule, rescue_skip_reason
+from resilient_train.runner.state.memory_tier import (
+    AutoInterval,
+    Rescuer,
+    Snapshot,
+    SnapshotSchedule,
+    rescue_skip_reason,
+)
 
 
 def test_the_schedule_ends_calls_at_every_snapshot_step_and_restarts_at_saves():
@@ -22,6 +28,52 @@ def test_the_schedule_ends_calls_at_every_snapshot_step_and_restarts_at_saves():
     assert schedule.call_length(global_step=7, max_steps=100) == 5
     assert (schedule.due(11), schedule.due(12)) == (False, True)
     assert SnapshotSchedule(3, start_step=40).call_length(global_step=40, max_steps=8) == 3
+
+
+def test_auto_snapshots_after_every_call_until_the_agreed_interval_is_decided():
+    schedule = SnapshotSchedule(None, start_step=10)
+    assert schedule.pending and schedule.call_length(global_step=10, max_steps=64) == 64
+    assert (schedule.due(10), schedule.due(11)) == (False, True)
+    schedule.taken(11)
+    schedule.decide(40)
+    assert not schedule.pending
+    assert schedule.call_length(global_step=11, max_steps=64) == 40
+    assert (schedule.due(50), schedule.due(51)) == (False, True)
+    with pytest.raises(ValueError, match="Received every_steps=0"):
+        schedule.decide(0)
+
+
+def test_auto_proposes_the_interval_that_keeps_snapshots_within_the_budget():
+    auto = AutoInterval()
+    assert auto.proposal(step_s=0.002, call_steps=8) == 0  # nothing timed yet
+    for seconds in (0.5, 0.004, 0.005):  # the first (tracing) is not counted; the slowest of the rest is
+        assert auto.proposal(step_s=0.002, call_steps=8) == 0
+        auto.snapshot_took(seconds)
+    assert auto.proposal(step_s=None, call_steps=8) == 0  # no step time measured yet
+    # 5 ms / (2% of 2 ms) = 125 steps
+    assert auto.proposal(step_s=0.002, call_steps=8) == 125
+    assert auto.chosen == {"every_steps": 125, "snapshot_ms": 5.0, "step_ms": 2.0, "budget": 0.02,
+                           "call_steps": 8, "limited_by": "budget"}
+    assert auto.proposal(step_s=1.0, call_steps=1) == 125  # decided once: never re-measured
+
+
+def test_auto_never_snapshots_more_often_than_once_per_call():
+    auto = AutoInterval()
+    for seconds in (0.1, 0.001, 0.001):
+        auto.snapshot_took(seconds)
+    # 1 ms / (2% of 1 s) rounds up to 1 step, but a call is 50 steps
+    assert auto.proposal(step_s=1.0, call_steps=50) == 50
+    assert auto.chosen["limited_by"] == "call"
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"budget": 0}, "Received budget=0; expected a fraction in (0, 1)"),
+    ({"probes": 1}, "Received probes=1; expected >= 2"),
+])
+def test_auto_refuses_a_bad_budget_or_probe_count(settings, message):
+    with pytest.raises(ValueError) as raised:
+        AutoInterval(**settings)
+    assert message in str(raised.value)
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "5"])

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from resilient_train.supervisor.attempt import Worker
-from resilient_train.supervisor.rescue import RescueWait, choose_rescuer, failed_ranks
+from resilient_train.supervisor.rescue import RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks
 
 
 def workers(*codes):
@@ -24,6 +24,13 @@ def test_no_rescue_without_a_failure_a_survivor_or_with_a_preemption():
     assert choose_rescuer(workers(-9, -9)) is None  # nobody alive
     assert choose_rescuer(workers(143, None)) is None  # a preemption: the peers save at the agreed step
     assert choose_rescuer(workers(-9, 143, None)) is None
+
+
+def test_on_a_hang_the_lowest_ranked_worker_but_the_stuck_one_rescues():
+    assert choose_hang_rescuer(workers(None, None, None), stuck=1).rank == 0
+    assert choose_hang_rescuer(workers(None, None, None), stuck=0).rank == 1  # a frozen chief cannot answer
+    assert choose_hang_rescuer(workers(-9, None, None), stuck=1).rank == 2
+    assert choose_hang_rescuer(workers(None, -9), stuck=0) is None
 
 
 def test_the_wait_takes_only_the_asked_ranks_answer_in_this_attempt():
@@ -97,7 +104,27 @@ def test_a_rescuer_that_does_not_answer_is_abandoned_at_the_deadline(tmp_path, a
 
 def test_no_rescue_request_when_the_tier_is_off(tmp_path, answering):
     scripts = [{"exit_at": None}, {"exit_at": 0.5, "exit_code": -signal.SIGKILL}]
-    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0)
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0, snapshot_every="off")
     assert supervisor.run() == EXIT_FAILURE
     assert [name for name, _ in spawner.processes[0].signals] == ["SIGTERM", "SIGKILL"]
     assert events(tmp_path, "rescue_requested") == []
+
+
+def test_a_hang_asks_the_lowest_rank_but_the_stuck_one_before_the_kill(tmp_path, answering):
+    from resilient_train.errors import EXIT_OK
+    from tests.supervisor.test_supervisor_loop import hanging_spawner
+
+    answering[0] = {"event": "rescue_committed", "global_step": 3, "snapshot_age_s": 0.1, "seconds": 0.2}
+    scripts = [{"exit_at": None}, {"exit_at": None}, {"exit_at": 2.0}, {"exit_at": 2.0}]
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=1, hang_timeout=5)  # the tier on: auto
+    supervisor.launcher.spawner = hanging_spawner(spawner, {1})  # both alive, no progress; rank 1 in recipe code
+    assert supervisor.run() == EXIT_OK
+    [hang] = events(tmp_path, "hang_detected")
+    asked = events(tmp_path, "rescue_requested")
+    assert [(e["rank"], e["stuck_rank"], e["dead_ranks"], e["attempt"]) for e in asked] == [(0, hang["rank"], [], 1)]
+    chief, stuck = spawner.processes[:2]
+    # Stacks, then the rescue request to rank 0 only, then (its answer came at once) the kill.
+    assert [name for name, _ in chief.signals] == ["SIGUSR1", "SIGUSR2", "SIGKILL"]
+    assert [name for name, _ in stuck.signals] == ["SIGUSR1", "SIGKILL"]
+    assert chief.signals[2][1] - chief.signals[1][1] <= 0.1
+    assert events(tmp_path, "rescue_abandoned") == []

@@ -151,7 +151,8 @@ def test_without_gpus_cuda_visible_devices_is_left_alone(tmp_path, monkeypatch):
 
 def test_failed_non_chief_chief_gets_teardown_grace_then_sigkill(tmp_path):
     scripts = [{"exit_at": None}, {"exit_at": 0.5, "exit_code": -signal.SIGKILL}]
-    supervisor, spawner, clock, out = make(tmp_path, scripts, max_restarts=0)
+    # Without the memory tier: no rescue request before the teardown (tests/supervisor/test_rescue.py).
+    supervisor, spawner, clock, out = make(tmp_path, scripts, max_restarts=0, snapshot_every="off")
     assert supervisor.run() == EXIT_FAILURE
     chief = spawner.processes[0]
     (term, term_at), (kill, kill_at) = chief.signals
@@ -174,7 +175,7 @@ def test_failed_non_chief_chief_gets_teardown_grace_then_sigkill(tmp_path):
 
 def test_dead_chief_means_the_others_are_killed_at_once(tmp_path):
     scripts = [{"exit_at": 0.5, "exit_code": -signal.SIGKILL}, {"exit_at": None}]
-    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0)
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0, snapshot_every="off")  # no rescue asked
     assert supervisor.run() == EXIT_FAILURE
     (term, term_at), (kill, kill_at) = spawner.processes[1].signals
     assert (term, kill) == ("SIGTERM", "SIGKILL") and term_at == kill_at and 0.5 <= term_at <= 0.55
@@ -419,7 +420,7 @@ def hanging_spawner(spawner: FakeSpawner, hung_attempts: set[int], step: int = 3
 
 def test_a_group_without_progress_is_hung_its_stuck_rank_named_then_restarted(tmp_path):
     scripts = [{"exit_at": None}, {"exit_at": None}, {"exit_at": 2.0}, {"exit_at": 2.0}]
-    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=1, hang_timeout=5)
+    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=1, hang_timeout=5, snapshot_every="off")
     supervisor.launcher.spawner = hanging_spawner(spawner, {1})
     assert supervisor.run() == EXIT_OK
     assert run_states(tmp_path) == [

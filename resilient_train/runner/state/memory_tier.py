@@ -21,6 +21,14 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #     the interval. Every input of the rule is agreed (steps, saves), so all workers
 #     snapshot at the same steps (a snapshot may all-reduce: iterator states,
 #     sync-on-read variables).
+#   auto (the default, --snapshot-every auto; measured once per attempt, never re-measured)
+#     until decided, a snapshot is due after every call; the chief times the first
+#     AUTO_PROBES of them (the first includes tracing and is not counted) and knows its
+#     per-step time (runner/call_size.py); then it proposes
+#       every = max(one call, ceil(snapshot_s / (SNAPSHOT_BUDGET * step_s)))
+#     in the call's packed all-reduce (a column beside the next call's size: no extra
+#     collective), and every worker adopts the SUM it reads (only the chief adds it), at
+#     the same call, so the interval is the same everywhere.
 #   rescue (the rescue listener's thread, on the supervisor's request)
 #     hold the twin: no new snapshot starts; wait (bounded) for one in progress and for
 #     this worker's in-flight persist (which reads the twin); then
@@ -34,6 +42,7 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,34 +50,98 @@ from typing import Any, Callable
 from resilient_train.rundir.events import emit as _default_emit
 from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
 
-__all__ = ["SnapshotSchedule", "Snapshot", "Rescuer", "rescue_skip_reason", "RESCUE_EXTRA_KEY"]
+__all__ = ["SnapshotSchedule", "Snapshot", "Rescuer", "AutoInterval", "rescue_skip_reason", "RESCUE_EXTRA_KEY",
+           "SNAPSHOT_BUDGET", "AUTO_PROBES"]
 
 RESCUE_EXTRA_KEY = "rescue"  # the manifest's extra: {rank, snapshot_age_s} of a rescued checkpoint
+SNAPSHOT_BUDGET = 0.02  # auto: the snapshots' share of training time, at most
+AUTO_PROBES = 3  # auto: snapshots the chief times before it proposes (the first is not counted)
+MAX_AUTO_EVERY = 1 << 20  # auto never proposes more (the proposal rides a float32 column: exact)
+
+
+def _check_every(every_steps: int) -> None:
+    if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
+        raise ValueError(f"Received every_steps={every_steps!r}; expected an integer >= 1")
 
 
 class SnapshotSchedule:
     """Snapshot when ``every_steps`` steps passed since the last snapshot (or save).
 
+    ``every_steps=None``: ``auto`` not decided yet: a snapshot is due after every call
+    (the chief times them) until ``decide`` sets the interval agreed by every worker.
+
     Pure: the loop asks ``call_length`` (cap a call so it ends at the next snapshot step),
     ``due`` after each call, and reports every snapshot and save with ``taken``.
     """
 
-    def __init__(self, every_steps: int, *, start_step: int = 0) -> None:
-        if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
-            raise ValueError(f"Received every_steps={every_steps!r}; expected an integer >= 1")
+    def __init__(self, every_steps: int | None, *, start_step: int = 0) -> None:
+        if every_steps is not None:
+            _check_every(every_steps)
         self.every_steps = every_steps
         self.last = start_step
 
+    @property
+    def pending(self) -> bool:
+        """``auto`` has not decided yet."""
+        return self.every_steps is None
+
+    def decide(self, every_steps: int) -> None:
+        """``auto``'s interval, as every worker read it from the same call's all-reduce."""
+        _check_every(every_steps)
+        self.every_steps = every_steps
+
     def call_length(self, *, global_step: int, max_steps: int) -> int:
         """At most ``max_steps``, ending no later than the next snapshot step (>= 1)."""
+        if self.every_steps is None:
+            return max_steps
         return max(1, min(max_steps, self.last + self.every_steps - global_step))
 
     def due(self, global_step: int) -> bool:
+        if self.every_steps is None:
+            return global_step > self.last
         return global_step - self.last >= self.every_steps
 
     def taken(self, global_step: int) -> None:
         """A snapshot (or a save, which snapshots too) of ``global_step`` was taken."""
         self.last = global_step
+
+
+class AutoInterval:
+    """The chief's side of ``--snapshot-every auto``: time the first snapshots, then propose.
+
+    ``snapshot_took(seconds)`` after each of the chief's snapshots while undecided;
+    ``proposal(step_s=, call_steps=)``: 0 while it cannot decide yet, else the interval
+    (every worker adopts the same value, read from the call's all-reduce). ``chosen``: what
+    the ``memory_tier`` event reports, once proposed. Pure, clock-free (tests/runner/).
+    """
+
+    def __init__(self, *, budget: float = SNAPSHOT_BUDGET, probes: int = AUTO_PROBES) -> None:
+        if not 0 < budget < 1:
+            raise ValueError(f"Received budget={budget!r}; expected a fraction in (0, 1)")
+        if probes < 2:
+            raise ValueError(f"Received probes={probes!r}; expected >= 2 (the first snapshot is not counted)")
+        self.budget = budget
+        self.probes = probes
+        self._seconds: list[float] = []
+        self.chosen: dict[str, Any] | None = None
+
+    def snapshot_took(self, seconds: float) -> None:
+        self._seconds.append(seconds)
+
+    def proposal(self, *, step_s: float | None, call_steps: int) -> int:
+        """The interval to propose now (0: not yet). The slowest counted snapshot decides
+        (a shared machine's slow moment makes snapshots rarer, never too frequent)."""
+        if self.chosen is not None:
+            return self.chosen["every_steps"]
+        if len(self._seconds) < self.probes or not step_s or step_s <= 0:
+            return 0
+        snapshot_s = max(self._seconds[1:])
+        by_budget = math.ceil(snapshot_s / (self.budget * step_s))
+        every = max(1, call_steps, min(MAX_AUTO_EVERY, by_budget))
+        self.chosen = {"every_steps": every, "snapshot_ms": round(snapshot_s * 1e3, 3),
+                       "step_ms": round(step_s * 1e3, 3), "budget": self.budget, "call_steps": call_steps,
+                       "limited_by": "call" if every > by_budget else "budget"}
+        return every
 
 
 @dataclass(frozen=True)
