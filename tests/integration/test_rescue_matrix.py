@@ -4,9 +4,10 @@ uninterrupted run's exact weights, and loses at most the snapshot interval.
 Default suite: the chief killed with several steps per call (digits_cnn: a seeded Dropout),
 the chief of a Keras-callbacks recipe killed (rank 1 commits the chief-only callbacks' state
 from the newest commit: runner/loop.py _commit_rescue), and a torn rescue (the rescuer
-SIGKILLed between its first uploaded file and the manifest: never restored). RT_SLOW=1 adds
-rank 1 killed the same ways, BatchNormalization (sync-on-read), the indexed recipe and an
-unchanged model.fit script.
+SIGKILLed between its first uploaded file and the manifest: never restored), and the
+supervisor SIGKILLed during a rescue. RT_SLOW=1 adds rank 1 killed the same ways, the indexed
+recipe, an unchanged model.fit script, and BatchNormalization (sync-on-read), whose rescue was
+found not to be exact: it falls back to the last commit (docs/failures.md).
 
 Saves every 50 steps, so only the epoch ends (every 10 steps) commit on their own.
 """
@@ -40,7 +41,9 @@ def assert_rescued(job, *, killed, rescuer, reached_step, rescued, interval, dig
     assert [(e["rank"], e["dead_ranks"]) for e in job.named("rescue_requested")] == [(rescuer, [killed])]
     assert [(e["global_step"], e["rank"], e["attempt"]) for e in job.named("rescue_committed")] == [(rescued, rescuer, 1)]
     assert job.named("rescue_skipped") == [] and job.named("rescue_abandoned") == []
-    assert manifest(job, rescued)["extra"]["rescue"]["rank"] == rescuer
+    committed = job.run_dir / "checkpoints" / f"ckpt-{rescued:012d}"
+    if committed.is_dir():  # (a longer run may have pruned it: --keep)
+        assert manifest(job, rescued)["extra"]["rescue"]["rank"] == rescuer
     assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(rescued, 2)]
     assert reached(job, 1) == reached_step
     assert job.summary["lost_steps"] == reached_step - rescued <= interval
@@ -133,17 +136,21 @@ def test_a_supervisor_sigkilled_during_a_rescue_leaves_no_stale_commit(tmp_path,
 
 
 @SLOW  # the chief/rank-1 rescue of the default tests, with sync-on-read variables
-def test_batch_normalization_sync_on_read(tmp_path):
+def test_batch_normalization_sync_on_read_falls_back_to_the_last_commit(tmp_path):
+    # A rescue of this model ended with another digest than the uninterrupted run (an ordinary
+    # restore is exact): until that is fixed the survivor skips and the restart restores 10.
     recipe = recipe_variant(tmp_path, "digits_bn", 'keras.layers.Dense(64, activation="relu"),',
                             'keras.layers.Dense(64, activation="relu"),\n            keras.layers.BatchNormalization(),',
                             base="recipes/digits_cnn.py")
     reference = run_job(recipe, tmp_path / "reference", *SHORT)
     assert reference.returncode == EXIT_OK, reference.output
-    for killed, rescuer in ((0, 1), (1, 0)):
-        job = run_job(recipe, tmp_path / f"killed-{killed}", *SHORT, *MULTI_STEP,
-                      faults=[{"point": "after_step", "global_step": 16, "rank": killed}])
-        assert_rescued(job, killed=killed, rescuer=rescuer, reached_step=17, rescued=14, interval=4,
-                       digest=reference.summary["weights_sha256"])
+    job = run_job(recipe, tmp_path / "killed", *SHORT, *MULTI_STEP,
+                  faults=[{"point": "after_step", "global_step": 16, "rank": 0}])
+    assert job.returncode == EXIT_OK, job.output
+    assert [(e["rank"], e["reason"]) for e in job.named("rescue_skipped")] == [
+        (1, "a model with sync-on-read variables (BatchNormalization) is not rescued exactly yet")]
+    assert [r["global_step"] for r in job.named("restored")] == [10]
+    assert job.summary["weights_sha256"] == reference.summary["weights_sha256"]
 
 
 @SLOW  # the same, with the indexed input's position
