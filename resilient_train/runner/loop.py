@@ -368,11 +368,6 @@ class Trainer:
         always commit, so its rescue takes their entries from the newest commit
         (_commit_rescue). Only a ModelCheckpoint saving at batch ends (an integer save_freq)
         has state that lives on the chief alone between commits: then the rescue is the chief's or none."""
-        if self._async is not None and self._async.twin.sync_on_read:
-            # Found by tests/integration/test_rescue_matrix.py (BatchNormalization): a rescued
-            # run did not end with the uninterrupted run's digest, while an ordinary restore
-            # did. Until that is understood, such a model restores the last commit.
-            return "a model with sync-on-read variables (BatchNormalization) is not rescued exactly yet"
         per_batch = [] if self._callbacks is None or self.cluster.is_chief else self._callbacks.chief_only_per_batch
         if per_batch:
             return f"the state of chief-only callbacks saving at batch ends ({', '.join(per_batch)}) lives on the chief"
