@@ -62,6 +62,16 @@ def digits_reference_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def keras_reference_run(tmp_path_factory):
+    """recipes/digits_keras.py uninterrupted, 5 epochs (EarlyStopping ends it after epoch 3):
+    the run tests/integration/test_keras.py and test_rescue_matrix.py compare with."""
+    job = run_job("recipes/digits_keras.py", tmp_path_factory.mktemp("keras") / "reference", "--epochs", "5")
+    assert job.returncode == 0, job.output
+    assert job.summary["status"] == "completed"
+    return job
+
+
+@pytest.fixture(scope="session")
 def digits_reference(digits_reference_run):
     """The uninterrupted run's final weights digest (computed, never hard-coded)."""
     return digits_reference_run.summary["weights_sha256"]

@@ -216,6 +216,7 @@ _JOB: dict[str, Check] = {
     "recipe": _string, "workers": _integer(1), "epochs": _integer(1), "steps_per_epoch": _integer(1),
     "save_every_steps": _integer(1), "hang_timeout": _seconds, "storage_timeout": _seconds,
     "startup_timeout": _seconds, "strategy": _one_of(STRATEGIES), "ps": _integer(1),
+    "snapshot_every": _integer(1),
 }
 _EXPECT: dict[str, Check] = {"restored": _steps}
 KINDS = ("worker", "external", "storage")

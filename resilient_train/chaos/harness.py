@@ -66,6 +66,7 @@ class JobSpec:
     hang_timeout: float | None = None  # None: the job's default (auto); no part of the reference key
     storage_timeout: float | None = None  # None: the job's default; no part of the reference key
     startup_timeout: float | None = None  # None: the job's default; no part of the reference key
+    snapshot_every: int | None = None  # --snapshot-every (the memory tier); None: the job's default; no part of the key
     strategy: str = "mirrored"  # or "parameter-server" (then ``ps`` parameter servers)
     ps: int = 0
 
@@ -106,6 +107,8 @@ class JobSpec:
                             ("--startup-timeout", spec.startup_timeout)):
             if value is not None:
                 flags += [flag, f"{value:g}"]
+        if spec.snapshot_every is not None:
+            flags += ["--snapshot-every", str(spec.snapshot_every)]
         if spec.strategy != "mirrored":
             flags += ["--strategy", spec.strategy, "--ps", str(spec.ps)]
         return [

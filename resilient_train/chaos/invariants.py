@@ -56,6 +56,10 @@ Usable on any run directory, not only the chaos suite's (``python -m resilient_t
    or coordinator is the root cause of the restart after its attempt and of ``summary.json``.
    Invariants 3 (each restore is the newest commit), 4 (lost steps: the coordinator's step
    marker counts scheduled steps, an upper bound) and 11 (fencing) hold as for MWMS runs.
+13. ``rescue`` (runs with the memory tier, ``--snapshot-every``): a crashed attempt whose
+   survivor committed a rescue (``rescue_committed``) is restored from that rescue (or a
+   newer commit) and loses at most the tier's snapshot interval (``memory_tier``'s
+   ``every_steps``) past it, not a save interval.
 
 Why from artefacts: a checker that asks the supervisor how it did would trust the thing
 under test. The attempt's reached step comes from ``attempt_reached`` or, when the
@@ -434,6 +438,26 @@ def fencing_checks(records: list[dict[str, Any]], violations: list[str]) -> None
                                   "claimed a newer generation (a stale writer's commit)")
 
 
+def rescue_checks(records: list[dict[str, Any]], restarts: list[RestartRecord], violations: list[str]) -> None:
+    """13: a crash rescued by a survivor restores the rescue and loses at most the snapshot interval."""
+    every = {r["attempt"]: r["every_steps"] for r in records if r["event"] == "memory_tier"}
+    rescued: dict[int, int] = {}
+    for record in records:
+        if record["event"] == "rescue_committed":
+            rescued[record["attempt"]] = max(record["global_step"], rescued.get(record["attempt"], 0))
+    for restart in restarts:
+        previous = restart.attempt - 1
+        if previous not in rescued or restart.ended_by != "crash":
+            continue
+        step, allowed = rescued[previous], every.get(previous)
+        if restart.restored is None or restart.restored < step:
+            violations.append(f"rescue: attempt {restart.attempt} restored step {restart.restored}, older than the "
+                              f"rescue of step {step} committed in attempt {previous}")
+        elif allowed is not None and restart.lost > allowed:
+            violations.append(f"rescue: attempt {previous} reached step {restart.reached}; {restart.lost} steps past "
+                              f"its rescue of step {restart.restored} were lost, allowed {allowed} (the snapshot interval)")
+
+
 def is_parameter_server(run_dir: str | Path) -> bool:
     """Whether ``run_dir`` is a ``--strategy parameter-server`` run (summary.json, else job.json)."""
     try:
@@ -642,6 +666,9 @@ def check_run(
 
     # 11. fencing
     fencing_checks(records, violations)
+
+    # 13. rescues (the memory tier)
+    rescue_checks(records, restarts, violations)
 
     # 12. the parameter-server tier's guarantees
     if parameter_server:

@@ -395,6 +395,23 @@ class CheckpointStore:
                 return info.manifest
         return None
 
+    def read_committed_file(self, manifest: Manifest, rel: str) -> bytes:
+        """One file of the committed checkpoint ``manifest``, checked against its sha256
+        (CheckpointCorruptError when missing, another file, or absent from the manifest)."""
+        name = self.dir_name(manifest.global_step)
+        entry = manifest.files.get(rel)
+        if entry is None:
+            raise CheckpointCorruptError(f"{self._url(name)}: the manifest lists no {rel}")
+        try:
+            data = self._do("read", f"{name}/{rel}", lambda: self.fs.cat_file(self._remote(name, rel)))
+        except FileNotFoundError:
+            raise CheckpointCorruptError(f"{self._url(name)}: missing file {rel}") from None
+        except OSError as exc:
+            raise self._fail("read", exc) from None
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise CheckpointCorruptError(f"{self._url(name)}: sha256 mismatch in {rel}")
+        return data
+
     # -- verification ----------------------------------------------------------------
 
     def verify(self, global_step: int | None = None) -> list[CheckpointInfo]:

@@ -59,6 +59,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,7 @@ from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.reentry import EpochInput
-from resilient_train.runner.state.memory_tier import AutoInterval, Rescuer, SnapshotSchedule
+from resilient_train.runner.state.memory_tier import AutoInterval, Rescuer, RescueUnavailable, SnapshotSchedule
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.rundir import rescue_signal
 from resilient_train.runner import startup_phases
@@ -401,18 +402,36 @@ class Trainer:
         return float(self._auto_interval.proposal(step_s=self.sizer.step_seconds, call_steps=self.sizer.proposal()))
 
     def _why_no_rescue_here(self) -> str | None:
-        """A non-chief holds no current state of the chief-only callbacks (ModelCheckpoint,
-        CSVLogger, TensorBoard run on the chief): its callbacks.json would not restore, or
-        would restore a stale copy. Then the rescue is the chief's or none."""
-        chief_only = [] if self._callbacks is None or self.cluster.is_chief else self._callbacks.chief_only
-        if chief_only:
-            return f"the state of chief-only callbacks ({', '.join(chief_only)}) lives on the chief"
+        """A non-chief does not run the chief-only callbacks (ModelCheckpoint, CSVLogger,
+        TensorBoard write files on the chief): their state changes only at epoch ends, which
+        always commit, so its rescue takes their entries from the newest commit
+        (_commit_rescue). Only a ModelCheckpoint saving at batch ends (an integer save_freq)
+        has state that lives on the chief alone between commits: then the rescue is the chief's or none."""
+        per_batch = [] if self._callbacks is None or self.cluster.is_chief else self._callbacks.chief_only_per_batch
+        if per_batch:
+            return f"the state of chief-only callbacks saving at batch ends ({', '.join(per_batch)}) lives on the chief"
         return None
 
     def _commit_rescue(self, request: SaveRequest) -> Manifest:
         """A rescue's commit (on the rescue listener's thread): the twin, the ordinary way.
         Its events are this rank's own (a non-chief's group events would be dropped)."""
+        if self._callbacks is not None and self._callbacks.chief_only and STATE_FILE in request.files:
+            request = dataclasses.replace(request, files={
+                **request.files, STATE_FILE: self._chief_callback_state(request)})
         return self._persist(request, emit=lambda event, group=False, **fields: emit(event, **fields))
+
+    def _chief_callback_state(self, request: SaveRequest) -> bytes:
+        """The snapshot's callbacks.json with the chief-only callbacks' entries of the newest
+        commit, which must be of the snapshot's epoch (their state as of its start)."""
+        epoch_start = request.global_step - request.step_in_epoch
+        manifest = self.store.latest_manifest()
+        if manifest is None or manifest.global_step < epoch_start:
+            newest = "none" if manifest is None else f"step {manifest.global_step}"
+            raise RescueUnavailable(
+                f"the chief-only callbacks' state at step {epoch_start} (the start of the snapshot's epoch) "
+                f"was never committed (newest commit: {newest})")
+        return self._callbacks.with_chief_state(request.files[STATE_FILE],
+                                                self.store.read_committed_file(manifest, STATE_FILE))
 
     def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
         """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""

@@ -162,7 +162,9 @@ BEFORE: tuple[Scenario, ...] = (
 def test_the_toml_catalogue_is_exactly_the_python_catalogue_it_replaced() -> None:
     loaded = {s.name: s for s in load_catalogue(CATALOGUE_DIR)}
     before = {RENAMED.get(s.name, s.name): s for s in BEFORE}
-    assert sorted(loaded) == sorted(before) and len(loaded) == 20
+    assert len(before) == 20 and set(before) <= set(loaded)
+    assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6)
+        "rescue-chief-killed-between-saves", "rescue-rank-killed-between-saves"]
     for name, scenario in before.items():
         renamed = Scenario(name, scenario.summary, scenario.faults, scenario.job, scenario.expect_restored, scenario.ci)
         assert loaded[name] == renamed, name  # every field: summary, faults (in order), job, expectations, ci
@@ -186,6 +188,10 @@ def test_a_few_scenarios_field_by_field() -> None:
     assert corrupt == ExternalFault("corrupt_newest", Trigger(event="gang_restart", nth=1, attempt=None, mid_epoch=False))
     assert by_name("hang-input", CATALOGUE_DIR).faults == (WorkerFault("input", 18, rank="random", signal=HANG),)
     assert by_name("ps-kill", CATALOGUE_DIR).job == _PS_JOB
+    for name, rank in (("rescue-chief-killed-between-saves", "chief"), ("rescue-rank-killed-between-saves", 1)):
+        rescue = by_name(name, CATALOGUE_DIR)
+        assert (rescue.faults, rescue.job, rescue.expect_restored) == (
+            (WorkerFault("after_step", 17, rank=rank),), (("save_every_steps", 50), ("snapshot_every", 3)), (16,))
 
 
 def test_the_ci_scenarios_are_the_catalogues() -> None:
@@ -201,7 +207,7 @@ def test_the_ci_scenarios_are_the_catalogues() -> None:
 
 def test_the_catalogue_is_a_plain_directory_of_toml_files_not_a_package() -> None:
     assert not (REPO / "chaos" / "__init__.py").exists() and not (CATALOGUE_DIR / "__init__.py").exists()
-    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 20
+    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 22
 
 
 def test_run_by_path_loads_the_same_scenario_as_run_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,7 +246,7 @@ def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
     monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (20 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (22 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert re.fullmatch(r"kill-chief-at-7 +\[ci\] the seeds' experiment: .*resumes from 7",
                         next(line for line in lines if line.startswith("kill-chief-at-7")))
@@ -259,7 +265,7 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "resilient_train.chaos", "list"], cwd=elsewhere, capture_output=True,
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (20 scenarios; run one by name or by its file's path)"
+    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (22 scenarios; run one by name or by its file's path)"
 
 
 # ------------------------------------------------------------------ validation: one line per mistake
@@ -313,7 +319,7 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
         f"{f}: ci: received 'yes' (a string); expected true or false",
         f"{f}: summary: missing; expected a one-line description of the scenario (a string)",
         f"{f}: job.workres: unknown key; did you mean 'workers'? accepted: recipe, workers, epochs, steps_per_epoch, "
-        "save_every_steps, hang_timeout, storage_timeout, startup_timeout, strategy, ps",
+        "save_every_steps, hang_timeout, storage_timeout, startup_timeout, strategy, ps, snapshot_every",
         f"{f}: job.save_every_steps: received 0; expected an integer >= 1",
         f"{f}: expect.restored: received [7, '8']; expected an array of integers >= 0 (global steps)",
         f"{f}: faults[1].point: received 'after_comit'; expected one of after_step, before_commit, after_commit, "

@@ -104,6 +104,35 @@ def test_async_mode_allows_one_in_flight_save(tmp_path: Path) -> None:
     assert check_run(run.write(), DIGEST).violations == ()
 
 
+def _rescued_crash(run: RunDir, *, reached: int, rescued: int, restored: int) -> RunDir:
+    """Saves at 10 only; the memory tier (every 3 steps) rescues ``rescued`` after the crash."""
+    run.attempt(1, reached).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.ev("memory_tier", every_steps=3, twin_bytes=100, rank=1, attempt=1)
+    run.commit(10, 1).commit(rescued, 1).ev("rescue_committed", global_step=rescued, rank=1, attempt=1,
+                                            snapshot_age_s=0.1, seconds=0.2)
+    run.attempt(2, 30).ev("restored", global_step=restored, attempt=2, role="chief")
+    return run
+
+
+def test_a_rescue_restored_within_the_snapshot_interval_passes(tmp_path: Path) -> None:
+    run = _rescued_crash(RunDir(tmp_path, save_every=50), reached=17, rescued=16, restored=16)
+    result = check_run(run.write(), DIGEST, exit_code=0)
+    assert (result.violations, result.lost_steps) == ((), 1)
+
+
+def test_a_rescue_losing_more_than_the_snapshot_interval_is_a_violation(tmp_path: Path) -> None:
+    # Within the save interval (invariant 4 holds), not within the tier's 3 steps.
+    run = _rescued_crash(RunDir(tmp_path, save_every=50), reached=20, rescued=16, restored=16)
+    assert check_run(run.write(), DIGEST).violations == (
+        "rescue: attempt 1 reached step 20; 4 steps past its rescue of step 16 were lost, allowed 3 (the snapshot interval)",)
+
+
+def test_a_restore_older_than_the_rescue_is_a_violation(tmp_path: Path) -> None:
+    run = _rescued_crash(RunDir(tmp_path, save_every=50), reached=17, rescued=16, restored=10)
+    assert "rescue: attempt 2 restored step 10, older than the rescue of step 16 committed in attempt 1" in \
+        check_run(run.write(), DIGEST).violations
+
+
 def test_a_preemption_must_lose_nothing(tmp_path: Path) -> None:
     run = RunDir(tmp_path).attempt(1, 12)
     run.commit(5, 1).commit(10, 1).ev("preempted", global_step=12, attempt=1, role="chief")

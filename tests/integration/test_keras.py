@@ -66,11 +66,9 @@ def saved_weights(path):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run (one per module: the kill and the SIGTERM test share it)."""
-    job = run_job(KERAS, tmp_path_factory.mktemp("keras") / "reference", *EPOCHS)
-    assert job.returncode == 0, job.output
-    assert job.summary["status"] == "completed"
+def reference(keras_reference_run):
+    """The uninterrupted run (tests/conftest.py: one per session, test_rescue_matrix.py's too)."""
+    job = keras_reference_run
     assert [e["epoch"] for e in job.named("training_stopped")] == [3]  # EarlyStopping ended the run early
     rates = learning_rates(job.run_dir)
     assert len(rates) == 4 and len(set(rates)) > 1  # ReduceLROnPlateau acted

@@ -142,9 +142,27 @@ def test_model_checkpoint_and_csv_logger_run_on_the_chief_only_and_keep_their_st
     chief.epoch(0, {"loss": 1.0, "val_loss": 1.0})
     worker = Process(make, tmp_path / "elsewhere", is_chief=False, carried=chief.checkpoint())
     assert [type(cb).__name__ for _, cb in worker.runner.active] == ["EarlyStopping"]
-    assert (worker.runner.chief_only, chief.runner.chief_only) == (["CSVLogger"], [])  # no rescue from the worker
+    assert (worker.runner.chief_only, chief.runner.chief_only) == (["CSVLogger"], [])
     assert decode_state(worker.runner.state(stopped=False))["callbacks"]["0"] == \
         decode_state(chief.runner.state(stopped=False))["callbacks"]["0"]  # carried on unchanged
+
+
+def test_a_non_chief_rescue_takes_the_chief_only_callbacks_state_from_the_newest_commit(tmp_path):
+    make = lambda: [keras.callbacks.CSVLogger("log.csv"), keras.callbacks.EarlyStopping(patience=3),
+                    keras.callbacks.ModelCheckpoint("best.weights.h5", save_best_only=True, save_weights_only=True)]
+    chief = Process(make, tmp_path)
+    worker = Process(make, tmp_path / "elsewhere", is_chief=False)  # a fresh start: no chief-only entries held
+    for epoch, loss in enumerate((1.0, 0.7)):
+        chief.epoch(epoch, {"loss": loss, "val_loss": loss})
+        worker.epoch(epoch, {"loss": loss, "val_loss": loss})
+    committed = chief.runner.state(stopped=False)  # the epoch end's commit, by the chief
+    worker.runner.batch_end(1, {"loss": 0.6})  # mid-epoch 2: the worker's snapshot
+    rescued = worker.runner.with_chief_state(worker.runner.state(stopped=False), committed)
+    assert decode_state(rescued) == decode_state(committed)  # every entry, as the chief would have saved it
+    assert worker.runner.chief_only_per_batch == []
+    per_batch = Process(lambda: [keras.callbacks.ModelCheckpoint("b.weights.h5", save_freq=2, save_weights_only=True)],
+                        tmp_path / "w2", is_chief=False)
+    assert per_batch.runner.chief_only_per_batch == ["ModelCheckpoint"]  # its state lives on the chief alone
 
 
 def test_csv_logger_has_no_duplicated_and_no_missing_rows_after_a_resume(tmp_path):

@@ -10,6 +10,7 @@ from resilient_train.runner.state.checkpointing import AsyncCheckpointer, SaveRe
 from resilient_train.runner.state.memory_tier import (
     AutoInterval,
     Rescuer,
+    RescueUnavailable,
     Snapshot,
     SnapshotSchedule,
     rescue_skip_reason,
@@ -152,6 +153,18 @@ def test_a_failed_rescue_commit_is_named():
     rescuer, events, _ = rescuer_for(FakeSaver(Snapshot(request, 1.0)), commit=fail)
     rescuer.rescue()
     assert events == [("rescue_skipped", {"rank": 1, "reason": "commit failed: OSError: disk full", "global_step": 16})]
+
+
+def test_a_commit_that_cannot_be_made_here_is_skipped_with_its_own_reason():
+    def unavailable(request):
+        raise RescueUnavailable("the chief-only callbacks' state at step 10 was never committed (newest commit: none)")
+
+    request = SaveRequest(global_step=16, epoch=1, step_in_epoch=6)
+    rescuer, events, _ = rescuer_for(FakeSaver(Snapshot(request, 1.0)), commit=unavailable)
+    rescuer.rescue()
+    assert events == [("rescue_skipped", {
+        "rank": 1, "reason": "the chief-only callbacks' state at step 10 was never committed (newest commit: none)",
+        "global_step": 16})]
 
 
 class FakeTwin:

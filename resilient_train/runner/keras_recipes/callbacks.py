@@ -296,6 +296,25 @@ class CallbackRunner:
         return [type(cb).__name__ for index, cb in enumerate(self.all) if index not in active]
 
     @property
+    def chief_only_per_batch(self) -> list[str]:
+        """The chief-only callbacks whose state may change at a batch end (ModelCheckpoint with
+        an integer save_freq): between two commits it exists only on the chief."""
+        active = {index for index, _ in self.active}
+        return [type(cb).__name__ for index, cb in enumerate(self.all) if index not in active
+                and isinstance(cb, keras.callbacks.ModelCheckpoint) and cb.save_freq != "epoch"]
+
+    def with_chief_state(self, data: bytes, committed: bytes) -> bytes:
+        """``data`` (this worker's ``callbacks.json``) with the chief-only callbacks' entries
+        taken from ``committed`` (a commit's ``callbacks.json`` made since the last epoch end:
+        those callbacks' state changes only at epoch ends, see :attr:`chief_only_per_batch`)."""
+        document, theirs = decode_state(data), decode_state(committed)["callbacks"]
+        active = {str(index) for index, _ in self.active}
+        for key in map(str, range(len(self.all))):
+            if key not in active:
+                document["callbacks"][key] = theirs[key]
+        return encode_state(document)
+
+    @property
     def stop_training(self) -> bool:
         return bool(getattr(self.model, "stop_training", False))
 

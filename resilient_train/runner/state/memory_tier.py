@@ -35,7 +35,7 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #       no complete snapshot / not newer than the newest commit  -> rescue_skipped(reason)
 #       else commit it through the store's ordinary path (persist_twin: manifest last,
 #       fence-checked), extra["rescue"] = {rank, snapshot_age_s} -> rescue_committed
-#     a commit that raises -> rescue_skipped naming the error
+#     a commit that raises -> rescue_skipped naming the error (RescueUnavailable: its reason)
 #   The live variables are never read by the rescue.
 """
 
@@ -50,8 +50,8 @@ from typing import Any, Callable
 from resilient_train.rundir.events import emit as _default_emit
 from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
 
-__all__ = ["SnapshotSchedule", "Snapshot", "Rescuer", "AutoInterval", "rescue_skip_reason", "RESCUE_EXTRA_KEY",
-           "SNAPSHOT_BUDGET", "AUTO_PROBES"]
+__all__ = ["SnapshotSchedule", "Snapshot", "Rescuer", "RescueUnavailable", "AutoInterval", "rescue_skip_reason",
+           "RESCUE_EXTRA_KEY", "SNAPSHOT_BUDGET", "AUTO_PROBES"]
 
 RESCUE_EXTRA_KEY = "rescue"  # the manifest's extra: {rank, snapshot_age_s} of a rescued checkpoint
 SNAPSHOT_BUDGET = 0.02  # auto: the snapshots' share of training time, at most
@@ -62,6 +62,11 @@ MAX_AUTO_EVERY = 1 << 20  # auto never proposes more (the proposal rides a float
 def _check_every(every_steps: int) -> None:
     if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
         raise ValueError(f"Received every_steps={every_steps!r}; expected an integer >= 1")
+
+
+class RescueUnavailable(Exception):
+    """Raised by a Rescuer's ``commit`` before it writes anything: why this worker cannot
+    commit this snapshot (the message is the ``rescue_skipped`` reason)."""
 
 
 class SnapshotSchedule:
@@ -222,6 +227,9 @@ class Rescuer:
                 **snapshot.request.extra, RESCUE_EXTRA_KEY: {"rank": self._rank, "snapshot_age_s": age}})
             try:
                 self._commit(request)
+            except RescueUnavailable as exc:
+                self._skip(str(exc), global_step=step)
+                return
             except Exception as exc:  # e.g. StaleWriterError, StorageUnavailableError: the restart falls back
                 self._skip(f"commit failed: {type(exc).__name__}: {exc}", global_step=step)
                 return
