@@ -62,7 +62,8 @@ POSITIONS = {"early": 20, "late": 380}  # issue 20's positions (before 2026-11-2
 def _flags(run_dir: Path, storage: Path, save_every: int) -> list[str]:
     return ["--run-dir", str(run_dir), "--storage", str(storage), "--epochs", "1", "--steps-per-epoch",
             str(STEPS_PER_EPOCH), "--global-batch-size", "8", "--save-every-steps", str(save_every),
-            "--no-warm-standby", "--max-restarts", "0"]
+            "--no-warm-standby", "--max-restarts", "0",
+            "--snapshot-every", "off"]  # the kill's checkpoint is the step measured: no newer rescue
 
 
 def _env(**extra: str) -> dict[str, str]:
