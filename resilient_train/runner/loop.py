@@ -96,6 +96,7 @@ from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.reentry import EpochInput
 from resilient_train.runner.state.memory_tier import AutoInterval, Rescuer, RescueUnavailable, SnapshotSchedule
+from resilient_train.runner.state.worker_agreement import WorkerAgreement, divergence_reason
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.rundir import rescue_signal
 from resilient_train.runner import startup_phases
@@ -240,6 +241,12 @@ class Trainer:
         self._auto_interval = (AutoInterval() if self._snapshots is not None and self._snapshots.pending
                                and cluster.is_chief else None)
         self._twin_bytes = 0
+        # The memory tier's comparison of every worker's snapshot (runner/state/worker_agreement.py):
+        # the last step whose snapshot was found equal on every worker, and once they differ,
+        # why a non-chief's snapshot is never committed (for the rest of the attempt).
+        self._agreement: WorkerAgreement | None = None
+        self._agreed_step: int | None = None
+        self._workers_differ: str | None = None
         self._call_steps = self.sizer.initial  # the agreed maximum of the next call
         self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
         # What the supervisor's hang watchdog reads besides the step: a phase that may take
@@ -380,6 +387,10 @@ class Trainer:
                           unable=self._why_no_rescue_here)
         rescue_signal.listener().set_target(rescuer.rescue)
         self._twin_bytes = saver.twin.state_bytes
+        keras_paths = {id(getattr(w, "value", w)): w.path for w in self.model.weights}  # named as Keras names them
+        self._agreement = WorkerAgreement(saver.twin.pairs, workers=self.cluster.num_workers,
+                                          sum_over_workers=self._sum_over_workers,
+                                          label=lambda path, live: keras_paths.get(id(live), path))
         if not self._snapshots.pending:  # auto announces its interval once decided (_adopt_snapshot_every)
             emit("memory_tier", setting=self._snapshots.every_steps, every_steps=self._snapshots.every_steps,
                  twin_bytes=self._twin_bytes, rank=rank)
@@ -407,6 +418,8 @@ class Trainer:
         always commit, so its rescue takes their entries from the newest commit
         (_commit_rescue). Only a ModelCheckpoint saving at batch ends (an integer save_freq)
         has state that lives on the chief alone between commits: then the rescue is the chief's or none."""
+        if self._workers_differ is not None and not self.cluster.is_chief:
+            return self._workers_differ
         per_batch = [] if self._callbacks is None or self.cluster.is_chief else self._callbacks.chief_only_per_batch
         if per_batch:
             return f"the state of chief-only callbacks saving at batch ends ({', '.join(per_batch)}) lives on the chief"
@@ -415,6 +428,9 @@ class Trainer:
     def _commit_rescue(self, request: SaveRequest) -> Manifest:
         """A rescue's commit (on the rescue listener's thread): the twin, the ordinary way.
         Its events are this rank's own (a non-chief's group events would be dropped)."""
+        if not self.cluster.is_chief and request.global_step != self._agreed_step:
+            raise RescueUnavailable(self._workers_differ or f"the snapshot of step {request.global_step} was not "
+                                    "found equal to the chief's (the comparison did not finish)")
         if self._callbacks is not None and self._callbacks.chief_only and STATE_FILE in request.files:
             request = dataclasses.replace(request, files={
                 **request.files, STATE_FILE: self._chief_callback_state(request)})
@@ -618,6 +634,7 @@ class Trainer:
             manifest = self.checkpointer.save(request, flush=flush)
             if self._snapshots is not None:
                 self._snapshots.taken(global_step)  # a save is a snapshot too
+                self._compare_snapshots(global_step)
             return manifest
         finally:
             self._phase.restore(previous)
@@ -631,12 +648,27 @@ class Trainer:
         request = self._save_request(completed=False)  # still in the training phase (it may all-reduce)
         previous = self._phase.enter(PHASE_FLUSH)  # it may wait for the chief's in-flight persist
         try:
-            self._async.save(request, persist=False)
+            if self._workers_differ is None or self.cluster.is_chief:  # (a non-chief's would never be committed)
+                self._async.save(request, persist=False)
         finally:
             self._phase.restore(previous)
+        self._compare_snapshots(global_step)
         if self._auto_interval is not None and self._snapshots.pending:
             self._auto_interval.snapshot_took(time.perf_counter() - started)
         self._snapshots.taken(global_step)
+
+    def _compare_snapshots(self, global_step: int) -> None:
+        """After a snapshot every worker took at this step: are they all equal? (one all-reduce,
+        runner/state/worker_agreement.py). Once they differ, a non-chief's snapshot is never
+        committed for the rest of the attempt, and no more comparisons are made."""
+        if self._agreement is None or self._workers_differ is not None:
+            return
+        differ = self._agreement.compare()
+        if not differ:
+            self._agreed_step = global_step
+            return
+        self._workers_differ = divergence_reason(differ)
+        emit("workers_differ", group=True, global_step=global_step, variables=differ, reason=self._workers_differ)
 
     def _save_request(self, completed: bool) -> SaveRequest:
         # Only the chief's copy is ever committed; the others skip encoding (best_weights can be

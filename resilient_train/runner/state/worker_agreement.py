@@ -1,0 +1,144 @@
+"""Do every worker's snapshots hold the same values? (the memory tier's rescue by a non-chief)
+
+The run's state is the chief's: every ordinary commit is the chief's. Under
+MultiWorkerMirroredStrategy the weights and the optimizer's slots are equal on every worker
+(all-reduced gradients), but a variable each worker updates from its own batches is not:
+BatchNormalization's moving_mean / moving_variance are updated per worker (they are not
+sync-on-read under Keras 3). A non-chief's snapshot of such a model is not the run's
+state, and committing it as a rescue ends the run with other weights than the
+uninterrupted run's. So after a snapshot every worker took at the same call, the workers
+compare exact fingerprints of the snapshot's variables, in one small all-reduce.
+
+# Implementation:
+#   fingerprint (per variable, on its twin: what a rescue would commit)
+#     the value's bits as integers (float16/32/64 bitcast to int16/32/64, integers and
+#     bools cast), widened to int64, times (position + 1) * an odd constant, summed: int64
+#     arithmetic wraps mod 2**64 and is associative, so the sum does not depend on the
+#     reduction's order; kept mod 2**52. Equal values always give equal fingerprints;
+#     different values equal ones with a chance of about 2**-52 per variable.
+#   comparison with the SUM all-reduce the loop already has (no MAX there)
+#     each fingerprint is cut into LIMBS limbs of LIMB_BITS bits; a worker contributes, per
+#     limb, [l, l*l]; summed over W workers: S1 = sum l, S2 = sum l*l, all exact in
+#     float64 (l*l < 2**40, W < 2**12). By Cauchy-Schwarz W*S2 == S1*S1 iff every worker's
+#     l is the same: compared in Python integers, exactly.
+#   which variables
+#     the first comparison of an attempt covers every saved variable; later ones (every
+#     snapshot after, a model may diverge later) only those outside the trainable weights
+#     and the optimizer (which MWMS keeps equal by construction): the per-snapshot cost is
+#     then that of the small non-trainable variables and one all-reduce of 6 numbers each.
+#     Every worker derives both lists from the same graph, so the all-reduces pair up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["WorkerAgreement", "limb_columns", "differing", "divergence_reason", "LIMB_BITS", "LIMBS",
+           "FINGERPRINT_BITS"]
+
+FINGERPRINT_BITS = 52
+LIMB_BITS = 20
+LIMBS = 3  # 3 * 20 >= 52
+_MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)  # odd, as an int64: spreads positions over the bits
+_BITS_OF = {2: tf.int16, 4: tf.int32, 8: tf.int64}
+MAX_NAMED = 4  # variables named in the reason (the event lists them all)
+
+
+def limb_columns(fingerprints: Sequence[int]) -> np.ndarray:
+    """This worker's row of the all-reduce: per fingerprint, per limb, [l, l*l] (float64, exact)."""
+    out = np.zeros((len(fingerprints), LIMBS, 2), dtype=np.float64)
+    mask = (1 << LIMB_BITS) - 1
+    for i, value in enumerate(fingerprints):
+        value = int(value)
+        if not 0 <= value < (1 << FINGERPRINT_BITS):
+            raise ValueError(f"Received fingerprint {value!r}; expected an integer in [0, 2**{FINGERPRINT_BITS})")
+        for k in range(LIMBS):
+            limb = (value >> (k * LIMB_BITS)) & mask
+            out[i, k] = (limb, limb * limb)
+    return out.reshape(-1)
+
+
+def differing(summed: np.ndarray, *, workers: int, names: Sequence[str]) -> list[str]:
+    """The names whose fingerprints are not the same on every worker, from the summed columns."""
+    if workers < 1 or workers >= (1 << (53 - 2 * LIMB_BITS)):
+        raise ValueError(f"Received workers={workers!r}; expected 1 <= workers < {1 << (53 - 2 * LIMB_BITS)}")
+    sums = np.asarray(summed, dtype=np.float64).reshape(len(names), LIMBS, 2)
+    out = []
+    for name, limbs in zip(names, sums):
+        if any(workers * int(s2) != int(s1) * int(s1) for s1, s2 in limbs):
+            out.append(name)
+    return out
+
+
+def divergence_reason(names: Sequence[str]) -> str:
+    """The rescue_skipped reason of a non-chief whose snapshots differ from the chief's."""
+    shown = ", ".join(names[:MAX_NAMED]) + (f", ... ({len(names)} in all)" if len(names) > MAX_NAMED else "")
+    return f"this model's variables differ between workers ({shown}): only the chief's state is the run's"
+
+
+def _fingerprint(value: tf.Tensor) -> tf.Tensor:
+    dtype = value.dtype
+    if dtype.is_floating and dtype.size in _BITS_OF:
+        bits = tf.bitcast(value, _BITS_OF[dtype.size])
+    elif dtype.is_integer or dtype.is_bool:
+        bits = value
+    else:
+        return tf.constant(0, tf.int64)  # (strings, resources: never compared)
+    bits = tf.cast(tf.reshape(bits, [-1]), tf.int64)
+    positions = tf.range(1, tf.size(bits, out_type=tf.int64) + 1, dtype=tf.int64)
+    total = tf.reduce_sum(bits * (positions * tf.constant(_MULTIPLIER, tf.int64)))
+    return tf.bitwise.bitwise_and(total, tf.constant((1 << FINGERPRINT_BITS) - 1, tf.int64))
+
+
+class WorkerAgreement:
+    """Compares one worker's snapshot with every other worker's.
+
+    ``pairs``: the twin's ``(checkpoint path, live variable, twin variable)`` (TwinState.pairs).
+    ``sum_over_workers``: the loop's SUM all-reduce of a float64 tensor.
+    ``label(path, live)``: a variable's name in what ``compare`` returns (default: its path).
+    ``compare()`` after each snapshot every worker took at the same call: the names of the
+    variables that differ (empty: all equal). The first call compares every variable, the
+    later ones only those that MWMS does not keep equal (module docstring).
+    """
+
+    def __init__(self, pairs: Sequence[tuple[str, Any, Any]], *, workers: int,
+                 sum_over_workers: Callable[[tf.Tensor], tf.Tensor],
+                 label: Callable[[str, Any], str] = lambda path, live: path) -> None:
+        self._workers = workers
+        self._sum = sum_over_workers
+        every = [(label(path, live), twin) for path, live, twin in pairs]
+        may_differ = [(label(path, live), twin) for path, live, twin in pairs
+                      if not path.startswith("/optimizer/") and not getattr(live, "trainable", False)]
+        self._every, self._may_differ = self._compiled(every), self._compiled(may_differ)
+        self.compared = 0
+
+    @staticmethod
+    def _compiled(named: list[tuple[str, Any]]) -> tuple[list[str], Callable[[], tf.Tensor] | None]:
+        names, variables = [name for name, _ in named], [v for _, v in named]
+        if not variables:
+            return names, None
+
+        @tf.function(autograph=False)
+        def fingerprints() -> tf.Tensor:
+            with tf.device(variables[0].device):
+                return tf.stack([_fingerprint(v.read_value()) for v in variables])
+
+        return names, fingerprints
+
+    def row(self) -> tuple[list[str], np.ndarray]:
+        """The next comparison's variable names and this worker's columns (nothing sent)."""
+        names, fingerprints = self._every if self.compared == 0 else self._may_differ
+        if fingerprints is None:
+            return names, np.zeros(0, dtype=np.float64)
+        return names, limb_columns(fingerprints().numpy().tolist())
+
+    def compare(self) -> list[str]:
+        names, mine = self.row()
+        self.compared += 1
+        if not names:  # (the same on every worker: none of them all-reduces)
+            return []
+        summed = self._sum(tf.constant(mine)).numpy()
+        return differing(summed, workers=self._workers, names=names)
