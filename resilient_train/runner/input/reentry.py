@@ -200,7 +200,9 @@ class EpochInput:
         A pipeline with a stateful op (``py_function``, ``numpy_function``) is never symbolic:
         TensorFlow would save its position, but a restore would not bring back the op's own
         state (e.g. NumPy's generator), so the batches could differ; explicitly TensorFlow
-        refuses to save it, and it re-enters by ``skip`` as before."""
+        refuses to save it, and it re-enters by ``skip`` as before. The probe runs on the
+        attempt's first pipeline, but every epoch's is checked for such an op (a recipe may add
+        one from some epoch on): from the first that has one, the attempt saves explicitly."""
         worker = (self._rank, self._workers)
         if self._symbolic is None:
             self._symbolic, self._not_symbolic = True, ""
@@ -219,7 +221,11 @@ class EpochInput:
                     self._symbolic, self._not_symbolic = False, message
             self.reaper.retire(probe, ("train", epoch))  # its prefetch threads go off this thread
             del probe
-        return iter(self._dataset(epoch, entry, worker, self._symbolic))
+        dataset = self._dataset(epoch, entry, worker, self._symbolic)
+        if self._symbolic and (stateful := _stateful(dataset)):  # a later epoch's pipeline may differ
+            self._symbolic, self._not_symbolic = False, f"a stateful op ({stateful}) keeps state a position cannot"
+            dataset = self._dataset(epoch, entry, worker, False)
+        return iter(dataset)
 
     # ------------------------------------------------------------------ save
     def state_to_save(self, epoch: int, step_in_epoch: int, *,
