@@ -53,8 +53,11 @@ def _fresh_event_context():
 
 @pytest.fixture(scope="session")
 def digits_reference_run(tmp_path_factory):
-    """The uninterrupted run every interrupted one must match bit for bit (its Job)."""
-    job = run_job(DIGITS, tmp_path_factory.mktemp("reference") / "run", *DIGITS_FLAGS)
+    """The uninterrupted run every interrupted one must match bit for bit (its Job). With the
+    memory tier as users get it (auto), while the interrupted runs name their tier (off unless
+    the test sets it: tests/integration/harness.py command): equal digests also say the tier
+    changes no weight."""
+    job = run_job(DIGITS, tmp_path_factory.mktemp("reference") / "run", *DIGITS_FLAGS, tier_default=True)
     assert job.returncode == 0, job.output
     summary = job.summary
     assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", 20, 0)
@@ -65,7 +68,8 @@ def digits_reference_run(tmp_path_factory):
 def keras_reference_run(tmp_path_factory):
     """recipes/digits_keras.py uninterrupted, 5 epochs (EarlyStopping ends it after epoch 3):
     the run tests/integration/test_keras.py and test_rescue_matrix.py compare with."""
-    job = run_job("recipes/digits_keras.py", tmp_path_factory.mktemp("keras") / "reference", "--epochs", "5")
+    job = run_job("recipes/digits_keras.py", tmp_path_factory.mktemp("keras") / "reference", "--epochs", "5",
+                  tier_default=True)
     assert job.returncode == 0, job.output
     assert job.summary["status"] == "completed"
     return job

@@ -52,7 +52,15 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return _read_event_file(Path(run_dir) / "events.jsonl")
 
 
-def command(recipe: str, run_dir: Path, *flags: str) -> list[str]:
+def command(recipe: str, run_dir: Path, *flags: str, tier_default: bool = False) -> list[str]:
+    """``resilient-train run``, with ``--snapshot-every off`` unless ``flags`` name it or
+    ``tier_default``: with the memory tier (on by default) a survivor commits a snapshot
+    newer than the last save when a peer dies, so the step a restart restores depends on how
+    far the survivors got, and most tests pin it. The tier's own tests set it
+    (test_rescue*.py), and the shared reference runs keep the default (tests/conftest.py), so
+    every exact-digest comparison also checks that the tier changes no weight."""
+    if not tier_default and not any(f == "--snapshot-every" or f.startswith("--snapshot-every=") for f in flags):
+        flags = (*flags, "--snapshot-every", "off")
     return [sys.executable, "-m", "resilient_train", "run", recipe, "--run-dir", str(run_dir), *flags]
 
 
@@ -77,10 +85,12 @@ def run_job(
     env: dict[str, str] | None = None,
     timeout: float = 240,
     cwd: Path = REPO,
+    tier_default: bool = False,
 ) -> Job:
-    """``cwd``: the directory the user runs the command from (give ``recipe`` absolute then)."""
+    """``cwd``: the directory the user runs the command from (give ``recipe`` absolute then).
+    ``tier_default``: the memory tier as a user gets it (see :func:`command`)."""
     proc = subprocess.run(
-        command(recipe, run_dir, *flags),
+        command(recipe, run_dir, *flags, tier_default=tier_default),
         cwd=cwd,
         env=environment(faults, **(env or {})),
         stdout=subprocess.PIPE,
@@ -101,6 +111,7 @@ def run_job_until(
     new_session: bool = False,
     cwd: Path = REPO,
     env: dict[str, str] | None = None,
+    tier_default: bool = False,
 ) -> Job:
     """Start a job, watch its events, and call ``action`` once ``when(events)`` holds.
 
@@ -108,7 +119,7 @@ def run_job_until(
     can signal the whole group (Ctrl-C) without signalling pytest. ``cwd``, ``env``: as for :func:`run_job`.
     """
     proc = subprocess.Popen(
-        command(recipe, run_dir, *flags),
+        command(recipe, run_dir, *flags, tier_default=tier_default),
         cwd=cwd,
         env=environment(**(env or {})),
         stdout=subprocess.PIPE,
