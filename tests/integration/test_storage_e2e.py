@@ -107,12 +107,13 @@ def test_an_upload_that_stalls_is_given_up_and_retried_through(tmp_path, digits_
 
 
 def test_a_store_that_goes_quiet_fails_the_save_and_the_run_resumes_exactly(tmp_path, digits_reference):
-    # Attempt 1's chief: writes #1-#2 are step 4's two files (see above); from #3 on (step 8's
-    # first upload) every write stalls for good.
+    # Attempt 1's chief: writes #1-#4 are step 4's four files (a mid-epoch save: the two
+    # checkpoint files and each worker's tf.data iterator state); from #5 on (step 8's first
+    # upload) every write stalls for good.
     storage = tmp_path / "ckpts"
     job = run_job(
         DIGITS, tmp_path / "run", *DIGITS_FLAGS, "--storage", f"faulty://{storage}", "--storage-timeout", "1",
-        env=stalled_storage_env({"1": {"stall_write_k": 3, "stall_count": 0}}),
+        env=stalled_storage_env({"1": {"stall_write_k": 5, "stall_count": 0}}),
     )
     assert job.returncode == 0, job.output
     committed = [(e["attempt"], e["global_step"]) for e in job.named("checkpoint_committed")]
