@@ -155,6 +155,9 @@ class _Recorder:
 
 
 def _watch(setting: str, environ: dict, recorder: _Recorder, **settings) -> NoticeWatch:
+    # A probe of a server that is there gets WAIT, not the 0.5 s a metadata server one hop away
+    # needs: this test process's own server thread may be slow to answer on a busy machine.
+    settings.setdefault("probe_timeout_s", WAIT)
     return NoticeWatch(setting, notice_sources(environ), on_notice=recorder.notice, on_event=recorder.event,
                        **settings)
 
