@@ -311,6 +311,8 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "worker_restarted": _worker_restarted,
     "first_step": None,  # the progress display shows training has begun
     "startup_phases": None,  # a timing breakdown for the recovery benchmark
+    "node_avoided": None,  # the RESIZING / restart line that follows names the notice and the node
+    "workers_differ": None,  # only matters if a non-chief is asked to rescue: its rescue_skipped says why
     "server_started": None,  # parameter-server tier processes serving
     "server_stopped": None,
     "slurm_step_started": None,  # the launcher's srun step name and ports
