@@ -204,13 +204,15 @@ class EpochInput:
         attempt's first pipeline, but every epoch's is checked for such an op (a recipe may add
         one from some epoch on): from the first that has one, the attempt saves explicitly."""
         worker = (self._rank, self._workers)
-        if self._symbolic is None:
+        probing = self._symbolic is None
+        if probing:
             self._symbolic, self._not_symbolic = True, ""
-            dataset = self._dataset(epoch, entry, worker, True)
-            stateful = _stateful(dataset)
-            if stateful:  # a symbolic state would save it, but not the op's state: not exact
-                self._symbolic, self._not_symbolic = False, f"a stateful op ({stateful}) keeps state a position cannot"
-                return iter(self._dataset(epoch, entry, worker, False))
+        dataset = self._dataset(epoch, entry, worker, self._symbolic)
+        # Every epoch's pipeline, not only the probed one: a recipe may add such an op later.
+        if self._symbolic and (stateful := _stateful(dataset)):  # a position would not restore the op's state
+            self._symbolic, self._not_symbolic = False, f"a stateful op ({stateful}) keeps state a position cannot"
+            return iter(self._dataset(epoch, entry, worker, False))
+        if probing:
             probe = iter(dataset)
             try:
                 next(probe, None)
@@ -221,10 +223,7 @@ class EpochInput:
                     self._symbolic, self._not_symbolic = False, message
             self.reaper.retire(probe, ("train", epoch))  # its prefetch threads go off this thread
             del probe
-        dataset = self._dataset(epoch, entry, worker, self._symbolic)
-        if self._symbolic and (stateful := _stateful(dataset)):  # a later epoch's pipeline may differ
-            self._symbolic, self._not_symbolic = False, f"a stateful op ({stateful}) keeps state a position cannot"
-            dataset = self._dataset(epoch, entry, worker, False)
+            dataset = self._dataset(epoch, entry, worker, self._symbolic)
         return iter(dataset)
 
     # ------------------------------------------------------------------ save
