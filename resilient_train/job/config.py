@@ -219,6 +219,10 @@ class JobConfig:
         "(default): as often as keeps the snapshots' cost under 2%% of step time, off where the tier cannot "
         "work (sync checkpoints, parameter-server, one worker); off: no tier, no extra copy of the state "
         "(docs/failures.md, Rescue)"))
+    snapshot_capture_every: int | None = field(default=None, metadata=_toml_only(  # runner/state/memory_tier.py
+        "the memory tier captures the input's iterator state only every this many steps (the snapshots between "
+        "carry the newest capture, and a restore replays the batches since); default: auto's choice, and with an "
+        "explicit --snapshot-every N at every snapshot. Tests set it"))
     save_every_seconds: float | None = field(default=None, metadata=_flag(
         "--save-every-seconds", parse=float, metavar="T",
         help="also checkpoint when T seconds passed since the last save (the chief's clock; all workers agree on the step)"))
@@ -541,6 +545,10 @@ def _check_snapshot_every(job: "JobConfig") -> None:
     """``auto`` (never refused: it turns itself off where the tier cannot work, saying why),
     ``off``, or an integer >= 1, and that only with async checkpoints under MultiWorkerMirroredStrategy."""
     value = job.snapshot_every
+    capture = job.snapshot_capture_every
+    if capture is not None:
+        if isinstance(capture, bool) or not isinstance(capture, int) or capture < 1:
+            raise ConfigError(f"Received snapshot_capture_every={capture!r}; expected an integer number of steps >= 1")
     if value in (SNAPSHOT_EVERY_OFF, SNAPSHOT_EVERY_AUTO):
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

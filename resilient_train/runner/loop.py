@@ -128,6 +128,7 @@ _PREEMPT = "__stop_requested__"  # the packed row's column: the sum of the worke
 _SAVE_DUE = "__save_due__"
 _NEXT_CALL = "__next_call_steps__"
 _SNAPSHOT_EVERY = "__snapshot_every__"  # --snapshot-every auto: the chief's proposed interval (0: not yet)
+_CAPTURE_EVERY = "__capture_every__"  # ... and the input's capture interval proposed with it
 _SINGLE_WORKER = "a single worker: no survivor to rescue from"
 
 
@@ -236,7 +237,8 @@ class Trainer:
         self._tier_off = job.memory_tier_off_reason
         if self._tier_off is None and job.snapshot_every_steps is None and cluster.num_workers == 1:
             self._tier_off = _SINGLE_WORKER
-        self._snapshots = SnapshotSchedule(job.snapshot_every_steps) if self._tier_off is None else None
+        self._snapshots = (SnapshotSchedule(job.snapshot_every_steps, capture_every=job.snapshot_capture_every)
+                           if self._tier_off is None else None)
         # auto: the chief times the first snapshots and proposes the interval (None: not auto, or not the chief)
         self._auto_interval = (AutoInterval() if self._snapshots is not None and self._snapshots.pending
                                and cluster.is_chief else None)
@@ -395,22 +397,25 @@ class Trainer:
             emit("memory_tier", setting=self._snapshots.every_steps, every_steps=self._snapshots.every_steps,
                  twin_bytes=self._twin_bytes, rank=rank)
 
-    def _adopt_snapshot_every(self, proposed: float) -> None:
-        """auto: the interval the chief proposed, read by every worker from the same call."""
-        every = int(round(proposed))
+    def _adopt_snapshot_every(self, proposed: float, capture_proposed: float) -> None:
+        """auto: the intervals the chief proposed, read by every worker from the same call."""
+        every, capture_every = int(round(proposed)), int(round(capture_proposed))
         if self._snapshots is None or not self._snapshots.pending or every < 1:
             return
-        self._snapshots.decide(every)
+        self._snapshots.decide(every, capture_every)
         measured = dict(self._auto_interval.chosen or {}) if self._auto_interval is not None else {}
         measured.pop("every_steps", None)
-        emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=every, twin_bytes=self._twin_bytes,
+        measured.pop("capture_every_steps", None)
+        emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=every,
+             capture_every_steps=self._snapshots.capture_every, twin_bytes=self._twin_bytes,
              rank=self.cluster.rank, **measured)
 
-    def _snapshot_every_proposal(self) -> float:
-        """The chief's vote in the call's _SNAPSHOT_EVERY column (0: nothing to propose)."""
+    def _snapshot_every_proposal(self) -> tuple[float, float]:
+        """The chief's votes in the call's _SNAPSHOT_EVERY and _CAPTURE_EVERY columns (0: nothing to propose)."""
         if self._auto_interval is None or self._snapshots is None or not self._snapshots.pending:
-            return 0.0
-        return float(self._auto_interval.proposal(step_s=self.sizer.step_seconds, call_steps=self.sizer.proposal()))
+            return 0.0, 0.0
+        every = self._auto_interval.proposal(step_s=self.sizer.step_seconds, call_steps=self.sizer.proposal())
+        return float(every), float(self._auto_interval.capture_every)
 
     def _why_no_rescue_here(self) -> str | None:
         """A non-chief does not run the chief-only callbacks (ModelCheckpoint, CSVLogger,
@@ -511,7 +516,8 @@ class Trainer:
                     values[name] = tf.nn.compute_average_loss(
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
-            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY]  # fixed at trace time
+            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY,
+                                       _CAPTURE_EVERY]  # fixed at trace time
             first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
             flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags], axis=0)
@@ -634,6 +640,7 @@ class Trainer:
             manifest = self.checkpointer.save(request, flush=flush)
             if self._snapshots is not None:
                 self._snapshots.taken(global_step)  # a save is a snapshot too
+                self._snapshots.captured(global_step)  # (with a fresh capture of the input)
                 self._compare_snapshots(global_step)
             return manifest
         finally:
@@ -644,8 +651,14 @@ class Trainer:
         nothing (every worker at the same agreed step: the request may all-reduce)."""
         assert self._async is not None and self._snapshots is not None
         global_step = int(self.global_step.numpy())
+        # The input's capture (the dear part: an iterator state) only every capture_every
+        # steps; between, the snapshot carries the newest one (memory_tier.py).
+        capture = self._snapshots.capture_due(global_step) or not self._input.captured
         started = time.perf_counter()
-        request = self._save_request(completed=False)  # still in the training phase (it may all-reduce)
+        request = self._save_request(completed=False, capture=capture)  # (it may all-reduce)
+        capture_s = time.perf_counter() - started if capture else 0.0
+        if capture:
+            self._snapshots.captured(global_step)
         previous = self._phase.enter(PHASE_FLUSH)  # it may wait for the chief's in-flight persist
         try:
             if self._workers_differ is None or self.cluster.is_chief:  # (a non-chief's would never be committed)
@@ -654,7 +667,7 @@ class Trainer:
             self._phase.restore(previous)
         self._compare_snapshots(global_step)
         if self._auto_interval is not None and self._snapshots.pending:
-            self._auto_interval.snapshot_took(time.perf_counter() - started)
+            self._auto_interval.snapshot_took(time.perf_counter() - started, capture_s=capture_s)
         self._snapshots.taken(global_step)
 
     def _compare_snapshots(self, global_step: int) -> None:
@@ -670,7 +683,7 @@ class Trainer:
         self._workers_differ = divergence_reason(differ)
         emit("workers_differ", group=True, global_step=global_step, variables=differ, reason=self._workers_differ)
 
-    def _save_request(self, completed: bool) -> SaveRequest:
+    def _save_request(self, completed: bool, *, capture: bool = True) -> SaveRequest:
         # Only the chief's copy is ever committed; the others skip encoding (best_weights can be
         # large), unless the memory tier is on: then any survivor may commit its own snapshot.
         encodes = self.cluster.is_chief or self._snapshots is not None
@@ -678,7 +691,7 @@ class Trainer:
                  if self._callbacks and encodes else {})
         iterator_files, iterator_extra = self._input.state_to_save(int(self.epoch.numpy()),
                                                                   int(self.step_in_epoch.numpy()),
-                                                                  files_everywhere=encodes)
+                                                                  files_everywhere=encodes, capture=capture)
         files.update(iterator_files)
         return SaveRequest(
             files=files,
@@ -725,9 +738,9 @@ class Trainer:
         and sets the agreed maximum steps of the next call."""
         self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
         chief = self.cluster.is_chief
+        snapshot_every, capture_every = self._snapshot_every_proposal() if chief else (0.0, 0.0)
         flags = np.array([self._preemption_flag(), max(self.policy.time_flag(), float(self.save_requested())),
-                          self.sizer.proposal() if chief else 0.0,
-                          self._snapshot_every_proposal() if chief else 0.0], dtype=np.float32)
+                          self.sizer.proposal() if chief else 0.0, snapshot_every, capture_every], dtype=np.float32)
         started = time.perf_counter()
         result = self._train_call(iterator, tf.constant(steps, tf.int32), flags)
         if self._record_indices:
@@ -742,13 +755,13 @@ class Trainer:
             self.sizer.observed(steps, time.perf_counter() - started)
         names = self._value_names
         flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL),
-                        names.index(_SNAPSHOT_EVERY)]
+                        names.index(_SNAPSHOT_EVERY), names.index(_CAPTURE_EVERY)]
         for row in rows:
             self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
         self._marker.write(global_step + steps)
-        preempt, save_due, next_call, snapshot_every = (rows[-1, k] for k in flag_columns)
+        preempt, save_due, next_call, snapshot_every, capture_every = (rows[-1, k] for k in flag_columns)
         self._call_steps = max(1, int(round(next_call)))
-        self._adopt_snapshot_every(snapshot_every)
+        self._adopt_snapshot_every(snapshot_every, capture_every)
         return bool(preempt > 0), bool(save_due > 0)
 
     def _hit_step_faults(self, first: int, last: int) -> None:

@@ -65,6 +65,23 @@ def test_several_steps_per_call_with_dropout(tmp_path, digits_reference, killed,
     assert_rescued(job, killed=killed, rescuer=rescuer, reached_step=17, rescued=14, interval=4, digest=digits_reference)
 
 
+def test_a_rescue_between_input_captures_replays_the_batches_since(tmp_path, digits_reference):
+    # digits_cnn's input re-enters by its iterator state. Snapshots 13, 16, 19 in epoch 1;
+    # the input is captured only every 6 steps: at 13 (the epoch's first snapshot) and 19,
+    # so the snapshot of 16 carries the capture of 13. The chief dies after step 18; rank 1
+    # commits 16, and the restart restores the state of 13 and replays 3 batches.
+    config = tmp_path / "job.toml"
+    config.write_text("snapshot_capture_every = 6\n")
+    job = run_job(DIGITS, tmp_path / "run", *SHORT, *ONE_STEP, "--config", str(config),
+                  faults=[{"point": "after_step", "global_step": 18, "rank": 0}])
+    assert_rescued(job, killed=0, rescuer=1, reached_step=18, rescued=16, interval=3, digest=digits_reference)
+    saved = manifest(job, 16)["extra"]["iterator_state"]
+    assert (saved["epoch"], saved["entry_step"], saved["at_step"]) == (1, 0, 3)
+    (restored,) = job.named("restored")
+    assert restored["input_reentry"] == "iterator_state"
+    assert restored["input_reentry_reason"].endswith("tf.data iterator state of step 3 and replays 3 batches")
+
+
 @pytest.fixture(scope="module")
 def keras_reference(keras_reference_run):
     """digits_keras uninterrupted (ReduceLROnPlateau, EarlyStopping, CSVLogger, ModelCheckpoint)."""

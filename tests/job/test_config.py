@@ -253,6 +253,8 @@ def test_snapshot_every_flag_parses_off_and_n_and_refuses_the_rest():
     ({"snapshot_every": 5, "checkpoint_mode": "sync"},
      "Received snapshot_every=5 with checkpoint_mode='sync'; the memory tier keeps its snapshot in the async "
      "checkpointer's twin: use --checkpoint-mode async"),
+    ({"snapshot_every": 5, "snapshot_capture_every": 0},
+     "Received snapshot_capture_every=0; expected an integer number of steps >= 1"),
 ])
 def test_snapshot_every_refuses_what_it_cannot_do(settings, message):
     from resilient_train.errors import ConfigError

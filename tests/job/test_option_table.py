@@ -28,7 +28,7 @@ COMMAND_FLAGS = {
     "runner": {"-h", "--help", "--config", "--job", "--tf-config-from", "--port-base"},
 }
 # A value for each key that only a --config file sets (no flag to take a sample from).
-TOML_ONLY_SAMPLES = {"progress_every_s": 0.5, "min_workers": 1}
+TOML_ONLY_SAMPLES = {"progress_every_s": 0.5, "min_workers": 1, "snapshot_capture_every": 40}
 
 
 def _command_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -111,9 +111,10 @@ def test_every_field_has_an_option_and_the_routes_are_the_ones_of_today():
     assert list(JOB_OPTIONS) == [spec.name for spec in dataclasses.fields(JobConfig)]
     assert TOML_KEYS == {spec.name for spec in dataclasses.fields(JobConfig)}  # every field is a --config key
     without_flag = {name: option.why for name, option in JOB_OPTIONS.items() if option.flag is None}
-    assert sorted(without_flag) == ["min_workers", "progress_every_s", "recipe"] and all(without_flag.values())
+    assert sorted(without_flag) == ["min_workers", "progress_every_s", "recipe",
+                                    "snapshot_capture_every"] and all(without_flag.values())
     assert [name for name, option in JOB_OPTIONS.items() if option.argument] == ["recipe"]
-    assert len({option.flag for option in JOB_OPTIONS.values() if option.flag}) == len(JOB_OPTIONS) - 3
+    assert len({option.flag for option in JOB_OPTIONS.values() if option.flag}) == len(JOB_OPTIONS) - 4
 
 
 def test_a_field_without_an_option_fails_at_import():

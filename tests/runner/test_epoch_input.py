@@ -174,6 +174,44 @@ def test_a_restored_state_continues_the_saved_pipeline_from_its_entry_step(tmp_p
     assert world.built[-1] == (2, 0, (1, 2))
 
 
+def test_a_state_captured_before_the_checkpoints_step_replays_the_batches_between(tmp_path):
+    # A memory-tier snapshot at step 9 carried the capture of step 6 (entered at step 2).
+    saved_iterator = iter(tf.data.Dataset.range(1 * STEPS + 2, 2 * STEPS))
+    take(saved_iterator, 4)  # steps 2..5 consumed: it yields 106 next
+    blob = serialize_iterator(saved_iterator)
+    (tmp_path / state_file(1)).write_bytes(blob)
+    epoch_input = plain_input(World(rank=1))
+    saved = {"iterator_state": {"world_size": 2, "epoch": 1, "entry_step": 2, "at_step": 6, "bytes": [len(blob)] * 2}}
+    assert epoch_input.plan_reentry(manifest(step_in_epoch=9, extra=saved), tmp_path) == (
+        ITERATOR_STATE, f"restores this worker's {len(blob)}-byte explicit (buffered elements) tf.data iterator "
+                        "state of step 6 and replays 3 batches")
+    assert take(epoch_input.iterator(1, 9), 2) == [109, 110]  # 106..108 replayed, not trained
+    for at_step in (10, -1):  # past the checkpoint's step, or before the epoch: never trusted
+        saved["iterator_state"]["at_step"] = at_step
+        assert epoch_input.plan_reentry(manifest(step_in_epoch=9, extra=saved), tmp_path) == (
+            SKIP, f"the iterator state names step {at_step} of the epoch; the checkpoint is at 9")
+
+
+def test_a_snapshot_between_captures_carries_the_newest_capture_of_its_iterator():
+    world = World(peer_size=len(PEER_STATE))
+    epoch_input = plain_input(world)
+    iterator = epoch_input.iterator(1, 0)
+    take(iterator, 4)
+    assert epoch_input.state_to_save(1, 4, capture=False) == ({}, {})  # nothing captured yet
+    assert not epoch_input.captured
+    files, extra = epoch_input.state_to_save(1, 4)
+    gathered = len(world.gathered)
+    take(iterator, 3)
+    assert epoch_input.captured
+    # No collective, nothing serialized: the capture of step 4, which says so.
+    assert epoch_input.state_to_save(1, 7, capture=False) == (files, extra)
+    assert extra["iterator_state"]["at_step"] == 4 and len(world.gathered) == gathered
+    epoch_input.retire(iterator, 1)
+    assert not epoch_input.captured  # a new epoch's iterator starts without one
+    take(epoch_input.iterator(2, 0), 2)
+    assert epoch_input.state_to_save(2, 2, capture=False) == ({}, {})
+
+
 def test_a_restored_state_of_another_epoch_is_dropped(tmp_path):
     blob = serialize_iterator(iter(tf.data.Dataset.range(3)))
     (tmp_path / state_file(0)).write_bytes(blob)
@@ -196,7 +234,7 @@ def test_the_chief_gets_every_workers_state_and_the_size_is_reported_once():
     assert (sorted(files), files["iterator-1.bin"]) == (["iterator-0.bin", "iterator-1.bin"], PEER_STATE)
     assert position(files["iterator-0.bin"], 1, 3) == 107  # this worker's own state, where it stood
     sizes = [len(files["iterator-0.bin"]), len(PEER_STATE)]
-    assert extra == {"iterator_state": {"world_size": 2, "epoch": 1, "entry_step": 3, "bytes": sizes,
+    assert extra == {"iterator_state": {"world_size": 2, "epoch": 1, "entry_step": 3, "at_step": 7, "bytes": sizes,
                                         "symbolic": True}}
     assert world.events == [("iterator_state_sized", {"group": True, "bytes": sizes, "max_bytes": 1 << 20,
                                                       "kept": True, "symbolic": True})]

@@ -53,9 +53,37 @@ def test_auto_proposes_the_interval_that_keeps_snapshots_within_the_budget():
     assert auto.proposal(step_s=None, call_steps=8) == 0  # no step time measured yet
     # 5 ms / (2% of 2 ms) = 125 steps
     assert auto.proposal(step_s=0.002, call_steps=8) == 125
-    assert auto.chosen == {"every_steps": 125, "snapshot_ms": 5.0, "step_ms": 2.0, "budget": 0.02,
-                           "call_steps": 8, "limited_by": "budget"}
+    assert auto.chosen == {"every_steps": 125, "capture_every_steps": 125, "snapshot_ms": 5.0, "capture_ms": 0.0,
+                           "step_ms": 2.0, "budget": 0.02, "call_steps": 8, "limited_by": "budget"}
+    assert auto.capture_every == 125
     assert auto.proposal(step_s=1.0, call_steps=1) == 125  # decided once: never re-measured
+
+
+def test_auto_captures_the_input_less_often_within_its_share_of_the_budget():
+    """digits_cnn's shape: the iterator state is the dear part of a snapshot."""
+    auto = AutoInterval()
+    for seconds, capture_s in ((0.3, 0.2), (0.062, 0.06), (0.0635, 0.0615)):
+        auto.snapshot_took(seconds, capture_s=capture_s)
+    assert auto.capture_every == 0  # not proposed yet
+    # the rest: 2 ms / (75% of 2% of 10 ms) = 13.3 -> 14 steps; the capture:
+    # 61.5 ms / (25% of 2% of 10 ms) = 1230 steps, rounded up to a multiple of 14: 1232
+    assert auto.proposal(step_s=0.01, call_steps=7) == 14
+    assert auto.capture_every == 1232
+    assert (auto.chosen["snapshot_ms"], auto.chosen["capture_ms"]) == (63.5, 61.5)
+
+
+def test_schedule_captures_at_its_own_interval():
+    schedule = SnapshotSchedule(None)
+    assert schedule.capture_due(5)  # undecided: every snapshot captures
+    schedule.decide(10, 30)
+    assert schedule.capture_due(10)  # nothing captured yet
+    schedule.captured(10)
+    assert (schedule.capture_due(39), schedule.capture_due(40)) == (False, True)
+    schedule.decide(10, 4)  # under the snapshot interval: at every snapshot
+    assert schedule.capture_every == 10
+    explicit = SnapshotSchedule(6)
+    explicit.captured(6)
+    assert (explicit.capture_due(11), explicit.capture_due(12)) == (False, True)
 
 
 def test_auto_never_snapshots_more_often_than_once_per_call():

@@ -107,8 +107,11 @@ class EpochInput:
         self._plain: Any = None  # the epoch's plain per-worker iterator on the iterator_state path
         self._entry_step = 0  # the step the current epoch's pipeline was built from
         self._state_sized = False  # iterator_state_sized was reported (once per attempt)
-        # (epoch, entry step, state, symbolic) of the restore
-        self._restored: tuple[int, int, bytes, bool] | None = None
+        # (epoch, entry step, state, symbolic, batches to replay after it) of the restore
+        self._restored: tuple[int, int, bytes, bool, int] | None = None
+        # The newest capture of the current plain iterator: (epoch, files, extra), which a
+        # snapshot that does not capture carries (state_to_save(capture=False)).
+        self._captured: tuple[int, dict[str, bytes], dict[str, Any]] | None = None
         # Whether the plain pipeline is saved symbolically (positions, not buffered elements):
         # None until the attempt's first plain iterator tries it; why not, when it cannot be.
         self._symbolic: bool | None = None
@@ -160,11 +163,18 @@ class EpochInput:
         if saved.get("world_size") != self._workers:
             return SKIP, (f"the iterator state was saved by {saved.get('world_size')} workers; "
                           f"{self._workers} resume (another sharding)")
+        # A memory-tier snapshot carries its iterator's newest capture, of an earlier step:
+        # the batches in between are replayed (state_to_save). Older checkpoints: none.
+        at = int(saved.get("at_step", manifest.step_in_epoch))
+        replay = manifest.step_in_epoch - at
+        if not 0 <= replay <= manifest.step_in_epoch:
+            return SKIP, f"the iterator state names step {at} of the epoch; the checkpoint is at {manifest.step_in_epoch}"
         blob = (checkpoint_dir / state_file(self._rank)).read_bytes()
         symbolic = bool(saved.get("symbolic", False))  # before symbolic states: explicit ones
-        self._restored = (int(saved["epoch"]), int(saved["entry_step"]), blob, symbolic)
+        self._restored = (int(saved["epoch"]), int(saved["entry_step"]), blob, symbolic, replay)
         kind = "symbolic (positions)" if symbolic else "explicit (buffered elements)"
-        return ITERATOR_STATE, f"restores this worker's {len(blob)}-byte {kind} tf.data iterator state"
+        why = f"restores this worker's {len(blob)}-byte {kind} tf.data iterator state"
+        return ITERATOR_STATE, why + (f" of step {at} and replays {replay} batches" if replay else "")
 
     # ----------------------------------------------------------------- enter
     def iterator(self, epoch: int, start: int) -> Any:
@@ -178,14 +188,16 @@ class EpochInput:
             self._restored = None
             self._plain, self._entry_step = None, start
             return iter(self._dataset(epoch, start, None, False))
-        entry, state = start, None
+        entry, state, replay = start, None, 0
         if self._restored is not None and self._restored[0] == epoch:
-            _, entry, state, self._symbolic = self._restored  # rebuilt as it was saved
+            _, entry, state, self._symbolic, replay = self._restored  # rebuilt as it was saved
         self._restored = None
         iterator = self._plain_iterator(epoch, entry)
         if state is not None:
             restore_iterator(iterator, state)
-        self._plain, self._entry_step = iterator, entry
+            for _ in range(replay):  # the batches between the capture and the checkpoint's step
+                next(iterator)
+        self._plain, self._entry_step, self._captured = iterator, entry, None
         return iterator
 
     def _plain_iterator(self, epoch: int, entry: int) -> Any:
@@ -227,17 +239,29 @@ class EpochInput:
         return iter(dataset)
 
     # ------------------------------------------------------------------ save
-    def state_to_save(self, epoch: int, step_in_epoch: int, *,
-                      files_everywhere: bool = False) -> tuple[dict[str, bytes], dict[str, Any]]:
+    @property
+    def captured(self) -> bool:
+        """The current iterator has a capture a snapshot may carry (state_to_save(capture=False))."""
+        return self._captured is not None
+
+    def state_to_save(self, epoch: int, step_in_epoch: int, *, files_everywhere: bool = False,
+                      capture: bool = True) -> tuple[dict[str, bytes], dict[str, Any]]:
         """(files, manifest extra) the save of this step records of the input: every
         worker's iterator state at a mid-epoch save on the iterator_state path (the chief
         gets the files; every worker with ``files_everywhere``: the memory tier, where any
         survivor may commit), else nothing.
 
         Collective on that path: every worker calls it at the same save step; it
-        all-reduces the states' sizes, then, when they are within the bound, the states."""
+        all-reduces the states' sizes, then, when they are within the bound, the states.
+        ``capture=False`` (a memory-tier snapshot between captures, every worker alike):
+        no collective, nothing serialized: the newest capture of this iterator, whose extra
+        says its step (``at_step``), so a restore replays the batches since (none yet: nothing)."""
         if self._path != ITERATOR_STATE or self._plain is None or step_in_epoch == 0:
             return {}, {}
+        if not capture:
+            if self._captured is None or self._captured[0] != epoch:
+                return {}, {}
+            return dict(self._captured[1]), dict(self._captured[2])
         try:
             blob = serialize_iterator(self._plain)
         except tf.errors.OpError as exc:  # e.g. a py_function / numpy_function: "EagerPyFunc is stateful"
@@ -272,8 +296,10 @@ class EpochInput:
         states = self._gather_bytes(blob, sizes)
         files = ({state_file(rank): state for rank, state in enumerate(states)}
                  if self._is_chief or files_everywhere else {})
-        return files, {EXTRA_KEY: {"world_size": self._workers, "epoch": epoch, "entry_step": self._entry_step,
-                                   "bytes": sizes, "symbolic": bool(self._symbolic)}}
+        extra = {EXTRA_KEY: {"world_size": self._workers, "epoch": epoch, "entry_step": self._entry_step,
+                             "at_step": step_in_epoch, "bytes": sizes, "symbolic": bool(self._symbolic)}}
+        self._captured = (epoch, files, extra)
+        return dict(files), dict(extra)
 
     # ------------------------------------------------------------------- end
     def retire(self, iterator: Any, epoch: int) -> None:
@@ -282,7 +308,7 @@ class EpochInput:
         at epoch ends (runner/input/teardown.py): the reaper drops it while the next epoch trains."""
         if self._source is not None:  # a fit script's one iterator: it outlives the epoch
             return
-        self._plain = None
+        self._plain, self._captured = None, None
         self.reaper.retire(iterator, ("train", epoch))
 
     def keep(self, iterator: Any) -> None:

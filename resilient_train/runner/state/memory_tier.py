@@ -21,14 +21,24 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #     the interval. Every input of the rule is agreed (steps, saves), so all workers
 #     snapshot at the same steps (a snapshot may all-reduce: iterator states,
 #     sync-on-read variables).
+#   the input's capture (iterator_state path only: runner/input/reentry.py)
+#     a tf.data iterator state is the dear part of a snapshot (recipes/digits_cnn.py: its
+#     ~570 KB shuffle buffer, 50-70 ms, against ~1 ms for the variables), so a snapshot
+#     captures it only every capture_every steps (and at the first snapshot after a new
+#     iterator); the others carry the newest capture of the same iterator, whose manifest
+#     extra says the step it was taken at, and a restore replays the batches in between
+#     (at most capture_every; the input pipeline only, no training). Saves always capture.
 #   auto (the default, --snapshot-every auto; measured once per attempt, never re-measured)
-#     until decided, a snapshot is due after every call; the chief times the first
-#     AUTO_PROBES of them (the first includes tracing and is not counted) and knows its
-#     per-step time (runner/call_size.py); then it proposes
-#       every = max(one call, ceil(snapshot_s / (SNAPSHOT_BUDGET * step_s)))
-#     in the call's packed all-reduce (a column beside the next call's size: no extra
-#     collective), and every worker adopts the SUM it reads (only the chief adds it), at
-#     the same call, so the interval is the same everywhere.
+#     until decided, a snapshot (with a capture) is due after every call; the chief times
+#     the first AUTO_PROBES of them, the capture apart (the first includes tracing and is not
+#     counted), and knows its per-step time (runner/call_size.py); then it proposes
+#       every         = max(one call, ceil(rest_s / ((1 - CAPTURE_SHARE) * SNAPSHOT_BUDGET * step_s)))
+#                       (the whole budget where there is nothing to capture: other input paths)
+#       capture_every = every * ceil(capture_s / (CAPTURE_SHARE * SNAPSHOT_BUDGET * step_s) / every)
+#     in the call's packed all-reduce (two columns beside the next call's size: no extra
+#     collective), and every worker adopts the SUMs it reads (only the chief adds them), at
+#     the same call, so the intervals are the same everywhere. An explicit N captures at
+#     every snapshot. A --config key, snapshot_capture_every, sets the capture interval of either.
 #   rescue (the rescue listener's thread, on the supervisor's request)
 #     hold the twin: no new snapshot starts; wait (bounded) for one in progress and for
 #     this worker's in-flight persist (which reads the twin); then
@@ -51,10 +61,11 @@ from resilient_train.rundir.events import emit as _default_emit
 from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
 
 __all__ = ["SnapshotSchedule", "Snapshot", "Rescuer", "RescueUnavailable", "AutoInterval", "rescue_skip_reason",
-           "RESCUE_EXTRA_KEY", "SNAPSHOT_BUDGET", "AUTO_PROBES"]
+           "RESCUE_EXTRA_KEY", "SNAPSHOT_BUDGET", "CAPTURE_SHARE", "AUTO_PROBES"]
 
 RESCUE_EXTRA_KEY = "rescue"  # the manifest's extra: {rank, snapshot_age_s} of a rescued checkpoint
 SNAPSHOT_BUDGET = 0.02  # auto: the snapshots' share of training time, at most
+CAPTURE_SHARE = 0.25  # auto: the part of that budget spent on the input's captures
 AUTO_PROBES = 3  # auto: snapshots the chief times before it proposes (the first is not counted)
 MAX_AUTO_EVERY = 1 << 20  # auto never proposes more (the proposal rides a float32 column: exact)
 
@@ -79,21 +90,30 @@ class SnapshotSchedule:
     ``due`` after each call, and reports every snapshot and save with ``taken``.
     """
 
-    def __init__(self, every_steps: int | None, *, start_step: int = 0) -> None:
+    def __init__(self, every_steps: int | None, *, start_step: int = 0, capture_every: int | None = None) -> None:
         if every_steps is not None:
             _check_every(every_steps)
+        if capture_every is not None:
+            _check_every(capture_every)
         self.every_steps = every_steps
+        self._configured_capture = capture_every  # snapshot_capture_every: over auto's choice too
+        # an explicit N captures the input at every snapshot, unless told otherwise
+        self.capture_every = None if every_steps is None else max(every_steps, capture_every or every_steps)
         self.last = start_step
+        self.last_capture: int | None = None  # None: the next snapshot captures
 
     @property
     def pending(self) -> bool:
         """``auto`` has not decided yet."""
         return self.every_steps is None
 
-    def decide(self, every_steps: int) -> None:
-        """``auto``'s interval, as every worker read it from the same call's all-reduce."""
+    def decide(self, every_steps: int, capture_every: int | None = None) -> None:
+        """``auto``'s intervals, as every worker read them from the same call's all-reduce
+        (``capture_every``: None or under ``every_steps``: at every snapshot; a configured
+        capture interval wins)."""
         _check_every(every_steps)
         self.every_steps = every_steps
+        self.capture_every = max(every_steps, self._configured_capture or capture_every or every_steps)
 
     def call_length(self, *, global_step: int, max_steps: int) -> int:
         """At most ``max_steps``, ending no later than the next snapshot step (>= 1)."""
@@ -110,28 +130,49 @@ class SnapshotSchedule:
         """A snapshot (or a save, which snapshots too) of ``global_step`` was taken."""
         self.last = global_step
 
+    def capture_due(self, global_step: int) -> bool:
+        """Does the snapshot of ``global_step`` capture the input? (always while undecided;
+        the loop also captures at the first snapshot of a new iterator)."""
+        if self.capture_every is None or self.last_capture is None:
+            return True
+        return global_step - self.last_capture >= self.capture_every
+
+    def captured(self, global_step: int) -> None:
+        """The input was captured at ``global_step`` (a save's capture counts too)."""
+        self.last_capture = global_step
+
 
 class AutoInterval:
     """The chief's side of ``--snapshot-every auto``: time the first snapshots, then propose.
 
-    ``snapshot_took(seconds)`` after each of the chief's snapshots while undecided;
+    ``snapshot_took(seconds, capture_s=)`` after each of the chief's snapshots while
+    undecided (``capture_s``: the part spent capturing the input);
     ``proposal(step_s=, call_steps=)``: 0 while it cannot decide yet, else the interval
-    (every worker adopts the same value, read from the call's all-reduce). ``chosen``: what
+    (every worker adopts the same value, read from the call's all-reduce);
+    ``capture_every``: the capture interval proposed with it (0 before). ``chosen``: what
     the ``memory_tier`` event reports, once proposed. Pure, clock-free (tests/runner/).
     """
 
-    def __init__(self, *, budget: float = SNAPSHOT_BUDGET, probes: int = AUTO_PROBES) -> None:
+    def __init__(self, *, budget: float = SNAPSHOT_BUDGET, probes: int = AUTO_PROBES,
+                 capture_share: float = CAPTURE_SHARE) -> None:
         if not 0 < budget < 1:
             raise ValueError(f"Received budget={budget!r}; expected a fraction in (0, 1)")
         if probes < 2:
             raise ValueError(f"Received probes={probes!r}; expected >= 2 (the first snapshot is not counted)")
+        if not 0 < capture_share < 1:
+            raise ValueError(f"Received capture_share={capture_share!r}; expected a fraction in (0, 1)")
         self.budget = budget
         self.probes = probes
-        self._seconds: list[float] = []
+        self.capture_share = capture_share
+        self._seconds: list[tuple[float, float]] = []  # (the rest, the capture) per snapshot
         self.chosen: dict[str, Any] | None = None
 
-    def snapshot_took(self, seconds: float) -> None:
-        self._seconds.append(seconds)
+    def snapshot_took(self, seconds: float, *, capture_s: float = 0.0) -> None:
+        self._seconds.append((max(0.0, seconds - capture_s), capture_s))
+
+    @property
+    def capture_every(self) -> int:
+        return 0 if self.chosen is None else self.chosen["capture_every_steps"]
 
     def proposal(self, *, step_s: float | None, call_steps: int) -> int:
         """The interval to propose now (0: not yet). The slowest counted snapshot decides
@@ -140,10 +181,15 @@ class AutoInterval:
             return self.chosen["every_steps"]
         if len(self._seconds) < self.probes or not step_s or step_s <= 0:
             return 0
-        snapshot_s = max(self._seconds[1:])
-        by_budget = math.ceil(snapshot_s / (self.budget * step_s))
+        rest_s = max(rest for rest, _ in self._seconds[1:])
+        capture_s = max(capture for _, capture in self._seconds[1:])
+        rest_budget = self.budget * (1 - self.capture_share) if capture_s > 0 else self.budget  # nothing to capture: all of it
+        by_budget = math.ceil(rest_s / (rest_budget * step_s))
         every = max(1, call_steps, min(MAX_AUTO_EVERY, by_budget))
-        self.chosen = {"every_steps": every, "snapshot_ms": round(snapshot_s * 1e3, 3),
+        captures = math.ceil(capture_s / (self.capture_share * self.budget * step_s))
+        capture_every = min(MAX_AUTO_EVERY, every * max(1, math.ceil(captures / every)))
+        self.chosen = {"every_steps": every, "capture_every_steps": capture_every,
+                       "snapshot_ms": round((rest_s + capture_s) * 1e3, 3), "capture_ms": round(capture_s * 1e3, 3),
                        "step_ms": round(step_s * 1e3, 3), "budget": self.budget, "call_steps": call_steps,
                        "limited_by": "call" if every > by_budget else "budget"}
         return every
