@@ -129,6 +129,7 @@ _SAVE_DUE = "__save_due__"
 _NEXT_CALL = "__next_call_steps__"
 _SNAPSHOT_EVERY = "__snapshot_every__"  # --snapshot-every auto: the chief's proposed interval (0: not yet)
 _CAPTURE_EVERY = "__capture_every__"  # ... and the input's capture interval proposed with it
+_AGREEMENT = "__agreement_"  # + k: the memory tier's in-call comparison columns (worker_agreement.py)
 _SINGLE_WORKER = "a single worker: no survivor to rescue from"
 
 
@@ -247,6 +248,7 @@ class Trainer:
         # the last step whose snapshot was found equal on every worker, and once they differ,
         # why a non-chief's snapshot is never committed (for the rest of the attempt).
         self._agreement: WorkerAgreement | None = None
+        self._call_agreement = np.zeros(0)  # the last call's summed comparison columns
         self._agreed_step: int | None = None
         self._workers_differ: str | None = None
         self._call_steps = self.sizer.initial  # the agreed maximum of the next call
@@ -392,7 +394,9 @@ class Trainer:
         keras_paths = {id(getattr(w, "value", w)): w.path for w in self.model.weights}  # named as Keras names them
         self._agreement = WorkerAgreement(saver.twin.pairs, workers=self.cluster.num_workers,
                                           sum_over_workers=self._sum_over_workers,
-                                          label=lambda path, live: keras_paths.get(id(live), path))
+                                          label=lambda path, live: keras_paths.get(id(live), path),
+                                          counters=(self.epoch, self.step_in_epoch, self.global_step),
+                                          replicas=self.strategy.num_replicas_in_sync)
         if not self._snapshots.pending:  # auto announces its interval once decided (_adopt_snapshot_every)
             emit("memory_tier", setting=self._snapshots.every_steps, every_steps=self._snapshots.every_steps,
                  twin_bytes=self._twin_bytes, rank=rank)
@@ -516,11 +520,14 @@ class Trainer:
                     values[name] = tf.nn.compute_average_loss(
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
-            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY,
-                                       _CAPTURE_EVERY]  # fixed at trace time
+            # The memory tier's comparison of the may-differ variables, after this step's
+            # update (runner/state/worker_agreement.py): the last step's sums are the call's.
+            agreement = self._agreement.call_columns() if self._agreement is not None else tf.zeros([0], tf.float32)
+            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY, _CAPTURE_EVERY] + [
+                f"{_AGREEMENT}{k}" for k in range(agreement.shape[0])]  # fixed at trace time
             first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
             flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
-            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags], axis=0)
+            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags, agreement], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
             if not record:
@@ -665,18 +672,23 @@ class Trainer:
                 self._async.save(request, persist=False)
         finally:
             self._phase.restore(previous)
-        self._compare_snapshots(global_step)
+        self._compare_snapshots(global_step, after_call=True)
         if self._auto_interval is not None and self._snapshots.pending:
             self._auto_interval.snapshot_took(time.perf_counter() - started, capture_s=capture_s)
         self._snapshots.taken(global_step)
 
-    def _compare_snapshots(self, global_step: int) -> None:
+    def _compare_snapshots(self, global_step: int, *, after_call: bool = False) -> None:
         """After a snapshot every worker took at this step: are they all equal? (one all-reduce,
-        runner/state/worker_agreement.py). Once they differ, a non-chief's snapshot is never
-        committed for the rest of the attempt, and no more comparisons are made."""
+        runner/state/worker_agreement.py; ``after_call``: a snapshot right after a call, whose
+        packed all-reduce already carried the comparison, except the attempt's first). Once
+        they differ, a non-chief's snapshot is never committed for the rest of the attempt,
+        and no more comparisons are made."""
         if self._agreement is None or self._workers_differ is not None:
             return
-        differ = self._agreement.compare()
+        if after_call and self._agreement.compared > 0 and self._agreement.in_call:
+            differ = self._agreement.compare_in_call(self._call_agreement)
+        else:
+            differ = self._agreement.compare()
         if not differ:
             self._agreed_step = global_step
             return
@@ -756,8 +768,11 @@ class Trainer:
         names = self._value_names
         flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL),
                         names.index(_SNAPSHOT_EVERY), names.index(_CAPTURE_EVERY)]
+        agreement = [k for k, name in enumerate(names) if name.startswith(_AGREEMENT)]
+        not_stats = set(flag_columns) | set(agreement)
         for row in rows:
-            self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
+            self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in not_stats})
+        self._call_agreement = rows[-1, agreement].astype(np.float64)  # the state at the call's end
         self._marker.write(global_step + steps)
         preempt, save_due, next_call, snapshot_every, capture_every = (rows[-1, k] for k in flag_columns)
         self._call_steps = max(1, int(round(next_call)))

@@ -100,3 +100,47 @@ def test_variables_are_named_by_the_label():
     checks = WorkerAgreement(pairs, workers=2, sum_over_workers=lambda t: t + tf.constant(limb_columns([7])),
                              label=lambda path, live: "batch_normalization/moving_mean")
     assert checks.compare() == ["batch_normalization/moving_mean"]
+
+
+# ------------------------------------------------ the comparison in the training call
+def test_call_limbs_are_limb_columns_in_float32():
+    from resilient_train.runner.state.worker_agreement import CALL_LIMB_BITS, CALL_LIMBS, call_limbs
+
+    for value in (0, 1, 255, 256, 123456789012345, TOP):
+        columns = call_limbs(tf.constant(value, tf.int64)).numpy()
+        assert columns.dtype == np.float32
+        assert columns.tolist() == limb_columns([value], limbs=CALL_LIMBS, limb_bits=CALL_LIMB_BITS).tolist()
+
+
+def in_call(values, *, counters=(), sync_on_read=()):
+    live = [tf.Variable(v, trainable=False) for v in values]
+    live += [tf.Variable(v, trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                         aggregation=tf.VariableAggregation.SUM) for v in sync_on_read]
+    live += list(counters)
+    pairs = [(f"/model/v{i}", v, tf.Variable(v.read_value())) for i, v in enumerate(live)]
+    return WorkerAgreement(pairs, workers=2, sum_over_workers=lambda t: t + t, counters=counters)
+
+
+def test_later_comparisons_read_the_calls_summed_columns():
+    counter = tf.Variable(7, dtype=tf.int64, trainable=False)
+    mine = in_call([[1.0, 2.0], [3]], counters=[counter], sync_on_read=[[5.0]])
+    with pytest.raises(RuntimeError, match="the first comparison"):
+        mine.compare_in_call(np.zeros(0))
+    assert mine.compare() == []  # the attempt's first comparison: its own all-reduce (every variable)
+    # The counter (advanced after the call's all-reduce) and the sync-on-read variable (a
+    # replica's own part live) are not in the call's columns: two variables, 7 limbs, [l, l*l].
+    assert mine.call_columns().shape == (2 * 7 * 2,)
+    peer_equal = in_call([[1.0, 2.0], [3]], counters=[tf.Variable(9, dtype=tf.int64)], sync_on_read=[[6.0]])
+    peer_other = in_call([[1.0, 2.5], [3]])
+    assert mine.compare_in_call((mine.call_columns() + peer_equal.call_columns()).numpy()) == []
+    assert mine.compare_in_call((mine.call_columns() + peer_other.call_columns()).numpy()) == ["/model/v0"]
+    assert mine.compared == 3
+
+
+def test_more_replicas_than_float32_sums_hold_compare_with_their_own_all_reduce():
+    from resilient_train.runner.state.worker_agreement import MAX_CALL_REPLICAS
+
+    pairs = [("/model/v0", tf.Variable([1.0], trainable=False), tf.Variable([1.0]))]
+    many = WorkerAgreement(pairs, workers=2, sum_over_workers=lambda t: t, replicas=MAX_CALL_REPLICAS + 1)
+    assert not many.in_call and many.call_columns().shape == (0,)
+    assert WorkerAgreement(pairs, workers=2, sum_over_workers=lambda t: t, replicas=MAX_CALL_REPLICAS).in_call
