@@ -50,7 +50,7 @@ from typing import Any, NoReturn
 from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.cluster.ps_cluster import PsTask, parse_ps_tf_config
 from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
-from resilient_train.job.config import JobConfig
+from resilient_train.job.config import SNAPSHOT_EVERY_AUTO, SNAPSHOT_EVERY_OFF, JobConfig
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import recording
 from resilient_train.rundir.layout import RunDir
@@ -235,6 +235,10 @@ class Coordinator:
         from resilient_train.rundir.stepmarker import StepMarker
 
         self._build()
+        if self.job.memory_tier_off_reason is not None and self.job.snapshot_every == SNAPSHOT_EVERY_AUTO:
+            # auto resolved to off (no worker holds the whole state): said once, as the mirrored loop does
+            events.emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=SNAPSHOT_EVERY_OFF,
+                        reason=self.job.memory_tier_off_reason, rank=0)
         self._restore()
         marker = StepMarker(self.attempt_dir.step_marker(0))
         faults = FaultPlan.from_env(os.environ, rank=0, attempt=self.launched.attempt)

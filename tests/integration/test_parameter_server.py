@@ -43,9 +43,13 @@ def test_killed_worker_is_restarted_in_place_and_training_completes_without_a_re
     def kill_worker(proc, events):
         os.kill(worker_pids(events)[WORKER_RANK], signal.SIGKILL)
 
-    job = run_job_until(RECIPE, tmp_path / "run", *FLAGS, when=after_commit(20), action=kill_worker)
+    job = run_job_until(RECIPE, tmp_path / "run", *FLAGS, when=after_commit(20), action=kill_worker,
+                        tier_default=True)
 
     assert job.returncode == 0, job.output
+    # The memory tier's default (auto) turns itself off here, and says why, once.
+    assert [(e["setting"], e["every_steps"], e["reason"], e["rank"]) for e in job.named("memory_tier")] == [
+        ("auto", "off", "strategy='parameter-server': no worker holds the whole state", 0)]
     summary = job.summary
     assert (summary["status"], summary["global_step"], summary["attempts"], summary["restarts"]) == (
         "completed", TOTAL_STEPS, 1, 0)

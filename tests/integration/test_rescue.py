@@ -85,7 +85,8 @@ def test_auto_is_the_default_and_leaves_the_training_math_unchanged(tmp_path, di
     # digits_cnn re-enters by its iterator state: a quarter of the budget for its captures,
     # the rest for the rest (the event's figures are rounded to the microsecond: either side of a ceil)
     rest_ms, capture_ms = chief["snapshot_ms"] - chief["capture_ms"], chief["capture_ms"]
-    assert every in {max(chief["call_steps"], math.ceil(rest_ms / (0.015 * chief["step_ms"]) + d)) for d in (-0.01, 0.01)}
+    call = chief["call_steps"]  # (whole calls: a snapshot never cuts one in two)
+    assert every in {call * math.ceil(math.ceil(rest_ms / (0.015 * chief["step_ms"]) + d) / call) for d in (-0.01, 0.01)}
     [capture_every] = {e["capture_every_steps"] for e in tiers}
     assert capture_every % every == 0
     assert capture_every in {every * max(1, math.ceil(math.ceil(capture_ms / (0.005 * chief["step_ms"]) + d) / every))

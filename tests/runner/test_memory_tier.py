@@ -51,12 +51,12 @@ def test_auto_proposes_the_interval_that_keeps_snapshots_within_the_budget():
         assert auto.proposal(step_s=0.002, call_steps=8) == 0
         auto.snapshot_took(seconds)
     assert auto.proposal(step_s=None, call_steps=8) == 0  # no step time measured yet
-    # 5 ms / (2% of 2 ms) = 125 steps
-    assert auto.proposal(step_s=0.002, call_steps=8) == 125
-    assert auto.chosen == {"every_steps": 125, "capture_every_steps": 125, "snapshot_ms": 5.0, "capture_ms": 0.0,
+    # 5 ms / (2% of 2 ms) = 125 steps, rounded up to whole calls of 8: 128
+    assert auto.proposal(step_s=0.002, call_steps=8) == 128
+    assert auto.chosen == {"every_steps": 128, "capture_every_steps": 128, "snapshot_ms": 5.0, "capture_ms": 0.0,
                            "step_ms": 2.0, "budget": 0.02, "call_steps": 8, "limited_by": "budget"}
-    assert auto.capture_every == 125
-    assert auto.proposal(step_s=1.0, call_steps=1) == 125  # decided once: never re-measured
+    assert auto.capture_every == 128
+    assert auto.proposal(step_s=1.0, call_steps=1) == 128  # decided once: never re-measured
 
 
 def test_auto_captures_the_input_less_often_within_its_share_of_the_budget():

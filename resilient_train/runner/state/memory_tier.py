@@ -32,7 +32,8 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #     until decided, a snapshot (with a capture) is due after every call; the chief times
 #     the first AUTO_PROBES of them, the capture apart (the first includes tracing and is not
 #     counted), and knows its per-step time (runner/call_size.py); then it proposes
-#       every         = max(one call, ceil(rest_s / ((1 - CAPTURE_SHARE) * SNAPSHOT_BUDGET * step_s)))
+#       every         = ceil(rest_s / ((1 - CAPTURE_SHARE) * SNAPSHOT_BUDGET * step_s)), rounded up
+#                       to a whole number of calls (a snapshot mid-call would cut the call in two)
 #                       (the whole budget where there is nothing to capture: other input paths)
 #       capture_every = every * ceil(capture_s / (CAPTURE_SHARE * SNAPSHOT_BUDGET * step_s) / every)
 #     in the call's packed all-reduce (two columns beside the next call's size: no extra
@@ -185,13 +186,16 @@ class AutoInterval:
         capture_s = max(capture for _, capture in self._seconds[1:])
         rest_budget = self.budget * (1 - self.capture_share) if capture_s > 0 else self.budget  # nothing to capture: all of it
         by_budget = math.ceil(rest_s / (rest_budget * step_s))
-        every = max(1, call_steps, min(MAX_AUTO_EVERY, by_budget))
+        # A whole number of calls: a snapshot inside a call would cut it in two (each call
+        # has its own fixed cost), so the interval rounds up to the call's multiple.
+        call = max(1, call_steps)
+        every = min(MAX_AUTO_EVERY, call * math.ceil(max(1, by_budget) / call))
         captures = math.ceil(capture_s / (self.capture_share * self.budget * step_s))
         capture_every = min(MAX_AUTO_EVERY, every * max(1, math.ceil(captures / every)))
         self.chosen = {"every_steps": every, "capture_every_steps": capture_every,
                        "snapshot_ms": round((rest_s + capture_s) * 1e3, 3), "capture_ms": round(capture_s * 1e3, 3),
                        "step_ms": round(step_s * 1e3, 3), "budget": self.budget, "call_steps": call_steps,
-                       "limited_by": "call" if every > by_budget else "budget"}
+                       "limited_by": "call" if by_budget < call else "budget"}
         return every
 
 
