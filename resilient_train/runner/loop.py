@@ -95,7 +95,8 @@ from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.reentry import EpochInput
-from resilient_train.runner.state.memory_tier import AutoInterval, Rescuer, RescueUnavailable, SnapshotSchedule
+from resilient_train.runner.state.memory_tier import (AUTO_PROBES, AutoInterval, Rescuer, RescueUnavailable,
+                                                      SnapshotSchedule)
 from resilient_train.runner.state.worker_agreement import WorkerAgreement, divergence_reason
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.rundir import rescue_signal
@@ -248,8 +249,9 @@ class Trainer:
         # the last step whose snapshot was found equal on every worker, and once they differ,
         # why a non-chief's snapshot is never committed (for the rest of the attempt).
         self._agreement: WorkerAgreement | None = None
-        self._call_agreement = np.zeros(0)  # the last call's summed comparison columns
+        self._call_agreement: np.ndarray | None = None  # the last call's summed comparison columns (None: not computed)
         self._input_state_s = 0.0  # the last _save_request's time in state_to_save (auto times captures)
+        self._pending_captures = 0  # captures while auto has not decided (every worker alike)
         self._recipe_source: str | None = None  # the recipe's resolved path, for every save's manifest
         self._agreed_step: int | None = None
         self._workers_differ: str | None = None
@@ -420,7 +422,14 @@ class Trainer:
         """The chief's votes in the call's _SNAPSHOT_EVERY and _CAPTURE_EVERY columns (0: nothing to propose)."""
         if self._auto_interval is None or self._snapshots is None or not self._snapshots.pending:
             return 0.0, 0.0
-        every = self._auto_interval.proposal(step_s=self.sizer.step_seconds, call_steps=self.sizer.proposal())
+        call_steps = self.sizer.proposal()
+        if self._call_steps * 5 < call_steps * 4:
+            # The calls are still growing (every attempt starts at one step per call): their
+            # per-step time still holds each call's fixed cost, which made the first steps look
+            # 2-4x slower than the run's and auto's interval that much too short (measured:
+            # 10-16% of throughput instead of 2%). Decided once the calls are near their size.
+            return 0.0, 0.0
+        every = self._auto_interval.proposal(step_s=self.sizer.step_seconds, call_steps=call_steps)
         return float(every), float(self._auto_interval.capture_every)
 
     def _why_no_rescue_here(self) -> str | None:
@@ -504,7 +513,7 @@ class Trainer:
 
         indexed, record = recipe.indexed, self._record_indices
 
-        def step_fn(element, flags):
+        def step_fn(element, flags, fingerprint):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
@@ -524,7 +533,13 @@ class Trainer:
                     )
             # The memory tier's comparison of the may-differ variables, after this step's
             # update (runner/state/worker_agreement.py): the last step's sums are the call's.
-            agreement = self._agreement.call_columns() if self._agreement is not None else tf.zeros([0], tf.float32)
+            # Only in the last step of a call that ends at a snapshot (``fingerprint``): the
+            # fingerprint's ~30 small ops in every step cost ~10% of digits_cnn's throughput.
+            if self._agreement is not None:
+                width = self._agreement.call_width
+                agreement = tf.cond(fingerprint, self._agreement.call_columns, lambda: tf.zeros([width], tf.float32))
+            else:
+                agreement = tf.zeros([0], tf.float32)
             names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY, _CAPTURE_EVERY] + [
                 f"{_AGREEMENT}{k}" for k in range(agreement.shape[0])]  # fixed at trace time
             first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
@@ -540,12 +555,13 @@ class Trainer:
             return reduced, context.all_gather(tf.identity(indices), axis=0)
 
         @tf.function
-        def train_call(iterator, steps, flags):
+        def train_call(iterator, steps, flags, fingerprint):
             startup_phases.count_trace()  # the Python body runs only when tf.function traces
             rows = tf.TensorArray(tf.float32, size=steps)
             index_rows = tf.TensorArray(tf.int64, size=steps)
             for i in tf.range(steps):
-                result = strategy.run(step_fn, args=(next(iterator), flags))
+                last = tf.logical_and(fingerprint, tf.equal(i, steps - 1))
+                result = strategy.run(step_fn, args=(next(iterator), flags, last))
                 if record:
                     result, gathered = result
                     index_rows = index_rows.write(i, strategy.experimental_local_results(gathered)[0])
@@ -662,7 +678,11 @@ class Trainer:
         global_step = int(self.global_step.numpy())
         # The input's capture (the dear part: an iterator state) only every capture_every
         # steps; between, the snapshot carries the newest one (memory_tier.py).
-        capture = self._snapshots.capture_due(global_step) or not self._input.captured
+        if self._snapshots.pending:  # auto times AUTO_PROBES captures; later snapshots until it decides carry the newest
+            capture = self._pending_captures < AUTO_PROBES or not self._input.captured
+            self._pending_captures += capture
+        else:
+            capture = self._snapshots.capture_due(global_step) or not self._input.captured
         started = time.perf_counter()
         request = self._save_request(completed=False, capture=capture)  # (it may all-reduce)
         capture_s = self._input_state_s if capture else 0.0  # the capture alone (the rest is paid every snapshot)
@@ -687,7 +707,7 @@ class Trainer:
         and no more comparisons are made."""
         if self._agreement is None or self._workers_differ is not None:
             return
-        if after_call and self._agreement.compared > 0 and self._agreement.in_call:
+        if after_call and self._agreement.compared > 0 and self._agreement.in_call and self._call_agreement is not None:
             differ = self._agreement.compare_in_call(self._call_agreement)
         else:
             differ = self._agreement.compare()
@@ -761,7 +781,10 @@ class Trainer:
         flags = np.array([self._preemption_flag(), max(self.policy.time_flag(), float(self.save_requested())),
                           self.sizer.proposal() if chief else 0.0, snapshot_every, capture_every], dtype=np.float32)
         started = time.perf_counter()
-        result = self._train_call(iterator, tf.constant(steps, tf.int32), flags)
+        # Does a snapshot follow this call? Then its last step fingerprints for the comparison
+        # (memory tier; a snapshot after a call without them compares with its own all-reduce).
+        fingerprint = self._snapshots is not None and self._snapshots.due(global_step + steps)
+        result = self._train_call(iterator, tf.constant(steps, tf.int32), flags, tf.constant(fingerprint))
         if self._record_indices:
             result, index_rows = result
             for offset, indices in enumerate(index_rows.numpy(), 1):
@@ -779,7 +802,8 @@ class Trainer:
         not_stats = set(flag_columns) | set(agreement)
         for row in rows:
             self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in not_stats})
-        self._call_agreement = rows[-1, agreement].astype(np.float64)  # the state at the call's end
+        # the state at the call's end, when the call computed it (else None)
+        self._call_agreement = rows[-1, agreement].astype(np.float64) if fingerprint else None
         self._marker.write(global_step + steps)
         preempt, save_due, next_call, snapshot_every, capture_every = (rows[-1, k] for k in flag_columns)
         self._call_steps = max(1, int(round(next_call)))

@@ -129,7 +129,7 @@ def test_later_comparisons_read_the_calls_summed_columns():
     assert mine.compare() == []  # the attempt's first comparison: its own all-reduce (every variable)
     # The counter (advanced after the call's all-reduce) and the sync-on-read variable (a
     # replica's own part live) are not in the call's columns: two variables, 7 limbs, [l, l*l].
-    assert mine.call_columns().shape == (2 * 7 * 2,)
+    assert mine.call_columns().shape == (2 * 7 * 2,) and mine.call_width == 2 * 7 * 2
     peer_equal = in_call([[1.0, 2.0], [3]], counters=[tf.Variable(9, dtype=tf.int64)], sync_on_read=[[6.0]])
     peer_other = in_call([[1.0, 2.5], [3]])
     assert mine.compare_in_call((mine.call_columns() + peer_equal.call_columns()).numpy()) == []

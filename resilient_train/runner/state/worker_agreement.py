@@ -151,6 +151,11 @@ class WorkerAgreement:
         self._in_call_live = [live for _, live in in_call] if self.in_call else []
         self.compared = 0
 
+    @property
+    def call_width(self) -> int:
+        """How many columns :meth:`call_columns` returns."""
+        return len(self._in_call_live) * CALL_LIMBS * 2
+
     def call_columns(self) -> tf.Tensor:
         """In the training step (replica context, after the optimizer's update): this replica's
         float32 columns for the call's packed all-reduce (empty when nothing is compared there)."""
