@@ -426,8 +426,8 @@ class Trainer:
         if self._call_steps * 5 < call_steps * 4:
             # The calls are still growing (every attempt starts at one step per call): their
             # per-step time still holds each call's fixed cost, which made the first steps look
-            # 2-4x slower than the run's and auto's interval that much too short (measured:
-            # 10-16% of throughput instead of 2%). Decided once the calls are near their size.
+            # 2-4x slower than the run's (step_ms 13-25 against ~5 later on digits_cnn) and
+            # auto's interval that much too short. Decided once the calls are near their size.
             return 0.0, 0.0
         every = self._auto_interval.proposal(step_s=self.sizer.step_seconds, call_steps=call_steps)
         return float(every), float(self._auto_interval.capture_every)
@@ -532,9 +532,8 @@ class Trainer:
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
             # The memory tier's comparison of the may-differ variables, after this step's
-            # update (runner/state/worker_agreement.py): the last step's sums are the call's.
-            # Only in the last step of a call that ends at a snapshot (``fingerprint``): the
-            # fingerprint's ~30 small ops in every step cost ~10% of digits_cnn's throughput.
+            # update (runner/state/worker_agreement.py), computed only in the last step of a
+            # call that ends at a snapshot (``fingerprint``); every other step sends zeros.
             if self._agreement is not None:
                 width = self._agreement.call_width
                 agreement = tf.cond(fingerprint, self._agreement.call_columns, lambda: tf.zeros([width], tf.float32))

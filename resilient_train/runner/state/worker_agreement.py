@@ -31,10 +31,11 @@ compare exact fingerprints of the snapshot's variables, in one small all-reduce.
 #     a separate all-reduce cost 3-9 ms per snapshot on this machine, more than the rest of a
 #     snapshot (~2 ms) and so most of what decides auto's interval. So the may-differ
 #     variables (not sync-on-read: their snapshot is already the all-workers' value) are
-#     fingerprinted in the training step itself, after the optimizer's update, and their
+#     fingerprinted in the last training step of a call that ends at a snapshot (the loop's
+#     tf.cond; the other steps send zeros), after the optimizer's update, and their
 #     CALL_LIMBS limbs of CALL_LIMB_BITS bits, [l, l*l], join the step's packed float32
 #     all-reduce (exact: l*l * replicas < 2**24 for up to MAX_CALL_REPLICAS replicas).
-#     The last step's sums describe the live variables at the call's end, which is exactly
+#     That step's sums describe the live variables at the call's end, which is exactly
 #     what the snapshot right after the call copies: compare_in_call reads them. The runner's
 #     counters (global_step, step_in_epoch), advanced after that all-reduce, are agreed by
 #     construction and left out. A save (which may follow callbacks or an evaluation, not
