@@ -59,7 +59,9 @@ Usable on any run directory, not only the chaos suite's (``python -m resilient_t
 13. ``rescue`` (runs with the memory tier, ``--snapshot-every``): a crashed attempt whose
    survivor committed a rescue (``rescue_committed``) is restored from that rescue (or a
    newer commit) and loses at most the tier's snapshot interval (``memory_tier``'s
-   ``every_steps``) past it, not a save interval.
+   ``every_steps``, the largest after ``snapshot_interval_revised``) past it, not a save
+   interval; with ``auto``, whose snapshots wait for the end of the call that reaches the
+   interval, plus the attempt's longest call (``train_progress``'s ``steps_per_call``).
 
 Why from artefacts: a checker that asks the supervisor how it did would trust the thing
 under test. The attempt's reached step comes from ``attempt_reached`` or, when the
@@ -440,7 +442,18 @@ def fencing_checks(records: list[dict[str, Any]], violations: list[str]) -> None
 
 def rescue_checks(records: list[dict[str, Any]], restarts: list[RestartRecord], violations: list[str]) -> None:
     """13: a crash rescued by a survivor restores the rescue and loses at most the snapshot interval."""
-    every = {r["attempt"]: r["every_steps"] for r in records if r["event"] == "memory_tier"}
+    every: dict[int, int] = {}
+    for r in records:
+        if r["event"] in ("memory_tier", "snapshot_interval_revised") and isinstance(r.get("every_steps"), int):
+            every[r["attempt"]] = max(r["every_steps"], every.get(r["attempt"], 0))
+    auto = {r["attempt"] for r in records if r["event"] == "memory_tier" and r.get("setting") == "auto"}
+    longest_call: dict[int, int] = {}
+    for r in records:
+        if r["event"] == "train_progress" and r.get("attempt") in auto:
+            longest_call[r["attempt"]] = max(r.get("steps_per_call", 1), longest_call.get(r["attempt"], 1))
+    for attempt, steps in longest_call.items():
+        if attempt in every:
+            every[attempt] += steps
     rescued: dict[int, int] = {}
     for record in records:
         if record["event"] == "rescue_committed":
@@ -455,7 +468,8 @@ def rescue_checks(records: list[dict[str, Any]], restarts: list[RestartRecord], 
                               f"rescue of step {step} committed in attempt {previous}")
         elif allowed is not None and restart.lost > allowed:
             violations.append(f"rescue: attempt {previous} reached step {restart.reached}; {restart.lost} steps past "
-                              f"its rescue of step {restart.restored} were lost, allowed {allowed} (the snapshot interval)")
+                              f"its rescue of step {restart.restored} were lost, allowed {allowed} (the snapshot interval"
+                              f"{', plus the longest call (auto)' if previous in auto else ''})")
 
 
 def is_parameter_server(run_dir: str | Path) -> bool:

@@ -130,7 +130,6 @@ _SAVE_DUE = "__save_due__"
 _NEXT_CALL = "__next_call_steps__"
 _SNAPSHOT_EVERY = "__snapshot_every__"  # --snapshot-every auto: the chief's proposed interval (0: not yet)
 _CAPTURE_EVERY = "__capture_every__"  # ... and the input's capture interval proposed with it
-_AGREEMENT = "__agreement_"  # + k: the memory tier's in-call comparison columns (worker_agreement.py)
 _SINGLE_WORKER = "a single worker: no survivor to rescue from"
 
 
@@ -408,21 +407,31 @@ class Trainer:
     def _adopt_snapshot_every(self, proposed: float, capture_proposed: float) -> None:
         """auto: the intervals the chief proposed, read by every worker from the same call."""
         every, capture_every = int(round(proposed)), int(round(capture_proposed))
-        if self._snapshots is None or not self._snapshots.pending or every < 1:
+        if self._snapshots is None or every < 1:
             return
+        previous = None if self._snapshots.pending else (self._snapshots.every_steps, self._snapshots.capture_every)
         self._snapshots.decide(every, capture_every)
         measured = dict(self._auto_interval.chosen or {}) if self._auto_interval is not None else {}
         measured.pop("every_steps", None)
         measured.pop("capture_every_steps", None)
+        if previous is not None:  # a revision (the chief's step time moved): said once, by the chief
+            if previous != (self._snapshots.every_steps, self._snapshots.capture_every):
+                emit("snapshot_interval_revised", group=True, every_steps=every,
+                     capture_every_steps=self._snapshots.capture_every, previous_every_steps=previous[0],
+                     previous_capture_every_steps=previous[1], **measured)
+            return
         emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=every,
              capture_every_steps=self._snapshots.capture_every, twin_bytes=self._twin_bytes,
              rank=self.cluster.rank, **measured)
 
     def _snapshot_every_proposal(self) -> tuple[float, float]:
         """The chief's votes in the call's _SNAPSHOT_EVERY and _CAPTURE_EVERY columns (0: nothing to propose)."""
-        if self._auto_interval is None or self._snapshots is None or not self._snapshots.pending:
+        if self._auto_interval is None or self._snapshots is None:
             return 0.0, 0.0
         call_steps = self.sizer.proposal()
+        if not self._snapshots.pending:  # decided: a revision when the step time moved (memory_tier.py)
+            every = self._auto_interval.revision(step_s=self.sizer.step_seconds, call_steps=call_steps)
+            return (float(every), float(self._auto_interval.capture_every)) if every else (0.0, 0.0)
         if self._call_steps * 5 < call_steps * 4:
             # The calls are still growing (every attempt starts at one step per call): their
             # per-step time still holds each call's fixed cost, which made the first steps look
@@ -513,7 +522,7 @@ class Trainer:
 
         indexed, record = recipe.indexed, self._record_indices
 
-        def step_fn(element, flags, fingerprint):
+        def step_fn(element, flags, fingerprint: bool):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
@@ -532,15 +541,16 @@ class Trainer:
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
             # The memory tier's comparison of the may-differ variables, after this step's
-            # update (runner/state/worker_agreement.py), computed only in the last step of a
-            # call that ends at a snapshot (``fingerprint``); every other step sends zeros.
-            if self._agreement is not None:
-                width = self._agreement.call_width
-                agreement = tf.cond(fingerprint, self._agreement.call_columns, lambda: tf.zeros([width], tf.float32))
+            # update (runner/state/worker_agreement.py): the columns after the named ones,
+            # only in the last step of a call that ends at a snapshot (``fingerprint``).
+            # Reading the variables holds that step's all-reduce back until the update is
+            # done, and even zero columns cost 0.1-0.25 ms of a 4 ms step (digits_cnn): so
+            # no other step carries them (a tf.cond in every step cost ~5%).
+            if fingerprint and self._agreement is not None:
+                agreement = self._agreement.call_columns()
             else:
                 agreement = tf.zeros([0], tf.float32)
-            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY, _CAPTURE_EVERY] + [
-                f"{_AGREEMENT}{k}" for k in range(agreement.shape[0])]  # fixed at trace time
+            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY, _CAPTURE_EVERY]  # fixed at trace time
             first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
             flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags, agreement], axis=0)
@@ -554,24 +564,35 @@ class Trainer:
             return reduced, context.all_gather(tf.identity(indices), axis=0)
 
         @tf.function
-        def train_call(iterator, steps, flags, fingerprint):
+        def train_call(iterator, steps, flags, fingerprint: bool):
+            # ``fingerprint`` is a Python bool, so two variants: the second, whose last step
+            # also carries the comparison's columns, is traced at the first call that ends at
+            # a memory-tier snapshot (every worker at the same call). Its other rows are
+            # padded with zeros after their all-reduce (a local op), to stack with the last.
             startup_phases.count_trace()  # the Python body runs only when tf.function traces
-            rows = tf.TensorArray(tf.float32, size=steps)
-            index_rows = tf.TensorArray(tf.int64, size=steps)
-            for i in tf.range(steps):
-                last = tf.logical_and(fingerprint, tf.equal(i, steps - 1))
-                result = strategy.run(step_fn, args=(next(iterator), flags, last))
+            width = self._agreement.call_width if fingerprint and self._agreement is not None else 0
+
+            def one_step(i, rows, index_rows, with_fingerprint: bool):
+                result = strategy.run(step_fn, args=(next(iterator), flags), kwargs={"fingerprint": with_fingerprint})
                 if record:
                     result, gathered = result
                     index_rows = index_rows.write(i, strategy.experimental_local_results(gathered)[0])
                 row = strategy.experimental_local_results(result)[0]
-                rows = rows.write(i, row)
+                rows = rows.write(i, row if with_fingerprint or not width else tf.pad(row, [[0, width]]))
                 # Step by step, each after its step's result: a call that fails part-way
                 # (e.g. the dataset ran out) leaves the counters at the last finished step,
                 # which is what the failure report reads (runner/failures/diagnose.py).
                 with tf.control_dependencies([row]):
                     self.global_step.assign_add(1)
                     self.step_in_epoch.assign_add(1)
+                return rows, index_rows
+
+            rows = tf.TensorArray(tf.float32, size=steps)
+            index_rows = tf.TensorArray(tf.int64, size=steps)
+            for i in tf.range(steps - 1 if fingerprint else steps):
+                rows, index_rows = one_step(i, rows, index_rows, False)
+            if fingerprint:
+                rows, index_rows = one_step(steps - 1, rows, index_rows, True)
             startup_phases.mark("trace")
             return (rows.stack(), index_rows.stack()) if record else rows.stack()
 
@@ -694,7 +715,7 @@ class Trainer:
         finally:
             self._phase.restore(previous)
         self._compare_snapshots(global_step, after_call=True)
-        if self._auto_interval is not None and self._snapshots.pending:
+        if self._auto_interval is not None:  # (auto keeps timing: it may revise the interval)
             self._auto_interval.snapshot_took(time.perf_counter() - started, capture_s=capture_s)
         self._snapshots.taken(global_step)
 
@@ -783,7 +804,19 @@ class Trainer:
         # Does a snapshot follow this call? Then its last step fingerprints for the comparison
         # (memory tier; a snapshot after a call without them compares with its own all-reduce).
         fingerprint = self._snapshots is not None and self._snapshots.due(global_step + steps)
-        result = self._train_call(iterator, tf.constant(steps, tf.int32), flags, tf.constant(fingerprint))
+        _t0 = time.perf_counter()
+        result = self._train_call(iterator, tf.constant(steps, tf.int32), flags, bool(fingerprint))
+        _r = result[0] if self._record_indices else result
+        _r.numpy()
+        _dbg = self.__dict__.setdefault("_dbg", {"call": 0.0, "steps": 0, "host": 0.0, "last": None})
+        if global_step >= 1000:
+            _dbg["call"] += time.perf_counter() - _t0; _dbg["steps"] += steps
+            if _dbg["last"] is not None:
+                _dbg["host"] += _t0 - _dbg["last"]
+        _dbg["last"] = time.perf_counter()
+        if global_step + steps >= self.job.steps_per_epoch:
+            import sys
+            print(f"DBG rank={self.cluster.rank} call_ms/step={_dbg['call']*1e3/max(1,_dbg['steps']):.3f} host_ms/step={_dbg['host']*1e3/max(1,_dbg['steps']):.3f}", file=sys.stderr, flush=True)
         if self._record_indices:
             result, index_rows = result
             for offset, indices in enumerate(index_rows.numpy(), 1):
@@ -797,12 +830,10 @@ class Trainer:
         names = self._value_names
         flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL),
                         names.index(_SNAPSHOT_EVERY), names.index(_CAPTURE_EVERY)]
-        agreement = [k for k, name in enumerate(names) if name.startswith(_AGREEMENT)]
-        not_stats = set(flag_columns) | set(agreement)
         for row in rows:
-            self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in not_stats})
-        # the state at the call's end, when the call computed it (else None)
-        self._call_agreement = rows[-1, agreement].astype(np.float64) if fingerprint else None
+            self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
+        # the state at the call's end, when the call computed it (the columns after the named ones; else None)
+        self._call_agreement = rows[-1, len(names):].astype(np.float64) if fingerprint else None
         self._marker.write(global_step + steps)
         preempt, save_due, next_call, snapshot_every, capture_every = (rows[-1, k] for k in flag_columns)
         self._call_steps = max(1, int(round(next_call)))

@@ -350,6 +350,7 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "stale_writer_fenced": _stale_writer_fenced,
     # the memory tier (--snapshot-every)
     "memory_tier": None,  # each worker's interval and twin size at setup: evidence, not news
+    "snapshot_interval_revised": None,  # auto followed the step time: evidence, not news
     "rescue_requested": None,  # the rescue's answer below says what happened
     "rescue_committed": _rescue_committed,
     "rescue_skipped": _rescue_skipped,

@@ -127,6 +127,23 @@ def test_a_rescue_losing_more_than_the_snapshot_interval_is_a_violation(tmp_path
         "rescue: attempt 1 reached step 20; 4 steps past its rescue of step 16 were lost, allowed 3 (the snapshot interval)",)
 
 
+@pytest.mark.parametrize("reached, violations", [
+    (25, ()),
+    (26, ("rescue: attempt 1 reached step 26; 10 steps past its rescue of step 16 were lost, allowed 9 "
+          "(the snapshot interval, plus the longest call (auto))",)),
+])
+def test_auto_allows_the_largest_revised_interval_plus_the_longest_call(tmp_path: Path, reached, violations) -> None:
+    # auto decided 3, revised to 5; its snapshots wait for the end of a call (at most 4 steps here)
+    run = RunDir(tmp_path, save_every=50).attempt(1, reached).ev("fresh_start", attempt=1, role="chief", global_step=0)
+    run.ev("memory_tier", setting="auto", every_steps=3, twin_bytes=100, rank=1, attempt=1)
+    run.ev("snapshot_interval_revised", every_steps=5, previous_every_steps=3, attempt=1, role="chief")
+    run.ev("train_progress", global_step=8, steps_per_call=4, attempt=1, role="chief")
+    run.commit(10, 1).commit(16, 1).ev("rescue_committed", global_step=16, rank=1, attempt=1, snapshot_age_s=0.1,
+                                       seconds=0.2)
+    run.attempt(2, 30).ev("restored", global_step=16, attempt=2, role="chief")
+    assert check_run(run.write(), DIGEST).violations == violations
+
+
 def test_a_restore_older_than_the_rescue_is_a_violation(tmp_path: Path) -> None:
     run = _rescued_crash(RunDir(tmp_path, save_every=50), reached=17, rescued=16, restored=10)
     assert "rescue: attempt 2 restored step 10, older than the rescue of step 16 committed in attempt 1" in \

@@ -38,8 +38,9 @@ def test_auto_snapshots_after_every_call_until_the_agreed_interval_is_decided():
     schedule.taken(11)
     schedule.decide(40)
     assert not schedule.pending
-    assert schedule.call_length(global_step=11, max_steps=64) == 40
-    assert (schedule.due(50), schedule.due(51)) == (False, True)
+    # auto's interval does not cut calls: the snapshot waits for the end of the call that reaches it
+    assert schedule.call_length(global_step=11, max_steps=64) == 64
+    assert (schedule.due(50), schedule.due(51), schedule.due(75)) == (False, True, True)
     with pytest.raises(ValueError, match="Received every_steps=0"):
         schedule.decide(0)
 
@@ -56,7 +57,30 @@ def test_auto_proposes_the_interval_that_keeps_snapshots_within_the_budget():
     assert auto.chosen == {"every_steps": 128, "capture_every_steps": 128, "snapshot_ms": 5.0, "capture_ms": 0.0,
                            "step_ms": 2.0, "budget": 0.02, "call_steps": 8, "limited_by": "budget"}
     assert auto.capture_every == 128
-    assert auto.proposal(step_s=1.0, call_steps=1) == 128  # decided once: never re-measured
+    assert auto.proposal(step_s=1.0, call_steps=1) == 128  # decided: proposal() keeps the decision
+
+
+def test_auto_revises_the_interval_once_the_step_time_stays_off_for_long_enough():
+    """The first steps ran beside the warm standbys' start-up: 155 ms a step, 4 ms later."""
+    auto = AutoInterval()
+    for seconds, capture_s in ((0.5, 0.4), (0.1, 0.095), (0.1, 0.095)):
+        auto.snapshot_took(seconds, capture_s=capture_s)
+    # 5 ms / (1.5% of 155 ms) = 2.2 -> 3; 95 ms / (0.5% of 155 ms) = 122.6 -> 123
+    assert auto.proposal(step_s=0.155, call_steps=1) == 3
+    assert auto.capture_every == 123
+    for seconds, capture_s in ((0.0027, 0.0), (0.0026, 0.0), (0.073, 0.07)):  # later snapshots (one captured)
+        auto.snapshot_took(seconds, capture_s=capture_s)
+    assert [auto.revision(step_s=0.2, call_steps=1) for _ in range(30)] == [0] * 30  # 1.29x: within 1.5x
+    # 4 ms a step: off by 39x, but only the 20th call in a row revises, from the newest snapshots:
+    # the slowest rest 3 ms (73 - 70) / (1.5% of 4 ms) = 50 -> 72 (whole calls of 24);
+    # the capture 70 ms / (0.5% of 4 ms) = 3500 -> 3528 (a multiple of 72)
+    assert [auto.revision(step_s=0.004, call_steps=24) for _ in range(20)] == [0] * 19 + [72]
+    assert auto.chosen == {"every_steps": 72, "capture_every_steps": 3528, "snapshot_ms": 73.0, "capture_ms": 70.0,
+                           "step_ms": 4.0, "budget": 0.02, "call_steps": 24, "limited_by": "budget"}
+    assert (auto.revisions, auto.capture_every) == (1, 3528)
+    # a slow moment (one call off, then back) changes nothing; neither does a revision to the same intervals
+    assert [auto.revision(step_s=s, call_steps=24) for s in (0.04, 0.004, 0.0041)] == [0, 0, 0]
+    assert auto.revisions == 1
 
 
 def test_auto_captures_the_input_less_often_within_its_share_of_the_budget():

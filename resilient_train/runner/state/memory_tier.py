@@ -16,8 +16,9 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 
 # Implementation:
 #   schedule (training thread, every worker alike)
-#     SnapshotSchedule: a call ends where global_step reaches last snapshot + N (like a
-#     save point), and a snapshot is due there; any save is also a snapshot and restarts
+#     SnapshotSchedule: with an explicit N a call ends where global_step reaches last
+#     snapshot + N (like a save point), and a snapshot is due there (auto: due at the end of
+#     the call that reaches it; calls are not cut); any save is also a snapshot and restarts
 #     the interval. Every input of the rule is agreed (steps, saves), so all workers
 #     snapshot at the same steps (a snapshot may all-reduce: iterator states,
 #     sync-on-read variables).
@@ -28,7 +29,7 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #     iterator); the others carry the newest capture of the same iterator, whose manifest
 #     extra says the step it was taken at, and a restore replays the batches in between
 #     (at most capture_every; the input pipeline only, no training). Saves always capture.
-#   auto (the default, --snapshot-every auto; measured once per attempt, never re-measured)
+#   auto (the default, --snapshot-every auto; decided early in each attempt, revised as the step time moves)
 #     until decided, a snapshot (with a capture) is due after every call; the chief times
 #     the first AUTO_PROBES of them, the capture apart (the first includes tracing and is not
 #     counted), and knows its per-step time (runner/call_size.py); then it proposes
@@ -38,7 +39,11 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #       capture_every = every * ceil(capture_s / (CAPTURE_SHARE * SNAPSHOT_BUDGET * step_s) / every)
 #     in the call's packed all-reduce (two columns beside the next call's size: no extra
 #     collective), and every worker adopts the SUMs it reads (only the chief adds them), at
-#     the same call, so the intervals are the same everywhere. An explicit N captures at
+#     the same call, so the intervals are the same everywhere. Early steps may be slow (the
+#     warm standbys import TensorFlow beside them: 155 ms against 4 ms later, measured), so
+#     the chief keeps timing: when its per-step time stays over REVISE_RATIO from the one it
+#     decided with for REVISE_CALLS calls in a row, it proposes again from the newest
+#     snapshot times, the same way (event snapshot_interval_revised). An explicit N captures at
 #     every snapshot. A --config key, snapshot_capture_every, sets the capture interval of either.
 #   rescue (the rescue listener's thread, on the supervisor's request)
 #     hold the twin: no new snapshot starts; wait (bounded) for one in progress and for
@@ -55,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -69,6 +75,9 @@ SNAPSHOT_BUDGET = 0.02  # auto: the snapshots' share of training time, at most
 CAPTURE_SHARE = 0.25  # auto: the part of that budget spent on the input's captures
 AUTO_PROBES = 3  # auto: snapshots the chief times before it proposes (the first is not counted)
 MAX_AUTO_EVERY = 1 << 20  # auto never proposes more (the proposal rides a float32 column: exact)
+REVISE_RATIO = 1.5  # auto: a per-step time this far (either way) from the decided one ...
+REVISE_CALLS = 20  # ... for this many calls in a row makes the chief propose again
+_RECENT = 5  # auto: the newest snapshot times a revision reads (the slowest decides)
 
 
 def _check_every(every_steps: int) -> None:
@@ -87,7 +96,7 @@ class SnapshotSchedule:
     ``every_steps=None``: ``auto`` not decided yet: a snapshot is due after every call
     (the chief times them) until ``decide`` sets the interval agreed by every worker.
 
-    Pure: the loop asks ``call_length`` (cap a call so it ends at the next snapshot step),
+    Pure: the loop asks ``call_length`` (an explicit N caps a call so it ends at the next snapshot step),
     ``due`` after each call, and reports every snapshot and save with ``taken``.
     """
 
@@ -97,6 +106,11 @@ class SnapshotSchedule:
         if capture_every is not None:
             _check_every(capture_every)
         self.every_steps = every_steps
+        # An explicit N snapshots at exactly every N steps, ending calls there; auto's interval
+        # is a budget, so its snapshots wait for the end of the call that reaches it: a call cut
+        # short costs its fixed part again (measured: 16-step calls instead of 26 made
+        # digits_cnn's steps ~4% slower), and a rescue loses at most the interval plus one call.
+        self.cuts_calls = every_steps is not None
         self._configured_capture = capture_every  # snapshot_capture_every: over auto's choice too
         # an explicit N captures the input at every snapshot, unless told otherwise
         self.capture_every = None if every_steps is None else max(every_steps, capture_every or every_steps)
@@ -117,8 +131,8 @@ class SnapshotSchedule:
         self.capture_every = max(every_steps, self._configured_capture or capture_every or every_steps)
 
     def call_length(self, *, global_step: int, max_steps: int) -> int:
-        """At most ``max_steps``, ending no later than the next snapshot step (>= 1)."""
-        if self.every_steps is None:
+        """At most ``max_steps``, ending no later than the next snapshot step (>= 1; auto: not cut)."""
+        if self.every_steps is None or not self.cuts_calls:
             return max_steps
         return max(1, min(max_steps, self.last + self.every_steps - global_step))
 
@@ -165,11 +179,21 @@ class AutoInterval:
         self.budget = budget
         self.probes = probes
         self.capture_share = capture_share
-        self._seconds: list[tuple[float, float]] = []  # (the rest, the capture) per snapshot
+        self._seconds: list[tuple[float, float]] = []  # (the rest, the capture) per probe
+        self._recent_rest: deque[float] = deque(maxlen=_RECENT)  # after the decision
+        self._recent_capture: deque[float] = deque(maxlen=_RECENT)
+        self._off_calls = 0  # calls in a row whose per-step time is off the decided one
         self.chosen: dict[str, Any] | None = None
+        self.revisions = 0
 
     def snapshot_took(self, seconds: float, *, capture_s: float = 0.0) -> None:
-        self._seconds.append((max(0.0, seconds - capture_s), capture_s))
+        rest = max(0.0, seconds - capture_s)
+        if self.chosen is None:
+            self._seconds.append((rest, capture_s))
+            return
+        self._recent_rest.append(rest)
+        if capture_s > 0:
+            self._recent_capture.append(capture_s)
 
     @property
     def capture_every(self) -> int:
@@ -184,6 +208,34 @@ class AutoInterval:
             return 0
         rest_s = max(rest for rest, _ in self._seconds[1:])
         capture_s = max(capture for _, capture in self._seconds[1:])
+        self.chosen = self._choose(rest_s=rest_s, capture_s=capture_s, step_s=step_s, call_steps=call_steps)
+        return self.chosen["every_steps"]
+
+    def revision(self, *, step_s: float | None, call_steps: int) -> int:
+        """After the decision, once per call: a new interval to propose (0: keep the current).
+        The step time must stay over REVISE_RATIO off the decided one for REVISE_CALLS calls in
+        a row (one slow moment changes nothing); the snapshot times are the newest ones."""
+        if self.chosen is None or not step_s or step_s <= 0:
+            return 0
+        ratio = step_s / (self.chosen["step_ms"] / 1e3)
+        if 1 / REVISE_RATIO <= ratio <= REVISE_RATIO:
+            self._off_calls = 0
+            return 0
+        self._off_calls += 1
+        if self._off_calls < REVISE_CALLS:
+            return 0
+        self._off_calls = 0
+        rest_s = max(self._recent_rest) if self._recent_rest else self.chosen["snapshot_ms"] / 1e3 - self.chosen["capture_ms"] / 1e3
+        capture_s = max(self._recent_capture) if self._recent_capture else self.chosen["capture_ms"] / 1e3
+        previous = self.chosen
+        self.chosen = self._choose(rest_s=rest_s, capture_s=capture_s, step_s=step_s, call_steps=call_steps)
+        if (self.chosen["every_steps"], self.chosen["capture_every_steps"]) == (
+                previous["every_steps"], previous["capture_every_steps"]):
+            return 0  # the same intervals (now measured against this step time)
+        self.revisions += 1
+        return self.chosen["every_steps"]
+
+    def _choose(self, *, rest_s: float, capture_s: float, step_s: float, call_steps: int) -> dict[str, Any]:
         rest_budget = self.budget * (1 - self.capture_share) if capture_s > 0 else self.budget  # nothing to capture: all of it
         by_budget = math.ceil(rest_s / (rest_budget * step_s))
         # A whole number of calls: a snapshot inside a call would cut it in two (each call
@@ -192,11 +244,10 @@ class AutoInterval:
         every = min(MAX_AUTO_EVERY, call * math.ceil(max(1, by_budget) / call))
         captures = math.ceil(capture_s / (self.capture_share * self.budget * step_s))
         capture_every = min(MAX_AUTO_EVERY, every * max(1, math.ceil(captures / every)))
-        self.chosen = {"every_steps": every, "capture_every_steps": capture_every,
-                       "snapshot_ms": round((rest_s + capture_s) * 1e3, 3), "capture_ms": round(capture_s * 1e3, 3),
-                       "step_ms": round(step_s * 1e3, 3), "budget": self.budget, "call_steps": call_steps,
-                       "limited_by": "call" if by_budget < call else "budget"}
-        return every
+        return {"every_steps": every, "capture_every_steps": capture_every,
+                "snapshot_ms": round((rest_s + capture_s) * 1e3, 3), "capture_ms": round(capture_s * 1e3, 3),
+                "step_ms": round(step_s * 1e3, 3), "budget": self.budget, "call_steps": call_steps,
+                "limited_by": "call" if by_budget < call else "budget"}
 
 
 @dataclass(frozen=True)
