@@ -51,13 +51,14 @@ class CallSizer:
         """The steps of an attempt's first call (the same on every worker)."""
         return 1 if self.auto else self.fixed
 
-    def observed(self, steps: int, seconds: float) -> None:
+    def observed(self, steps: int, seconds: float, *, traced: bool = False) -> None:
         """The chief's call of ``steps`` steps took ``seconds`` (host wall time, whole call).
 
-        The first call of the process is not counted: it includes tracing the function.
+        The first call of the process is not counted: it includes tracing the function; nor is
+        any call that ``traced`` (the memory tier's variant, traced at its first snapshot).
         """
         self._calls += 1
-        if self._calls > 1 and steps > 0:
+        if self._calls > 1 and steps > 0 and not traced:
             self._per_step.append(seconds / steps)
 
     @property

@@ -800,10 +800,15 @@ class Trainer:
         snapshot_every, capture_every = self._snapshot_every_proposal() if chief else (0.0, 0.0)
         flags = np.array([self._preemption_flag(), max(self.policy.time_flag(), float(self.save_requested())),
                           self.sizer.proposal() if chief else 0.0, snapshot_every, capture_every], dtype=np.float32)
-        started = time.perf_counter()
+        started, traces = time.perf_counter(), startup_phases.traces()
         # Does a snapshot follow this call? Then its last step fingerprints for the comparison
         # (memory tier; a snapshot after a call without them compares with its own all-reduce).
-        fingerprint = self._snapshots is not None and self._snapshots.due(global_step + steps)
+        # Not before the attempt's first comparison (every variable, with its own all-reduce
+        # anyway), so the first call traces the plain variant, nor once the workers differ.
+        agreement = self._agreement
+        fingerprint = (self._snapshots is not None and self._snapshots.due(global_step + steps)
+                       and agreement is not None and agreement.in_call and agreement.compared > 0
+                       and self._workers_differ is None)
         _t0 = time.perf_counter()
         result = self._train_call(iterator, tf.constant(steps, tf.int32), flags, bool(fingerprint))
         _r = result[0] if self._record_indices else result
@@ -826,7 +831,7 @@ class Trainer:
         startup_phases.mark("first_call")
         self.untrained_fresh_start = False  # a step finished: later failures may be faults
         if chief:
-            self.sizer.observed(steps, time.perf_counter() - started)
+            self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         names = self._value_names
         flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL),
                         names.index(_SNAPSHOT_EVERY), names.index(_CAPTURE_EVERY)]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["mark", "main_entered", "count_trace", "report", "reset"]
+__all__ = ["mark", "main_entered", "count_trace", "traces", "report", "reset"]
 
 _marks: dict[str, float] = {}
 _traces = 0
@@ -59,6 +59,11 @@ def count_trace() -> None:
     """The training call's Python body ran (a trace)."""
     global _traces
     _traces += 1
+
+
+def traces() -> int:
+    """How many times the training call traced so far in this process."""
+    return _traces
 
 
 def report() -> dict[str, Any]:

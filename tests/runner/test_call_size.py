@@ -20,6 +20,8 @@ def test_auto_starts_at_one_step_and_ignores_the_first_call_which_traces():
     assert sizer.proposal() == 1
     sizer.observed(1, 0.004)
     assert sizer.proposal() == 25  # 0.1 s / 4 ms
+    sizer.observed(1, 0.7, traced=True)  # a later call that traced (the memory tier's variant)
+    assert sizer.proposal() == 25
 
 
 def test_auto_sizes_calls_by_the_median_step_time_of_the_last_five_calls():
