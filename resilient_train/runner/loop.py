@@ -809,19 +809,7 @@ class Trainer:
         fingerprint = (self._snapshots is not None and self._snapshots.due(global_step + steps)
                        and agreement is not None and agreement.in_call and agreement.compared > 0
                        and self._workers_differ is None)
-        _t0 = time.perf_counter()
         result = self._train_call(iterator, tf.constant(steps, tf.int32), flags, bool(fingerprint))
-        _r = result[0] if self._record_indices else result
-        _r.numpy()
-        _dbg = self.__dict__.setdefault("_dbg", {"call": 0.0, "steps": 0, "host": 0.0, "last": None})
-        if global_step >= 1000:
-            _dbg["call"] += time.perf_counter() - _t0; _dbg["steps"] += steps
-            if _dbg["last"] is not None:
-                _dbg["host"] += _t0 - _dbg["last"]
-        _dbg["last"] = time.perf_counter()
-        if global_step + steps >= self.job.steps_per_epoch:
-            import sys
-            print(f"DBG rank={self.cluster.rank} call_ms/step={_dbg['call']*1e3/max(1,_dbg['steps']):.3f} host_ms/step={_dbg['host']*1e3/max(1,_dbg['steps']):.3f}", file=sys.stderr, flush=True)
         if self._record_indices:
             result, index_rows = result
             for offset, indices in enumerate(index_rows.numpy(), 1):
