@@ -149,7 +149,8 @@ _STATUS = {RunState.SUCCEEDED: "completed", RunState.PREEMPTED: "preempted", Run
 
 
 def default_tracker(job: JobConfig, backoff_initial_s: float = 0.25) -> RestartTracker:
-    """Today's restart policy for ``job``: its budgets, exponential backoff from ``backoff_initial_s``."""
+    """Today's restart policy for ``job``: its budgets; the first failure of a streak restarts at
+    once, later ones back off exponentially from ``backoff_initial_s``."""
     return RestartTracker(
         RestartPolicy(
             max_restarts=job.max_restarts,
@@ -157,6 +158,7 @@ def default_tracker(job: JobConfig, backoff_initial_s: float = 0.25) -> RestartT
             backoff_initial_s=backoff_initial_s,
             backoff_max_s=max(30.0, backoff_initial_s),
             backoff_jitter_s=min(1.0, backoff_initial_s),
+            first_restart_immediate=True,
         )
     )
 

@@ -47,6 +47,18 @@ def test_a_peer_that_starts_late_is_waited_for_and_this_rank_is_not_probed():
     assert [a for _, a in net.probes].count("10.0.0.2:2222") == 1  # reached once, not asked again
 
 
+def test_a_peer_starting_a_moment_later_is_reached_within_milliseconds():
+    # A restart's peers start within milliseconds: rounds 10, 20, 40 ms apart, then at most 0.25 s.
+    net = FakeNetwork({"10.0.0.1:2222": 0.03}, connect_cost_s=0.001)
+    waited = _wait(net, rank=1, timeout_s=5)
+    assert [round(t, 3) for t, a in net.probes if a == "10.0.0.1:2222"] == [0.0, 0.012, 0.033]
+    assert round(waited, 3) == 0.034
+    slow = FakeNetwork({"10.0.0.1:2222": 2.0}, connect_cost_s=0.0)
+    _wait(slow, rank=1, timeout_s=5)
+    gaps = [round(b - a, 3) for (a, _), (b, _) in zip(slow.probes, slow.probes[1:]) if _ == "10.0.0.1:2222"]
+    assert gaps[:6] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.25] and set(gaps[5:]) == {0.25}
+
+
 def test_an_unreachable_chief_fails_at_the_deadline_naming_both_ranks_and_the_address():
     net = FakeNetwork({"10.0.0.1:2222": float("inf")})
     with pytest.raises(PeerUnreachableError) as raised:

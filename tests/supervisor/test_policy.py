@@ -320,6 +320,17 @@ def test_progress_between_failures_resets_the_backoff() -> None:
     assert t.restarts == 5
 
 
+def test_the_first_failure_of_a_streak_can_restart_at_once() -> None:
+    """The supervisor's default: a kill of a healthy job waits nothing; a streak backs off."""
+    rng = FixedRandom(0.5)
+    t = tracker(rng, max_restarts=10, backoff_initial_s=0.25, backoff_jitter_s=0.25, first_restart_immediate=True)
+    assert [t.record(failed(i, step=None)).backoff_s for i in range(4)] == [0.0, 0.375, 0.625, 1.125]
+    assert rng.calls == 3  # no draw for the immediate restart
+    assert t.record(failed(4, step=50)).backoff_s == 2.125  # no evidence of progress yet: the streak grows
+    # a later step than the previous failure's ends the streak: each restarts at once
+    assert [t.record(failed(i, step=10 * (i + 1))).backoff_s for i in range(5, 8)] == [0.0, 0.0, 0.0]
+
+
 def test_default_random_source_stays_within_bounds() -> None:
     t = RestartTracker(RestartPolicy(backoff_initial_s=1.0, backoff_jitter_s=1.0))
     values = [t.backoff_s(1) for _ in range(50)]

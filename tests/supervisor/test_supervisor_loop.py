@@ -190,8 +190,7 @@ def test_gang_restart_after_a_failure_then_success(tmp_path):
     assert supervisor.run() == EXIT_OK
     restarts = events(tmp_path, "gang_restart")
     assert [(r["attempt"], r["root_cause_rank"]) for r in restarts] == [(2, 0)]
-    backoff = restarts[0]["backoff_s"]
-    assert 0.25 <= backoff <= 0.5 and [round(s, 3) for s in clock.sleeps].count(backoff) == 1
+    assert restarts[0]["backoff_s"] == 0.0  # the first failure of a streak restarts at once
     assert [c["env"]["RT_ATTEMPT"] for c in spawner.calls] == ["1", "1", "2", "2"]
     ports = [json.loads(c["env"]["TF_CONFIG"])["cluster"]["worker"] for c in spawner.calls]
     assert ports[0] == ports[1] and ports[2] == ports[3]
