@@ -164,7 +164,7 @@ def test_the_toml_catalogue_is_exactly_the_python_catalogue_it_replaced() -> Non
     before = {RENAMED.get(s.name, s.name): s for s in BEFORE}
     assert len(before) == 20 and set(before) <= set(loaded)
     assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6)
-        "rescue-chief-killed-between-saves", "rescue-rank-killed-between-saves"]
+        "rescue-chief-killed-between-saves", "rescue-hang-between-saves", "rescue-rank-killed-between-saves"]
     for name, scenario in before.items():
         renamed = Scenario(name, scenario.summary, scenario.faults, scenario.job, scenario.expect_restored, scenario.ci)
         assert loaded[name] == renamed, name  # every field: summary, faults (in order), job, expectations, ci
@@ -192,6 +192,10 @@ def test_a_few_scenarios_field_by_field() -> None:
         rescue = by_name(name, CATALOGUE_DIR)
         assert (rescue.faults, rescue.job, rescue.expect_restored) == (
             (WorkerFault("after_step", 17, rank=rank),), (("save_every_steps", 50), ("snapshot_every", 3)), (16,))
+    hang = by_name("rescue-hang-between-saves", CATALOGUE_DIR)
+    assert (hang.faults, hang.job, hang.expect_restored) == (
+        (WorkerFault("after_step", 17, rank=1, signal=HANG),),
+        (("save_every_steps", 50), ("snapshot_every", 3), ("hang_timeout", 10)), (16,))
 
 
 def test_the_ci_scenarios_are_the_catalogues() -> None:
@@ -207,7 +211,7 @@ def test_the_ci_scenarios_are_the_catalogues() -> None:
 
 def test_the_catalogue_is_a_plain_directory_of_toml_files_not_a_package() -> None:
     assert not (REPO / "chaos" / "__init__.py").exists() and not (CATALOGUE_DIR / "__init__.py").exists()
-    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 22
+    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 23
 
 
 def test_run_by_path_loads_the_same_scenario_as_run_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,7 +250,7 @@ def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
     monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (22 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (23 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert re.fullmatch(r"kill-chief-at-7 +\[ci\] the seeds' experiment: .*resumes from 7",
                         next(line for line in lines if line.startswith("kill-chief-at-7")))
@@ -265,7 +269,7 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "resilient_train.chaos", "list"], cwd=elsewhere, capture_output=True,
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (22 scenarios; run one by name or by its file's path)"
+    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (23 scenarios; run one by name or by its file's path)"
 
 
 # ------------------------------------------------------------------ validation: one line per mistake
