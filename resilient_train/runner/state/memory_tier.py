@@ -238,8 +238,8 @@ class AutoInterval:
     def _choose(self, *, rest_s: float, capture_s: float, step_s: float, call_steps: int) -> dict[str, Any]:
         rest_budget = self.budget * (1 - self.capture_share) if capture_s > 0 else self.budget  # nothing to capture: all of it
         by_budget = math.ceil(rest_s / (rest_budget * step_s))
-        # A whole number of calls: a snapshot inside a call would cut it in two (each call
-        # has its own fixed cost), so the interval rounds up to the call's multiple.
+        # A whole number of calls, so that snapshots fall where calls end anyway (auto's
+        # snapshots wait for the end of the call that reaches the interval).
         call = max(1, call_steps)
         every = min(MAX_AUTO_EVERY, call * math.ceil(max(1, by_budget) / call))
         captures = math.ceil(capture_s / (self.capture_share * self.budget * step_s))
