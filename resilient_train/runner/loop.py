@@ -578,7 +578,7 @@ class Trainer:
                     result, gathered = result
                     index_rows = index_rows.write(i, strategy.experimental_local_results(gathered)[0])
                 row = strategy.experimental_local_results(result)[0]
-                rows = rows.write(i, row if with_fingerprint or not width else tf.pad(row, [[0, width]]))
+                rows = rows.write(i, tf.pad(row, [[0, width]]) if width and not with_fingerprint else row)
                 # Step by step, each after its step's result: a call that fails part-way
                 # (e.g. the dataset ran out) leaves the counters at the last finished step,
                 # which is what the failure report reads (runner/failures/diagnose.py).

@@ -184,7 +184,6 @@ class AutoInterval:
         self._recent_capture: deque[float] = deque(maxlen=_RECENT)
         self._off_calls = 0  # calls in a row whose per-step time is off the decided one
         self.chosen: dict[str, Any] | None = None
-        self.revisions = 0
 
     def snapshot_took(self, seconds: float, *, capture_s: float = 0.0) -> None:
         rest = max(0.0, seconds - capture_s)
@@ -232,7 +231,6 @@ class AutoInterval:
         if (self.chosen["every_steps"], self.chosen["capture_every_steps"]) == (
                 previous["every_steps"], previous["capture_every_steps"]):
             return 0  # the same intervals (now measured against this step time)
-        self.revisions += 1
         return self.chosen["every_steps"]
 
     def _choose(self, *, rest_s: float, capture_s: float, step_s: float, call_steps: int) -> dict[str, Any]:

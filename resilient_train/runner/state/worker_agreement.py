@@ -31,8 +31,8 @@ compare exact fingerprints of the snapshot's variables, in one small all-reduce.
 #     a separate all-reduce cost 3-9 ms per snapshot on this machine, more than the rest of a
 #     snapshot (~2 ms) and so most of what decides auto's interval. So the may-differ
 #     variables (not sync-on-read: their snapshot is already the all-workers' value) are
-#     fingerprinted in the last training step of a call that ends at a snapshot (the loop's
-#     tf.cond; the other steps send zeros), after the optimizer's update, and their
+#     fingerprinted in the last training step of a call that ends at a snapshot (a variant
+#     of the loop's training call; no other step carries them), after the optimizer's update, and their
 #     CALL_LIMBS limbs of CALL_LIMB_BITS bits, [l, l*l], join the step's packed float32
 #     all-reduce (exact: l*l * replicas < 2**24 for up to MAX_CALL_REPLICAS replicas).
 #     That step's sums describe the live variables at the call's end, which is exactly
