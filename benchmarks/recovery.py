@@ -99,22 +99,25 @@ def env() -> dict[str, str]:
     return e
 
 
-def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: float) -> list[dict[str, Any]]:
-    run_dir = work / f"run-{mode}"
-    flags = [*JOB_FLAGS, "--max-restarts", str(kills + 1)]
+def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: float, *,
+                rank: int = 0, recipe: str = RECIPE, job_flags: list[str] = JOB_FLAGS,
+                wait_ready: bool = True) -> list[dict[str, Any]]:
+    """``kills`` cycles of: train ``train_s``, ``kill -9`` rank ``rank``, wait for the next attempt's first step."""
+    run_dir = work / f"run-{mode}-rank{rank}"
+    flags = [*job_flags, "--max-restarts", str(kills + 1)]
     if mode == "cold":
         flags.append("--no-warm-standby")
-    cmd = [sys.executable, "-m", "resilient_train", "run", RECIPE, "--run-dir", str(run_dir), *flags]
+    cmd = [sys.executable, "-m", "resilient_train", "run", recipe, "--run-dir", str(run_dir), *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events = Events(run_dir / "events.jsonl")
     samples = []
     try:
         for attempt in range(1, kills + 1):
             events.wait(lambda r: r["event"] == "first_step" and r.get("attempt") == attempt, timeout, "first_step")
-            chief = events.wait(
-                lambda r: r["event"] == "worker_started" and r["attempt"] == attempt and r["rank"] == 0, 5, "chief"
+            victim = events.wait(
+                lambda r: r["event"] == "worker_started" and r["attempt"] == attempt and r["rank"] == rank, 5, "victim"
             )
-            if mode == "warm":  # the pool is full of ready standbys before we kill
+            if mode == "warm" and wait_ready:  # the pool is full of ready standbys before we kill
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
                     records = events.poll()
@@ -127,14 +130,15 @@ def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: floa
                     raise TimeoutError("standbys not ready")
             time.sleep(train_s)
             killed_at = time.time()
-            os.kill(chief["pid"], signal.SIGKILL)
-            exited = events.wait(lambda r: r["event"] == "worker_exited" and r["pid"] == chief["pid"], timeout, "exit")
+            os.kill(victim["pid"], signal.SIGKILL)
+            exited = events.wait(lambda r: r["event"] == "worker_exited" and r["pid"] == victim["pid"], timeout, "exit")
             first = events.wait(
                 lambda r: r["event"] == "first_step" and r.get("attempt") == attempt + 1, timeout, "first step"
             )
-            phases = events.wait(
-                lambda r: r["event"] == "startup_phases" and r.get("attempt") == attempt + 1, timeout, "startup_phases"
-            )
+            phases = events.wait(lambda r: r["event"] == "startup_phases" and r.get("attempt") == attempt + 1
+                                 and r.get("rank") == 0, timeout, "startup_phases")
+            peer = events.wait(lambda r: r["event"] == "startup_phases" and r.get("attempt") == attempt + 1
+                               and r.get("rank") == 1, timeout, "rank 1's startup_phases")
             records = events.poll()
             started = [r for r in records if r["event"] == "worker_started" and r["attempt"] == attempt + 1]
             old_exits = [ts(r) for r in records if r["event"] == "worker_exited" and r["attempt"] == attempt]
@@ -142,6 +146,7 @@ def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: floa
             fetched = [r for r in records if r["event"] == "checkpoint_fetched" and r.get("attempt") == attempt + 1]
             samples.append({
                 "attempt": attempt + 1,
+                "killed_rank": rank,
                 "detection_s": round(ts(exited) - killed_at, 3),
                 "kill_to_first_step_s": round(ts(first) - killed_at, 3),
                 "phases": {
@@ -152,6 +157,7 @@ def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: floa
                 },
                 "chief_start": phases["start"],
                 "traces": phases["traces"],
+                "peer_phases": {"start": peer["start"], **peer["phases"]},
                 "standby": [r["standby"] for r in started],
                 "restore": [(r["source"], r["seconds"]) for r in fetched],
                 "restored_step": next((r["global_step"] for r in records if r["event"] == "restored"

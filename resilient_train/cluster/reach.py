@@ -19,6 +19,15 @@ What it proves is TCP reachability of each ``host:port`` from this host, both wa
 every worker has passed (each probes all others). It does not prove the gRPC handshake;
 TensorFlow's own registration wait, bounded by the start-up timeout
 (``runner/strategy.py``), covers what comes after.
+
+Then, right before its strategy, a non-chief waits until the chief's TensorFlow server
+answers (:func:`wait_for_server`). A worker whose registration reaches the chief's port
+before that server listens (refused, or the chief's placeholder) waits out gRPC's reconnect
+backoff, one second, before it tries again: on a warm restart, where both workers reach the
+strategy within milliseconds, that second was the largest part of the ``strategy`` phase
+in half the restarts (0.83-1.23 s against 0.05-0.07 s; benchmarks/README.md). The probe
+speaks the first bytes of HTTP/2, which gRPC runs on: a server answers the client's
+connection preface with its SETTINGS frame, a placeholder never answers.
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ from typing import Callable, Sequence
 
 from resilient_train.errors import PeerUnreachableError
 
-__all__ = ["PortPlaceholder", "wait_for_peers", "split_address", "PROBE_EVERY_S", "FIRST_PROBE_GAP_S", "REACH_SHARE"]
+__all__ = ["PortPlaceholder", "wait_for_peers", "wait_for_server", "serves_http2", "split_address", "PROBE_EVERY_S",
+           "FIRST_PROBE_GAP_S", "REACH_SHARE"]
 
 # The share of ``--startup-timeout`` a worker waits for its peers: the rest leaves the
 # worker's clear error ahead of the supervisor's start-up allowance (supervisor/watchdog.py).
@@ -40,6 +50,11 @@ FIRST_PROBE_GAP_S = 0.01  # ... after a first gap this short, doubled each round
 # restart start within milliseconds of each other, and a first wait of 0.25 s was 0.25 s of
 # every warm restart (the median reach_peers phase, benchmarks/recovery.py, 2026-11-26)
 _CONNECT_TIMEOUT_S = 2.0  # one connect; a black-holed SYN waits this long, then retries
+# The HTTP/2 client connection preface and an empty SETTINGS frame (RFC 9113, 3.4 and 6.5).
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS = 4  # the frame type a server's preface starts with
+_ANSWER_MIN_S = 0.05  # a server's SETTINGS frame arrives within this, or 4 round trips of the connect
+_SERVER_PROBE_GAP_S = 0.005  # between two probes of the chief's port
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -96,6 +111,53 @@ def wait_for_peers(
             raise PeerUnreachableError(_message(rank, addresses, pending, timeout_s))
         sleep(min(gap, max(0.0, deadline - clock())))
         gap = min(PROBE_EVERY_S, gap * 2)
+
+
+def serves_http2(host: str, port: int, timeout: float) -> bool:
+    """Does an HTTP/2 server (gRPC's transport) answer on ``host:port`` within ``timeout``?
+
+    True when the first frame back is SETTINGS; False when the port refuses, holds the
+    connection without answering (a :class:`PortPlaceholder`), or answers something else.
+    """
+    started = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            connected = time.monotonic() - started
+            sock.settimeout(min(timeout, max(_ANSWER_MIN_S, 4 * connected)))
+            sock.sendall(_HTTP2_PREFACE)
+            header = b""
+            while len(header) < 4:  # length (3 bytes), then the frame type
+                chunk = sock.recv(9 - len(header))
+                if not chunk:
+                    return False
+                header += chunk
+            return header[3] == _SETTINGS
+    except OSError:
+        return False
+
+
+def wait_for_server(
+    address: str,
+    timeout_s: float,
+    *,
+    probe: Callable[[str, int, float], bool] = serves_http2,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Return once ``address`` serves HTTP/2 (True), or when ``timeout_s`` passed (False).
+
+    A timeout is not an error here: the caller goes on to the strategy, whose registration
+    waits and fails on its own terms (runner/strategy.py).
+    """
+    host, port = split_address(address)
+    deadline = clock() + timeout_s
+    while True:
+        left = deadline - clock()
+        if left <= 0:
+            return False
+        if probe(host, port, min(_CONNECT_TIMEOUT_S, left)):
+            return True
+        sleep(min(_SERVER_PROBE_GAP_S, max(0.0, deadline - clock())))
 
 
 def _reason(exc: OSError) -> str:

@@ -1025,7 +1025,8 @@ class _Progress:
         if self.first_pending:  # the recovery benchmark's "training again" moment
             self.first_pending = False
             emit("first_step", group=True, global_step=global_step)
-            emit("startup_phases", group=True, global_step=global_step, **startup_phases.report())
+            # Every rank's: the chief's strategy/agree phases wait for the slowest peer's own start-up.
+            emit("startup_phases", global_step=global_step, **startup_phases.report())
         self.window_steps += steps
         now = self.clock()
         if now - self.last < self.every_s:

@@ -12,6 +12,7 @@ start is ``assigned`` (a standby read its assignment) or ``created`` (a cold pro
     bootstrap    the worker's start-up: credentials, run dir, error file, events, signals
     reach_peers  every peer's TF_CONFIG address answers (waits for the slowest peer)
     recipe_store the recipe loaded, the checkpoint store opened, the Trainer imported
+    chief_server (a non-chief) the chief's TensorFlow server answers (cluster/reach.py)
     strategy     MultiWorkerMirroredStrategy and the coordination service's registration barrier
     model_build  seeds, build_model, the optimizer's variables, the checkpoint's object graph
     setup        the step function object, checkpointer, evaluator, callbacks, the epoch input

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.slurm_env import DEFAULT_PORT_BASE, add_tf_config_arguments, environ_with_tf_config
-from resilient_train.cluster.reach import REACH_SHARE, PortPlaceholder, wait_for_peers
+from resilient_train.cluster.reach import REACH_SHARE, PortPlaceholder, wait_for_peers, wait_for_server
 from resilient_train.cluster.tf_config import ClusterInfo, parse_tf_config
 from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
 from resilient_train.job.config import JobConfig, add_job_arguments, job_from_args
@@ -171,11 +171,11 @@ class _Worker:
         if fit_script:
             from resilient_train.runner.keras_recipes.fitscript import FitScript
 
-            script = FitScript(self.job, cluster, before_strategy=placeholder.close,
+            script = FitScript(self.job, cluster, before_strategy=lambda: _before_strategy(cluster, placeholder, self.job),
                                make_trainer=self._make_script_trainer, run_trainer=self._run_trainer)
             result = script.run()  # the script's code after fit() has run when this returns
         else:
-            placeholder.close()  # the strategy's server binds this port next
+            _before_strategy(cluster, placeholder, self.job)
             result = self._run_trainer(self._make_trainer(self.job, recipe, params))
         process.ignore_stop_signals()
         if result is None and process.notices is not None:  # preempted: a notice's time to the save
@@ -239,6 +239,17 @@ class _Worker:
         # (TF's preemption notifier) when the strategy starts, replacing ours: take it back.
         self.process.watch_stop_signals()
         return trainer.run()
+
+
+def _before_strategy(cluster: ClusterInfo, placeholder: PortPlaceholder, job: JobConfig) -> None:
+    """Right before the strategy: a non-chief waits until the chief's TensorFlow server answers
+    (registering earlier costs gRPC's 1 s reconnect backoff, cluster/reach.py), then every
+    worker releases its port, which its own server binds next. The placeholder stays open
+    through the wait: the chief may still be probing this port (reach_peers)."""
+    if not cluster.is_chief and cluster.addresses:
+        wait_for_server(cluster.addresses[0], REACH_SHARE * job.startup_timeout)  # bounded; registration follows
+        startup_phases.mark("chief_server")
+    placeholder.close()
 
 
 def _reach_peers(cluster: ClusterInfo, startup_timeout: float, *, unreachable: bool = False) -> PortPlaceholder:

@@ -77,3 +77,4 @@ class Attempt:
     resize: Resize | None = None  # RESIZING asked the group to save and stop for this resize
     restarts_in_place: Counter[int] = field(default_factory=Counter)  # rank -> restarts (parameter-server tier)
     rescue: RescueWait | None = None  # a survivor's rescue answer being waited for (supervisor/rescue.py)
+    rescue_answer: dict[str, Any] | None = None  # its rescue_committed / rescue_skipped, once it came

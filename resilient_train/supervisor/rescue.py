@@ -24,7 +24,7 @@ from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
 from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
 from resilient_train.supervisor.attempt import Worker
 
-__all__ = ["choose_rescuer", "choose_hang_rescuer", "failed_ranks", "RescueWait"]
+__all__ = ["choose_rescuer", "choose_hang_rescuer", "failed_ranks", "nothing_left_to_commit", "RescueWait"]
 
 
 def failed_ranks(workers: Sequence[Worker]) -> list[int]:
@@ -45,6 +45,17 @@ def choose_hang_rescuer(workers: Sequence[Worker], *, stuck: int) -> Worker | No
     """The lowest-ranked worker still alive that is not the ``stuck`` one, or None."""
     alive = [w for w in workers if w.returncode is None and w.rank != stuck]
     return min(alive, key=lambda w: w.rank, default=None)
+
+
+def nothing_left_to_commit(answer: dict[str, Any] | None) -> bool:
+    """After this rescue answer, can the survivors be killed at once? Yes when the rescuer
+    committed, or skipped after its own in-flight persist had finished (``drained``): the
+    rescue waited for that persist, and only a rescuer or the chief ever commits, so a
+    teardown grace would only wait for a broken group's collectives to time out
+    (3 s of every other non-chief kill's restart, benchmarks/README.md)."""
+    if answer is None:
+        return False
+    return answer.get("event") == RESCUE_COMMITTED or (answer.get("event") == RESCUE_SKIPPED and answer.get("drained") is True)
 
 
 class RescueWait:

@@ -51,7 +51,8 @@ workers restore the last committed checkpoint.
 #              a worker exited abnormally -> SIGTERM the rest, SIGKILL after
 #              teardown_grace_s, or at once when the chief is gone (only the chief commits
 #              and a broken group cannot agree on a save: the survivors have nothing left to
-#              finish, and waiting for them is pure recovery time); or the supervisor
+#              finish, and waiting for them is pure recovery time) or when the rescue was
+#              answered with nothing left in flight (rescue.nothing_left_to_commit); or the supervisor
 #              itself got SIGTERM/SIGINT -> forward SIGTERM (the workers agree on a step,
 #              save it and exit 143) and SIGKILL whoever is left after grace_period.
 #              Once nobody is left: root cause, then SUCCEEDED (they finished after all),
@@ -111,7 +112,8 @@ from resilient_train.supervisor.console import Console, EventTail, hang_line
 from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
 from resilient_train.supervisor.launchers.api import read_notices
 from resilient_train.supervisor.ownership import claim_storage, generation_for
-from resilient_train.supervisor.rescue import RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks
+from resilient_train.supervisor.rescue import (RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks,
+                                               nothing_left_to_commit)
 from resilient_train.supervisor.policy import (
     AttemptOutcome,
     ExitClass,
@@ -397,6 +399,7 @@ class Supervisor:
                           else f"no answer within {deadline_s:g} s")
                 emit(RESCUE_ABANDONED, rank=rescuer.rank, attempt=self.attempt, reason=reason,
                      waited_s=round(self.clock() - started, 3))
+            self.current.rescue_answer = rescue.answer
         finally:
             self.current.rescue = None
 
@@ -573,7 +576,8 @@ class Supervisor:
                 else:
                     for worker in alive:
                         self._signal(worker, signal.SIGTERM)
-                    kill_at = now if self._chief_failed() else now + self.teardown_grace_s
+                    settled = self._chief_failed() or nothing_left_to_commit(attempt.rescue_answer)
+                    kill_at = now if settled else now + self.teardown_grace_s
             if kill_at is not None and now >= kill_at:
                 for worker in alive:
                     worker.frozen = worker.frozen or _is_frozen(worker.process.pid)

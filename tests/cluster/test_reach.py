@@ -7,7 +7,8 @@ import socket
 import pytest
 
 from resilient_train.cluster.ports import free_ports
-from resilient_train.cluster.reach import PROBE_EVERY_S, PortPlaceholder, split_address, wait_for_peers
+from resilient_train.cluster.reach import (PROBE_EVERY_S, PortPlaceholder, serves_http2, split_address, wait_for_peers,
+                                           wait_for_server)
 from resilient_train.errors import EXIT_FAILURE, PeerUnreachableError, exit_code_for
 
 
@@ -121,3 +122,47 @@ def test_a_port_someone_else_holds_is_left_to_tensorflow():
         assert not placeholder.bound
         placeholder.close()
     assert PortPlaceholder(None).bound is False  # a single worker holds nothing
+
+
+# ------------------------------------------------------------ the chief's server, before a non-chief registers
+
+
+def test_only_a_real_grpc_server_counts_as_the_chiefs_server():
+    """A refused port and a placeholder (connects, never answers) are not the server; a real
+    gRPC server (grpcio, the transport TensorFlow's server runs) answers the HTTP/2 preface."""
+    import grpc
+    from concurrent import futures
+
+    [closed] = free_ports(1)
+    assert serves_http2("127.0.0.1", closed, 1.0) is False
+    [held] = free_ports(1)
+    with PortPlaceholder(f"127.0.0.1:{held}") as placeholder:
+        assert placeholder.bound and serves_http2("127.0.0.1", held, 1.0) is False
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert serves_http2("127.0.0.1", port, 1.0) is True
+        assert wait_for_server(f"127.0.0.1:{port}", 5.0) is True
+    finally:
+        server.stop(None)
+
+
+def test_the_wait_for_the_server_probes_every_few_ms_and_gives_up_at_its_deadline():
+    now = [0.0]
+    probes: list[float] = []
+
+    def probe(host: str, port: int, timeout: float) -> bool:
+        probes.append(round(now[0], 3))
+        now[0] += 0.001
+        return now[0] > 0.02
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    assert wait_for_server("10.0.0.1:2222", 5.0, probe=probe, clock=lambda: now[0], sleep=sleep) is True
+    assert probes == [0.0, 0.006, 0.012, 0.018, 0.024]  # 1 ms per probe, 5 ms between: the 1 s backoff is what it avoids
+    now[0], probes[:] = 0.0, []
+    never = lambda host, port, timeout: False  # noqa: E731
+    assert wait_for_server("10.0.0.1:2222", 0.5, probe=never, clock=lambda: now[0], sleep=sleep) is False
+    assert now[0] == pytest.approx(0.5)

@@ -57,10 +57,11 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
         assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(10, 2)]
         assert _fetch_sources(job, 2) == [(0, "host_cache"), (1, "host_cache")]  # no download
     assert warm.summary["weights_sha256"] == cold_restart.summary["weights_sha256"]
-    # Where each attempt's start-up went (runner/startup_phases.py): the chief's one event at its
+    # Where each attempt's start-up went (runner/startup_phases.py): one event per rank at its
     # first step, counted from a cold process's creation or a standby's assignment; one trace each.
     for job, starts in ((cold_restart, ["created", "created"]), (warm, ["created", "assigned"])):
-        phases = sorted(job.named("startup_phases"), key=lambda e: e["attempt"])
+        phases = sorted((e for e in job.named("startup_phases") if e["rank"] == 0), key=lambda e: e["attempt"])
+        assert sorted((e["attempt"], e["rank"]) for e in job.named("startup_phases")) == [(1, 0), (1, 1), (2, 0), (2, 1)]
         assert [(e["attempt"], e["start"], e["traces"], e["global_step"]) for e in phases] == [
             (1, starts[0], 1, _first_step(job, 1)), (2, starts[1], 1, _first_step(job, 2))]
         first = "imports" if starts[1] == "created" else "handover"

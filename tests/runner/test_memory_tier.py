@@ -178,14 +178,14 @@ def test_the_rescuer_commits_a_newer_snapshot_marked_as_a_rescue():
 
 def test_the_rescuer_skips_with_the_reason():
     request = SaveRequest(global_step=10, epoch=1, step_in_epoch=0)
-    for saver, committed, reason in [
-        (FakeSaver(None), None, "no snapshot yet"),
-        (FakeSaver(Snapshot(request, 1.0)), 10, "snapshot of step 10 is not newer than the last commit (step 10)"),
-        (FakeSaver(None, busy="snapshot incomplete: x"), None, "snapshot incomplete: x"),
+    for saver, committed, reason, drained in [
+        (FakeSaver(None), None, "no snapshot yet", True),
+        (FakeSaver(Snapshot(request, 1.0)), 10, "snapshot of step 10 is not newer than the last commit (step 10)", True),
+        (FakeSaver(None, busy="snapshot incomplete: x"), None, "snapshot incomplete: x", False),  # still in flight
     ]:
         rescuer, events, commits = rescuer_for(saver, committed=committed)
         rescuer.rescue()
-        assert (events, commits) == ([("rescue_skipped", {"rank": 1, "reason": reason})], [])
+        assert (events, commits) == ([("rescue_skipped", {"rank": 1, "reason": reason, "drained": drained})], [])
 
 
 def test_a_worker_that_can_never_rescue_says_why_and_does_not_touch_the_twin():
@@ -194,7 +194,7 @@ def test_a_worker_that_can_never_rescue_says_why_and_does_not_touch_the_twin():
     reason = "the state of chief-only callbacks (CSVLogger) lives on the chief"
     rescuer, events, commits = rescuer_for(saver, committed=10, unable=reason)
     rescuer.rescue()
-    assert (events, commits, saver.held) == ([("rescue_skipped", {"rank": 1, "reason": reason})], [], 0)
+    assert (events, commits, saver.held) == ([("rescue_skipped", {"rank": 1, "reason": reason, "drained": False})], [], 0)
 
 
 def test_a_failed_rescue_commit_is_named():
@@ -204,7 +204,8 @@ def test_a_failed_rescue_commit_is_named():
     request = SaveRequest(global_step=16, epoch=1, step_in_epoch=6)
     rescuer, events, _ = rescuer_for(FakeSaver(Snapshot(request, 1.0)), commit=fail)
     rescuer.rescue()
-    assert events == [("rescue_skipped", {"rank": 1, "reason": "commit failed: OSError: disk full", "global_step": 16})]
+    assert events == [("rescue_skipped", {"rank": 1, "reason": "commit failed: OSError: disk full", "drained": True,
+                                          "global_step": 16})]
 
 
 def test_a_commit_that_cannot_be_made_here_is_skipped_with_its_own_reason():
@@ -216,7 +217,7 @@ def test_a_commit_that_cannot_be_made_here_is_skipped_with_its_own_reason():
     rescuer.rescue()
     assert events == [("rescue_skipped", {
         "rank": 1, "reason": "the chief-only callbacks' state at step 10 was never committed (newest commit: none)",
-        "global_step": 16})]
+        "drained": True, "global_step": 16})]
 
 
 class FakeTwin:

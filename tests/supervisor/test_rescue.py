@@ -3,7 +3,8 @@
 from pathlib import Path
 
 from resilient_train.supervisor.attempt import Worker
-from resilient_train.supervisor.rescue import RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks
+from resilient_train.supervisor.rescue import (RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks,
+                                               nothing_left_to_commit)
 
 
 def workers(*codes):
@@ -84,9 +85,31 @@ def test_a_failure_asks_the_lowest_survivor_to_rescue_before_stopping(tmp_path, 
     assert [name for name, _ in chief.signals] == ["SIGUSR2", "SIGTERM", "SIGKILL"]
     assert 0.5 <= chief.signals[0][1] <= 0.55  # within one poll of the death
     assert chief.signals[1][1] - chief.signals[0][1] <= 0.1  # the answer came at once: no waiting
+    # Committed: nothing is left in flight, so no teardown grace (3 s) before the SIGKILL.
+    assert chief.signals[2][1] - chief.signals[1][1] <= 0.06
     assert [name for name, _ in third.signals] == ["SIGTERM", "SIGKILL"]  # only the rescuer is asked
     assert events(tmp_path, "rescue_abandoned") == []
     assert "rescue: rank 0 committed its in-memory snapshot of global step 16" in out.getvalue()
+
+
+@pytest.mark.parametrize("drained, grace_s", [(True, 0.0), (False, 3.0)])
+def test_a_skipped_rescue_keeps_the_teardown_grace_only_while_a_persist_is_in_flight(tmp_path, answering, drained,
+                                                                                     grace_s):
+    answering[0] = {"event": "rescue_skipped", "reason": "x", "drained": drained}
+    scripts = [{"exit_at": None}, {"exit_at": 0.5, "exit_code": -signal.SIGKILL}]
+    supervisor, spawner, _, _ = make(tmp_path, scripts, max_restarts=0, snapshot_every=5)
+    assert supervisor.run() == EXIT_FAILURE
+    (usr2, _), (term, term_at), (kill, kill_at) = spawner.processes[0].signals
+    assert (usr2, term, kill) == ("SIGUSR2", "SIGTERM", "SIGKILL")
+    assert grace_s <= kill_at - term_at <= grace_s + 0.06
+
+
+def test_nothing_left_to_commit_reads_the_answer():
+    assert nothing_left_to_commit({"event": "rescue_committed", "rank": 0})
+    assert nothing_left_to_commit({"event": "rescue_skipped", "rank": 0, "drained": True})
+    assert not nothing_left_to_commit({"event": "rescue_skipped", "rank": 0, "drained": False})
+    assert not nothing_left_to_commit({"event": "rescue_skipped", "rank": 0})  # an older worker's answer
+    assert not nothing_left_to_commit(None)  # abandoned: no answer
 
 
 def test_a_rescuer_that_does_not_answer_is_abandoned_at_the_deadline(tmp_path, answering):

@@ -48,7 +48,7 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #   rescue (the rescue listener's thread, on the supervisor's request)
 #     hold the twin: no new snapshot starts; wait (bounded) for one in progress and for
 #     this worker's in-flight persist (which reads the twin); then
-#       no complete snapshot / not newer than the newest commit  -> rescue_skipped(reason)
+#       no complete snapshot / not newer than the newest commit  -> rescue_skipped(reason, drained)
 #       else commit it through the store's ordinary path (persist_twin: manifest last,
 #       fence-checked), extra["rescue"] = {rank, snapshot_age_s} -> rescue_committed
 #     a commit that raises -> rescue_skipped naming the error (RescueUnavailable: its reason)
@@ -305,11 +305,11 @@ class Rescuer:
         started = self._clock()
         unable = self._unable()
         if unable is not None:
-            self._skip(unable)
+            self._skip(unable, drained=False)
             return
         with self._saver.rescue_hold(self._deadline_s) as (snapshot, busy):
             if busy is not None:
-                self._skip(busy)
+                self._skip(busy, drained=False)
                 return
             try:
                 committed = self._last_committed()
@@ -335,5 +335,7 @@ class Rescuer:
         self._emit(RESCUE_COMMITTED, global_step=step, rank=self._rank, snapshot_age_s=age,
                    seconds=round(self._clock() - started, 3))
 
-    def _skip(self, reason: str, **fields: Any) -> None:
-        self._emit(RESCUE_SKIPPED, rank=self._rank, reason=reason, **fields)
+    def _skip(self, reason: str, *, drained: bool = True, **fields: Any) -> None:
+        """``drained``: this worker's in-flight persist had finished (the hold waited for it),
+        so nothing of it is left to commit and the supervisor need not wait for its exit."""
+        self._emit(RESCUE_SKIPPED, rank=self._rank, reason=reason, drained=drained, **fields)
