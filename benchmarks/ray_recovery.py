@@ -8,8 +8,9 @@ dead after 3 misses of 500 ms), with the real CLI (``--launcher ray``) in a subp
   event of the next attempt, median per mode: ``warm`` (the slot actors hold ready
   standbys: TensorFlow and the recipe imported) and ``cold`` (``--no-warm-standby``), for
   the chief (rank 0, as benchmarks/recovery.py does locally: the supervisor tears the group
-  down at once) and for rank 1 on the other node (``warm_rank1``: the supervisor gives the
-  surviving chief its teardown grace, up to 3 s, before SIGKILL).
+  down at once) and for rank 1 on the other node (``warm_rank1``: the surviving chief
+  commits the memory tier's rescue, then the supervisor kills it at once; without a rescue
+  it would get its teardown grace, up to 3 s).
   ``worker_kill_detection_s``: the kill -> its ``worker_exited``.
 * ``node_loss_to_first_step_s``: ``Cluster.remove_node`` of rank 1's node (raylet, object
   store, every process on it) -> ``first_step`` of the next attempt, which a new placement

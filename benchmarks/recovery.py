@@ -7,7 +7,13 @@ What it answers, all measured in one invocation on the same machine:
   the warm and the cold runs.
 * ``kill_to_first_step_s``: ``kill -9`` -> the chief's ``first_step`` event of the next
   attempt (a step of MWMS is a collective, so every worker took part in it), median per
-  mode: ``warm`` (default, standbys ready before each kill) and ``cold`` (--no-warm-standby).
+  run: ``warm`` (default, standbys ready before each kill), ``warm_rank1`` (the same, but the
+  non-chief is killed: the chief survives, commits the memory tier's rescue and is stopped)
+  and ``cold`` (--no-warm-standby). ``--goodput-job`` runs the goodput benchmark's job
+  (digits_cnn, a save every 200 steps) instead of the linear regression.
+* ``baseline_tree`` (with ``--baseline-tree DIR``, a checkout of an older commit): every
+  kill-cycle run repeated right after ours with that checkout's runner, so a change to the
+  restart path is measured side by side with the old path in one invocation.
 * ``breakdown_s``: where kill -> first step goes, median per phase per mode: the
   supervisor's share from its events (``detection``: kill -> the chief's ``worker_exited``;
   ``stop_old_group``: -> the old attempt's last ``worker_exited``; ``launch``: -> the new
@@ -27,6 +33,7 @@ What it answers, all measured in one invocation on the same machine:
 Usage::
 
     .venv/bin/python benchmarks/recovery.py [--kills 4] [--baseline-kills 2] [--restore-mb 64]
+        [--goodput-job] [--baseline-tree DIR]
 
 Writes ``benchmarks/results/recovery.json``. Times are wall clock; event timestamps have
 millisecond resolution. The job is ``recipes/linear_regression.py`` on 2 workers with a
@@ -61,7 +68,7 @@ from resilient_train.rundir.events import EventReader  # noqa: E402
 
 RECIPE = "recipes/linear_regression.py"
 JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-steps", "20"]
-RESULT_KEYS = ("detection_s_p50", "detection_s_p95", "kill_to_first_step_s", "breakdown_s",
+RESULT_KEYS = ("detection_s_p50", "detection_s_p95", "kill_to_first_step_s", "breakdown_s", "baseline_tree",
                "baseline_tf_timeout_plus_cold_s", "restore_s", "warm_over_baseline", "details", "setup", "smoke")
 # The supervisor's share of a restart, from its events (kill -> the new chief's start), then the
 # new chief's own phases (its startup_phases event, runner/startup_phases.py), in order.
@@ -99,16 +106,24 @@ def env() -> dict[str, str]:
     return e
 
 
+def tree_env(tree: Path) -> dict[str, str]:
+    """env() whose ``resilient_train`` is the one in ``tree``."""
+    e = env()
+    e["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [e.get("PYTHONPATH")])])
+    return e
+
+
 def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: float, *,
                 rank: int = 0, recipe: str = RECIPE, job_flags: list[str] = JOB_FLAGS,
-                wait_ready: bool = True) -> list[dict[str, Any]]:
-    """``kills`` cycles of: train ``train_s``, ``kill -9`` rank ``rank``, wait for the next attempt's first step."""
-    run_dir = work / f"run-{mode}-rank{rank}"
+                wait_ready: bool = True, tree: Path = ROOT) -> list[dict[str, Any]]:
+    """``kills`` cycles of: train ``train_s``, ``kill -9`` rank ``rank``, wait for the next
+    attempt's first step. ``tree``: the checkout whose runner runs (``--baseline-tree``)."""
+    run_dir = work / f"run-{mode}-rank{rank}-{tree.name}"
     flags = [*job_flags, "--max-restarts", str(kills + 1)]
     if mode == "cold":
         flags.append("--no-warm-standby")
-    cmd = [sys.executable, "-m", "resilient_train", "run", recipe, "--run-dir", str(run_dir), *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, "-m", "resilient_train", "run", str(ROOT / recipe), "--run-dir", str(run_dir), *flags]
+    proc = subprocess.Popen(cmd, cwd=tree, env=tree_env(tree), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events = Events(run_dir / "events.jsonl")
     samples = []
     try:
@@ -137,8 +152,11 @@ def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: floa
             )
             phases = events.wait(lambda r: r["event"] == "startup_phases" and r.get("attempt") == attempt + 1
                                  and r.get("rank") == 0, timeout, "startup_phases")
-            peer = events.wait(lambda r: r["event"] == "startup_phases" and r.get("attempt") == attempt + 1
-                               and r.get("rank") == 1, timeout, "rank 1's startup_phases")
+            try:  # (a baseline tree from before every rank reported its phases has none)
+                peer = events.wait(lambda r: r["event"] == "startup_phases" and r.get("attempt") == attempt + 1
+                                   and r.get("rank") == 1, 2.0, "rank 1's startup_phases")
+            except TimeoutError:
+                peer = None
             records = events.poll()
             started = [r for r in records if r["event"] == "worker_started" and r["attempt"] == attempt + 1]
             old_exits = [ts(r) for r in records if r["event"] == "worker_exited" and r["attempt"] == attempt]
@@ -157,7 +175,7 @@ def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: floa
                 },
                 "chief_start": phases["start"],
                 "traces": phases["traces"],
-                "peer_phases": {"start": peer["start"], **peer["phases"]},
+                "peer_phases": None if peer is None else {"start": peer["start"], **peer["phases"]},
                 "standby": [r["standby"] for r in started],
                 "restore": [(r["source"], r["seconds"]) for r in fetched],
                 "restored_step": next((r["global_step"] for r in records if r["event"] == "restored"
@@ -239,57 +257,88 @@ def pct(values: list[float], q: float) -> float:
     return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
 
 
+# --goodput-job: the goodput benchmark's job (benchmarks/goodput.py), its per-kill standstill broken down.
+GOODPUT_RECIPE = "recipes/digits_cnn.py"
+GOODPUT_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--global-batch-size", "64",
+                 "--save-every-steps", "200"]
+# The kill-cycle runs, in order: (name, mode, killed rank). ``warm_rank1`` kills a non-chief:
+# the chief survives, commits the rescue (memory tier) and is stopped.
+RUNS = (("warm", "warm", 0), ("warm_rank1", "warm", 1), ("cold", "cold", 0))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=4, help="chief kills per mode (default 4)")
+    parser.add_argument("--kills", type=int, default=4, help="kills per run (default 4)")
     parser.add_argument("--baseline-kills", type=int, default=2)
     parser.add_argument("--restore-mb", type=int, default=64)
     parser.add_argument("--train-s", type=float, default=1.0, help="training time before each kill")
     parser.add_argument("--timeout", type=float, default=240.0)
+    parser.add_argument("--goodput-job", action="store_true",
+                        help=f"run {GOODPUT_RECIPE} with the goodput benchmark's flags instead of {RECIPE}")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="another checkout (e.g. a git worktree of an older commit): each kill-cycle run is "
+                        "repeated with its runner right after ours, and reported under 'baseline_tree'")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recovery.json"))
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
-    if args.smoke:  # one kill per mode, one baseline kill, a 1 MiB restore
+    if args.baseline_tree is not None and not (args.baseline_tree / "resilient_train").is_dir():
+        parser.error(f"--baseline-tree {args.baseline_tree}: no resilient_train package there; expected a checkout")
+    if args.smoke:  # one kill per run, one baseline kill, a 1 MiB restore
         args.kills, args.baseline_kills, args.restore_mb, args.train_s = 1, 1, 1, 0.2
+    recipe, job_flags = (GOODPUT_RECIPE, GOODPUT_FLAGS) if args.goodput_job else (RECIPE, JOB_FLAGS)
+    trees = {"ours": ROOT} if args.baseline_tree is None else {"ours": ROOT, "baseline_tree": args.baseline_tree.resolve()}
     load_before = os.getloadavg()
     started = time.time()
+    samples: dict[str, dict[str, list[dict[str, Any]]]] = {label: {} for label in trees}
     with tempfile.TemporaryDirectory(prefix="rt-recovery-") as tmp:
         work = Path(tmp)
-        warm = kill_cycles("warm", args.kills, work, args.train_s, args.timeout)
-        cold = kill_cycles("cold", args.kills, work, args.train_s, args.timeout)
+        for name, mode, rank in RUNS:
+            for label, tree in trees.items():
+                samples[label][name] = kill_cycles(mode, args.kills, work, args.train_s, args.timeout, rank=rank,
+                                                   recipe=recipe, job_flags=job_flags, tree=tree)
         survivor = [tf_timeout(work, i, args.train_s, args.timeout) for i in range(args.baseline_kills)]
         restore = restore_times(work, args.restore_mb, 1 if args.smoke else 3)
+    ours = samples["ours"]
+    warm, cold = ours["warm"], ours["cold"]
     detections = [s["detection_s"] for s in warm + cold]
     warm_med = statistics.median(s["kill_to_first_step_s"] for s in warm)
-    cold_med = statistics.median(s["kill_to_first_step_s"] for s in cold)
     cold_restart = statistics.median(s["kill_to_first_step_s"] - s["detection_s"] for s in cold)
     baseline = statistics.median(survivor) + cold_restart
-    breakdown = {mode: median_phases(samples) for mode, samples in (("warm", warm), ("cold", cold))}
     in_runs: dict[str, list[float]] = {}
     for sample in warm + cold:
         for source, seconds in sample["restore"]:
             in_runs.setdefault(source, []).append(seconds)
+
+    def medians(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+        return {name: round(statistics.median(s["kill_to_first_step_s"] for s in runs[name]), 3) for name in runs}
+
     result = {
         "detection_s_p50": pct(detections, 0.5),
         "detection_s_p95": pct(detections, 0.95),
-        "kill_to_first_step_s": {"cold": round(cold_med, 3), "warm": round(warm_med, 3)},
-        "breakdown_s": breakdown,
+        "kill_to_first_step_s": medians(ours),
+        "breakdown_s": {name: median_phases(runs) for name, runs in ours.items()},
+        "baseline_tree": None if len(trees) == 1 else {
+            "path": str(trees["baseline_tree"]),
+            "kill_to_first_step_s": medians(samples["baseline_tree"]),
+            "breakdown_s": {name: median_phases(runs) for name, runs in samples["baseline_tree"].items()},
+        },
         "baseline_tf_timeout_plus_cold_s": round(baseline, 3),
         "restore_s": restore["median_s"],
         "warm_over_baseline": round(warm_med / baseline, 3),
         "details": {
             "tf_survivor_exit_s": [round(s, 3) for s in survivor],
             "cold_restart_after_detection_s": round(cold_restart, 3),
-            "samples": {"warm": warm, "cold": cold},
+            "samples": samples,
             "restore": restore,
             "restore_in_runs_s": {src: round(statistics.median(v), 4) for src, v in in_runs.items()},
         },
         "setup": {
-            "recipe": RECIPE, "workers": 2, "flags": JOB_FLAGS, "kills_per_mode": args.kills,
+            "recipe": recipe, "workers": 2, "flags": job_flags, "kills_per_run": args.kills,
+            "runs": [name for name, _, _ in RUNS],
             "train_s_before_kill": args.train_s, "restore_mb": args.restore_mb,
             "shared_storage_for_restore": "SeaweedFS S3 on loopback (tests/support/s3server.py)",
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, SHARED with other engineers' TF jobs and tests",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "python": platform.python_version(),
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],

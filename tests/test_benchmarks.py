@@ -33,7 +33,7 @@ PUBLIC = [p for p in SCRIPTS if not p.name.startswith("_")]  # _*.py are helpers
 # its GPU check runs nowhere else) and reentry, ps_throughput, storage_throughput,
 # profile_save (7-60 s): 4.3 min in all at load 7-8. The import test covers every script.
 SLOW = {
-    "recovery": "91 s (load 8-12), 45 s: warm and cold kill cycles, a TF-only baseline group, a SeaweedFS restore",
+    "recovery": "91 s (load 8-12), 45 s: warm, non-chief and cold kill cycles, a TF-only baseline group, a SeaweedFS restore",
     "throughput": "61 s (load 18), 17 s: its plain-vs-ours path (measure, run_plain, run_ours) also runs in gpu_check",
     "defences": "50 s (load 12), 30 s: two 2-worker runs",
     "keras_fit": "115 s (load 9-12), 41 s: four 2-worker runs; needs the bench extra (tf_keras)",
@@ -66,7 +66,10 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 def _recovery(data: dict[str, Any]) -> None:
-    samples = data["details"]["samples"]
+    samples = data["details"]["samples"]["ours"]
+    assert data["baseline_tree"] is None  # no --baseline-tree
+    assert [(s["killed_rank"], s["attempt"], s["standby"]) for s in samples["warm_rank1"]] == [(1, 2, [True, True])]
+    assert "chief_server" in samples["warm_rank1"][0]["peer_phases"]  # a non-chief's own phases
     assert (len(samples["warm"]), len(samples["cold"])) == (1, 1)
     assert [s["attempt"] for s in samples["warm"] + samples["cold"]] == [2, 2]
     assert samples["warm"][0]["standby"] == [True, True] and samples["cold"][0]["standby"] == [False, False]

@@ -25,7 +25,8 @@ workers restore the last committed checkpoint.
 #              capacity()); a size below MIN, or no placement at any size >= MIN -> FAILED. A
 #              size other than the previous attempt's is announced as world_size_changed.
 #              The workers started -> a new Attempt, RUNNING.
-#   RUNNING    poll children every POLL_S (the OS tells us of a death at once: no waiting
+#   RUNNING    poll children every POLL_S, or at once when one exits (SIGCHLD ends the
+#              pause, supervisor/signals.py; the OS tells us of a death at once: no waiting
 #              for TensorFlow's ~10 s collective timeout), print new events.jsonl lines,
 #              let the launcher reap and refill its standbys. All exited 0 with the
 #              completed checkpoint committed -> SUCCEEDED; anything else -> STOPPING.
@@ -178,7 +179,7 @@ class Supervisor:
         tracker: RestartTracker | None = None,
         signals: SignalInstaller | None = None,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
         teardown_grace_s: float = 3.0,
         backoff_initial_s: float = 0.25,
         accept_changes: bool = False,
@@ -202,7 +203,8 @@ class Supervisor:
         self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
         self.signals = signals if signals is not None else ProcessSignals()
         self.clock = clock
-        self.sleep = sleep
+        # Between polls: the installer's pause (a child's exit ends it early), unless a test gives its own.
+        self.sleep = sleep if sleep is not None else self.signals.pause
         self.teardown_grace_s = teardown_grace_s
         self.run_dir = RunDir(job.run_dir)
         self.machine = RunStateMachine(emit)
@@ -505,7 +507,7 @@ class Supervisor:
             self.sleep(POLL_S)
             self._poll()  # a launcher brings the dumps back; a worker may exit meanwhile
             if all(dump_size(attempt_dir.stacks(rank)) > offset for rank, offset in offsets.items()):
-                self.sleep(POLL_S)  # let a dump that has begun finish
+                self._sleep_fully(POLL_S)  # let a dump that has begun finish
                 self._poll()
                 break
         stacks: dict[int, list[ThreadStack]] = {
@@ -584,6 +586,12 @@ class Supervisor:
                     self._kill(worker)
             self.sleep(POLL_S)
             self._poll()
+
+    def _sleep_fully(self, seconds: float) -> None:
+        """Sleep ``seconds`` even where a pause ends early (a child's exit, signals.py)."""
+        deadline = self.clock() + seconds
+        while (left := deadline - self.clock()) > 0:
+            self.sleep(left)
 
     def _wait(self, done: Callable[[], bool], timeout_s: float | None) -> None:
         """Poll until ``done()`` or ``timeout_s`` passed (None: until ``done()``)."""
@@ -666,7 +674,7 @@ class Supervisor:
             backoff_s=round(decision.backoff_s, 3),
         )
         self.tail.pump()
-        self.sleep(decision.backoff_s)
+        self._sleep_fully(decision.backoff_s)
         self.attempt += 1
         self._to(RunState.STARTING, carrying=restart.resize)
 

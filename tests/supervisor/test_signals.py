@@ -34,3 +34,42 @@ def test_no_signals_keeps_the_callback_until_restored():
     installer.callback("SIGTERM")
     installer.restore()
     assert received == ["SIGTERM"] and installer.callback is None
+
+
+def test_an_installed_pause_ends_when_a_child_exits_and_restore_removes_the_wakeup():
+    import subprocess
+    import sys
+    import time
+
+    installer = ProcessSignals()
+    installer.install(lambda name: None)
+    try:
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        started = time.monotonic()
+        installer.pause(60.0)  # SIGCHLD writes to the wake-up pipe: the pause ends with the child
+        assert time.monotonic() - started < 60.0
+        assert child.wait(timeout=60) == 0  # the exit code is still the caller's to read (not auto-reaped)
+    finally:
+        installer.restore()
+    assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+    assert signal.set_wakeup_fd(-1) == -1  # restore took its pipe off
+
+
+def test_a_wakeup_pipe_someone_else_set_is_left_alone_and_pauses_are_plain_sleeps():
+    import time
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)
+    try:
+        installer = ProcessSignals()
+        installer.install(lambda name: None)
+        assert signal.set_wakeup_fd(write_fd) == write_fd  # still theirs
+        started = time.monotonic()
+        installer.pause(0.05)
+        assert time.monotonic() - started >= 0.05
+        installer.restore()
+        assert signal.set_wakeup_fd(-1) == write_fd
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
