@@ -66,6 +66,10 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
             (1, starts[0], 1, _first_step(job, 1)), (2, starts[1], 1, _first_step(job, 2))]
         first = "imports" if starts[1] == "created" else "handover"
         assert list(phases[1]["phases"]) == [first, *_WORKER_PHASES]
+        # Rank 1 registers only once the chief's server answers (cluster/reach.py): its own phase.
+        [peer] = [e for e in job.named("startup_phases") if (e["attempt"], e["rank"]) == (2, 1)]
+        at = _WORKER_PHASES.index("strategy")
+        assert list(peer["phases"]) == [first, *_WORKER_PHASES[:at], "chief_server", *_WORKER_PHASES[at:]]
 
 
 @pytest.mark.slow  # tests/checkpoint's cache tests reject a corrupt copy
