@@ -86,7 +86,7 @@ from resilient_train.runner.state.checkpointing import (
     TwinState,
     persist_twin,
 )
-from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch
+from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
 from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
@@ -521,6 +521,12 @@ class Trainer:
         names = self._value_names
 
         indexed, record = recipe.indexed, self._record_indices
+        # The recipe's own functions keep AutoGraph (Python control flow on tensors works in
+        # them as in any tf.function); the runner's code around them is written for graph mode
+        # and is not converted: converting it was ~0.5 s of every attempt's trace (0.59 s;
+        # benchmarks/README.md), the largest phase of a warm restart.
+        recipe_loss = with_autograph(recipe.loss)
+        recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
 
         def step_fn(element, flags, fingerprint: bool):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
@@ -528,15 +534,15 @@ class Trainer:
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
             with tf.GradientTape() as tape:
                 predictions = model(features, training=True)
-                per_example = per_example_loss(recipe, labels, predictions)
+                per_example = per_example_loss(recipe, labels, predictions, loss=recipe_loss)
                 loss = average_loss(per_example, sample_weight, global_batch_size)
                 if model.losses:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             values = {"loss": loss}
-            if recipe.metrics is not None:
-                for name, metric in recipe.metrics(labels, predictions).items():
+            if recipe_metrics is not None:
+                for name, metric in recipe_metrics(labels, predictions).items():
                     values[name] = tf.nn.compute_average_loss(
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
@@ -563,7 +569,7 @@ class Trainer:
             # the iterator's output has none).
             return reduced, context.all_gather(tf.identity(indices), axis=0)
 
-        @tf.function
+        @tf.function(autograph=False)  # the loop below is a tf.while_loop; the recipe's code is converted (above)
         def train_call(iterator, steps, flags, fingerprint: bool):
             # ``fingerprint`` is a Python bool, so two variants: the second, whose last step
             # also carries the comparison's columns, is traced at the first call that ends at
@@ -587,10 +593,14 @@ class Trainer:
                     self.step_in_epoch.assign_add(1)
                 return rows, index_rows
 
+            def plain_step(i, rows, index_rows):
+                return (i + 1, *one_step(i, rows, index_rows, False))
+
             rows = tf.TensorArray(tf.float32, size=steps)
             index_rows = tf.TensorArray(tf.int64, size=steps)
-            for i in tf.range(steps - 1 if fingerprint else steps):
-                rows, index_rows = one_step(i, rows, index_rows, False)
+            plain = steps - 1 if fingerprint else steps
+            _, rows, index_rows = tf.while_loop(lambda i, rows, index_rows: i < plain, plain_step,
+                                                (tf.constant(0, steps.dtype), rows, index_rows))
             if fingerprint:
                 rows, index_rows = one_step(steps - 1, rows, index_rows, True)
             startup_phases.mark("trace")
@@ -1057,7 +1067,7 @@ def _make_sum_over_workers(strategy: Any) -> Callable[[tf.Tensor], tf.Tensor]:
     collectives still pair up.
     """
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)  # nothing to convert: ~20 ms less of the agree phase
     def sum_over_workers(value: tf.Tensor) -> tf.Tensor:
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(value,)), axis=None)
 

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch
+from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
 
 
 def recipe_with_loss(loss):
@@ -47,3 +47,30 @@ def test_sample_weights_scale_each_example_and_divide_by_the_global_batch():
     column = tf.reshape(per_example, [4, 1])
     assert float(average_loss(column, weights, 8)) == pytest.approx(9.0 / 8)
     assert np.isfinite(float(average_loss(column, tf.constant([1, 1, 1, 1]), 4)))
+
+
+def _signed_error(labels, predictions):
+    # A Python ``if`` on a tensor: only AutoGraph turns it into a tf.cond in a graph.
+    if tf.reduce_sum(labels) > 0:
+        return labels - predictions
+    return predictions - labels
+
+
+def test_the_recipes_own_code_keeps_autograph_inside_the_runners_unconverted_trace():
+    """The training and evaluation calls are tf.function(autograph=False) (their own code is
+    written for graph mode); the recipe's loss and metrics still get AutoGraph, through
+    with_autograph, as when the whole call was converted."""
+
+    @tf.function(autograph=False)
+    def call(labels, predictions, convert: bool):
+        return (with_autograph(_signed_error) if convert else _signed_error)(labels, predictions)
+
+    labels, predictions = tf.constant([1.0, 2.0]), tf.constant([0.5, 0.5])
+    assert call(labels, predictions, True).numpy().tolist() == [0.5, 1.5]
+    assert call(-labels, predictions, True).numpy().tolist() == [1.5, 2.5]
+    with pytest.raises(TypeError, match="is not allowed"):  # OperatorNotAllowedInGraphError: not converted
+        call(labels, predictions, False)
+    recipe = recipe_with_loss(_signed_error)
+    loss = with_autograph(recipe.loss)
+    traced = tf.function(lambda y, p: per_example_loss(recipe, y, p, loss=loss), autograph=False)
+    assert traced(tf.constant([[1.0], [2.0]]), tf.constant([[0.0], [0.0]])).numpy().tolist() == [[1.0], [2.0]]

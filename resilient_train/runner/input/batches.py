@@ -14,14 +14,14 @@ Keras' ``sum_over_batch_size`` reduction does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import tensorflow as tf
 
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
 
-__all__ = ["unpack_batch", "per_example_loss", "average_loss"]
+__all__ = ["unpack_batch", "per_example_loss", "average_loss", "with_autograph"]
 
 _BATCH_HINT = "batches must be (features, labels) or (features, labels, sample_weight)"
 
@@ -42,9 +42,21 @@ def _describe(batch: Any) -> str:
     return f"a single {type(batch).__name__}"
 
 
-def per_example_loss(recipe: Recipe, labels: Any, predictions: Any) -> tf.Tensor:
-    """``recipe.loss(labels, predictions)``, refused unless it has one value per example."""
-    values = tf.convert_to_tensor(recipe.loss(labels, predictions))
+def with_autograph(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as AutoGraph converts it when called inside a tf.function, even from code that
+    is not converted itself (a ``tf.function(autograph=False)``); converted once, at its first
+    trace, as ``strategy.run`` converts its replica function. A callable AutoGraph does not
+    convert (Keras's own losses) is called as it is."""
+    from tensorflow.python.autograph.core import ag_ctx
+    from tensorflow.python.autograph.impl import api as autograph
+
+    return autograph.tf_convert(fn, ag_ctx.ControlStatusCtx(status=ag_ctx.Status.ENABLED))
+
+
+def per_example_loss(recipe: Recipe, labels: Any, predictions: Any, *, loss: Callable[..., Any] | None = None) -> tf.Tensor:
+    """``recipe.loss(labels, predictions)`` (or ``loss``: the same, converted by
+    :func:`with_autograph`), refused unless it has one value per example."""
+    values = tf.convert_to_tensor((loss or recipe.loss)(labels, predictions))
     if values.shape.rank == 0:
         raise RecipeError(
             f"recipe {recipe.name}: loss() must return one value per example, got shape (); "

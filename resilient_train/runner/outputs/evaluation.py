@@ -28,6 +28,7 @@ from resilient_train.job.config import JobConfig
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.input.data import RecipeInputContext
+from resilient_train.runner.input.batches import with_autograph
 
 __all__ = ["Evaluator", "Validation", "eval_every_epochs"]
 
@@ -155,18 +156,21 @@ class Evaluator:
 
     def _make_eval_step(self):
         model, recipe, strategy = self.model, self.recipe, self.strategy
+        # As the training call (runner/loop.py): only the recipe's own functions are converted by AutoGraph.
+        loss = with_autograph(recipe.loss)
+        metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
 
         def step_fn(features, labels):
             predictions = model(features, training=False)
-            per_example = tf.cast(recipe.loss(labels, predictions), tf.float64)
+            per_example = tf.cast(loss(labels, predictions), tf.float64)
             sums = {_LOSS: tf.reduce_sum(per_example), _EXAMPLES: tf.cast(tf.shape(per_example)[0], tf.float64)}
-            if recipe.metrics is not None:
-                for name, values in recipe.metrics(labels, predictions).items():
+            if metrics is not None:
+                for name, values in metrics(labels, predictions).items():
                     sums[name] = tf.reduce_sum(tf.cast(values, tf.float64))
             return sums
 
         # A short last batch has another shape: let the function generalise, not retrace per shape.
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def eval_step(features, labels):
             per_replica = strategy.run(step_fn, args=(features, labels))
             return {

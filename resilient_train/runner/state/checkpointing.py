@@ -280,7 +280,7 @@ class TwinState:
         # byte-identical to an eager write (tests/runner/test_async_checkpoint.py).
         device = twin_vars[0].device
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+        @tf.function(input_signature=[tf.TensorSpec([], tf.string)], autograph=False)  # nothing to convert
         def write(prefix: tf.Tensor) -> tf.Tensor:
             with tf.device(device):
                 return checkpoint.write(prefix)
