@@ -41,18 +41,23 @@ def test_an_installed_pause_ends_when_a_child_exits_and_restore_removes_the_wake
     import sys
     import time
 
+    # A wake-up fd another test left set (the rescue listener's, rundir/rescue_signal.py) would
+    # make the installer stand aside (the next test): take it off for this one, put it back after.
+    left_over = signal.set_wakeup_fd(-1)
     installer = ProcessSignals()
     installer.install(lambda name: None)
     try:
         child = subprocess.Popen([sys.executable, "-c", "pass"])
         started = time.monotonic()
-        installer.pause(60.0)  # SIGCHLD writes to the wake-up pipe: the pause ends with the child
-        assert time.monotonic() - started < 60.0
+        installer.pause(30.0)  # SIGCHLD writes to the wake-up pipe: the pause ends with the child
+        assert time.monotonic() - started < 30.0
         assert child.wait(timeout=60) == 0  # the exit code is still the caller's to read (not auto-reaped)
+        installer.restore()
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+        assert signal.set_wakeup_fd(-1) == -1  # restore took its pipe off
     finally:
         installer.restore()
-    assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
-    assert signal.set_wakeup_fd(-1) == -1  # restore took its pipe off
+        signal.set_wakeup_fd(left_over)
 
 
 def test_a_wakeup_pipe_someone_else_set_is_left_alone_and_pauses_are_plain_sleeps():
@@ -60,7 +65,7 @@ def test_a_wakeup_pipe_someone_else_set_is_left_alone_and_pauses_are_plain_sleep
 
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
-    signal.set_wakeup_fd(write_fd)
+    left_over = signal.set_wakeup_fd(write_fd)
     try:
         installer = ProcessSignals()
         installer.install(lambda name: None)
@@ -71,5 +76,6 @@ def test_a_wakeup_pipe_someone_else_set_is_left_alone_and_pauses_are_plain_sleep
         installer.restore()
         assert signal.set_wakeup_fd(-1) == write_fd
     finally:
+        signal.set_wakeup_fd(left_over)
         os.close(read_fd)
         os.close(write_fd)
