@@ -115,7 +115,7 @@ def tree_env(tree: Path) -> dict[str, str]:
 
 def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: float, *,
                 rank: int = 0, recipe: str = RECIPE, job_flags: list[str] = JOB_FLAGS,
-                wait_ready: bool = True, tree: Path = ROOT) -> list[dict[str, Any]]:
+                tree: Path = ROOT) -> list[dict[str, Any]]:
     """``kills`` cycles of: train ``train_s``, ``kill -9`` rank ``rank``, wait for the next
     attempt's first step. ``tree``: the checkout whose runner runs (``--baseline-tree``)."""
     run_dir = work / f"run-{mode}-rank{rank}-{tree.name}"
@@ -132,7 +132,7 @@ def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: floa
             victim = events.wait(
                 lambda r: r["event"] == "worker_started" and r["attempt"] == attempt and r["rank"] == rank, 5, "victim"
             )
-            if mode == "warm" and wait_ready:  # the pool is full of ready standbys before we kill
+            if mode == "warm":  # the pool is full of ready standbys before we kill
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
                     records = events.poll()
