@@ -18,6 +18,7 @@ there; both run on the chief only).
 import keras
 import numpy as np
 import tensorflow as tf
+from sklearn.datasets import load_digits  # with the module: a warm standby imports it ahead of a restart
 
 # Small enough for the integration test (tests/integration/test_keras.py): with these values,
 # on 2 workers, the rate is halved after epoch 1 and EarlyStopping ends the run after epoch 3
@@ -35,8 +36,6 @@ _DATA = None
 def _digits():
     global _DATA
     if _DATA is None:
-        from sklearn.datasets import load_digits
-
         digits = load_digits()
         _DATA = ((digits.images / 16.0).astype(np.float32)[..., None], digits.target.astype(np.int64))
     return _DATA

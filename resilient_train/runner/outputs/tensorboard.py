@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import tensorflow as tf
+from tensorflow.python.lib.io import _pywrap_record_io  # private: the reader without tf.data's per-record cost
 
 __all__ = ["TensorBoardLog", "truncate_event_files", "read_scalars"]
 
@@ -53,11 +54,16 @@ def _event_files(log_dir: Path) -> list[Path]:
 
 
 def _records(path: Path) -> list[bytes]:
-    """Every complete record of a TFRecord file; a torn tail (killed writer) ends the list."""
+    """Every complete record of a TFRecord file; a torn tail (killed writer) ends the list.
+
+    TensorFlow's C++ record reader (what ``tf.compat.v1.io.tf_record_iterator`` returns,
+    without its deprecation warning): CRCs checked, no eager op per record. A
+    ``tf.data.TFRecordDataset`` read took 0.09-0.2 s of every restart's restore phase on the
+    chief for a few thousand records; this reads them in about a millisecond."""
     records = []
     try:
-        for record in tf.data.TFRecordDataset(str(path)):
-            records.append(record.numpy())
+        for record in _pywrap_record_io.RecordIterator(str(path), ""):
+            records.append(record)
     except tf.errors.DataLossError:
         pass
     return records
