@@ -13,6 +13,10 @@ the node is shared with the supervisor but the checkpoint storage, so:
   travels); step markers and error files are *replaced* whenever they changed;
 * the exit code is read **before** the files in the same ``poll()``, so the reply that
   reports an exit also carries everything the worker wrote before it exited;
+* ``poll(wait_s)`` is a **long poll**: it first waits until the worker exits or ``wait_s``
+  passed, so the supervisor keeps one poll outstanding per slot and hears of an exit as
+  soon as it happened (a pidfd on Linux: the wait ends at the exit itself), not at its
+  next periodic poll;
 * the chief's outputs come back the same way: ``tensorboard/`` event files are appended,
   and sent whole again when the chief rewrote one (a resumed attempt truncates the steps
   past its restore point: a new inode or a shorter file); ``model/`` (the export, renamed
@@ -27,6 +31,22 @@ The worker is started exactly like a local one (``python -m resilient_train.runn
 or a warm standby that gets the same argv and environment, see runner/warm_standby.py), with
 the Linux parent-death signal: when the actor dies (``ray.kill``, a lost node, the
 supervisor's driver going away), its worker and standby die with it.
+
+# Implementation:
+# The Ray actor is threaded (launchers/ray.py), so that ``signal``, ``prestart_standby`` and
+# ``close`` are served while a long poll waits. One lock serializes everything else: every
+# public method that touches the worker, the standby or the pump holds ``_lock`` for its
+# whole body (the helpers with a leading underscore expect it held), and every reap of the
+# worker (``poll()``/``wait()``) happens under it. Only the wait of ``poll`` runs without
+# it: it captured the worker at entry and ends when that worker exited or is no longer the
+# slot's (``start`` replaces only an exited worker; ``close`` kills the one it replaces, so
+# the pidfd wakes the wait either way). The files are collected under the lock too, so a
+# poll and ``close`` never read the same bytes twice, and after ``close`` a poll answers
+# nothing (``SlotReport(None)``): the run dir is gone, and whatever was left went with
+# close's reply. A threaded actor may run two calls of one caller out of order, so
+# ``signal`` names the worker's pid: a signal meant for an earlier attempt's worker never
+# reaches the next one. The parent-death signal is tied to the thread that started the
+# child: Ray's pool threads live as long as the actor, so that is the actor's life.
 """
 
 from __future__ import annotations
@@ -34,12 +54,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.job.config import JobConfig
@@ -57,6 +80,11 @@ __all__ = ["FileChunk", "Slot", "SlotReport", "apply_chunks", "seed_chunks"]
 _EVENTS = layout.EVENTS
 _TENSORBOARD = layout.TENSORBOARD
 _OUTPUT_DIRS = (_TENSORBOARD, layout.MODEL)  # the chief's outputs, written under the run dir
+# A long poll's wait: with a pidfd, woken by the exit itself; the slice only bounds how
+# late a replaced worker is noticed, which never happens without an exit (see the
+# Implementation note). Without a pidfd, the worker is reaped every _EXIT_CHECK_S.
+_PIDFD_SLICE_S = 0.05
+_EXIT_CHECK_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -198,10 +226,13 @@ class Slot:
     names this slot's run dir under it.
     """
 
-    def __init__(self, base: str, index: int, *, python: str = sys.executable) -> None:
+    def __init__(
+        self, base: str, index: int, *, python: str = sys.executable, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.base = Path(base)
         self.run_dir = self.base / f"slot-{index}"
         self.python = python
+        self.clock = clock
         # A new slot never inherits files: a predecessor here sent its files and removed
         # them, or died (lost) with them; a fresh pump would send them a second time.
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -215,6 +246,8 @@ class Slot:
         self._worker: subprocess.Popen | Any | None = None
         self._standby: Any = None
         self._standby_seq = 0
+        self._lock = threading.Lock()  # see the Implementation note
+        self._closed = False
 
     # ------------------------------------------------------------ placement
     def free_port(self, host: str) -> int:
@@ -233,6 +266,12 @@ class Slot:
         ``seed``: the supervisor's copy of files the worker resumes (``tensorboard/``),
         written into this slot's run dir first and counted as already sent.
         """
+        with self._lock:
+            return self._start(job_json, rank, attempt, env, seed)
+
+    def _start(
+        self, job_json: str, rank: int, attempt: int, env: Mapping[str, str], seed: tuple[FileChunk, ...] = ()
+    ) -> dict[str, Any]:
         if self._worker is not None and self._worker.poll() is None:
             raise RuntimeError(f"slot {self.run_dir} still runs a worker (pid {self._worker.pid})")
         _narrow_umask(env, (self.base, self.run_dir))  # before anything of the attempt is written here
@@ -265,35 +304,79 @@ class Slot:
             )
         return {"pid": self._worker.pid, "standby": False}
 
-    def poll(self) -> SlotReport:
-        """The worker's exit code (read first) and everything it wrote since the last poll."""
-        code = self._worker.poll() if self._worker is not None else None
-        ready = self._standby_ready()
-        return SlotReport(code, self._pump.collect(), ready)
+    def poll(self, wait_s: float = 0.0) -> SlotReport:
+        """The worker's exit code (read first) and everything it wrote since the last poll.
 
-    def signal(self, sig: int) -> None:
-        if self._worker is not None and self._worker.poll() is None:
+        ``wait_s`` > 0: a long poll. While the worker runs, first wait until it exits (or is
+        no longer this slot's worker), at most ``wait_s``; then answer as above. After
+        ``close``: ``SlotReport(None)``, nothing more comes from this slot.
+        """
+        if not wait_s >= 0:
+            raise ValueError(f"Received wait_s={wait_s!r}; expected a number of seconds >= 0")
+        worker = self._worker
+        if wait_s > 0 and worker is not None:
+            self._wait(worker, wait_s)
+        with self._lock:
+            if self._closed:
+                return SlotReport(None)
+            code = self._worker.poll() if self._worker is not None else None
+            ready = self._standby_ready()
+            return SlotReport(code, self._pump.collect(), ready)
+
+    def _wait(self, worker: Any, wait_s: float) -> None:
+        """Return once ``worker`` exited or was replaced, or ``wait_s`` passed (no lock held)."""
+        with self._lock:  # no reap between the check and the pidfd: the pid is still the worker's
+            if self._worker is not worker or worker.poll() is not None:
+                return
+            pidfd = _open_pidfd(worker.pid)
+        exited = select.poll()
+        if pidfd is not None:
+            exited.register(pidfd, select.POLLIN)
+        deadline = self.clock() + wait_s
+        try:
+            while self._worker is worker and (left := deadline - self.clock()) > 0:
+                if pidfd is not None:
+                    if exited.poll(1000 * min(left, _PIDFD_SLICE_S)):
+                        return  # it exited (reaped by the answer, under the lock)
+                    continue
+                with self._lock:
+                    if worker.poll() is not None:
+                        return
+                time.sleep(min(left, _EXIT_CHECK_S))
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def signal(self, sig: int, pid: int | None = None) -> None:
+        """Send ``sig`` to the worker, if it still runs (and is ``pid``, when given)."""
+        with self._lock:
+            worker = self._worker
+            if worker is None or (pid is not None and worker.pid != pid) or worker.poll() is not None:
+                return
             try:
-                self._worker.send_signal(sig)
+                worker.send_signal(sig)
             except ProcessLookupError:
                 pass
 
     # ------------------------------------------------------------ standby
     def prestart_standby(self, recipe: str) -> int | None:
         """Start a warm standby (TensorFlow and ``recipe`` imported) unless one is alive."""
-        if self._standby is not None and self._standby.poll() is None:
-            return self._standby.pid
-        from resilient_train.supervisor.standby_pool import PopenStandby
+        with self._lock:
+            if self._closed:
+                return None  # a late call (a threaded actor): the slot's dir is gone
+            if self._standby is not None and self._standby.poll() is None:
+                return self._standby.pid
+            from resilient_train.supervisor.standby_pool import PopenStandby
 
-        self._standby_seq += 1
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        self._standby = PopenStandby(
-            [self.python, "-m", entry_points.WARM_STANDBY, "--recipe", recipe],
-            env,
-            self.run_dir / "standby" / f"standby-{self._standby_seq}.log",
-        )
-        return self._standby.pid
+            self._standby_seq += 1
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            self._standby = PopenStandby(
+                [self.python, "-m", entry_points.WARM_STANDBY, "--recipe", recipe],
+                env,
+                self.run_dir / "standby" / f"standby-{self._standby_seq}.log",
+            )
+            return self._standby.pid
 
     def _standby_ready(self) -> bool:
         if self._standby is None or self._standby.poll() is not None:
@@ -320,6 +403,11 @@ class Slot:
         ``final`` (the launcher is closing): also remove the node's run directory (the host
         cache in ``local/``) once no other slot of this run is left in it on this node.
         """
+        with self._lock:
+            self._closed = True
+            return self._close(final)
+
+    def _close(self, final: bool) -> tuple[FileChunk, ...]:
         if self._standby is not None:
             self._standby.release()
             self._standby = None
@@ -335,6 +423,15 @@ class Slot:
         if final and not any(self.base.glob("slot-*")):
             shutil.rmtree(self.base, ignore_errors=True)  # best effort: a slot closing beside us may race
         return rest
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd of the child ``pid`` (readable once it exited), or None where Linux has none
+    (before 5.3, or a seccomp filter refuses it): then the wait checks every _EXIT_CHECK_S."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _narrow_umask(env: Mapping[str, str], dirs: tuple[Path, ...]) -> None:

@@ -11,8 +11,17 @@ those nodes (rank 0, the chief, in bundle 0), and sends back what the worker wri
 
 What the supervisor learns, and how:
 
-* a worker process exits: the slot's next ``poll`` reply carries its exit code (and, in
-  the same reply, the last bytes of its log, events, step marker and error file);
+* a worker process exits: the reply to the slot's outstanding ``poll`` carries its exit
+  code (and, in the same reply, the last bytes of its log, events, step marker and error
+  file). Each slot always has one poll outstanding, a long poll (``Slot.poll(wait_s)``):
+  the actor answers at the worker's exit (a pidfd on the node), or after
+  ``POLL_INTERVAL_S`` with what the worker wrote meanwhile, and ``pump`` sends the next
+  poll as soon as a reply is in. So an exit is heard one Ray round trip after it happened,
+  and the files are as fresh as with a poll every ``POLL_INTERVAL_S``. The actor is
+  threaded (``SLOT_CONCURRENCY``), so a waiting poll does not hold up ``signal``,
+  ``prestart_standby`` or ``close`` (see _slot.py's Implementation note). Every poll reply
+  is taken in: a slot's outstanding poll is answered before the slot is closed or started
+  again (``_drain``), so no file bytes the slot sent are ever dropped;
 * a slot actor or its whole node dies: the pending ``poll`` raises ``RayActorError``
   (``ActorDiedError``, ``ActorUnavailableError``) once Ray knows. The handle then reports
   ``-SIGKILL`` with ``lost_reason`` "node lost" and a ``node_lost`` event names the node
@@ -74,7 +83,17 @@ __all__ = ["RayLauncher", "RayHandle", "RayPlacementError", "check_storage", "ra
            "SLOT_LOST_ERRORS", "slot_lost_errors"]
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("RT_RAY_PLACEMENT_TIMEOUT_S", "60"))
+# The wait of a slot's long poll when the worker does not exit: the longest a reply waits.
+# Not longer, because the replies also carry the worker's files: the step markers the
+# watchdog reads, the events the supervisor prints, the error files. A longer wait would
+# need the slot to watch those files for new bytes too (a stat of each, every few ms);
+# answering every 0.2 s keeps them exactly as fresh as the periodic poll did, and an exit
+# does not wait for it.
 POLL_INTERVAL_S = 0.2
+# Threads of a slot actor: one long poll, and room beside it for signal, prestart_standby
+# and close (the slot's lock serializes them; a thread only saves waiting for a poll).
+SLOT_CONCURRENCY = 4
+_CLOSE_TIMEOUT_S = 30.0
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
 NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id (ray.util.placement_group.NODE_ID_LABEL_KEY)
@@ -180,8 +199,7 @@ class _SlotState:
     actor: Any
     node_id: str
     node_ip: str
-    pending: Any = None  # the ObjectRef of an outstanding poll
-    last_poll: float = 0.0
+    pending: Any = None  # the ObjectRef of the outstanding poll
     standby_ready: bool = False
     started: bool = False  # a worker was started here (else a new slot: seed the chief's)
 
@@ -204,7 +222,7 @@ class RayHandle:
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
-            self.launcher.signal(self.slot, sig)
+            self.launcher.signal(self.slot, sig, self.pid)
 
 
 # ------------------------------------------------------------------ the launcher
@@ -243,7 +261,7 @@ class RayLauncher(Launcher):
         finally:
             if sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
-        self._slot_actor = ray.remote(num_cpus=0, max_restarts=0)(_RaySlot)
+        self._slot_actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=SLOT_CONCURRENCY)(_RaySlot)
         events.emit("ray_connected", address=address, nodes=sum(1 for n in ray.nodes() if n.get("Alive")))
 
     def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
@@ -293,6 +311,8 @@ class RayLauncher(Launcher):
         ports = self._ports()
         addresses = [f"{s.node_ip}:{p}" for s, p in zip(self._slots, ports)]
         job_json = self.node_job.to_json()
+        for index in range(len(self._slots)):
+            self._drain(index)
         refs = {}
         for index, (spec, slot) in enumerate(zip(specs, self._slots)):
             env = {**spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
@@ -306,7 +326,6 @@ class RayLauncher(Launcher):
         self._prestarted = False
         for index, info in enumerate(started):
             self._handles[index] = RayHandle(self, index, int(info["pid"]), bool(info["standby"]))
-            self._slots[index].pending = None
         return [self._handles[i] for i in range(len(specs))]
 
     def maintain(self, *, training: bool) -> None:
@@ -362,9 +381,9 @@ class RayLauncher(Launcher):
 
     # ------------------------------------------------------------ pumping
     def pump(self) -> None:
-        """Take in every finished poll reply; send a new poll to each slot that needs one."""
+        """Take in every finished poll reply; send the next long poll to each slot whose
+        worker runs and that has none outstanding (at once: the actor does the waiting)."""
         ray = self._ray
-        now = self.clock()
         for index, slot in enumerate(self._slots):
             handle = self._handles.get(index)
             if handle is None or handle.returncode is not None:
@@ -380,13 +399,11 @@ class RayLauncher(Launcher):
                     self._lost(handle, slot, lost.cause)
                     continue
                 self._take(handle, slot, report)
-            if handle.returncode is None and now - slot.last_poll >= POLL_INTERVAL_S:
+            if handle.returncode is None:
                 try:
-                    slot.pending = self._send(index, slot.actor, "poll")
+                    slot.pending = self._send(index, slot.actor, "poll", POLL_INTERVAL_S)
                 except _SlotsLost as lost:
                     self._lost(handle, slot, lost.cause)
-                    continue
-                slot.last_poll = now
 
     def _take(self, handle: RayHandle, slot: _SlotState, report: SlotReport) -> None:
         apply_chunks(Path(self.job.run_dir), report.chunks)
@@ -412,8 +429,32 @@ class RayLauncher(Launcher):
         except Exception:  # noqa: BLE001 - no answer from the GCS: assume the worst
             return False
 
-    def signal(self, slot: int, sig: int) -> None:
-        self._tell(slot, "signal", int(sig))
+    def signal(self, slot: int, sig: int, pid: int | None = None) -> None:
+        """``sig`` to the worker in ``slot`` (``pid``: only if it is still that process)."""
+        self._tell(slot, "signal", int(sig), pid)
+
+    def _drain(self, index: int) -> None:
+        """Wait for slot ``index``'s outstanding poll and take its reply in.
+
+        Called before the slot is started again or closed: the slot marked the reply's file
+        bytes sent when it answered, so a reply dropped unread would lose them. The poll
+        ends at once when the worker has exited, else within POLL_INTERVAL_S. Before a
+        start none is outstanding in fact (the supervisor starts an attempt only after
+        every worker's exit was reported, and ``pump`` polls no slot whose worker exited),
+        so there this only keeps the rule true by construction; before a close, a poll
+        is outstanding when the launcher closes while workers run. A lost slot's reply
+        raises ``_SlotsLost`` (it carries no bytes: the caller goes on as for any loss).
+        """
+        slot = self._slots[index]
+        if slot.pending is None:
+            return
+        ref, slot.pending = slot.pending, None
+        report = self._answers({index: ref}, timeout=_CLOSE_TIMEOUT_S)[index]
+        handle = self._handles.get(index)
+        if handle is not None and handle.returncode is None:
+            self._take(handle, slot, report)
+        else:
+            apply_chunks(Path(self.job.run_dir), report.chunks)
 
     # ------------------------------------------------------------ calls on slots
     def _answers(self, refs: dict[int, Any], *, timeout: float) -> dict[int, Any]:
@@ -564,7 +605,9 @@ class RayLauncher(Launcher):
         ray = self._ray
         for index, slot in enumerate(self._slots):
             try:
-                rest = self._answers({index: self._send(index, slot.actor, "close", final)}, timeout=30)[index]
+                self._drain(index)  # its chunks first: the slot collected them before close's
+                closing = self._send(index, slot.actor, "close", final)
+                rest = self._answers({index: closing}, timeout=_CLOSE_TIMEOUT_S)[index]
                 apply_chunks(Path(self.job.run_dir), rest)
             except Exception:  # noqa: BLE001 - lost, stuck, or close failed: the actor is killed below either way
                 pass

@@ -568,7 +568,7 @@ def test_a_poll_that_answers_a_node_death_reports_the_worker_lost_with_its_node(
     fake = _RealErrorsRay(alive=("node-0",))
     launcher, _ = _launcher_on(tmp_path, fake, [_FakeSlotActor(False, 5000), _dead_actor(ray.exceptions.ActorDiedError())])
     launcher._handles = {0: RayHandle(launcher, 0, 100, False), 1: RayHandle(launcher, 1, 101, False)}
-    launcher._slots[0].actor.poll = _Method(lambda: SlotReport(None))
+    launcher._slots[0].actor.poll = _Method(lambda wait_s: SlotReport(None))
     launcher.pump()  # sends the polls
     launcher.pump()  # takes the answers
     assert [(h.returncode, h.lost) for h in launcher._handles.values()] == [(None, None), (-9, "node lost")]
@@ -583,10 +583,66 @@ def test_a_poll_ray_refuses_at_once_reports_the_worker_lost(tmp_path):
     dead = _FakeSlotActor(False, 5001)
     dead.poll = _Refusing(ray.exceptions.ActorDiedError())
     launcher, _ = _launcher_on(tmp_path, fake, [_FakeSlotActor(False, 5000), dead])
-    launcher._slots[0].actor.poll = _Method(lambda: SlotReport(None))
+    launcher._slots[0].actor.poll = _Method(lambda wait_s: SlotReport(None))
     launcher._handles = {0: RayHandle(launcher, 0, 100, False), 1: RayHandle(launcher, 1, 101, False)}
     assert (launcher._handles[1].poll(), launcher._handles[1].lost) == (-9, "slot actor lost")
     assert launcher._handles[0].returncode is None
+
+
+
+def _launcher_polling(tmp_path, poll, close=None):
+    """A RayLauncher with one running worker in slot 0, whose ``poll`` (and ``close``) are given;
+    the run dir is ``tmp_path/run``."""
+    import dataclasses
+
+    from resilient_train.supervisor.launchers.ray import RayHandle
+
+    actor = _FakeSlotActor(False, 5000)
+    actor.poll = _Method(poll)
+    if close is not None:
+        actor.close = _Method(close)
+    launcher, _ = _launcher_on(tmp_path, _RealErrorsRay(alive=("node-0",)), [actor])
+    launcher.job = dataclasses.replace(launcher.job, run_dir=str(tmp_path / "run"))
+    launcher._handles = {0: RayHandle(launcher, 0, 100, False)}
+    return launcher
+
+
+def test_pump_sends_the_next_long_poll_with_each_reply_until_the_exit(tmp_path):
+    """Issue 33: no gap between polls; the slot's wait (POLL_INTERVAL_S) replaces the sleep."""
+    from resilient_train.supervisor.launchers.ray import POLL_INTERVAL_S
+
+    log = "attempt-1/worker-0.log"
+    replies = [SlotReport(None, (FileChunk(log, b"a"),)), SlotReport(3, (FileChunk(log, b"b"),))]
+    waits = []
+    launcher = _launcher_polling(tmp_path, lambda wait_s: waits.append(wait_s) or replies.pop(0))
+    launcher.pump()  # sends the first poll
+    launcher.pump()  # takes its reply and sends the next one at once
+    assert (waits, launcher._slots[0].pending is not None) == ([POLL_INTERVAL_S], True)
+    launcher.pump()  # takes the exit: no poll after it
+    assert waits == [POLL_INTERVAL_S, POLL_INTERVAL_S] and launcher._slots[0].pending is None
+    assert launcher._handles[0].returncode == 3
+    assert (tmp_path / "run" / log).read_bytes() == b"ab"
+
+
+def test_closing_a_slot_first_takes_in_its_outstanding_poll(tmp_path, removed_groups):
+    """The slot marked a poll reply's bytes sent when it answered: a dropped reply loses them."""
+    log = "attempt-1/worker-0.log"
+    launcher = _launcher_polling(tmp_path, lambda wait_s: SlotReport(None, (FileChunk(log, b"polled "),)),
+                                 close=lambda final: (FileChunk(log, b"closed"),))
+    launcher.pump()  # a poll is outstanding while the worker runs
+    launcher._release(final=True)
+    assert (tmp_path / "run" / log).read_bytes() == b"polled closed"
+    assert launcher._slots == [] and len(removed_groups) == 1
+
+
+def test_a_signal_names_the_workers_pid():
+    from resilient_train.supervisor.launchers.ray import RayHandle, RayLauncher
+
+    launcher = RayLauncher(job(storage="s3://b/p"), ray_module=_RealErrorsRay())
+    told = []
+    launcher._tell = lambda index, method, *args: told.append((index, method, *args))
+    RayHandle(launcher, 1, 4242, False).send_signal(15)
+    assert told == [(1, "signal", 15, 4242)]
 
 
 def test_signals_standbys_and_release_on_a_dead_slot_do_not_raise(tmp_path):
@@ -599,7 +655,7 @@ def test_signals_standbys_and_release_on_a_dead_slot_do_not_raise(tmp_path):
     dead.signal = dead.prestart_standby = _Refusing(ray.exceptions.ActorDiedError())
     alive = _FakeSlotActor(False, 5000)
     signalled = []
-    alive.signal = _Method(signalled.append)
+    alive.signal = _Method(lambda sig, pid: signalled.append(sig))
     alive.prestart_standby = _Method(lambda recipe: 1)
     launcher, _ = _launcher_on(tmp_path, fake, [alive, dead])
     launcher._handles = {0: RayHandle(launcher, 0, 100, False), 1: RayHandle(launcher, 1, 101, False)}
