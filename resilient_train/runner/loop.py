@@ -60,6 +60,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +268,11 @@ class Trainer:
 
     # ----------------------------------------------------------------- setup
     def _setup(self) -> None:
+        # What is loaded by now (TensorFlow, Keras, the recipe: ~350k objects) lives as long
+        # as the process: frozen out of the cyclic collector's sight, a full collection no
+        # longer walks it. One such collection took 0.15-0.18 s of every restart (measured
+        # in the restore phase on both ranks; benchmarks/README.md).
+        gc.freeze()
         # The strategy must exist before any other op (collectives are configured at start);
         # runner/strategy.py adds the heartbeat, registration and collective timeouts.
         self.strategy = self._given_strategy or make_strategy(self.job, self.cluster)

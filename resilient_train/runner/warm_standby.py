@@ -81,7 +81,10 @@ def prewarm(recipe: str | None) -> str | None:
 
         # A model.fit script is not imported: importing it runs it (runner/keras_recipes/fitscript.py).
         if not is_fit_script(recipe):
-            load_recipe(recipe)  # its imports; worker.main loads it again (cheap, same result)
+            loaded = load_recipe(recipe)  # its imports; worker.main loads it again (cheap, same result)
+            from resilient_train.runner.input.batches import preconvert
+
+            preconvert(loaded.loss, loaded.metrics)  # AutoGraph's first conversions, off the restart's trace
     tf.config.list_physical_devices()  # safe: does not create the eager context
     return _context_problem()
 

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
+from resilient_train.runner.input.batches import average_loss, per_example_loss, preconvert, unpack_batch, with_autograph
 
 
 def recipe_with_loss(loss):
@@ -74,3 +74,27 @@ def test_the_recipes_own_code_keeps_autograph_inside_the_runners_unconverted_tra
     loss = with_autograph(recipe.loss)
     traced = tf.function(lambda y, p: per_example_loss(recipe, y, p, loss=loss), autograph=False)
     assert traced(tf.constant([[1.0], [2.0]]), tf.constant([[0.0], [0.0]])).numpy().tolist() == [[1.0], [2.0]]
+
+
+def _scaled_error(labels, predictions):
+    if tf.reduce_sum(labels) > 0:
+        return 2.0 * (labels - predictions)
+    return predictions - labels
+
+
+def test_preconvert_fills_autographs_cache_for_the_conversion_with_autograph_makes():
+    """A warm standby converts the recipe's loss and metrics ahead (warm_standby.prewarm):
+    the conversion with_autograph's wrapper asks for at its first trace is then cached."""
+    from tensorflow.python.autograph.core import converter
+    from tensorflow.python.autograph.impl import api
+
+    options = converter.ConversionOptions(recursive=True, user_requested=False, optional_features=None)
+    assert not api._TRANSPILER._cache.has(_scaled_error, options)
+    preconvert(_scaled_error, None, len)  # None (no metrics) and a builtin (no source) are passed over
+    assert api._TRANSPILER._cache.has(_scaled_error, options)
+
+    @tf.function(autograph=False)
+    def call(labels, predictions):
+        return with_autograph(_scaled_error)(labels, predictions)
+
+    assert call(tf.constant([1.0, 2.0]), tf.constant([0.5, 0.5])).numpy().tolist() == [1.0, 3.0]

@@ -73,6 +73,23 @@ def test_a_recipe_that_runs_an_op_at_import_makes_the_standby_unusable(tmp_path)
     assert pool.hand_over(["--job", "x"], {}, tmp_path / "w.log") is None
 
 
+def test_a_standby_that_preconverted_a_recipes_loss_and_metrics_is_still_usable(tmp_path):
+    """prewarm converts the recipe's loss and metrics with AutoGraph ahead of a restart
+    (runner/input/batches.py preconvert): pure Python, so the eager context stays
+    uninitialized and the standby reports itself ready."""
+    events: list[tuple[str, dict]] = []
+    recipe = REPO / "recipes" / "digits_cnn.py"  # defines loss and metrics
+    pool = StandbyPool(1, argv=[sys.executable, "-m", "resilient_train.runner.warm_standby", "--recipe", str(recipe)],
+                       env=_env(), log_dir=tmp_path / "standby", emit=lambda e, **f: events.append((e, f)))
+    try:
+        pool.maintain(refill=True)
+        _wait(lambda: pool.maintain() or pool.ready_count() == 1 or pool.disabled is not None)
+    finally:
+        pool.close()
+    assert pool.disabled is None
+    assert [e for e, _ in events] == ["standby_started", "standby_ready"]
+
+
 def test_a_real_standby_killed_while_waiting_is_replaced_and_the_replacement_becomes_the_worker(tmp_path):
     events: list[tuple[str, dict]] = []
     pool = StandbyPool(1, argv=[sys.executable, "-m", "resilient_train.runner.warm_standby"], env=_env(),
