@@ -32,21 +32,20 @@ or a warm standby that gets the same argv and environment, see runner/warm_stand
 the Linux parent-death signal: when the actor dies (``ray.kill``, a lost node, the
 supervisor's driver going away), its worker and standby die with it.
 
-# Implementation:
-# The Ray actor is threaded (launchers/ray.py), so that ``signal``, ``prestart_standby`` and
-# ``close`` are served while a long poll waits. One lock serializes everything else: every
-# public method that touches the worker, the standby or the pump holds ``_lock`` for its
-# whole body (the helpers with a leading underscore expect it held), and every reap of the
-# worker (``poll()``/``wait()``) happens under it. Only the wait of ``poll`` runs without
-# it: it captured the worker at entry and ends when that worker exited or is no longer the
-# slot's (``start`` replaces only an exited worker; ``close`` kills the one it replaces, so
-# the pidfd wakes the wait either way). The files are collected under the lock too, so a
-# poll and ``close`` never read the same bytes twice, and after ``close`` a poll answers
-# nothing (``SlotReport(None)``): the run dir is gone, and whatever was left went with
-# close's reply. A threaded actor may run two calls of one caller out of order, so
-# ``signal`` names the worker's pid: a signal meant for an earlier attempt's worker never
-# reaches the next one. The parent-death signal is tied to the thread that started the
-# child: Ray's pool threads live as long as the actor, so that is the actor's life.
+Threads: the Ray actor is threaded (launchers/ray.py), so that ``signal``,
+``prestart_standby`` and ``close`` are served while a long poll waits. One lock serializes everything else: every
+public method that touches the worker, the standby or the pump holds ``_lock`` for its
+whole body (the helpers with a leading underscore expect it held), and every reap of the
+worker (``poll()``/``wait()``) happens under it. Only the wait of ``poll`` runs without
+it: it captured the worker at entry and ends when that worker exited or is no longer the
+slot's (``start`` replaces only an exited worker; ``close`` kills the one it replaces, so
+the pidfd wakes the wait either way). The files are collected under the lock too, so a
+poll and ``close`` never read the same bytes twice, and after ``close`` a poll answers
+nothing (``SlotReport(None)``): the run dir is gone, and whatever was left went with
+close's reply. A threaded actor may run two calls of one caller out of order, so
+``signal`` names the worker's pid: a signal meant for an earlier attempt's worker never
+reaches the next one. The parent-death signal is tied to the thread that started the
+child: Ray's pool threads live as long as the actor, so that is the actor's life.
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ _TENSORBOARD = layout.TENSORBOARD
 _OUTPUT_DIRS = (_TENSORBOARD, layout.MODEL)  # the chief's outputs, written under the run dir
 # A long poll's wait: with a pidfd, woken by the exit itself; the slice only bounds how
 # late a replaced worker is noticed, which never happens without an exit (see the
-# Implementation note). Without a pidfd, the worker is reaped every _EXIT_CHECK_S.
+# "Threads" in the module docstring). Without a pidfd, the worker is reaped every _EXIT_CHECK_S.
 _PIDFD_SLICE_S = 0.05
 _EXIT_CHECK_S = 0.005
 
@@ -246,7 +245,7 @@ class Slot:
         self._worker: subprocess.Popen | Any | None = None
         self._standby: Any = None
         self._standby_seq = 0
-        self._lock = threading.Lock()  # see the Implementation note
+        self._lock = threading.Lock()  # see "Threads" in the module docstring
         self._closed = False
 
     # ------------------------------------------------------------ placement

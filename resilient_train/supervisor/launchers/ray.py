@@ -19,7 +19,7 @@ What the supervisor learns, and how:
   poll as soon as a reply is in. So an exit is heard one Ray round trip after it happened,
   and the files are as fresh as with a poll every ``POLL_INTERVAL_S``. The actor is
   threaded (``SLOT_CONCURRENCY``), so a waiting poll does not hold up ``signal``,
-  ``prestart_standby`` or ``close`` (see _slot.py's Implementation note). Every poll reply
+  ``prestart_standby`` or ``close`` (see _slot.py's module docstring, "Threads"). Every poll reply
   is taken in: a slot's outstanding poll is answered before the slot is closed or started
   again (``_drain``), so no file bytes the slot sent are ever dropped;
 * a slot actor or its whole node dies: the pending ``poll`` raises ``RayActorError``
