@@ -128,7 +128,13 @@ def kill_cycles(mode: str, kills: int, work: Path, train_s: float, timeout: floa
     samples = []
     try:
         for attempt in range(1, kills + 1):
-            events.wait(lambda r: r["event"] == "first_step" and r.get("attempt") == attempt, timeout, "first_step")
+            started = events.wait(lambda r: r["event"] == "first_step" and r.get("attempt") == attempt, timeout,
+                                  "first_step")
+            # Some training first: an attempt's first calls are short (call sizing, the memory
+            # tier's probes and its second trace), and a kill every second of an attempt that
+            # has trained one step looks like a crash loop (two attempts failing at one step).
+            events.wait(lambda r: r["event"] == "train_progress" and r.get("attempt") == attempt
+                        and r["global_step"] >= started["global_step"] + MIN_STEPS_BEFORE_KILL, timeout, "progress")
             victim = events.wait(
                 lambda r: r["event"] == "worker_started" and r["attempt"] == attempt and r["rank"] == rank, 5, "victim"
             )
@@ -261,6 +267,7 @@ def pct(values: list[float], q: float) -> float:
 GOODPUT_RECIPE = "recipes/digits_cnn.py"
 GOODPUT_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--global-batch-size", "64",
                  "--save-every-steps", "200"]
+MIN_STEPS_BEFORE_KILL = 10  # steps an attempt trains past its first before train_s starts
 # The kill-cycle runs, in order: (name, mode, killed rank). ``warm_rank1`` kills a non-chief:
 # the chief survives, commits the rescue (memory tier) and is stopped.
 RUNS = (("warm", "warm", 0), ("warm_rank1", "warm", 1), ("cold", "cold", 0))
