@@ -1,5 +1,7 @@
 """Batch structure, loss shape and sample weights, checked in-process."""
 
+import tempfile
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -82,7 +84,7 @@ def _scaled_error(labels, predictions):
     return predictions - labels
 
 
-def test_preconvert_fills_autographs_cache_for_the_conversion_with_autograph_makes():
+def test_preconvert_fills_autographs_cache_for_the_conversion_with_autograph_makes(tmp_path, monkeypatch):
     """A warm standby converts the recipe's loss and metrics ahead (warm_standby.prewarm):
     the conversion with_autograph's wrapper asks for at its first trace is then cached."""
     from tensorflow.python.autograph.core import converter
@@ -90,8 +92,15 @@ def test_preconvert_fills_autographs_cache_for_the_conversion_with_autograph_mak
 
     options = converter.ConversionOptions(recursive=True, user_requested=False, optional_features=None)
     assert not api._TRANSPILER._cache.has(_scaled_error, options)
+    # The generated files go to a directory of its own, removed at once (a standby never runs
+    # AutoGraph's atexit cleanup): nothing is left in the process's temp dir.
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     preconvert(_scaled_error, None, len)  # None (no metrics) and a builtin (no source) are passed over
     assert api._TRANSPILER._cache.has(_scaled_error, options)
+    assert sorted(p.name for p in temp.iterdir()) == []
+    assert tempfile.tempdir == str(temp)
 
     @tf.function(autograph=False)
     def call(labels, predictions):

@@ -14,6 +14,7 @@ Keras' ``sum_over_batch_size`` reduction does.
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -61,19 +62,30 @@ def preconvert(*fns: Callable[..., Any] | None) -> None:
     each restarted worker's trace for a recipe's loss and metrics; after this the worker's
     own conversion takes ~0.02 s. Pure Python: no op runs, the eager context stays
     uninitialized. A function AutoGraph cannot convert is left to the worker, which
-    reports it where it is used."""
+    reports it where it is used.
+
+    AutoGraph writes each converted function to a ``__autograph_generated_file*.py`` in the
+    temp dir and removes them at exit; a standby is killed or leaves by ``os._exit``, so the
+    files go to a directory of their own, removed here once the functions are loaded
+    (rundir/scratch.py has the worker's side of this)."""
     from tensorflow.python.autograph.core import converter
     from tensorflow.python.autograph.impl import api as autograph
 
     # The options ``with_autograph``'s wrapper passes (tf_convert: recursive, not user-requested).
     options = converter.ConversionOptions(recursive=True, user_requested=False, optional_features=None)
-    for fn in fns:
-        if fn is None:
-            continue
+    previous = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="rt-preconvert-") as scratch:
+        tempfile.tempdir = scratch
         try:
-            autograph._convert_actual(fn, converter.ProgramContext(options=options))
-        except Exception:  # noqa: BLE001 - not convertible here (no source, a builtin): the worker will say
-            pass
+            for fn in fns:
+                if fn is None:
+                    continue
+                try:
+                    autograph._convert_actual(fn, converter.ProgramContext(options=options))
+                except Exception:  # noqa: BLE001 - not convertible here (no source, a builtin): the worker will say
+                    pass
+        finally:
+            tempfile.tempdir = previous
 
 
 def per_example_loss(recipe: Recipe, labels: Any, predictions: Any, *, loss: Callable[..., Any] | None = None) -> tf.Tensor:
