@@ -33,8 +33,8 @@ the Linux parent-death signal: when the actor dies (``ray.kill``, a lost node, t
 supervisor's driver going away), its worker and standby die with it.
 
 Threads: the Ray actor is threaded (launchers/ray.py), so that ``signal``,
-``prestart_standby`` and ``close`` are served while a long poll waits. One lock serializes everything else: every
-public method that touches the worker, the standby or the pump holds ``_lock`` for its
+``prestart_standby`` and ``close`` are served while a long poll waits. One lock serializes
+everything else: every public method that touches the worker, the standby or the pump holds ``_lock`` for its
 whole body (the helpers with a leading underscore expect it held), and every reap of the
 worker (``poll()``/``wait()``) happens under it. Only the wait of ``poll`` runs without
 it: it captured the worker at entry and ends when that worker exited or is no longer the
