@@ -55,7 +55,8 @@ def test_auto_proposes_the_interval_that_keeps_snapshots_within_the_budget():
     # 5 ms / (2% of 2 ms) = 125 steps, rounded up to whole calls of 8: 128
     assert auto.proposal(step_s=0.002, call_steps=8) == 128
     assert auto.chosen == {"every_steps": 128, "capture_every_steps": 128, "snapshot_ms": 5.0, "capture_ms": 0.0,
-                           "step_ms": 2.0, "budget": 0.02, "call_steps": 8, "limited_by": "budget"}
+                           "step_ms": 2.0, "budget": 0.02, "capture_budget": 0.02, "call_steps": 8,
+                           "limited_by": "budget"}
     assert auto.capture_every == 128
     assert auto.proposal(step_s=1.0, call_steps=1) == 128  # decided: proposal() keeps the decision
 
@@ -65,34 +66,41 @@ def test_auto_revises_the_interval_once_the_step_time_stays_off_for_long_enough(
     auto = AutoInterval()
     for seconds, capture_s in ((0.5, 0.4), (0.1, 0.095), (0.1, 0.095)):
         auto.snapshot_took(seconds, capture_s=capture_s)
-    # 5 ms / (1.5% of 155 ms) = 2.2 -> 3; 95 ms / (0.5% of 155 ms) = 122.6 -> 123
+    # 5 ms / (1.5% of 155 ms) = 2.2 -> 3; 95 ms / (2% of 155 ms) = 30.6 -> 31, a multiple of 3: 33
     assert auto.proposal(step_s=0.155, call_steps=1) == 3
-    assert auto.capture_every == 123
+    assert auto.capture_every == 33
     for seconds, capture_s in ((0.0027, 0.0), (0.0026, 0.0), (0.073, 0.07)):  # later snapshots (one captured)
         auto.snapshot_took(seconds, capture_s=capture_s)
     assert [auto.revision(step_s=0.2, call_steps=1) for _ in range(30)] == [0] * 30  # 1.29x: within 1.5x
     # 4 ms a step: off by 39x, but only the 20th call in a row revises, from the newest snapshots:
     # the slowest rest 3 ms (73 - 70) / (1.5% of 4 ms) = 50 -> 72 (whole calls of 24);
-    # the capture 70 ms / (0.5% of 4 ms) = 3500 -> 3528 (a multiple of 72)
+    # the capture 70 ms / (2% of 4 ms) = 875 -> 936 (a multiple of 72)
     assert [auto.revision(step_s=0.004, call_steps=24) for _ in range(20)] == [0] * 19 + [72]
-    assert auto.chosen == {"every_steps": 72, "capture_every_steps": 3528, "snapshot_ms": 73.0, "capture_ms": 70.0,
-                           "step_ms": 4.0, "budget": 0.02, "call_steps": 24, "limited_by": "budget"}
-    assert auto.capture_every == 3528
+    assert auto.chosen == {"every_steps": 72, "capture_every_steps": 936, "snapshot_ms": 73.0, "capture_ms": 70.0,
+                           "step_ms": 4.0, "budget": 0.02, "capture_budget": 0.02, "call_steps": 24,
+                           "limited_by": "budget"}
+    assert auto.capture_every == 936
     # a slow moment (one call off, then back) changes nothing
     assert [auto.revision(step_s=s, call_steps=24) for s in (0.04, 0.004, 0.0041)] == [0, 0, 0]
     assert auto.chosen["every_steps"] == 72
 
 
-def test_auto_captures_the_input_less_often_within_its_share_of_the_budget():
-    """digits_cnn's shape: the iterator state is the dear part of a snapshot."""
+def test_auto_captures_the_input_less_often_within_its_own_budget():
+    """digits_cnn's shape: the iterator state is the dear part of a snapshot (and of a save,
+    which captures on the same interval: runner/loop.py _save_captures)."""
     auto = AutoInterval()
     for seconds, capture_s in ((0.3, 0.2), (0.062, 0.06), (0.0635, 0.0615)):
         auto.snapshot_took(seconds, capture_s=capture_s)
     assert auto.capture_every == 0  # not proposed yet
     # the rest: 2 ms / (75% of 2% of 10 ms) = 13.3 -> 14 steps; the capture:
-    # 61.5 ms / (25% of 2% of 10 ms) = 1230 steps, rounded up to a multiple of 14: 1232
+    # 61.5 ms / (2% of 10 ms) = 307.5 -> 308 steps, a multiple of 14: 308
     assert auto.proposal(step_s=0.01, call_steps=7) == 14
-    assert auto.capture_every == 1232
+    assert auto.capture_every == 308
+    # a budget of its own, not a share of the snapshots' (a restore replays at most this many batches)
+    assert AutoInterval(capture_budget=0.005)._choose(rest_s=0.002, capture_s=0.0615, step_s=0.01,
+                                                      call_steps=7)["capture_every_steps"] == 1232
+    with pytest.raises(ValueError, match=r"Received capture_budget=0; expected a fraction in \(0, 1\)"):
+        AutoInterval(capture_budget=0)
     assert (auto.chosen["snapshot_ms"], auto.chosen["capture_ms"]) == (63.5, 61.5)
 
 

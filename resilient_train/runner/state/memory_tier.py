@@ -28,7 +28,8 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #     captures it only every capture_every steps (and at the first snapshot after a new
 #     iterator); the others carry the newest capture of the same iterator, whose manifest
 #     extra says the step it was taken at, and a restore replays the batches in between
-#     (at most capture_every; the input pipeline only, no training). Saves always capture.
+#     (at most capture_every; the input pipeline only, no training). Mid-epoch saves capture
+#     on the same interval (a preemption save always does: its restore comes next).
 #   auto (the default, --snapshot-every auto; decided early in each attempt, revised as the step time moves)
 #     until decided, a snapshot (with a capture) is due after every call; the chief times
 #     the first AUTO_PROBES of them, the capture apart (the first includes tracing and is not
@@ -36,7 +37,9 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #       every         = ceil(rest_s / ((1 - CAPTURE_SHARE) * SNAPSHOT_BUDGET * step_s)), rounded up
 #                       to a whole number of calls (a snapshot mid-call would cut the call in two)
 #                       (the whole budget where there is nothing to capture: other input paths)
-#       capture_every = every * ceil(capture_s / (CAPTURE_SHARE * SNAPSHOT_BUDGET * step_s) / every)
+#       capture_every = every * ceil(capture_s / (CAPTURE_BUDGET * step_s) / every)
+#                       (the captures' own budget: mid-epoch saves capture on this interval too,
+#                       runner/loop.py _save_captures, so it also bounds what any restore replays)
 #     in the call's packed all-reduce (two columns beside the next call's size: no extra
 #     collective), and every worker adopts the SUMs it reads (only the chief adds them), at
 #     the same call, so the intervals are the same everywhere. Early steps may be slow (the
@@ -68,11 +71,17 @@ from resilient_train.rundir.events import emit as _default_emit
 from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
 
 __all__ = ["SnapshotSchedule", "Snapshot", "Rescuer", "RescueUnavailable", "AutoInterval", "rescue_skip_reason",
-           "RESCUE_EXTRA_KEY", "SNAPSHOT_BUDGET", "CAPTURE_SHARE", "AUTO_PROBES"]
+           "RESCUE_EXTRA_KEY", "SNAPSHOT_BUDGET", "CAPTURE_SHARE", "CAPTURE_BUDGET", "AUTO_PROBES"]
 
 RESCUE_EXTRA_KEY = "rescue"  # the manifest's extra: {rank, snapshot_age_s} of a rescued checkpoint
 SNAPSHOT_BUDGET = 0.02  # auto: the snapshots' share of training time, at most
-CAPTURE_SHARE = 0.25  # auto: the part of that budget spent on the input's captures
+CAPTURE_SHARE = 0.25  # auto: the part of that budget kept for the input's captures (the rest: 1.5%)
+# auto: the input's captures' own share of training time, at most. A capture serves every
+# restore, not only a rescue: a save carries the newest one (runner/loop.py _save_captures),
+# and a restore replays the batches since it, so this budget also bounds that replay
+# (digits_cnn: ~300 steps, ~0.13 s of replay; at CAPTURE_SHARE of the snapshot budget,
+# 0.5%, it was ~1800 steps and ~0.75 s, a late re-entry 1.7x an early one).
+CAPTURE_BUDGET = 0.02
 AUTO_PROBES = 3  # auto: snapshots the chief times before it proposes (the first is not counted)
 MAX_AUTO_EVERY = 1 << 20  # auto never proposes more (the proposal rides a float32 column: exact)
 REVISE_RATIO = 1.5  # auto: a per-step time this far (either way) from the decided one ...
@@ -169,14 +178,17 @@ class AutoInterval:
     """
 
     def __init__(self, *, budget: float = SNAPSHOT_BUDGET, probes: int = AUTO_PROBES,
-                 capture_share: float = CAPTURE_SHARE) -> None:
+                 capture_share: float = CAPTURE_SHARE, capture_budget: float = CAPTURE_BUDGET) -> None:
         if not 0 < budget < 1:
             raise ValueError(f"Received budget={budget!r}; expected a fraction in (0, 1)")
         if probes < 2:
             raise ValueError(f"Received probes={probes!r}; expected >= 2 (the first snapshot is not counted)")
         if not 0 < capture_share < 1:
             raise ValueError(f"Received capture_share={capture_share!r}; expected a fraction in (0, 1)")
+        if not 0 < capture_budget < 1:
+            raise ValueError(f"Received capture_budget={capture_budget!r}; expected a fraction in (0, 1)")
         self.budget = budget
+        self.capture_budget = capture_budget
         self.probes = probes
         self.capture_share = capture_share
         self._seconds: list[tuple[float, float]] = []  # (the rest, the capture) per probe
@@ -240,11 +252,12 @@ class AutoInterval:
         # snapshots wait for the end of the call that reaches the interval).
         call = max(1, call_steps)
         every = min(MAX_AUTO_EVERY, call * math.ceil(max(1, by_budget) / call))
-        captures = math.ceil(capture_s / (self.capture_share * self.budget * step_s))
+        captures = math.ceil(capture_s / (self.capture_budget * step_s))
         capture_every = min(MAX_AUTO_EVERY, every * max(1, math.ceil(captures / every)))
         return {"every_steps": every, "capture_every_steps": capture_every,
                 "snapshot_ms": round((rest_s + capture_s) * 1e3, 3), "capture_ms": round(capture_s * 1e3, 3),
-                "step_ms": round(step_s * 1e3, 3), "budget": self.budget, "call_steps": call_steps,
+                "step_ms": round(step_s * 1e3, 3), "budget": self.budget, "capture_budget": self.capture_budget,
+                "call_steps": call_steps,
                 "limited_by": "call" if by_budget < call else "budget"}
 
 

@@ -56,6 +56,11 @@ class SavePolicy:
             )
         return length
 
+    def counts_to(self, global_step: int) -> bool:
+        """Is ``global_step`` a step-count save point (``--save-every-steps``)? Known before
+        the call that reaches it, unlike a time-based save (agreed in that call)."""
+        return bool(self.every_steps) and global_step % self.every_steps == 0
+
     def time_flag(self) -> float:
         """This worker's vote for a time-based save after the next call (1.0 or 0.0)."""
         if self.every_seconds is None or not self.is_chief:
@@ -69,8 +74,7 @@ class SavePolicy:
         """
         if step_in_epoch >= steps_per_epoch:
             return False
-        by_count = bool(self.every_steps) and global_step % self.every_steps == 0
-        return by_count or agreed_time_flag
+        return self.counts_to(global_step) or agreed_time_flag
 
     def saved(self) -> None:
         """A save happened (of any kind): the time-based interval starts again."""
