@@ -216,7 +216,8 @@ class JobConfig:
         "--snapshot-every", parse=_snapshot_every, metavar="auto|N|off",
         help="memory tier: every worker keeps a snapshot of the whole training state taken every N steps, and "
         "when a worker dies or hangs a survivor commits it, so a crash loses at most about N steps; auto "
-        "(default): as often as keeps the snapshots' cost under 2%% of step time, off where the tier cannot "
+        "(default): as often as keeps the snapshots' cost under 2%% of step time (the input's iterator-state "
+        "captures, which mid-epoch saves share, have 2%% of their own), off where the tier cannot "
         "work (sync checkpoints, parameter-server, one worker); off: no tier, no extra copy of the state "
         "(docs/failures.md, Rescue)"))
     snapshot_capture_every: int | None = field(default=None, metadata=_toml_only(  # runner/state/memory_tier.py

@@ -212,6 +212,8 @@ class StandbyPool:
             raise ValueError(f"Received replenish_delay_s={self.replenish_delay_s!r}; expected >= 0")
         self._waiting: list[_Standby] = []
         self._seq = 0
+        # pid -> whether the standby had finished its imports (READY) when it was handed over
+        self.handed_over_warm: dict[int, bool] = {}
         self._hold_until = self.clock() + self.replenish_delay_s
         self._lost_since_ready = 0
         self.disabled: str | None = None
@@ -249,6 +251,10 @@ class StandbyPool:
         for standby in candidates:
             self._waiting.remove(standby)
             if standby.process.assign(assignment):
+                # A standby still importing when handed over pays the rest of its import on the
+                # restart's path (found on 2 cores: two workers training flat out leave an idle-
+                # priority import no CPU, so a restart 15 s later took a standby that was not warm).
+                self.handed_over_warm[standby.process.pid] = standby.state is StandbyState.READY
                 standby.state = StandbyState.ASSIGNED
                 return standby.process
             self._lost(standby, standby.process.poll())

@@ -53,6 +53,15 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
     assert _started(warm, 2) == [(0, True), (1, True)]  # the restart took standbys ...
     standby_pids = {e["pid"] for e in warm.named("standby_started")}
     assert set(worker_pids(warm.events, 2).values()) <= standby_pids  # ... and reports their real pids
+    # ... and whether each had finished importing when handed over: exactly those whose
+    # standby_ready came before their worker_started (else the restart paid the rest of the import)
+    ready_before, warmth = set(), []
+    for e in warm.events:
+        if e["event"] == "standby_ready":
+            ready_before.add(e["pid"])
+        elif e["event"] == "worker_started" and e["attempt"] == 2:
+            warmth.append((e["standby_warm"], e["pid"] in ready_before))
+    assert len(warmth) == 2 and all(said == seen for said, seen in warmth), warmth
     for job in (cold_restart, warm):
         assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(10, 2)]
         assert _fetch_sources(job, 2) == [(0, "host_cache"), (1, "host_cache")]  # no download

@@ -111,6 +111,8 @@ def test_hand_over_passes_argv_env_and_log_and_prefers_ready_standbys(tmp_path):
         "log": str(tmp_path / "w.log"),
     }
     assert h.pool.hand_over(["--job", "j"], {}, tmp_path / "x.log") is h.spawned[0]  # still importing: still usable
+    # worker_started says which it was (standby_warm): a cold-ish one pays the rest of its import on the restart
+    assert h.pool.handed_over_warm == {h.spawned[1].pid: True, h.spawned[0].pid: False}
 
 
 def test_refill_waits_for_the_group_to_train_or_for_the_delay(tmp_path):

@@ -5,8 +5,9 @@ Four paths, chosen per recipe (``reentry_path``), best first:
 * ``indexed``: the runner's own pipeline starts at the position (runner/input/indexed.py);
 * ``start_step``: the recipe's ``dataset`` positions itself (runner/input/data.py);
 * ``iterator_state``: a ``dataset`` recipe without ``start_step``: every worker's tf.data
-  iterator state is saved with each mid-epoch checkpoint and restored on re-entry, so no
-  batch is replayed. Only while the state is small: at the first mid-epoch save every
+  iterator state is saved with mid-epoch checkpoints and restored on re-entry (a save
+  between captures carries the newest capture, and the restore replays the batches since:
+  runner/loop.py ``_save_captures``). Only while the state is small: at the first mid-epoch save every
   worker measures its state and the run keeps the path only when the largest is at most
   ``--max-iterator-state-bytes`` (event ``iterator_state_sized``). The pipeline is saved
   with tf.data's symbolic checkpointing where TensorFlow allows it (runner/input/reentry.py
@@ -21,7 +22,7 @@ This module is the pure part (the choice, the state file's name and blob); the w
 :class:`~resilient_train.runner.input.reentry.EpochInput` applies it epoch by epoch.
 
 Why ``start_step`` ranks above the iterator state: it costs nothing at save time, while
-the state is written by a synchronous op on the training thread at every mid-epoch save.
+the state is written by a synchronous op on the training thread at the saves that capture it.
 
 Where the state goes: each worker serializes its iterator (``tf.train.Checkpoint`` of the
 plain ``tf.data`` iterator; MultiWorkerMirroredStrategy's distributed iterator cannot be

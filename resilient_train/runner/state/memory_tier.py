@@ -79,8 +79,10 @@ CAPTURE_SHARE = 0.25  # auto: the part of that budget kept for the input's captu
 # auto: the input's captures' own share of training time, at most. A capture serves every
 # restore, not only a rescue: a save carries the newest one (runner/loop.py _save_captures),
 # and a restore replays the batches since it, so this budget also bounds that replay
-# (digits_cnn: ~300 steps, ~0.13 s of replay; at CAPTURE_SHARE of the snapshot budget,
-# 0.5%, it was ~1800 steps and ~0.75 s, a late re-entry 1.7x an early one).
+# (digits_cnn, 2026-11-28: a capture every 252 steps; a restore at step 1180 of a 1200-step
+# epoch replayed 140 batches, its input phase 0.31 s against 0.11-0.15 s with nothing to
+# replay; at CAPTURE_SHARE of the snapshot budget, 0.5%, the interval was 1836 steps and the
+# same restore replayed 1177 batches, 0.60-0.68 s).
 CAPTURE_BUDGET = 0.02
 AUTO_PROBES = 3  # auto: snapshots the chief times before it proposes (the first is not counted)
 MAX_AUTO_EVERY = 1 << 20  # auto never proposes more (the proposal rides a float32 column: exact)

@@ -287,9 +287,10 @@ class Slot:
         full_env = {**os.environ, **env}
         argv = ["--job", str(job_path)]
         standby = self._take_standby()
+        warm = standby is not None and bool((standby.status() or {}).get("ok"))  # (None: still importing)
         if standby is not None and standby.assign({"argv": argv, "env": full_env, "log": str(log_path)}):
             self._worker = standby
-            return {"pid": standby.pid, "standby": True}
+            return {"pid": standby.pid, "standby": True, "standby_warm": warm}
         if standby is not None:
             standby.release()
         with open(log_path, "ab") as log:

@@ -125,7 +125,10 @@ class LocalLauncher(Launcher):
             self.pool.close()
 
     def describe(self, handle: WorkerHandle) -> dict[str, object]:
-        return {"standby": handle.pid in self._standby_pids, "address": self._addresses.get(handle.pid)}
+        fields: dict[str, object] = {"standby": handle.pid in self._standby_pids, "address": self._addresses.get(handle.pid)}
+        if self.pool is not None and handle.pid in self.pool.handed_over_warm:
+            fields["standby_warm"] = self.pool.handed_over_warm[handle.pid]
+        return fields
 
     def _standby_pool(self) -> StandbyPool | None:
         """The warm pool for this run (None with --no-warm-standby or with GPUs), filling."""

@@ -212,6 +212,7 @@ class RayHandle:
         self.slot = slot
         self.pid = pid
         self.standby = standby
+        self.standby_warm: bool | None = None  # a standby: had it finished importing when handed over?
         self.returncode: int | None = None
         self.lost: str | None = None
 
@@ -326,6 +327,8 @@ class RayLauncher(Launcher):
         self._prestarted = False
         for index, info in enumerate(started):
             self._handles[index] = RayHandle(self, index, int(info["pid"]), bool(info["standby"]))
+            if info["standby"]:
+                self._handles[index].standby_warm = bool(info.get("standby_warm"))
         return [self._handles[i] for i in range(len(specs))]
 
     def maintain(self, *, training: bool) -> None:
@@ -374,7 +377,10 @@ class RayLauncher(Launcher):
         if not isinstance(handle, RayHandle):
             return {}
         slot = self._slots[handle.slot]
-        return {"node": slot.node_id, "node_ip": slot.node_ip, "standby": handle.standby}
+        fields: dict[str, object] = {"node": slot.node_id, "node_ip": slot.node_ip, "standby": handle.standby}
+        if handle.standby_warm is not None:
+            fields["standby_warm"] = handle.standby_warm
+        return fields
 
     def lost_reason(self, handle: WorkerHandle) -> str | None:
         return handle.lost if isinstance(handle, RayHandle) else None
