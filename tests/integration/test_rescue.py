@@ -81,15 +81,15 @@ def test_auto_is_the_default_and_leaves_the_training_math_unchanged(tmp_path, di
     assert {e["setting"] for e in tiers} == {"auto"}
     [every] = {e["every_steps"] for e in tiers}
     [chief] = [e for e in tiers if e["rank"] == 0]
-    assert chief["budget"] == 0.02 and chief["snapshot_ms"] > chief["capture_ms"] > 0 and chief["step_ms"] > 0
-    # digits_cnn re-enters by its iterator state: a quarter of the budget for its captures,
-    # the rest for the rest (the event's figures are rounded to the microsecond: either side of a ceil)
+    assert (chief["budget"], chief["capture_budget"]) == (0.02, 0.02) and chief["snapshot_ms"] > chief["capture_ms"] > 0 and chief["step_ms"] > 0
+    # digits_cnn re-enters by its iterator state: its captures have a budget of their own (2%),
+    # the rest 3/4 of the snapshots' (the event's figures are rounded to the microsecond: either side of a ceil)
     rest_ms, capture_ms = chief["snapshot_ms"] - chief["capture_ms"], chief["capture_ms"]
     call = chief["call_steps"]  # (whole calls: a snapshot never cuts one in two)
     assert every in {call * math.ceil(math.ceil(rest_ms / (0.015 * chief["step_ms"]) + d) / call) for d in (-0.01, 0.01)}
     [capture_every] = {e["capture_every_steps"] for e in tiers}
     assert capture_every % every == 0
-    assert capture_every in {every * max(1, math.ceil(math.ceil(capture_ms / (0.005 * chief["step_ms"]) + d) / every))
+    assert capture_every in {every * max(1, math.ceil(math.ceil(capture_ms / (0.02 * chief["step_ms"]) + d) / every))
                              for d in (-0.01, 0.01)}
     assert json.loads((digits_reference_run.run_dir / "attempt-1" / "job.json").read_text())["snapshot_every"] == "auto"
     # Snapshots and the calls they end never change what is trained: the same weights as without the tier.
