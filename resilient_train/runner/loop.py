@@ -998,7 +998,7 @@ class Trainer:
             self._callbacks.train_begin(resuming=self._callback_state is not None)
             if self._callback_state is not None:
                 self._stopped_early = self._callbacks.restore(self._callback_state)
-        progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.clock)
+        progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
         while not self._stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
             if self._callbacks and start == 0:  # not again when re-entering the epoch mid-way
@@ -1026,11 +1026,13 @@ class Trainer:
 
 
 class _Progress:
-    """``first_step`` once per attempt, then ``train_progress`` at most every ``every_s``."""
+    """``first_step`` once per attempt, then ``train_progress`` at most every ``every_s``
+    (with ``epochs``, the planned total: the console's percentage and ETA, a fit script's too)."""
 
-    def __init__(self, every_s: float, steps_per_epoch: int, clock: Callable[[], float]) -> None:
+    def __init__(self, every_s: float, steps_per_epoch: int, epochs: int, clock: Callable[[], float]) -> None:
         self.every_s = every_s
         self.steps_per_epoch = steps_per_epoch
+        self.epochs = epochs
         self.clock = clock
         self.first_pending = True
         self.last = self.window_start = clock()
@@ -1053,6 +1055,7 @@ class _Progress:
             epoch=epoch,
             step_in_epoch=step_in_epoch,
             steps_per_epoch=self.steps_per_epoch,
+            epochs=self.epochs,
             global_step=global_step,
             steps_per_s=round(self.window_steps / max(now - self.window_start, 1e-9), 2),
             steps_per_call=steps_per_call,
