@@ -36,13 +36,13 @@ import datetime as _dt
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from resilient_train.rundir.events import EventReader, render_line
 from resilient_train.supervisor.eta import SteadyRate, eta_seconds
 
-__all__ = ["Console", "EventTail", "render_event", "hang_line", "progress_line", "checkpoint_position", "CONSOLE",
-           "LOG_PROGRESS_EVERY_S"]
+__all__ = ["Console", "EventTail", "render_event", "hang_line", "progress_line", "checkpoint_position", "inexact_text",
+           "CONSOLE", "LOG_PROGRESS_EVERY_S"]
 
 LOG_PROGRESS_EVERY_S = 10.0  # a log (not a terminal) gets one progress line per this many seconds
 
@@ -72,6 +72,20 @@ def checkpoint_position(record: Mapping[str, Any]) -> str:
     if record["step_in_epoch"] == 0 and record["epoch"] > 0:
         return f"end of epoch {record['epoch']}"
     return _position(record)
+
+
+def inexact_text(entries: Iterable[Mapping[str, Any]]) -> str:
+    """Why a checkpoint's weights are not an uninterrupted run's, from its manifest's
+    ``extra["inexact"]`` entries (checkpoint/manifest.py): ``epoch 2's input differed from
+    the one recorded with ckpt-000000000010``, joined by ``; ``. The final console line,
+    ``verify`` and the report say it in these words."""
+    parts = []
+    for entry in entries:
+        if entry.get("cause") == "input_mismatch" and isinstance(entry.get("epoch"), int):
+            parts.append(f"epoch {entry['epoch'] + 1}'s input differed from the one recorded with {entry.get('checkpoint')}")
+        else:  # a cause this version does not know: its fields
+            parts.append(", ".join(f"{k} {v}" for k, v in entry.items()))
+    return "; ".join(parts)
 
 
 def _metrics(values: Mapping[str, Any], prefix: str = "") -> str:
