@@ -99,6 +99,8 @@ def test_fresh_entropy_noise_resumed_at_an_epoch_boundary_is_reported(tmp_path):
          "strict": False, "rank": 0, "attempt": 2}]
     assert ("epoch 2's input differs from the one recorded with ckpt-000000000010, so the resumed run will not "
             "match an uninterrupted one; training on") in job.output
+    assert (job.summary["exact"], job.summary["inexact"]) == (
+        False, [{"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000010"}])
 
     strict = run_job(NOISY, tmp_path / "strict", *flags, "--strict-resume", faults=KILL_AT_EPOCH_END)
     assert strict.returncode == 3, strict.output
@@ -106,6 +108,7 @@ def test_fresh_entropy_noise_resumed_at_an_epoch_boundary_is_reported(tmp_path):
         (1, "ckpt-000000000010", True)]
     assert "the first batch of epoch 1 differs from the one recorded" in strict.summary["root_cause"]["message"]
     assert "epoch 2's input differs" in strict.output and "stopping (--strict-resume)" in strict.output
+    assert strict.summary["exact"] is True  # it stopped before training on: its newest checkpoint is still exact
 
 
 # Issue 51 item 2: the same noise, killed mid-epoch (rank 0 right after committing global
