@@ -860,6 +860,8 @@ class Trainer:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
         self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
         iterator = self._input.iterator(epoch, start)
+        if self.input_check.agreement_pending:  # the chief checked the input a restore entered: all learn its verdict
+            self.input_check.agreed(self._gather(int(self.input_check.restore_mismatched))[0] > 0)
         startup_phases.mark("input")
         ended = self._train_steps(iterator, epoch, start, progress)
         if ended and not self._preemption_agreed:

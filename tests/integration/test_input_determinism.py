@@ -160,3 +160,29 @@ def test_an_inexact_resume_is_said_at_the_end_in_the_summary_by_verify_and_by_a_
     assert (f"already completed, NOT exact at global step 20 (weights_sha256 {summary['weights_sha256'][:16]}...); "
             f"not an uninterrupted run's weights: {NOT_EXACT}; nothing to do.") in again.output
     assert (again.summary["exact"], again.summary["inexact"]) == (False, [entry])
+
+
+# Only the chief compares the input, but a survivor may commit: the chief killed after the
+# mismatch, rank 1 rescues its snapshot of step 16 (memory tier: a snapshot every 3 steps,
+# one step per call), and the run goes on from that checkpoint. Rank 1 learnt the chief's
+# verdict when the epoch was entered, so the rescued checkpoint, and the final one, say it.
+RESCUE_FLAGS = ("--epochs", "2", "--steps-per-epoch", "10", "--global-batch-size", "32", "--workers", "2",
+                "--save-every-steps", "50", "--snapshot-every", "3", "--steps-per-execution", "1", "--max-restarts", "2",
+                "--set", "noise=entropy")
+KILL_THEN_KILL_THE_CHIEF = [{"point": "after_commit", "global_step": 10, "rank": 0},
+                            {"point": "after_step", "global_step": 17, "rank": 0, "attempt": 2}]
+
+
+def test_a_checkpoint_a_survivor_rescues_after_the_mismatch_says_it_too(tmp_path):
+    import json
+
+    job = run_job(NOISY, tmp_path / "run", *RESCUE_FLAGS, faults=KILL_THEN_KILL_THE_CHIEF)
+    assert job.returncode == 0, job.output
+    assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(10, 2), (16, 3)]
+    assert [(m["epoch"], m["checkpoint"], m["attempt"]) for m in job.named("input_mismatch")] == [
+        (1, "ckpt-000000000010", 2)]
+    assert [(e["global_step"], e["rank"], e["attempt"]) for e in job.named("rescue_committed")] == [(16, 1, 2)]
+    entry = {"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000010"}
+    rescued = json.loads((job.run_dir / "checkpoints" / "ckpt-000000000016" / "MANIFEST.json").read_text())
+    assert (rescued["extra"]["rescue"]["rank"], rescued["extra"]["inexact"]) == (1, [entry])
+    assert (job.summary["exact"], job.summary["inexact"]) == (False, [entry])

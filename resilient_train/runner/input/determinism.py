@@ -28,7 +28,10 @@ Two things make a recipe's input differ between an uninterrupted run and a resum
 A mismatch is not only said once: it is recorded in every later checkpoint's manifest
 (``extra["inexact"]``, checkpoint/manifest.py), inherited through later restores, so the run's
 end (summary.json's ``exact``, the final line, ``verify``) says its weights are not the
-uninterrupted run's, whatever restarted in between, the supervisor included.
+uninterrupted run's, whatever restarted in between, the supervisor included. Only the chief
+compares, but any worker may commit (a survivor's rescue, runner/state/memory_tier.py): once
+the epoch a restore entered is built, every worker learns the chief's verdict in one
+all-reduce (:meth:`InputCheck.agreed`, called by the loop) and records it the same way.
 
 The check compares like with like only: the chief's shard (input pipeline 0) with the
 same number of workers as the checkpoint. It costs one first-batch build per epoch on the
@@ -105,6 +108,8 @@ class InputCheck:
         self._observed: dict[int, str] = {}
         self._expected: tuple[int, str, str] | None = None  # epoch, sha256, checkpoint
         self._inexact: list[dict[str, Any]] = []  # the inexact resumes behind the current state
+        self._agreement_pending = False  # a restore's check is due: every worker must learn its verdict
+        self._restore_mismatched = False  # the chief: this attempt's check found a mismatch
 
     def expect(self, extra: Mapping[str, Any], *, checkpoint: str, same_world_size: bool) -> None:
         """After a restore: the digest the checkpoint recorded for the epoch it was in, and the
@@ -113,6 +118,27 @@ class InputCheck:
         recorded = extra.get(_EXTRA_KEY)
         if same_world_size and isinstance(recorded, Mapping) and "epoch" in recorded and "sha256" in recorded:
             self._expected = (int(recorded["epoch"]), str(recorded["sha256"]), checkpoint)
+            self._agreement_pending = True  # (the same on every worker: they restored the same manifest)
+
+    @property
+    def agreement_pending(self) -> bool:
+        """True on every worker from a restore that will be checked until :meth:`agreed`: the
+        loop then all-reduces :attr:`restore_mismatched` once the restored epoch's input is built."""
+        return self._agreement_pending
+
+    @property
+    def restore_mismatched(self) -> bool:
+        """The chief: the check after this attempt's restore found the input changed."""
+        return self._restore_mismatched
+
+    def agreed(self, chief_mismatched: bool) -> None:
+        """Every worker, with the chief's verdict: a non-chief records the chief's mismatch as the
+        chief did, so a checkpoint it commits (a rescue) carries it too."""
+        self._agreement_pending = False
+        if chief_mismatched and not self._restore_mismatched and self._expected is not None:
+            epoch, _, checkpoint = self._expected
+            self._expected = None
+            self._inexact.append(_inexact_entry(epoch, checkpoint))
 
     def recorded(self, epoch: int) -> bool:
         """Whether this process hashed epoch ``epoch``'s first batch already (ahead of it)."""
@@ -160,5 +186,12 @@ class InputCheck:
              found_sha256=found, strict=self.strict)
         if self.strict:
             raise RecipeError(message + " (--strict-resume)")
-        self._inexact.append({"cause": "input_mismatch", "epoch": epoch, "checkpoint": checkpoint})
+        self._restore_mismatched = True
+        self._inexact.append(_inexact_entry(epoch, checkpoint))
         print(f"resilient-train: warning: {message}", file=sys.stderr)
+
+
+def _inexact_entry(epoch: int, checkpoint: str) -> dict[str, Any]:
+    """One ``extra["inexact"]`` entry (checkpoint/manifest.py): epoch ``epoch``'s input differed
+    after restoring ``checkpoint``."""
+    return {"cause": "input_mismatch", "epoch": epoch, "checkpoint": checkpoint}
