@@ -860,7 +860,9 @@ class Trainer:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
         self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
         iterator = self._input.iterator(epoch, start)
-        if self.input_check.agreement_pending:  # the chief checked the input a restore entered: all learn its verdict
+        if self.input_check.agreement_pending and self._snapshots is not None:
+            # The chief checked the input a restore entered; with the memory tier a survivor may
+            # commit its own snapshot (a rescue), so every worker records the chief's verdict.
             self.input_check.agreed(self._gather(int(self.input_check.restore_mismatched))[0] > 0)
         startup_phases.mark("input")
         ended = self._train_steps(iterator, epoch, start, progress)

@@ -29,9 +29,10 @@ A mismatch is not only said once: it is recorded in every later checkpoint's man
 (``extra["inexact"]``, checkpoint/manifest.py), inherited through later restores, so the run's
 end (summary.json's ``exact``, the final line, ``verify``) says its weights are not the
 uninterrupted run's, whatever restarted in between, the supervisor included. Only the chief
-compares, but any worker may commit (a survivor's rescue, runner/state/memory_tier.py): once
-the epoch a restore entered is built, every worker learns the chief's verdict in one
-all-reduce (:meth:`InputCheck.agreed`, called by the loop) and records it the same way.
+compares, but with the memory tier any worker may commit (a survivor's rescue,
+runner/state/memory_tier.py): then, once the epoch a restore entered is built, every worker
+learns the chief's verdict in one all-reduce (:meth:`InputCheck.agreed`, called by the loop)
+and records it the same way.
 
 The check compares like with like only: the chief's shard (input pipeline 0) with the
 same number of workers as the checkpoint. It costs one first-batch build per epoch on the
