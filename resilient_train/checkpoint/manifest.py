@@ -27,10 +27,17 @@ from typing import Any, BinaryIO
 from resilient_train.checkpoint.deadline import progress
 from resilient_train.errors import CheckpointCorruptError
 
-__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "FileEntry", "Manifest", "sha256_file", "sha256_stream", "now_utc"]
+__all__ = ["SCHEMA_VERSION", "MANIFEST_NAME", "INEXACT_EXTRA_KEY", "FileEntry", "Manifest", "inexact_resumes",
+           "sha256_file", "sha256_stream", "now_utc"]
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
+# ``extra["inexact"]``: why this checkpoint's weights are not the ones an uninterrupted run
+# would have at its step; one entry per inexact resume in its history (a restore's next
+# checkpoints inherit the list): ``{"cause": "input_mismatch", "epoch": E (0-based),
+# "checkpoint": "ckpt-..."}`` (runner/input/determinism.py). Absent: exact as far as the
+# runner can tell. summary.json's ``exact``, the final console line and ``verify`` read it.
+INEXACT_EXTRA_KEY = "inexact"
 CHUNK_SIZE = 8 * 2**20  # one read/write unit when streaming files (bytes)
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -113,6 +120,11 @@ class Manifest:
             raise ValueError(f"Received extra={self.extra!r}; expected JSON-serialisable values") from None
 
     @property
+    def inexact(self) -> list[dict[str, Any]]:
+        """The inexact resumes in this checkpoint's history (``extra["inexact"]``; [] when exact)."""
+        return inexact_resumes(self.extra)
+
+    @property
     def total_size(self) -> int:
         return sum(entry.size for entry in self.files.values())
 
@@ -150,6 +162,12 @@ class Manifest:
             return cls(**record)
         except (TypeError, ValueError) as exc:
             raise CheckpointCorruptError(f"{path}: invalid manifest: {exc}") from None
+
+
+def inexact_resumes(extra: Any) -> list[dict[str, Any]]:
+    """``extra["inexact"]``'s entries (objects only: anything else in it is not a record of ours)."""
+    entries = extra.get(INEXACT_EXTRA_KEY) if isinstance(extra, dict) else None
+    return [dict(entry) for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
 
 
 def _entry(rel: str, value: Any) -> FileEntry:

@@ -47,6 +47,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
+from resilient_train.supervisor.console import inexact_text
 
 __all__ = ["RunView", "Band", "load_run", "parse_events", "render_page", "FAULT_EVENTS", "SUPERVISOR_LANE"]
 
@@ -258,6 +259,7 @@ class RunView:
             ("status", str(pick("status") or "unfinished (no run_finished event)")),
             ("global step", _text(steps)),
             ("weights sha256", _text(pick("weights_sha256"))),
+            *_exact_row(pick("exact"), pick("inexact")),
             ("invocations", str(self.invocations())),
             ("attempts", _text(s.get("attempts", len(self.attempts()) or None))),
             ("restarts", _text(restarts)),
@@ -300,6 +302,16 @@ class RunView:
                 for key, value in sorted((e.get("val_metrics") or {}).items()):
                     add(f"val_{key}", e, value)
         return series
+
+
+def _exact_row(exact: Any, inexact: Any) -> list[tuple[str, str]]:
+    """``exact``: summary.json's (else run_finished's) word on whether the weights are an
+    uninterrupted run's; no row for a run dir older than the field."""
+    if not isinstance(exact, bool):
+        return []
+    if exact:
+        return [("exact", "yes")]
+    return [("exact", "NO: not an uninterrupted run's weights: " + inexact_text(inexact or []))]
 
 
 def _timestamp(record: Mapping[str, Any]) -> float:

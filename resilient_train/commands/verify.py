@@ -14,6 +14,12 @@ Exit codes (a contract with scripts and CI; see errors.py):
 
 ``ls`` is ``verify`` without hashing (sizes from the listing only), so it is fast.
 
+Both say when the newest restorable checkpoint is not what an uninterrupted run would have
+at its step (its manifest's ``extra["inexact"]``: an inexact resume in its history, e.g. a
+``dataset()`` with its own entropy): a ``not exact:`` line, and ``exact``/``inexact`` per
+checkpoint in ``--json``. The checkpoint is still intact and restorable: the exit code does
+not change.
+
 ``verify --deep`` then restores the newest checkpoint that passed (``--all``: each) into
 the recipe's model and optimizer (see "--deep" below); any variable missing, unexpected or
 of another shape or dtype, a counter that differs from the manifest, or a weights digest
@@ -30,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, TextIO
 
 from resilient_train.checkpoint.store import CheckpointInfo, CheckpointStore, Status
-from resilient_train.supervisor.console import checkpoint_position
+from resilient_train.supervisor.console import checkpoint_position, inexact_text
 from resilient_train.errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError,
                                    CheckpointIncompatibleError, ConfigError, RecipeError, StorageError)
 
@@ -156,6 +162,8 @@ def _as_json(url: str, infos: list[CheckpointInfo], newest: CheckpointInfo | Non
             "status": info.status.value,
             "detail": info.detail,
             "path": info.path,
+            "exact": not info.manifest.inexact if info.manifest else None,
+            "inexact": info.manifest.inexact if info.manifest else [],
         }
         for info in infos
     ]
@@ -210,6 +218,9 @@ def verify_command(
         out.write((format_rows(infos) if infos else "no checkpoints") + "\n")
         if newest:
             out.write(f"newest restorable: global_step {newest.global_step} ({newest.path})\n")
+            if newest.manifest is not None and newest.manifest.inexact:
+                out.write(f"not exact: global_step {newest.global_step} is not an uninterrupted run's: "
+                          f"{inexact_text(newest.manifest.inexact)}\n")
         else:
             out.write("newest restorable: none\n")
         if bad:

@@ -890,6 +890,10 @@ class Trainer:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
         self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
         iterator = self._input.iterator(epoch, start)
+        if self.input_check.agreement_pending and self._snapshots is not None:
+            # The chief checked the input a restore entered; with the memory tier a survivor may
+            # commit its own snapshot (a rescue), so every worker records the chief's verdict.
+            self.input_check.agreed(self._gather(int(self.input_check.restore_mismatched))[0] > 0)
         startup_phases.mark("input")
         ended = self._train_steps(iterator, epoch, start, progress)
         if ended and not self._preemption_agreed:
@@ -1028,7 +1032,7 @@ class Trainer:
             self._callbacks.train_begin(resuming=self._callback_state is not None)
             if self._callback_state is not None:
                 self._stopped_early = self._callbacks.restore(self._callback_state)
-        progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.clock)
+        progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
         while not self._stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
             if self._callbacks and start == 0:  # not again when re-entering the epoch mid-way
@@ -1056,11 +1060,13 @@ class Trainer:
 
 
 class _Progress:
-    """``first_step`` once per attempt, then ``train_progress`` at most every ``every_s``."""
+    """``first_step`` once per attempt, then ``train_progress`` at most every ``every_s``
+    (with ``epochs``, the planned total: the console's percentage and ETA, a fit script's too)."""
 
-    def __init__(self, every_s: float, steps_per_epoch: int, clock: Callable[[], float]) -> None:
+    def __init__(self, every_s: float, steps_per_epoch: int, epochs: int, clock: Callable[[], float]) -> None:
         self.every_s = every_s
         self.steps_per_epoch = steps_per_epoch
+        self.epochs = epochs
         self.clock = clock
         self.first_pending = True
         self.last = self.window_start = clock()
@@ -1083,6 +1089,7 @@ class _Progress:
             epoch=epoch,
             step_in_epoch=step_in_epoch,
             steps_per_epoch=self.steps_per_epoch,
+            epochs=self.epochs,
             global_step=global_step,
             steps_per_s=round(self.window_steps / max(now - self.window_start, 1e-9), 2),
             steps_per_call=steps_per_call,

@@ -15,11 +15,14 @@ and an event missing from the table is shown that way too until someone decides 
 as itself, without a clock, so a script's ``print`` reads on the console as under plain Keras.
 
 ``train_progress`` is not a line but the progress display: the whole run's position,
-percentage and ETA (``step 1,220/8,000  15%  ETA 4m10s``) when the planned epochs are known.
+percentage and ETA (``step 1,220/8,000  15%  ETA 4m10s``) when the planned epochs are known
+(the event's ``epochs``; a fit script's too). The steps/s and the ETA are the steady rate of
+supervisor/eta.py: none from an attempt's first call (tracing, and a restart's start-up),
+and no ``ETA`` until a few seconds of the attempt were measured after it.
 On a terminal it is one line redrawn in place (carriage return), wiped before any other
 line prints and redrawn by the next progress event; in a log it is a line every
 :data:`LOG_PROGRESS_EVERY_S` seconds of the events' clock, from an attempt's second progress
-event on (the first one's rate includes tracing the first step).
+event on.
 
 One numbering for people: the console counts epochs from 1 everywhere (progress, epoch
 ends, commits, restores), and so do the ``verify``/``ls`` tables and ``diff``'s text
@@ -33,15 +36,15 @@ import datetime as _dt
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from resilient_train.rundir.events import EventReader, render_line
+from resilient_train.supervisor.eta import SteadyRate, eta_seconds
 
-__all__ = ["Console", "EventTail", "render_event", "hang_line", "progress_line", "checkpoint_position", "CONSOLE",
-           "LOG_PROGRESS_EVERY_S"]
+__all__ = ["Console", "EventTail", "render_event", "hang_line", "progress_line", "checkpoint_position", "inexact_text",
+           "CONSOLE", "LOG_PROGRESS_EVERY_S"]
 
 LOG_PROGRESS_EVERY_S = 10.0  # a log (not a terminal) gets one progress line per this many seconds
-_RATE_WEIGHT = 0.3  # the ETA's steps/s: each train_progress's rate moves the average this far
 
 
 @dataclass
@@ -69,6 +72,20 @@ def checkpoint_position(record: Mapping[str, Any]) -> str:
     if record["step_in_epoch"] == 0 and record["epoch"] > 0:
         return f"end of epoch {record['epoch']}"
     return _position(record)
+
+
+def inexact_text(entries: Iterable[Mapping[str, Any]]) -> str:
+    """Why a checkpoint's weights are not an uninterrupted run's, from its manifest's
+    ``extra["inexact"]`` entries (checkpoint/manifest.py): ``epoch 2's input differed from
+    the one recorded with ckpt-000000000010``, joined by ``; ``. The final console line,
+    ``verify`` and the report say it in these words."""
+    parts = []
+    for entry in entries:
+        if entry.get("cause") == "input_mismatch" and isinstance(entry.get("epoch"), int):
+            parts.append(f"epoch {entry['epoch'] + 1}'s input differed from the one recorded with {entry.get('checkpoint')}")
+        else:  # a cause this version does not know: its fields
+            parts.append(", ".join(f"{k} {v}" for k, v in entry.items()))
+    return "; ".join(parts)
 
 
 def _metrics(values: Mapping[str, Any], prefix: str = "") -> str:
@@ -426,27 +443,31 @@ def _duration(seconds: float) -> str:
 
 _PROGRESS_FIELDS = frozenset({
     "event", "ts", "run_id", "level", "group", "role", "epoch", "step_in_epoch", "steps_per_epoch", "global_step",
-    "steps_per_s", "steps_per_call", "attempt", "rank",
+    "steps_per_s", "steps_per_call", "epochs", "attempt", "rank",
 })
 
 
-def progress_line(record: Mapping[str, Any], *, epochs: int | None, steps_per_s: float, eta: bool = True) -> str:
+def progress_line(record: Mapping[str, Any], *, epochs: int | None, steps_per_s: float | None,
+                  eta: bool = True) -> str:
     """``06:55:29  step 1,220/8,000  15%  ETA 4m10s  epoch 2/5  loss 0.4100  27.1 steps/s``.
 
     The percentage counts the whole run by global step (a resumed run starts where it
-    is), the ETA divides the steps left by ``steps_per_s`` (``?`` while ``eta`` is false). Without the planned ``epochs``
-    (a recipe whose DEFAULTS are computed) it shows the global step and the epoch only.
+    is); the ETA divides the steps left by ``steps_per_s``, and is left out while ``eta`` is
+    false or the rate unknown (None: no steps/s either). Without the planned ``epochs``
+    (a recipe whose DEFAULTS are computed, and an event without ``epochs``) it shows the
+    global step and the epoch only.
     """
     step, per_epoch = record["global_step"], record["steps_per_epoch"]
     epoch = f"epoch {record['epoch'] + 1}"
     if epochs:
         total = epochs * per_epoch
-        left = _duration(max(total - step, 0) / steps_per_s) if eta and steps_per_s > 0 else "?"
-        head = f"step {step:,}/{total:,}  {min(100, 100 * step // total)}%  ETA {left}  {epoch}/{epochs}"
+        left = eta_seconds(global_step=step, total_steps=total, steps_per_s=steps_per_s) if eta else None
+        head = "  ".join(filter(None, [f"step {step:,}/{total:,}", f"{min(100, 100 * step // total)}%",
+                                       f"ETA {_duration(left)}" if left is not None else "", f"{epoch}/{epochs}"]))
     else:
         head = f"step {step:,}  {epoch}"
     metrics = _metrics({k: v for k, v in record.items() if k not in _PROGRESS_FIELDS})
-    parts = [head, metrics, f"{steps_per_s:.1f} steps/s"]
+    parts = [head, metrics, f"{steps_per_s:.1f} steps/s" if steps_per_s is not None else ""]
     return f"{_clock(record)}  " + "  ".join(p for p in parts if p)
 
 
@@ -500,7 +521,7 @@ class _Run:
     rejected: int = 0
     reached: dict[int, int] = field(default_factory=dict)  # attempt -> highest global step (attempt_reached)
     stop_announced: bool = False  # preemption_requested shown for the current attempt
-    steps_per_s: float | None = None  # the ETA's rate, averaged over recent train_progress events
+    rate: SteadyRate = field(default_factory=SteadyRate)  # the attempt's steady steps/s (the ETA's)
     progress_events: int = 0  # train_progress events of this attempt
     logged_progress_at: float | None = None  # a log's last progress line (the event's clock)
 
@@ -510,7 +531,7 @@ class EventTail:
 
     Default: :data:`CONSOLE`'s sentences and the progress display; ``verbose``: every event
     as its key=value line. ``epochs`` (the planned number, when known) gives the progress
-    its total and ETA.
+    its total and ETA where the event does not say it.
     """
 
     def __init__(self, path: Path, out: TextIO | Console, *, start_at_end: bool = True, verbose: bool = False,
@@ -560,33 +581,39 @@ class EventTail:
         elif event in ("fresh_start", "restored"):
             run.rejected = 0
             run.stop_announced = False
-            run.steps_per_s = None  # a new attempt: the rate starts over
+            run.rate.restart()  # a new attempt: the rate starts over
             run.progress_events = 0
             run.logged_progress_at = None
         elif event == "attempt_reached" and isinstance(record.get("attempt"), int):
             run.reached[record["attempt"]] = record["global_step"]
         elif event == "preemption_requested":
             run.stop_announced = True
+        elif event == "first_step" and isinstance(record.get("global_step"), int):
+            at = _event_time(record)
+            if at is not None:  # the attempt's first call finished: the steady rate is measured from here
+                run.rate.started(record.get("attempt"), record["global_step"], at)
 
     def _progress(self, record: dict[str, Any]) -> None:
-        """The progress display. An attempt's first event measured its first step's tracing too:
-        its rate stands only until the second event's replaces it, its ETA is ``?``, and a
-        log's first progress line waits for that second event."""
+        """The progress display. Its steps/s and ETA are the attempt's steady rate (SteadyRate);
+        before it is known, the event's own rate, except the attempt's first event's (its window
+        held the first call's tracing), and no ETA; a log's first progress line waits for the
+        attempt's second event."""
         run = self._run
         run.progress_events += 1
-        rate = float(record.get("steps_per_s") or 0.0)
-        if run.steps_per_s is None or run.progress_events == 2:
-            run.steps_per_s = rate
-        else:
-            run.steps_per_s += _RATE_WEIGHT * (rate - run.steps_per_s)
+        now = _event_time(record)
+        if now is not None and isinstance(record.get("global_step"), int):
+            run.rate.progress(record.get("attempt"), record["global_step"], now)
+        steady = run.rate.steps_per_s
+        shown = steady
+        if steady is None and run.progress_events >= 2 and isinstance(record.get("steps_per_s"), (int, float)):
+            shown = float(record["steps_per_s"])
+        epochs = record.get("epochs") if isinstance(record.get("epochs"), int) else self.epochs
         try:
-            text = progress_line(record, epochs=self.epochs, steps_per_s=run.steps_per_s,
-                                 eta=run.progress_events >= 2)
+            text = progress_line(record, epochs=epochs, steps_per_s=shown, eta=steady is not None)
         except (KeyError, TypeError, ValueError):  # a malformed record: its fields, as render_event does
             self.console.write(render_line(record) + "\n")
             return
         if not self.console.tty:
-            now = _event_time(record)
             if run.progress_events < 2 or (run.logged_progress_at is not None and now is not None
                                            and now - run.logged_progress_at < LOG_PROGRESS_EVERY_S):
                 return

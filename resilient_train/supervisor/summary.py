@@ -141,6 +141,10 @@ def build_summary(
         "global_step": manifest.global_step if manifest else 0,
         "weights_sha256": manifest.weights_sha256 if manifest else None,
         "checkpoint": f"{storage_url}/{CheckpointStore.dir_name(manifest.global_step)}" if manifest else None,
+        # Whether those weights are the ones an uninterrupted run would have (the checkpoint's
+        # own record of the inexact resumes behind it: checkpoint/manifest.py); None: no checkpoint.
+        "exact": not manifest.inexact if manifest else None,
+        "inexact": manifest.inexact if manifest else [],
         "attempts": len(run_dir.attempts()),
         "restarts": totals.restarts,
         "preemptions": totals.preemptions,

@@ -109,7 +109,7 @@ from resilient_train.rundir.stacks import (
 from resilient_train.rundir.rescue_signal import RESCUE_ABANDONED, RESCUE_REQUESTED, RESCUE_SIGNAL, rescue_deadline_s
 from resilient_train.rundir.stepmarker import read_phase, read_step
 from resilient_train.supervisor.attempt import Attempt, Resize, Restart, Worker
-from resilient_train.supervisor.console import Console, EventTail, hang_line
+from resilient_train.supervisor.console import Console, EventTail, hang_line, inexact_text
 from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
 from resilient_train.supervisor.launchers.api import read_notices
 from resilient_train.supervisor.ownership import claim_storage, generation_for
@@ -300,8 +300,8 @@ class Supervisor:
         emit("run_already_complete", global_step=done.global_step, weights_sha256=done.weights_sha256)
         self.tail.pump()
         self.out.write(
-            f"Run {self.run_dir.path} already completed at global step {done.global_step} "
-            f"(weights_sha256 {done.weights_sha256[:16]}...); nothing to do.\n"
+            f"Run {self.run_dir.path} already completed{_not_exact(done.inexact)} at global step {done.global_step} "
+            f"(weights_sha256 {done.weights_sha256[:16]}...){_not_exact_why(done.inexact)}; nothing to do.\n"
         )
         self._write_summary("completed", done)
         return EXIT_OK
@@ -912,11 +912,13 @@ class Supervisor:
             restarts=self.totals.restarts,
             preemptions=self.totals.preemptions,
             lost_steps=self.totals.lost_steps,
+            exact=summary["exact"],
+            inexact=summary["inexact"],
         )
         self.tail.pump()
         self.out.write(
-            f"Run {status}: global step {summary['global_step']}, weights_sha256 "
-            f"{summary['weights_sha256']}\nSummary: {self.run_dir.summary}  "
+            f"Run {status}{_not_exact(summary['inexact'])}: global step {summary['global_step']}, weights_sha256 "
+            f"{summary['weights_sha256']}{_not_exact_why(summary['inexact'])}\nSummary: {self.run_dir.summary}  "
             f"Events: {self.run_dir.events}  Logs: {self.run_dir.worker_logs_glob}  "
             f"Page: resilient-train report {self.run_dir.path}\n"  # commands/run_report.py draws it
         )
@@ -958,6 +960,16 @@ class Supervisor:
         if manifest.extra.get("recipe") != recipe_name(self.job.recipe):
             return None  # another recipe's checkpoint: let the workers report the mismatch
         return manifest
+
+
+def _not_exact(inexact: list[dict[str, Any]]) -> str:
+    """``, NOT exact`` after the run's status when its newest checkpoint records inexact resumes."""
+    return ", NOT exact" if inexact else ""
+
+
+def _not_exact_why(inexact: list[dict[str, Any]]) -> str:
+    """Why, at the end of the final line (console.inexact_text's words)."""
+    return f"; not an uninterrupted run's weights: {inexact_text(inexact)}" if inexact else ""
 
 
 _FROZEN_NOTE = "stopped responding (process stopped, e.g. SIGSTOP; the supervisor SIGKILLed it)"

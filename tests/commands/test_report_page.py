@@ -154,6 +154,22 @@ def test_summary_json_wins_over_the_events(tmp_path):
     assert rows["root cause"] == "rank 1 killed by SIGKILL at global_step 15 (attempt 1)"
 
 
+def test_the_summary_says_whether_the_weights_are_an_uninterrupted_runs(tmp_path):
+    # Issue 51: an inexact resume was shown only in a marker's tooltip.
+    entry = {"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000010"}
+    for name in ("inexact", "exact", "old"):
+        (tmp_path / name).mkdir()
+    dom = _dom(_write_run(tmp_path / "inexact", _run_events(), summary={"status": "completed", "exact": False,
+                                                                        "inexact": [entry]}))
+    rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
+    assert rows["exact"] == ("NO: not an uninterrupted run's weights: epoch 2's input differed from the one "
+                             "recorded with ckpt-000000000010")
+    dom = _dom(_write_run(tmp_path / "exact", _run_events(), summary={"status": "completed", "exact": True,
+                                                                      "inexact": []}))
+    assert dict(zip(dom.cells[0::2], dom.cells[1::2]))["exact"] == "yes"
+    assert "exact" not in dict(zip(*[iter(_dom(_write_run(tmp_path / "old", _run_events())).cells)] * 2))
+
+
 def test_torn_and_garbled_lines_are_skipped_and_counted(tmp_path):
     run_dir = _write_run(tmp_path, _run_events(), extra_lines=['{"event": "train_prog', "not json", "[1, 2]"])
     dom = _dom(run_dir)

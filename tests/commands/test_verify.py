@@ -34,11 +34,11 @@ def test_all_good_exits_0_and_json_lists_every_directory(memory_backend: Backend
     assert record["newest_restorable"] == 25
     assert record["checkpoints"] == [
         {"global_step": 11, "epoch": 1, "step_in_epoch": 1, "size": sum(FILES.values()), "status": "ok",
-         "detail": "", "path": f"{store.url}/ckpt-000000000011"},
+         "detail": "", "path": f"{store.url}/ckpt-000000000011", "exact": True, "inexact": []},
         {"global_step": 25, "epoch": 2, "step_in_epoch": 5, "size": sum(FILES.values()), "status": "ok",
-         "detail": "", "path": f"{store.url}/ckpt-000000000025"},
+         "detail": "", "path": f"{store.url}/ckpt-000000000025", "exact": True, "inexact": []},
         {"global_step": 30, "epoch": None, "step_in_epoch": None, "size": 14, "status": "uncommitted",
-         "detail": "no manifest", "path": f"{store.url}/ckpt-000000000030"},
+         "detail": "no manifest", "path": f"{store.url}/ckpt-000000000030", "exact": None, "inexact": []},
     ]
 
 
@@ -188,3 +188,31 @@ def test_the_table_counts_epochs_from_1_as_the_console_and_json_keeps_the_manife
     out = io.StringIO()
     ls_command(store.url, {}, as_json=True, out=out)
     assert [(c["epoch"], c["step_in_epoch"]) for c in json.loads(out.getvalue())["checkpoints"]] == [(1, 20), (2, 0)]
+
+
+def test_a_checkpoint_with_an_inexact_resume_behind_it_is_said_not_exact_and_still_passes(tmp_path) -> None:
+    # Issue 51: a resume whose input differed was said once mid-run; the checkpoints after it
+    # carry it (extra["inexact"]), and verify/ls say it of the newest restorable one.
+    from resilient_train.checkpoint import CheckpointStore
+
+    store = CheckpointStore(str(tmp_path / "ckpts"))
+    entry = {"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000010"}
+    for step, extra in ((10, {}), (20, {"inexact": [entry]})):
+        local = tmp_path / f"fake-{step}"
+        local.mkdir()
+        (local / "weights").write_bytes(b"w")
+        store.commit(local, run_id="fake", epoch=step // 10, step_in_epoch=0, global_step=step, world_size=2,
+                     weights_sha256="0" * 64, tf_version="fake", extra=extra)
+    for command in (lambda out: verify_command(store.url, {}, as_json=False, hash=True, out=out),
+                    lambda out: ls_command(store.url, {}, as_json=False, out=out)):
+        out = io.StringIO()
+        assert command(out) == EXIT_OK
+        assert out.getvalue().splitlines()[-2:] == [
+            f"newest restorable: global_step 20 ({store.url}/ckpt-000000000020)",
+            "not exact: global_step 20 is not an uninterrupted run's: epoch 2's input differed from the one recorded "
+            "with ckpt-000000000010",
+        ]
+    out = io.StringIO()
+    assert verify_command(store.url, {}, as_json=True, hash=True, out=out) == EXIT_OK
+    assert [(c["global_step"], c["exact"], c["inexact"]) for c in json.loads(out.getvalue())["checkpoints"]] == [
+        (10, True, []), (20, False, [entry])]

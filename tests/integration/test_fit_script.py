@@ -156,3 +156,24 @@ def test_tutorial_sigterm_saves_exits_143_and_rerun_ends_with_the_uninterrupted_
     assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
     assert rerun.summary["lost_steps"] == 0
     assert rerun.summary["weights_sha256"] == tutorial_reference.summary["weights_sha256"]
+
+
+def test_the_progress_of_a_fit_script_has_its_total_and_percentage(reference):
+    # Issue 51 item 3: "step 177  epoch 2 accuracy 0.9407 loss 0.2667  0.3 steps/s": the
+    # supervisor cannot read fit(epochs=8, steps_per_epoch=10) from the script, so its
+    # progress had no total. The events say it; the console (as the supervisor runs it,
+    # epochs unknown) draws every one of them with its total and percentage.
+    import io
+    import re
+
+    from resilient_train.supervisor.console import Console, EventTail
+
+    job, _ = reference
+    progress = job.named("train_progress")
+    assert progress and {(e["epochs"], e["steps_per_epoch"]) for e in progress} == {(8, STEPS_PER_EPOCH)}
+    out = io.StringIO()
+    EventTail(job.run_dir / "events.jsonl", Console(out, tty=True, width=500), start_at_end=False, epochs=None).pump()
+    drawn = [line.strip() for line in out.getvalue().replace("\r", "\n").splitlines() if " steps/s" in line
+             or re.search(r"  step \d", line)]
+    assert [int(re.search(r"  step (\d+)/80  (\d+)%", line).group(2)) for line in drawn] == [
+        100 * e["global_step"] // 80 for e in progress], drawn

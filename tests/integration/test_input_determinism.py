@@ -99,6 +99,8 @@ def test_fresh_entropy_noise_resumed_at_an_epoch_boundary_is_reported(tmp_path):
          "strict": False, "rank": 0, "attempt": 2}]
     assert ("epoch 2's input differs from the one recorded with ckpt-000000000010, so the resumed run will not "
             "match an uninterrupted one; training on") in job.output
+    assert (job.summary["exact"], job.summary["inexact"]) == (
+        False, [{"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000010"}])
 
     strict = run_job(NOISY, tmp_path / "strict", *flags, "--strict-resume", faults=KILL_AT_EPOCH_END)
     assert strict.returncode == 3, strict.output
@@ -106,3 +108,81 @@ def test_fresh_entropy_noise_resumed_at_an_epoch_boundary_is_reported(tmp_path):
         (1, "ckpt-000000000010", True)]
     assert "the first batch of epoch 1 differs from the one recorded" in strict.summary["root_cause"]["message"]
     assert "epoch 2's input differs" in strict.output and "stopping (--strict-resume)" in strict.output
+    assert strict.summary["exact"] is True  # it stopped before training on: its newest checkpoint is still exact
+
+
+# Issue 51 item 2: the same noise, killed mid-epoch (rank 0 right after committing global
+# step 12 = epoch 1, step 2 of DIGITS_FLAGS' 10-step epochs) and resumed. The resume check
+# finds epoch 1's input changed; that was said once mid-run and then the run ended "Run
+# completed" with summary.json, verify and a re-run saying nothing of it.
+KILL_MID_EPOCH_1 = [{"point": "after_commit", "global_step": 12, "rank": 0}]
+NOT_EXACT = "epoch 2's input differed from the one recorded with ckpt-000000000012"
+
+
+def test_an_inexact_resume_is_said_at_the_end_in_the_summary_by_verify_and_by_a_rerun(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.integration.harness import REPO, environment
+
+    flags = (*NOISY_FLAGS, "--set", "noise=entropy")
+    job = run_job(NOISY, tmp_path / "run", *flags, faults=KILL_MID_EPOCH_1)
+    assert job.returncode == 0, job.output
+    assert [(r["epoch"], r["step_in_epoch"], r["global_step"]) for r in job.named("restored")] == [(1, 2, 12)]
+    assert [(m["epoch"], m["checkpoint"]) for m in job.named("input_mismatch")] == [(1, "ckpt-000000000012")]
+    entry = {"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000012"}
+
+    summary = job.summary
+    assert (summary["status"], summary["global_step"], summary["exact"], summary["inexact"]) == (
+        "completed", 20, False, [entry])
+    [finished] = job.named("run_finished")
+    assert (finished["exact"], finished["inexact"]) == (False, [entry])
+    lines = job.output.splitlines()
+    assert lines[-2] == (f"Run completed, NOT exact: global step 20, weights_sha256 {summary['weights_sha256']}; "
+                         f"not an uninterrupted run's weights: {NOT_EXACT}")
+
+    storage = str(job.run_dir / "checkpoints")
+    verify = subprocess.run([sys.executable, "-m", "resilient_train", "verify", storage], cwd=REPO,
+                            env=environment(), capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert verify.stdout.splitlines()[-1] == f"not exact: global_step 20 is not an uninterrupted run's: {NOT_EXACT}"
+    listed = subprocess.run([sys.executable, "-m", "resilient_train", "ls", storage, "--json"], cwd=REPO,
+                            env=environment(), capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    # The checkpoints the resumed attempt committed carry it; the ones before the resume do not.
+    exact = {c["global_step"]: c["exact"] for c in json.loads(listed.stdout)["checkpoints"]}  # (--keep 3 of them)
+    assert (exact[16], exact[20]) == (False, False) and all(exact[step] for step in exact if step <= 12), exact
+
+    # A supervisor started again on the finished run dir reads it from storage, not from memory.
+    again = run_job(NOISY, tmp_path / "run", *flags)
+    assert again.returncode == 0, again.output
+    assert (f"already completed, NOT exact at global step 20 (weights_sha256 {summary['weights_sha256'][:16]}...); "
+            f"not an uninterrupted run's weights: {NOT_EXACT}; nothing to do.") in again.output
+    assert (again.summary["exact"], again.summary["inexact"]) == (False, [entry])
+
+
+# Only the chief compares the input, but a survivor may commit: the chief killed after the
+# mismatch, rank 1 rescues its snapshot of step 16 (memory tier: a snapshot every 3 steps,
+# one step per call), and the run goes on from that checkpoint. Rank 1 learnt the chief's
+# verdict when the epoch was entered, so the rescued checkpoint, and the final one, say it.
+RESCUE_FLAGS = ("--epochs", "2", "--steps-per-epoch", "10", "--global-batch-size", "32", "--workers", "2",
+                "--save-every-steps", "50", "--snapshot-every", "3", "--steps-per-execution", "1", "--max-restarts", "2",
+                "--set", "noise=entropy")
+KILL_THEN_KILL_THE_CHIEF = [{"point": "after_commit", "global_step": 10, "rank": 0},
+                            {"point": "after_step", "global_step": 17, "rank": 0, "attempt": 2}]
+
+
+def test_a_checkpoint_a_survivor_rescues_after_the_mismatch_says_it_too(tmp_path):
+    import json
+
+    job = run_job(NOISY, tmp_path / "run", *RESCUE_FLAGS, faults=KILL_THEN_KILL_THE_CHIEF)
+    assert job.returncode == 0, job.output
+    assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(10, 2), (16, 3)]
+    assert [(m["epoch"], m["checkpoint"], m["attempt"]) for m in job.named("input_mismatch")] == [
+        (1, "ckpt-000000000010", 2)]
+    assert [(e["global_step"], e["rank"], e["attempt"]) for e in job.named("rescue_committed")] == [(16, 1, 2)]
+    entry = {"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000010"}
+    rescued = json.loads((job.run_dir / "checkpoints" / "ckpt-000000000016" / "MANIFEST.json").read_text())
+    assert (rescued["extra"]["rescue"]["rank"], rescued["extra"]["inexact"]) == (1, [entry])
+    assert (job.summary["exact"], job.summary["inexact"]) == (False, [entry])

@@ -101,6 +101,55 @@ def test_same_digest_after_restore_is_silent_and_a_different_one_is_reported(cap
         strict.observe(1, "b" * 64)
 
 
+def test_a_mismatch_is_carried_by_every_later_checkpoint_and_inherited_by_a_restore(monkeypatch):
+    # Issue 51: said once mid-run, then lost; now each later manifest carries it.
+    monkeypatch.setattr("resilient_train.runner.input.determinism.emit", lambda name, **f: None)
+    check = InputCheck(recipe_name="r")
+    check.expect({"input_digest": {"epoch": 1, "sha256": "a" * 64}}, checkpoint="ckpt-000000000010",
+                 same_world_size=True)
+    assert check.inexact == [] and "inexact" not in check.to_extra(1)
+    check.observe(1, "b" * 64)
+    entry = {"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000010"}
+    assert check.to_extra(1) == {"input_digest": {"epoch": 1, "sha256": "b" * 64}, "inexact": [entry]}
+    assert check.to_extra(2) == {"inexact": [entry]}  # (epoch 2's input not built yet)
+
+    resumed = InputCheck(recipe_name="r")  # a later attempt restores a checkpoint taken after it
+    resumed.expect({"input_digest": {"epoch": 2, "sha256": "c" * 64}, "inexact": [entry]},
+                   checkpoint="ckpt-000000000025", same_world_size=True)
+    resumed.observe(2, "c" * 64)  # this resume is exact; the history is not
+    assert resumed.to_extra(2)["inexact"] == [entry] == resumed.inexact
+    again = InputCheck(recipe_name="r")  # a restore of a checkpoint from before it: exact again
+    again.expect({"input_digest": {"epoch": 1, "sha256": "a" * 64}}, checkpoint="ckpt-000000000010",
+                 same_world_size=True)
+    again.observe(1, "a" * 64)
+    assert again.inexact == [] and "inexact" not in again.to_extra(1)
+
+
+def test_every_worker_learns_the_chiefs_verdict_so_a_non_chiefs_checkpoint_carries_it_too(monkeypatch):
+    monkeypatch.setattr("resilient_train.runner.input.determinism.emit", lambda name, **f: None)
+    extra = {"input_digest": {"epoch": 1, "sha256": "a" * 64}}
+    chief, other = InputCheck(recipe_name="r"), InputCheck(recipe_name="r")
+    for check in (chief, other):
+        check.expect(extra, checkpoint="ckpt-000000000012", same_world_size=True)
+        assert check.agreement_pending
+    chief.observe(1, "b" * 64)  # only the chief builds input pipeline 0 and compares
+    assert (chief.restore_mismatched, other.restore_mismatched) == (True, False)
+    for check in (chief, other):  # the loop's all-reduce hands both the chief's verdict
+        check.agreed(chief.restore_mismatched)
+        assert not check.agreement_pending
+    entry = {"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000012"}
+    assert chief.inexact == other.inexact == [entry]  # recorded once each
+    assert other.to_extra(1) == {"inexact": [entry]}  # (a non-chief hashes nothing)
+
+    clean = InputCheck(recipe_name="r")
+    clean.expect(extra, checkpoint="ckpt-000000000012", same_world_size=True)
+    clean.agreed(False)
+    assert clean.inexact == [] and not clean.agreement_pending
+    unchecked = InputCheck(recipe_name="r")
+    unchecked.expect(extra, checkpoint="ckpt-000000000012", same_world_size=False)  # other shards: no check
+    assert not unchecked.agreement_pending
+
+
 def test_another_world_size_is_not_compared():
     check = InputCheck(strict=True)
     check.expect({"input_digest": {"epoch": 1, "sha256": "a" * 64}}, checkpoint="c", same_world_size=False)

@@ -359,10 +359,16 @@ def test_the_progress_line_shows_the_whole_run_its_percentage_and_eta():
     (7_999, 2.0, "step 7,999/8,000  99%  ETA 0s"),  # 0.5 s rounds to 0: never 100% before the end
     (8_000, 2.0, "step 8,000/8,000  100%  ETA 0s"),
     (800, 0.5, "step 800/8,000  10%  ETA 4h00m"),
-    (4_000, 0.0, "step 4,000/8,000  50%  ETA ?"),
+    (4_000, 0.0, "step 4,000/8,000  50%"),  # no rate, no ETA
 ])
 def test_percentage_and_eta_for_given_numbers(step, rate, expected):
     assert progress_line(progress(step), epochs=5, steps_per_s=rate).startswith(f"10:00:00  {expected}  epoch ")
+
+
+def test_without_a_steady_rate_the_line_says_no_eta():
+    assert progress_line(progress(1_220), epochs=5, steps_per_s=3.0, eta=False) == (
+        "10:00:00  step 1,220/8,000  15%  epoch 1/5  3.0 steps/s")
+    assert progress_line(progress(1_220), epochs=5, steps_per_s=None) == "10:00:00  step 1,220/8,000  15%  epoch 1/5"
 
 
 def test_a_resumed_run_counts_its_percentage_from_the_global_step():
@@ -382,8 +388,8 @@ def test_on_a_terminal_progress_redraws_one_line_and_is_wiped_before_other_lines
     tail = EventTail(path, Console(out, tty=True, width=80), epochs=5)
     write(path, progress(100, rate=5.0), progress(1_220, rate=27.12))
     tail.pump()
-    first = "10:00:00  step 100/8,000  1%  ETA ?  epoch 1/5  5.0 steps/s"  # the first includes tracing: no ETA yet
-    second = "10:00:00  step 1,220/8,000  15%  ETA 4m10s  epoch 1/5  27.1 steps/s"  # the 2nd rate replaces the 1st
+    first = "10:00:00  step 100/8,000  1%  epoch 1/5"  # the first includes tracing: no rate, no ETA
+    second = "10:00:00  step 1,220/8,000  15%  epoch 1/5  27.1 steps/s"  # its own rate; no steady one yet
     assert out.getvalue() == "\r" + first + "\r" + second.ljust(len(first))
     write(path, {"event": "epoch_finished", "epoch": 0, "global_step": 1_600, "loss": 0.5, "metrics": {}})
     tail.pump()
@@ -403,24 +409,67 @@ def test_on_a_terminal_the_line_is_cut_to_the_width():
     assert out.getvalue() == "\r" + "x" * 19 + "\r" + " " * 19 + "\r" + "next\n"
 
 
+def at(second, **fields):
+    """An event at 10:00:00 + ``second`` (fractions kept: the ETA's clock is the events' ts)."""
+    minutes, seconds = divmod(second, 60)
+    return {"ts": f"2026-11-23T10:{int(minutes):02d}:{seconds:06.3f}+00:00", **fields}
+
+
 def test_in_a_log_progress_is_a_line_every_ten_seconds_from_the_second_event(tmp_path):
     path, out, tail = tail_for(tmp_path, epochs=5)
-    write(path, *(progress(100 * i, ts=f"2026-11-23T10:00:{i:02d}", rate=20.0) for i in range(0, 24, 2)))
+    write(path, *(progress(100 * i, ts=at(i)["ts"], rate=20.0) for i in range(0, 24, 2)))
     tail.pump()
     assert "\r" not in out.getvalue()
+    # 100 steps/s by the events' clock from the second event on (their own 20.0 is shown only
+    # until that is measured: 3 events and 3 s after it)
     assert out.getvalue().splitlines() == [
-        "10:00:02  step 200/8,000  2%  ETA 6m30s  epoch 1/5  20.0 steps/s",
-        "10:00:12  step 1,200/8,000  15%  ETA 5m40s  epoch 1/5  20.0 steps/s",
-        "10:00:22  step 2,200/8,000  27%  ETA 4m50s  epoch 2/5  20.0 steps/s",
+        "10:00:02  step 200/8,000  2%  epoch 1/5  20.0 steps/s",
+        "10:00:12  step 1,200/8,000  15%  ETA 1m08s  epoch 1/5  100.0 steps/s",
+        "10:00:22  step 2,200/8,000  27%  ETA 58s  epoch 2/5  100.0 steps/s",
     ]
 
 
-def test_the_eta_follows_the_recent_rate(tmp_path):
-    path, out, tail = tail_for(tmp_path, epochs=5)
-    write(path, *(progress(100 * i, ts=f"2026-11-23T10:00:{i * 10:02d}", rate=r) for i, r in enumerate((1.0, 10.0, 20.0))))
+def test_no_eta_from_the_first_call_nor_from_a_restarts_first_seconds(tmp_path):
+    # Issue 51 as a run showed it (300 steps at ~50 steps/s): the old console said
+    # "step 2/300  0%  ETA 12m25s" (the second call's 1 step in 2.5 s), and after the
+    # restart "step 152/300  50%  ETA 6m29s".
+    path, out, tail = tail_for(tmp_path, epochs=2)
+    calls = [(1, 5.0, 0.2), (2, 7.5, 0.4), (52, 8.5, 50.0), (102, 9.5, 50.0), (152, 10.5, 50.0)]
+    restart = [(151, 30.0, 0.1), (152, 32.6, 0.4), (202, 33.6, 50.0), (252, 34.6, 50.0), (300, 35.6, 48.0)]
+
+    def events(attempt, rows):
+        first, t0, _ = rows[0]
+        yield at(t0, event="first_step", global_step=first, attempt=attempt)
+        for step, second, rate in rows:
+            yield {**progress(step, rate=rate, epoch=(step - 1) // 150, steps_per_epoch=150), **at(second),
+                   "attempt": attempt}
+
+    write(path, *events(1, calls), at(11.0, event="restored", epoch=1, step_in_epoch=0, global_step=150,
+                                      checkpoint="s/ckpt-000000000150", attempt=2), *events(2, restart))
+    tail.console.tty = True  # every progress event redrawn, as on a terminal
     tail.pump()
-    # 1.0 (tracing) is replaced by 10.0; then 10 + 0.3 x (20 - 10) = 13.0 steps/s: 7,800 steps in 10m00s
+    lines = [line.strip() for line in out.getvalue().replace("\r", "\n").splitlines() if "%" in line]
+    assert lines == [
+        "10:00:05  step 1/300  0%  epoch 1/2",  # the first call: no rate, no ETA
+        "10:00:07  step 2/300  0%  epoch 1/2  0.4 steps/s",  # was "ETA 12m25s"
+        "10:00:08  step 52/300  17%  epoch 1/2  50.0 steps/s",
+        "10:00:09  step 102/300  34%  epoch 1/2  50.0 steps/s",
+        "10:00:10  step 152/300  50%  ETA 3s  epoch 2/2  50.0 steps/s",  # 150 steps / 3 s after the second call
+        "10:00:30  step 151/300  50%  epoch 2/2",  # the restart's first call
+        "10:00:32  step 152/300  50%  epoch 2/2  0.4 steps/s",  # was "ETA 6m29s"
+        "10:00:33  step 202/300  67%  epoch 2/2  50.0 steps/s",
+        "10:00:34  step 252/300  84%  epoch 2/2  50.0 steps/s",
+        "10:00:35  step 300/300  100%  ETA 0s  epoch 2/2  49.3 steps/s",  # 148 steps / 3 s
+    ]
+
+
+def test_a_fit_scripts_progress_has_its_total_percentage_and_eta(tmp_path):
+    # The supervisor cannot read a fit script's epochs (tail epochs=None); the event says them.
+    path, out, tail = tail_for(tmp_path, epochs=None)
+    write(path, *({**progress(step, steps_per_epoch=100, rate=9.0, accuracy=0.9407, loss=0.2667), **at(second),
+                   "epochs": 3} for step, second in ((1, 0.0), (41, 1.0), (81, 2.0), (121, 3.0), (177, 12.0))))
+    tail.pump()
     assert out.getvalue().splitlines() == [
-        "10:00:10  step 100/8,000  1%  ETA 13m10s  epoch 1/5  10.0 steps/s",
-        "10:00:20  step 200/8,000  2%  ETA 10m00s  epoch 1/5  13.0 steps/s",
+        "10:00:01  step 41/300  13%  epoch 1/3  accuracy 0.9407  loss 0.2667  9.0 steps/s",
+        "10:00:12  step 177/300  59%  ETA 10s  epoch 2/3  accuracy 0.9407  loss 0.2667  12.4 steps/s",
     ]

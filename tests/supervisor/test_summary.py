@@ -60,7 +60,7 @@ def test_final_validation_is_the_last_evaluated_epoch():
 
 def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomically(tmp_path):
     run_dir = hand_built(tmp_path)
-    manifest = SimpleNamespace(epoch=2, global_step=20, weights_sha256="a" * 64)  # the fields a summary reads
+    manifest = SimpleNamespace(epoch=2, global_step=20, weights_sha256="a" * 64, inexact=[])  # the fields a summary reads
     root = RootCauseRecord(rank=1, pid=42, exit="exit code 1", type="ValueError", message="bad", global_step=7, attempt=2)
     totals = RunTotals(restarts=1, preemptions=2, lost_steps=3, root_cause=root)
     summary = build_summary(
@@ -74,7 +74,7 @@ def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomica
     assert summary == {
         "status": "completed", "run_id": "r", "recipe": "recipes/x.py",
         "epochs": 2, "global_step": 20, "weights_sha256": "a" * 64, "checkpoint": "file:///s/ckpt-000000000020",
-        "attempts": 2, "restarts": 1, "preemptions": 2, "membership_changes": 0, "lost_steps": 3,
+        "exact": True, "inexact": [], "attempts": 2, "restarts": 1, "preemptions": 2, "membership_changes": 0, "lost_steps": 3,
         "root_cause": {"rank": 1, "pid": 42, "exit": "exit code 1", "type": "ValueError", "message": "bad",
                        "global_step": 7, "attempt": 2},
         "workers": 2, "world_sizes": {"1": 2, "2": 1}, "run_dir": str(run_dir.path), "storage": "file:///s", "events": str(run_dir.events),
@@ -107,7 +107,22 @@ def test_without_a_checkpoint_the_summary_says_none():
     )
     assert (summary["epochs"], summary["global_step"], summary["weights_sha256"], summary["checkpoint"], summary["attempts"]) == (
         0, 0, None, None, 0)
+    assert (summary["exact"], summary["inexact"]) == (None, [])
     assert "val_epoch" not in summary
+
+
+def test_a_checkpoint_with_an_inexact_resume_behind_it_makes_the_summary_say_not_exact():
+    from resilient_train.checkpoint.manifest import FileEntry, Manifest, now_utc
+
+    entry = {"cause": "input_mismatch", "epoch": 1, "checkpoint": "ckpt-000000000010"}
+    manifest = Manifest(schema_version=1, run_id="r", epoch=3, step_in_epoch=0, global_step=30, world_size=2,
+                        tf_version="2", created_at=now_utc(), files={"ckpt/x": FileEntry(1, "0" * 64)},
+                        weights_sha256="b" * 64, extra={"completed": True, "inexact": [entry, "not ours"]})
+    summary = build_summary(
+        status="completed", run_id="r", recipe="x", workers=2, run_dir=RunDir("/nowhere"), storage_url="file:///s",
+        manifest=manifest, totals=RunTotals(), records=[], wall_time_s=0.0,
+    )
+    assert (summary["status"], summary["exact"], summary["inexact"]) == ("completed", False, [entry])
 
 
 def test_steps_finished_inside_a_call_that_broke_count_as_lost_as_the_root_cause_reports(tmp_path):

@@ -25,6 +25,15 @@ Two things make a recipe's input differ between an uninterrupted run and a resum
   ``input_mismatch`` event and a warning naming the likely cause, or, with
   ``--strict-resume``, a fatal error (exit 3).
 
+A mismatch is not only said once: it is recorded in every later checkpoint's manifest
+(``extra["inexact"]``, checkpoint/manifest.py), inherited through later restores, so the run's
+end (summary.json's ``exact``, the final line, ``verify``) says its weights are not the
+uninterrupted run's, whatever restarted in between, the supervisor included. Only the chief
+compares, but with the memory tier any worker may commit (a survivor's rescue,
+runner/state/memory_tier.py): then, once the epoch a restore entered is built, every worker
+learns the chief's verdict in one all-reduce (:meth:`InputCheck.agreed`, called by the loop)
+and records it the same way.
+
 The check compares like with like only: the chief's shard (input pipeline 0) with the
 same number of workers as the checkpoint. It costs one first-batch build per epoch on the
 chief (two on the epoch a restore enters), nothing per step.
@@ -40,6 +49,7 @@ from typing import Any, Mapping
 import numpy as np
 import tensorflow as tf
 
+from resilient_train.checkpoint.manifest import INEXACT_EXTRA_KEY, inexact_resumes
 from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import emit
 
@@ -98,12 +108,38 @@ class InputCheck:
         self.recipe_name = recipe_name
         self._observed: dict[int, str] = {}
         self._expected: tuple[int, str, str] | None = None  # epoch, sha256, checkpoint
+        self._inexact: list[dict[str, Any]] = []  # the inexact resumes behind the current state
+        self._agreement_pending = False  # a restore's check is due: every worker must learn its verdict
+        self._restore_mismatched = False  # the chief: this attempt's check found a mismatch
 
     def expect(self, extra: Mapping[str, Any], *, checkpoint: str, same_world_size: bool) -> None:
-        """After a restore: the digest the checkpoint recorded for the epoch it was in."""
+        """After a restore: the digest the checkpoint recorded for the epoch it was in, and the
+        inexact resumes in its history (this attempt's checkpoints carry them on)."""
+        self._inexact = inexact_resumes(dict(extra))
         recorded = extra.get(_EXTRA_KEY)
         if same_world_size and isinstance(recorded, Mapping) and "epoch" in recorded and "sha256" in recorded:
             self._expected = (int(recorded["epoch"]), str(recorded["sha256"]), checkpoint)
+            self._agreement_pending = True  # (the same on every worker: they restored the same manifest)
+
+    @property
+    def agreement_pending(self) -> bool:
+        """True on every worker from a restore that will be checked until :meth:`agreed`: the
+        loop then all-reduces :attr:`restore_mismatched` once the restored epoch's input is built."""
+        return self._agreement_pending
+
+    @property
+    def restore_mismatched(self) -> bool:
+        """The chief: the check after this attempt's restore found the input changed."""
+        return self._restore_mismatched
+
+    def agreed(self, chief_mismatched: bool) -> None:
+        """Every worker, with the chief's verdict: a non-chief records the chief's mismatch as the
+        chief did, so a checkpoint it commits (a rescue) carries it too."""
+        self._agreement_pending = False
+        if chief_mismatched and not self._restore_mismatched and self._expected is not None:
+            epoch, _, checkpoint = self._expected
+            self._expected = None
+            self._inexact.append(_inexact_entry(epoch, checkpoint))
 
     def recorded(self, epoch: int) -> bool:
         """Whether this process hashed epoch ``epoch``'s first batch already (ahead of it)."""
@@ -124,10 +160,19 @@ class InputCheck:
         if expected != digest:
             self._mismatch(epoch, expected, digest, checkpoint)
 
+    @property
+    def inexact(self) -> list[dict[str, Any]]:
+        """The inexact resumes behind the current state ([]: exact as far as the check can tell)."""
+        return list(self._inexact)
+
     def to_extra(self, epoch: int) -> dict[str, Any]:
-        """What a checkpoint taken in ``epoch`` records (nothing before its input was built)."""
+        """What a checkpoint taken in ``epoch`` records: its input's digest (nothing before its
+        input was built) and the inexact resumes behind it (nothing when there are none)."""
         digest = self._observed.get(epoch)
-        return {_EXTRA_KEY: {"epoch": epoch, "sha256": digest}} if digest is not None else {}
+        extra: dict[str, Any] = {_EXTRA_KEY: {"epoch": epoch, "sha256": digest}} if digest is not None else {}
+        if self._inexact:
+            extra[INEXACT_EXTRA_KEY] = [dict(entry) for entry in self._inexact]
+        return extra
 
     def _mismatch(self, epoch: int, expected: str, found: str, checkpoint: str) -> None:
         message = (
@@ -142,4 +187,12 @@ class InputCheck:
              found_sha256=found, strict=self.strict)
         if self.strict:
             raise RecipeError(message + " (--strict-resume)")
+        self._restore_mismatched = True
+        self._inexact.append(_inexact_entry(epoch, checkpoint))
         print(f"resilient-train: warning: {message}", file=sys.stderr)
+
+
+def _inexact_entry(epoch: int, checkpoint: str) -> dict[str, Any]:
+    """One ``extra["inexact"]`` entry (checkpoint/manifest.py): epoch ``epoch``'s input differed
+    after restoring ``checkpoint``."""
+    return {"cause": "input_mismatch", "epoch": epoch, "checkpoint": checkpoint}

@@ -145,7 +145,7 @@ class TensorBoardLog:
         self._start_attempt(int(record["global_step"]), record)
 
     def _on_train_progress(self, r: dict[str, Any]) -> None:
-        skip = {"event", "ts", "epoch", "step_in_epoch", "steps_per_epoch", "global_step", "steps_per_s",
+        skip = {"event", "ts", "epoch", "step_in_epoch", "steps_per_epoch", "epochs", "global_step", "steps_per_s",
                 "steps_per_call", "attempt", "rank", "role", "run_id", "level"}
         values = {f"train/{k}": v for k, v in r.items() if k not in skip and _is_number(v)}
         values["perf/steps_per_s"] = r.get("steps_per_s")
