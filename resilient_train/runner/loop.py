@@ -992,15 +992,16 @@ class Trainer:
         if validation is None:
             validation = self._after_epoch_saved(epoch)
         self.checkpointer.flush()  # the epoch-end checkpoint is committed (the chief's wait; others have none)
-        self._report_epoch(self._epoch_results, validation)
+        self._report_epoch(self._epoch_results, validation, stopped_early=self._stopped_early)
         self.faults.hit("after_epoch_finished", global_step)
 
-    def _report_epoch(self, results: EpochResults, validation: dict[str, Any], *, after_restore: bool = False,
-                      stopped_early: bool | None = None) -> None:
+    @staticmethod
+    def _report_epoch(results: EpochResults, validation: dict[str, Any], *, stopped_early: bool,
+                      after_restore: bool = False) -> None:
         """``epoch_finished`` (and ``training_stopped`` when a callback ended training there)."""
         emit("epoch_finished", group=True, **results.event_fields(validation),
              **({"after_restore": True} if after_restore else {}))
-        if self._stopped_early if stopped_early is None else stopped_early:
+        if stopped_early:
             emit("training_stopped", group=True, epoch=results.epoch, global_step=results.global_step,
                  reason="model.stop_training")
 
@@ -1021,8 +1022,8 @@ class Trainer:
         validation = results.validation
         if validation is None:  # evaluated after the save: again now (deterministic, the same numbers)
             validation = self._after_epoch_saved(results.epoch)
-        self._report_epoch(results, validation, after_restore=True,
-                           stopped_early=bool(manifest.extra.get("stopped_early")))
+        self._report_epoch(results, validation, stopped_early=bool(manifest.extra.get("stopped_early")),
+                           after_restore=True)
 
     def _callbacks_epoch_end(self, epoch: int, means: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Evaluate, ``on_epoch_end``, agree on stopping; (the evaluation's event fields, the logs)."""

@@ -1,4 +1,7 @@
-"""Epoch ends do not wait for TensorFlow's teardown of the finished epoch's input.
+"""Epoch ends: they do not wait for the finished epoch's input teardown, and a kill at any
+point of one reports each epoch exactly once (below).
+
+Epoch ends do not wait for TensorFlow's teardown of the finished epoch's input.
 
 tests/recipes/slow_teardown.py's pipeline takes 12 s to tear down at every epoch end (its
 generator's cleanup), as a long epoch's tf.data pipeline took 20-60 s on the digits demo. Before runner/input/teardown.py the training thread sat in that teardown at
@@ -7,7 +10,7 @@ every epoch end; now the worker's reaper thread does it while the next epoch tra
 
 import pytest
 
-from tests.integration.harness import recipe_variant, run_job
+from tests.integration.harness import kill, recipe_variant, run_job, run_job_until, worker_pids
 
 SLOW_TEARDOWN = "tests/recipes/slow_teardown.py"
 
@@ -131,3 +134,17 @@ def test_an_epoch_end_with_callbacks_killed_at_the_evaluation_the_callbacks_or_t
     assert restored[:1] == [5] and restored[2:] == [30, 40]  # attempt 2's: 20, or 15 if its commit was cut
     rows = (tmp_path / "run" / "epochs.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in rows] == ["epoch", "0", "1", "2", "3"]
+
+
+@pytest.mark.slow  # the point-by-point tests above cover the guarantee; this is the issue's own recipe
+def test_rank_1_killed_from_outside_as_epoch_0s_end_commits_reports_each_epoch_once(tmp_path, linear_recipe,
+                                                                                     epoch_reference):
+    # The issue's case, with the memory tier as users get it: kill -9 of rank 1 once the
+    # commit of the epoch end (step 10) is in the event log. Where the kill lands is up to
+    # the scheduler (the chief's evaluation, its report, the next epoch's first steps); the
+    # survivor's rescue may commit a newer snapshot. Every outcome must report each epoch once.
+    epoch_0_committed = lambda events: any(  # noqa: E731
+        e["event"] == "checkpoint_committed" and e["global_step"] == 10 for e in events)
+    job = run_job_until(linear_recipe, tmp_path / "run", *EPOCH_FLAGS, when=epoch_0_committed,
+                        action=lambda proc, events: kill(worker_pids(events)[1]), tier_default=True)
+    assert_reported_once_as_uninterrupted(job, epoch_reference, restarts=1)
