@@ -28,8 +28,10 @@
 #    async (default): the chief snapshots into its twin and a background thread persists;
 #    other workers write nothing. sync: all workers write the tf.train.Checkpoint
 #    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
-#    last). Every epoch end is saved; then _after_epoch_saved (the epoch-end hook) runs
-#    and epoch_finished is emitted.
+#    last). Every epoch end is saved, carrying the epoch's results; then _after_epoch_saved
+#    (the epoch-end hook) runs and, once that checkpoint is committed, epoch_finished is
+#    emitted; a restore at an epoch end reports an epoch whose report a kill prevented
+#    (runner/outputs/epoch_results.py).
 #    The memory tier (--snapshot-every N, runner/state/memory_tier.py): every worker keeps
 #    a twin, calls also end N steps after the last snapshot or save, and there every
 #    worker snapshots (_snapshot: the same request a save builds, nothing persisted); a
@@ -92,6 +94,7 @@ from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
+from resilient_train.runner.outputs.epoch_results import EpochResults, already_reported
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
@@ -112,7 +115,7 @@ from resilient_train.rundir.stepmarker import (
     PhaseMarker,
     StepMarker,
 )
-from resilient_train.rundir.layout import AttemptDir
+from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.runner.outputs.tensorboard import TensorBoardLog
 from resilient_train.rundir.stepindices import StepIndexLog
 from resilient_train.runner.state import ckpt_layout
@@ -226,6 +229,8 @@ class Trainer:
         # stopped_early, callbacks.json's stopped). Not a preemption.
         self._stopped_early = False
         self._callback_state: bytes | None = None  # the restored checkpoint's callbacks.json
+        # The epoch just ended, carried by its epoch-end checkpoint (runner/outputs/epoch_results.py).
+        self._epoch_results: EpochResults | None = None
         self._async: AsyncCheckpointer | None = None
         self.policy = SavePolicy(
             every_steps=job.save_every_steps or 0,
@@ -680,6 +685,7 @@ class Trainer:
             input_reentry=reentry,
             input_reentry_reason=reentry_reason,
         )
+        self._report_epoch_end_after_restore(manifest)
 
     # ------------------------------------------------------------------ save
     def save(self, *, completed: bool = False, flush: bool = False, after_call: bool = False) -> Manifest | None:
@@ -803,6 +809,8 @@ class Trainer:
             step_in_epoch=step_in_epoch,
             extra={
                 **self.stats.to_extra(),
+                **(self._epoch_results.to_extra()
+                   if self._epoch_results is not None and self._epoch_results.global_step == global_step else {}),
                 "completed": completed,
                 **({"stopped_early": True} if self._stopped_early else {}),
                 "epochs": self.job.epochs,
@@ -976,14 +984,17 @@ class Trainer:
         """Epoch-end hook: runs after epoch ``epoch``'s checkpoint is saved, before
         ``epoch_finished`` is emitted; returns extra fields for that event: the held-out
         evaluation's results. It reads the weights only, so an async commit overlaps it.
-        With callbacks it runs before the save instead (on_epoch_end needs val_*)."""
+        With callbacks it runs before the save instead (on_epoch_end needs val_*); after a
+        restore at an epoch end whose evaluation never finished, it runs then."""
         if self._evaluator is None:
             return {}
         previous = self._phase.enter(PHASE_EVAL)
         try:
-            return self._evaluator.after_epoch(epoch + 1)
+            fields = self._evaluator.after_epoch(epoch + 1)
         finally:
             self._phase.restore(previous)
+        self.faults.hit("after_evaluation", int(self.global_step.numpy()))
+        return fields
 
     def _finish_epoch(self, epoch: int) -> None:
         """Advance the counters past epoch ``epoch``, save, report ``epoch_finished``.
@@ -992,25 +1003,61 @@ class Trainer:
         ``val_*``) runs before the save, with the stop agreed by every worker, so the saved
         callback state has seen the epoch; ``on_train_end`` runs before the final save.
         Without, the evaluation follows the save (an async commit overlaps it).
+
+        The epoch-end checkpoint carries the epoch's numbers, and ``epoch_finished`` waits
+        for its commit (runner/outputs/epoch_results.py): a kill before the commit trains
+        the epoch again, which reports it then; a kill after it leaves the report to the
+        restore (``_report_epoch_end_after_restore``). Exactly once either way.
         """
         means = self.stats.means()
-        extra, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
+        validation, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
         self.epoch.assign_add(1)
         self.step_in_epoch.assign(0)
         self.stats = _EpochStats()
+        global_step = int(self.global_step.numpy())
+        self._epoch_results = EpochResults(epoch=epoch, global_step=global_step, loss=means.pop("loss", None),
+                                           metrics=means, validation=validation)
         completed = self._stopped_early or epoch + 1 >= self.job.epochs
         if completed and self._callbacks:
             self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
         if not completed:
             self._record_next_input(epoch + 1)
         self.save(completed=completed)
-        if extra is None:
-            extra = self._after_epoch_saved(epoch)
-        emit("epoch_finished", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
-             loss=means.pop("loss", None), metrics=means, **extra)
-        if self._stopped_early:
-            emit("training_stopped", group=True, epoch=epoch, global_step=int(self.global_step.numpy()),
+        if validation is None:
+            validation = self._after_epoch_saved(epoch)
+        self.checkpointer.flush()  # the epoch-end checkpoint is committed (the chief's wait; others have none)
+        self._report_epoch(self._epoch_results, validation, stopped_early=self._stopped_early)
+        self.faults.hit("after_epoch_finished", global_step)
+
+    @staticmethod
+    def _report_epoch(results: EpochResults, validation: dict[str, Any], *, stopped_early: bool,
+                      after_restore: bool = False) -> None:
+        """``epoch_finished`` (and ``training_stopped`` when a callback ended training there)."""
+        emit("epoch_finished", group=True, **results.event_fields(validation),
+             **({"after_restore": True} if after_restore else {}))
+        if stopped_early:
+            emit("training_stopped", group=True, epoch=results.epoch, global_step=results.global_step,
                  reason="model.stop_training")
+
+    def _report_epoch_end_after_restore(self, manifest: Manifest) -> None:
+        """A restore exactly at an epoch end whose ``epoch_finished`` was never written (the
+        previous attempt died between the commit and the report): report it now, with the
+        numbers the checkpoint carries, evaluating first if the evaluation had not finished
+        before the save. The chief decides from this run's events.jsonl (it alone writes
+        group events there); every worker follows its answer (one all-reduce), since the
+        evaluation is collective."""
+        results = EpochResults.from_extra(manifest.extra) if manifest.step_in_epoch == 0 else None
+        if results is None or results.global_step != manifest.global_step:
+            return  # mid-epoch: the epoch before was reported before any step of this one
+        missing = self.cluster.is_chief and not already_reported(
+            RunDir(self.job.run_dir).events, run_id=self.run_id, epoch=results.epoch, global_step=results.global_step)
+        if not self._gather(int(missing))[0]:  # the chief's answer, on every worker
+            return
+        validation = results.validation
+        if validation is None:  # evaluated after the save: again now (deterministic, the same numbers)
+            validation = self._after_epoch_saved(results.epoch)
+        self._report_epoch(results, validation, stopped_early=bool(manifest.extra.get("stopped_early")),
+                           after_restore=True)
 
     def _callbacks_epoch_end(self, epoch: int, means: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Evaluate, ``on_epoch_end``, agree on stopping; (the evaluation's event fields, the logs)."""
@@ -1022,6 +1069,7 @@ class Trainer:
             logs.update({f"val_{name}": value for name, value in extra["val_metrics"].items()})
         logs = self._callbacks.epoch_end(epoch, logs)
         self._stopped_early = self._agree(self._callbacks.stop_training) or self._stopped_early
+        self.faults.hit("after_epoch_end_callbacks", int(self.global_step.numpy()))
         return extra, logs
 
     def run(self) -> TrainResult | None:

@@ -191,7 +191,8 @@ def _epoch_finished(r: Mapping[str, Any], _: Facts) -> str:
     metrics = _metrics(r.get("metrics") or {})
     if metrics:
         parts.append(metrics)
-    return "  ".join(parts) + _validation_text(r)
+    late = "  (reported after the restart)" if r.get("after_restore") else ""
+    return "  ".join(parts) + _validation_text(r) + late
 
 
 def _training_stopped(r: Mapping[str, Any], _: Facts) -> str:

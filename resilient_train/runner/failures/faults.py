@@ -12,7 +12,12 @@ file of the checkpoint, the manifest is not written), ``after_commit`` (MANIFEST
 the step, like a recipe bug), ``input`` (the ``global_step``-th batch this process's input
 pipeline reads; pulled only by a recipe that asks for it, as the chaos suite's generated
 input-fault recipe does: :func:`input_gate`), ``before_join`` (start-up, before the worker probes its
-peers; ``global_step`` 0 and no signal: see below). ``attempt`` defaults to 1, so a restarted group runs clean.
+peers; ``global_step`` 0 and no signal: see below). The epoch end's points, at the epoch's last
+global step, in the order of an epoch end (runner/loop.py ``_finish_epoch``):
+``after_evaluation`` (the held-out evaluation returned: before the save with callbacks, after it
+without, or after a restore that evaluates again), ``after_epoch_end_callbacks`` (``on_epoch_end``
+ran and the stop was agreed, before the save), ``after_epoch_finished`` (the epoch's
+``epoch_finished`` was emitted); the commit between them is ``before_commit`` / ``after_commit``. ``attempt`` defaults to 1, so a restarted group runs clean.
 The signal is real (``os.kill`` on the own pid; SIGSTOP on the calling thread), so the
 supervisor sees a real death. Each fault fires once.
 
@@ -46,7 +51,8 @@ from typing import Mapping
 
 __all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
 
-POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join")
+POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join",
+          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished")
 HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
 
 
