@@ -6,7 +6,8 @@ Each invocation ends with ``Page: RUN_DIR/report.html`` and the file is there (w
 run command after the supervisor returned, under the run dir's umask); the second page shows
 the pause as a gap between runs, no fault band. ``resilient-train export`` of that run's
 checkpoints, run as a user runs it (no TF_CPP_MIN_LOG_LEVEL of ours), says one line on stdout
-and nothing on stderr: none of TensorFlow's CUDA chatter on this GPU-less machine.
+and nothing on stderr: none of TensorFlow's CUDA chatter on this GPU-less machine; nor does
+``verify --deep``.
 """
 
 from __future__ import annotations
@@ -78,16 +79,28 @@ def test_the_pause_between_the_runs_is_a_gap_not_downtime(stopped_and_resumed):
            f"{preempted['step_in_epoch']}) and stopped" in "\n".join(dom.titles)
 
 
-def test_export_says_nothing_of_cuda_on_stderr(stopped_and_resumed, tmp_path):
-    _, second, _ = stopped_and_resumed
+def _as_a_user(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m resilient_train ARGV`` with the user's environment (no TF_CPP_MIN_LOG_LEVEL of ours)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    out = tmp_path / "model"
-    proc = subprocess.run([sys.executable, "-m", "resilient_train", "export", str(second.run_dir / "checkpoints"),
-                           "--recipe", RECIPE, "--out", str(out)], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "resilient_train", *argv], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
+
+
+def test_export_says_nothing_of_cuda_on_stderr(stopped_and_resumed, tmp_path):
+    _, second, _ = stopped_and_resumed
+    out = tmp_path / "model"
+    proc = _as_a_user("export", str(second.run_dir / "checkpoints"), "--recipe", RECIPE, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     digest = second.summary["weights_sha256"]
     assert proc.stdout == (f"Exported global step 30 (weights_sha256 {digest}) to {out}: model.keras, saved_model, "
                            f"export.json\n")
+
+
+def test_verify_deep_says_nothing_of_cuda_on_stderr(stopped_and_resumed):
+    _, second, _ = stopped_and_resumed
+    proc = _as_a_user("verify", str(second.run_dir / "checkpoints"), "--deep")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.splitlines()[-1].startswith("global_step 30: consistent: ")
