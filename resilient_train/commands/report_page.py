@@ -177,6 +177,7 @@ class RunView:
     _times: tuple[float, ...] = field(default=(), init=False, repr=False)
     t0: float = field(default=0.0, init=False)  # the first event's time (epoch seconds)
     t_end: float = field(default=0.0, init=False)  # the last event's
+    _invocations: tuple[Invocation, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         times = tuple(_timestamp(e) for e in self.events)
@@ -184,6 +185,7 @@ class RunView:
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "t0", min(known) if known else 0.0)
         object.__setattr__(self, "t_end", max(known) if known else 0.0)
+        object.__setattr__(self, "_invocations", tuple(self._split_invocations()))
 
     # -- time ---------------------------------------------------------------------------
 
@@ -242,7 +244,10 @@ class RunView:
 
     def invocations(self) -> list[Invocation]:
         """Every ``resilient-train run`` that wrote this run dir, in order (module docstring)."""
-        opens = []
+        return list(self._invocations)
+
+    def _split_invocations(self) -> list[Invocation]:
+        opens: list[int] = []
         for i, e in enumerate(self.events):
             if e.get("event") in _INVOCATION_OPENS:
                 first = i
