@@ -242,9 +242,13 @@ class RunView:
     def restores(self) -> list[tuple[int, dict[str, Any]]]:
         return [(i, e) for i, e in enumerate(self.events) if e.get("event") == "restored"]
 
-    def invocations(self) -> list[Invocation]:
+    def invocation_spans(self) -> list[Invocation]:
         """Every ``resilient-train run`` that wrote this run dir, in order (module docstring)."""
         return list(self._invocations)
+
+    def invocations(self) -> int:
+        """How many ``resilient-train run`` invocations wrote this run dir (a stopped run is resumed by another)."""
+        return len(self._invocations)
 
     def _split_invocations(self) -> list[Invocation]:
         opens: list[int] = []
@@ -274,7 +278,7 @@ class RunView:
 
     def gaps(self) -> list[Gap]:
         """The time between invocations: the run was stopped, nothing was supposed to train."""
-        runs = self.invocations()
+        runs = self.invocation_spans()
         return [Gap(before.end, after.start, before.ended()) for before, after in zip(runs, runs[1:])
                 if after.start > before.end]
 
@@ -282,7 +286,7 @@ class RunView:
         """Downtime: restarts, resizes, hangs; a later invocation's start-up only after a
         preemption or a killed supervisor (module docstring). Never the time between invocations."""
         bands: list[Band] = []
-        runs = self.invocations()
+        runs = self.invocation_spans()
         for n, run in enumerate(runs):
             open_at: float | None = None
             open_reason, open_kind, open_attempt = "", "restart", 0
@@ -326,7 +330,7 @@ class RunView:
 
     def wall_seconds(self) -> float:
         # summary.json describes the last invocation only; several are measured by their events
-        if len(self.invocations()) == 1 and self.summary and isinstance(self.summary.get("wall_time_s"), (int, float)):
+        if self.invocations() == 1 and self.summary and isinstance(self.summary.get("wall_time_s"), (int, float)):
             return float(self.summary["wall_time_s"])
         return self.t_end - self.t0
 
@@ -340,8 +344,7 @@ class RunView:
         s = dict(self.summary or {})
         finished = [e for e in self.events if e.get("event") == "run_finished"]
         last = finished[-1] if finished else {}
-        invocations = len(self.invocations())
-        if invocations > 1:  # summary.json and run_finished count the last invocation only
+        if self.invocations() > 1:  # summary.json and run_finished count the last invocation only
             for key in ("restarts", "preemptions", "lost_steps"):
                 if all(isinstance(f.get(key), int) for f in finished) and finished:
                     s[key] = sum(f[key] for f in finished)
@@ -368,7 +371,7 @@ class RunView:
             ("status", str(pick("status") or "unfinished (no run_finished event)")),
             ("global step", _text(steps)),
             ("weights sha256", _text(pick("weights_sha256"))),
-            ("invocations", str(invocations)),
+            ("invocations", str(self.invocations())),
             ("attempts", _text(s.get("attempts", len(self.attempts()) or None))),
             ("restarts", _text(restarts)),
             ("preemptions", _text(preemptions)),

@@ -288,7 +288,7 @@ def _stopped_and_rerun(stop_source: str = "supervisor:SIGTERM") -> list[dict]:
 def test_a_stop_and_a_rerun_20_s_later_is_a_gap_not_downtime(tmp_path):
     run_dir = _write_run(tmp_path, _stopped_and_rerun())
     dom, view = _dom(run_dir), load_run(run_dir)
-    assert [(round(i.start, 3), round(i.end, 3), i.status, i.stopped_by) for i in view.invocations()] == [
+    assert [(round(i.start, 3), round(i.end, 3), i.status, i.stopped_by) for i in view.invocation_spans()] == [
         (0.0, 11.6, "preempted", "SIGTERM"), (31.6, 41.6, "completed", None)]
     assert [(g["data-seconds"]) for g in dom.of_class("gap")] == ["20.000"]
     assert "between runs: 20.0 s with no run under way (not downtime, not in goodput)\nbefore it: Run preempted: " \
@@ -329,7 +329,7 @@ def test_a_killed_supervisor_ends_its_invocation_at_its_last_event(tmp_path):
          "wait_s": 0.5, "role": "supervisor"}]
     events += [e for e in _stopped_and_rerun() if e["ts"] >= _ts(31.6)]
     view = load_run(_write_run(tmp_path, events))
-    assert [(round(i.start, 3), round(i.end, 3), i.status) for i in view.invocations()] == [
+    assert [(round(i.start, 3), round(i.end, 3), i.status) for i in view.invocation_spans()] == [
         (0.0, 10.6, None), (30.0, 41.6, "completed")]
     assert [(round(g.start, 3), round(g.end, 3), g.after) for g in view.gaps()] == [
         (10.6, 30.0, "its supervisor ended without finishing (killed?)")]
@@ -365,3 +365,15 @@ def test_events_the_console_leaves_to_the_supervisor_read_as_its_lines(tmp_path)
     assert "00:00:16  Stopping: restart budget exhausted (3 restarts)" in dom.titles
     assert "00:00:16  rescue: asked rank 0 to commit its in-memory snapshot (rank 1 died); waiting at most 2.5 s" \
         in dom.titles
+
+
+def test_every_fault_marker_has_the_consoles_words():
+    """No marker falls back to a label: each fault event has a console sentence, or the
+    supervisor's own line (SAID_BY_SUPERVISOR, for events the console hides); a worker's exit
+    has the page's root-cause text."""
+    from resilient_train.commands.report_page import FAULT_EVENTS
+    from resilient_train.supervisor.console import CONSOLE, SAID_BY_SUPERVISOR
+
+    assert [name for name in FAULT_EVENTS if name != "worker_exited"
+            and CONSOLE.get(name) is None and name not in SAID_BY_SUPERVISOR] == []
+    assert [name for name in SAID_BY_SUPERVISOR if CONSOLE[name] is not None] == []  # only for hidden ones
