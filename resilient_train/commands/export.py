@@ -40,17 +40,19 @@ def add_parser(subparsers: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from resilient_train.checkpoint import parse_storage_options
+    from resilient_train.commands.tf_stderr import tensorflow_chatter_filtered
     from resilient_train.job.config import parse_set_pairs
 
-    return export_command(
-        args.url,
-        recipe_spec=args.recipe,
-        out=args.out,
-        step=args.step,
-        formats=tuple(args.format or _FORMATS),
-        storage_options=parse_storage_options(args.storage_option),
-        overrides=parse_set_pairs(args.set),
-    )
+    with tensorflow_chatter_filtered():  # the recipe loads TensorFlow here, in this process
+        return export_command(
+            args.url,
+            recipe_spec=args.recipe,
+            out=args.out,
+            step=args.step,
+            formats=tuple(args.format or _FORMATS),
+            storage_options=parse_storage_options(args.storage_option),
+            overrides=parse_set_pairs(args.set),
+        )
 
 
 def export_command(

@@ -22,17 +22,34 @@ turns one into the HTML text. Nothing here writes a file (``commands/run_report.
 Definitions (also stated on the page):
 
 * *wall time*: summary.json's ``wall_time_s``, else first to last event (see below);
+* *invocation*: one ``resilient-train run`` of the run dir. It opens with its ``run_started``
+  (``run_already_complete`` for a run that found nothing to do), together with the events its
+  supervisor writes just before it (``storage_claimed``, ``job_changed``, ``storage_retry``,
+  the ``run_state`` out of ``preparing``), and holds every event up to the next invocation's
+  first; it ends at its last event (its ``run_finished``, or whatever its supervisor wrote
+  last when it was killed);
+* *stopped between runs*: from the end of one invocation to the start of the next, whatever
+  ended the first (a SIGTERM or Ctrl-C stop, a preemption, a failure, a completion, a killed
+  supervisor): no ``run`` was under way, so nothing was supposed to train and the time is
+  nobody's downtime; shown as a gap, never a fault band;
 * *training time*: per attempt, from its ``first_step`` (else its first ``train_progress``)
   to its last event from a worker; summed over attempts;
-* *goodput*: training time / wall time;
+* *goodput*: training time / (wall time - stopped between runs);
 * *downtime* of a restart or resize: from the moment the run left ``running`` (a
   ``run_state`` to ``stopping``, ``hung``, ``restarting`` or ``resizing``) to the next
   attempt's ``first_step`` (after a hang, from the last progress: ``hang_detected``'s
-  ``seconds`` before it); of a preemption: from ``run_state`` to ``preempted`` to the
-  resuming invocation's first step; *time lost*: the sum of downtimes.
+  ``seconds`` before it), cut at the end of its invocation when its supervisor was killed
+  mid-restart. A later invocation's own start-up (its start to its first step) is start-up,
+  as the first invocation's is, after a stop by a signal to the supervisor, a failure or a
+  completion; it is downtime only when the invocation before was stopped by a preemption
+  notice or its launcher (a ``preemption`` band) or ended without ``run_finished`` (its
+  supervisor was killed: a ``restart`` band). *Time lost*: the sum of downtimes.
 * summary.json and ``run_finished`` describe the last ``resilient-train run`` invocation
   only: where several wrote the run dir (a preempted run resumed), restarts, preemptions and
   lost steps are summed over their ``run_finished`` events and wall time is first to last event.
+
+Words: a marker's tooltip is the line the console prints for its event
+(supervisor/console.py ``event_line``: the same sentences, epochs counted from 1).
 """
 
 from __future__ import annotations
@@ -47,14 +64,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
-from resilient_train.supervisor.console import inexact_text
+from resilient_train.supervisor.console import checkpoint_position, event_line, inexact_text
 
-__all__ = ["RunView", "Band", "load_run", "parse_events", "render_page", "FAULT_EVENTS", "SUPERVISOR_LANE"]
+__all__ = ["RunView", "Band", "Gap", "Invocation", "load_run", "parse_events", "render_page", "FAULT_EVENTS",
+           "SUPERVISOR_LANE"]
 
 SUPERVISOR_LANE = "supervisor"
 
-# Events drawn as a fault marker, and the line its tooltip starts with. A worker's exit is a
-# fault only when it was not a clean exit 0 (handled in _fault_text).
+# Events drawn as a fault marker, and what its tooltip says when the console has no line for it
+# (the console's line comes first: event_line). A worker's exit is a fault only when it was not
+# a clean exit 0 (handled in _fault_text).
 FAULT_EVENTS: Mapping[str, str] = {
     "worker_exited": "worker exited",
     "hang_detected": "hang",
@@ -81,6 +100,10 @@ FAULT_EVENTS: Mapping[str, str] = {
 }
 _LEFT_RUNNING = frozenset({"stopping", "hung", "restarting", "resizing"})
 _WORKER_EVENT_ROLES = frozenset({"chief", "worker"})
+# An invocation's first own event: supervisor.py writes one of these once per `run`.
+_INVOCATION_OPENS = frozenset({"run_started", "run_already_complete"})
+# What its supervisor writes before that (supervisor.py _prepare), and so belongs to it too.
+_PREPARING = frozenset({"storage_claimed", "job_changed", "storage_retry"})
 
 # Layout of the timeline (px).
 _WIDTH = 1100
@@ -107,6 +130,43 @@ class Band:
 
 
 @dataclass(frozen=True)
+class Invocation:
+    """One ``resilient-train run`` of the run dir: its events ``first`` to ``stop`` (exclusive,
+    file order), their times (seconds since the first event), and how it ended."""
+
+    first: int
+    stop: int
+    start: float
+    end: float
+    status: str | None  # run_finished's; None: none written (its supervisor was killed, or still runs)
+    stopped_by: str | None  # what stopped it: "SIGTERM", "SIGINT", "notice:gce", "launcher:slurm", ...
+    reason: str = ""  # the reason of its last run_state (a failure's)
+
+    def ended(self) -> str:
+        """How it ended, in the console's words."""
+        if self.status is None:
+            return "its supervisor ended without finishing (killed?)"
+        if self.status == "preempted" and self.stopped_by:
+            if self.stopped_by.startswith("SIG"):
+                return f"Run preempted: stopped by {self.stopped_by} (exit 143)"
+            return f"Run preempted: stopped for a preemption ({self.stopped_by}, exit 143)"
+        return f"Run {self.status}" + (f": {self.reason}" if self.status == "failed" and self.reason else "")
+
+
+@dataclass(frozen=True)
+class Gap:
+    """From the end of one invocation to the start of the next: no ``run`` was under way."""
+
+    start: float
+    end: float
+    after: str  # how the invocation before it ended (Invocation.ended)
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.end - self.start)
+
+
+@dataclass(frozen=True)
 class RunView:
     """What the page shows: the parsed events (file order) and summary.json (or None)."""
 
@@ -117,6 +177,7 @@ class RunView:
     _times: tuple[float, ...] = field(default=(), init=False, repr=False)
     t0: float = field(default=0.0, init=False)  # the first event's time (epoch seconds)
     t_end: float = field(default=0.0, init=False)  # the last event's
+    _invocations: tuple[Invocation, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         times = tuple(_timestamp(e) for e in self.events)
@@ -124,6 +185,7 @@ class RunView:
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "t0", min(known) if known else 0.0)
         object.__setattr__(self, "t_end", max(known) if known else 0.0)
+        object.__setattr__(self, "_invocations", tuple(self._split_invocations()))
 
     # -- time ---------------------------------------------------------------------------
 
@@ -180,29 +242,77 @@ class RunView:
     def restores(self) -> list[tuple[int, dict[str, Any]]]:
         return [(i, e) for i, e in enumerate(self.events) if e.get("event") == "restored"]
 
-    def bands(self) -> list[Band]:
-        bands: list[Band] = []
-        open_at: float | None = None
-        open_reason, open_kind = "", "restart"
+    def invocation_spans(self) -> list[Invocation]:
+        """Every ``resilient-train run`` that wrote this run dir, in order (module docstring)."""
+        return list(self._invocations)
+
+    def invocations(self) -> int:
+        """How many ``resilient-train run`` invocations wrote this run dir (a stopped run is resumed by another)."""
+        return len(self._invocations)
+
+    def _split_invocations(self) -> list[Invocation]:
+        opens: list[int] = []
         for i, e in enumerate(self.events):
-            name, t = e.get("event"), self.at(i)
-            if name == "run_state" and e.get("from") == "running" and e.get("to") in _LEFT_RUNNING:
-                if open_at is None:
-                    open_at, open_reason = t, str(e.get("reason", ""))
-                open_kind = "resize" if e.get("to") == "resizing" else open_kind
-            elif name == "run_state" and e.get("to") in ("restarting", "resizing") and open_at is not None:
-                open_kind = "resize" if e.get("to") == "resizing" else "restart"
-                open_reason = str(e.get("reason") or open_reason)
-            elif name == "hang_detected" and open_at is not None and isinstance(e.get("seconds"), (int, float)):
-                open_at = min(open_at, t - float(e["seconds"]))  # the stall was lost time too
-            elif name == "run_state" and e.get("to") == "preempted":
-                # stopped after a preemption's save; a later invocation resumes in the same run dir
-                open_at, open_kind, open_reason = t, "preemption", str(e.get("reason") or "preempted")
-            elif name == "run_state" and e.get("to") in ("succeeded", "failed"):
-                open_at = None  # the run ended: no restart followed
-            elif name == "first_step" and open_at is not None:
-                bands.append(Band(open_kind, int(e.get("attempt", 0) or 0), open_at, t, open_reason))
-                open_at, open_kind = None, "restart"
+            if e.get("event") in _INVOCATION_OPENS:
+                first = i
+                while first > (opens[-1] + 1 if opens else 0) and _preparing(self.events[first - 1]):
+                    first -= 1
+                opens.append(first)
+        if not opens or opens[0] > 0:
+            opens.insert(0, 0)  # events before the first run_started (or none at all): one invocation
+        bounds = [*opens, len(self.events)]
+        return [self._invocation(first, stop) for first, stop in zip(bounds, bounds[1:]) if stop > first] \
+            or [Invocation(0, 0, 0.0, 0.0, None, None)]
+
+    def _invocation(self, first: int, stop: int) -> Invocation:
+        times = [t for t in (self.at(i) for i in range(first, stop)) if not math.isnan(t)]
+        mine = self.events[first:stop]
+        finished = [e for e in mine if e.get("event") == "run_finished"]
+        states = [e for e in mine if e.get("event") == "run_state"]
+        sources = [str(e.get("source")) for e in mine if e.get("event") == "preemption_requested"
+                   and not str(e.get("source")).startswith("worker:")]
+        stopped_by = sources[0].removeprefix("supervisor:") if sources else None
+        return Invocation(first, stop, min(times, default=0.0), max(times, default=0.0),
+                          str(finished[-1].get("status")) if finished else None, stopped_by,
+                          str(states[-1].get("reason") or "") if states else "")
+
+    def gaps(self) -> list[Gap]:
+        """The time between invocations: the run was stopped, nothing was supposed to train."""
+        runs = self.invocation_spans()
+        return [Gap(before.end, after.start, before.ended()) for before, after in zip(runs, runs[1:])
+                if after.start > before.end]
+
+    def bands(self) -> list[Band]:
+        """Downtime: restarts, resizes, hangs; a later invocation's start-up only after a
+        preemption or a killed supervisor (module docstring). Never the time between invocations."""
+        bands: list[Band] = []
+        runs = self.invocation_spans()
+        for n, run in enumerate(runs):
+            open_at: float | None = None
+            open_reason, open_kind, open_attempt = "", "restart", 0
+            resume = _resume_band(runs[n - 1]) if n else None
+            if resume is not None:
+                open_at, (open_kind, open_reason) = run.start, resume
+            for i in range(run.first, run.stop):
+                e, t = self.events[i], self.at(i)
+                name = e.get("event")
+                if name == "run_state" and e.get("from") == "running" and e.get("to") in _LEFT_RUNNING:
+                    if open_at is None:
+                        open_at, open_reason = t, str(e.get("reason", ""))
+                    open_kind = "resize" if e.get("to") == "resizing" else open_kind
+                    open_attempt = int(e.get("attempt") or 0) + 1
+                elif name == "run_state" and e.get("to") in ("restarting", "resizing") and open_at is not None:
+                    open_kind = "resize" if e.get("to") == "resizing" else "restart"
+                    open_reason = str(e.get("reason") or open_reason)
+                elif name == "hang_detected" and open_at is not None and isinstance(e.get("seconds"), (int, float)):
+                    open_at = min(open_at, t - float(e["seconds"]))  # the stall was lost time too
+                elif name == "run_state" and e.get("to") in ("succeeded", "failed", "preempted"):
+                    open_at = None  # this invocation ends: no restart followed in it
+                elif name == "first_step" and open_at is not None:
+                    bands.append(Band(open_kind, int(e.get("attempt", 0) or 0), open_at, t, open_reason))
+                    open_at, open_kind = None, "restart"
+            if open_at is not None and n + 1 < len(runs):  # its supervisor was killed inside a restart
+                bands.append(Band(open_kind, open_attempt, open_at, run.end, open_reason))
         return bands
 
     def training_seconds(self) -> float:
@@ -218,15 +328,16 @@ class RunView:
                 last[a] = t
         return sum(max(0.0, last[a] - first[a]) for a in first if a in last)
 
-    def invocations(self) -> int:
-        """How many ``resilient-train run`` invocations wrote this run dir (a preempted run is resumed by another)."""
-        return max(1, sum(e.get("event") == "run_started" for e in self.events))
-
     def wall_seconds(self) -> float:
         # summary.json describes the last invocation only; several are measured by their events
         if self.invocations() == 1 and self.summary and isinstance(self.summary.get("wall_time_s"), (int, float)):
             return float(self.summary["wall_time_s"])
         return self.t_end - self.t0
+
+    def goodput(self) -> float | None:
+        """Training time / the wall time the run was under way (wall time - stopped between runs)."""
+        under_way = self.wall_seconds() - sum(g.seconds for g in self.gaps())
+        return self.training_seconds() / under_way if under_way > 0 else None
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """(label, value) of the summary table, from summary.json where present, else events."""
@@ -252,8 +363,9 @@ class RunView:
         preemptions = pick("preemptions")
         if preemptions is None:
             preemptions = sum(e.get("event") == "preempted" for e in self.events)
-        wall, training = self.wall_seconds(), self.training_seconds()
+        wall, training, goodput = self.wall_seconds(), self.training_seconds(), self.goodput()
         lost_time = sum(b.downtime_s for b in self.bands())
+        between = sum(g.seconds for g in self.gaps())
         root = s.get("root_cause") or {}
         rows = [
             ("status", str(pick("status") or "unfinished (no run_finished event)")),
@@ -266,9 +378,10 @@ class RunView:
             ("preemptions", _text(preemptions)),
             ("lost steps", _text(pick("lost_steps"))),
             ("wall time", f"{wall:.1f} s"),
+            ("stopped between runs", f"{between:.1f} s"),
             ("training time", f"{training:.1f} s"),
             ("time lost (downtime)", f"{lost_time:.1f} s"),
-            ("goodput", f"{training / wall:.1%}" if wall > 0 else "-"),
+            ("goodput", f"{goodput:.1%}" if goodput is not None else "-"),
         ]
         if root:
             rows.append(("root cause", _root_cause_text(root)))
@@ -314,6 +427,23 @@ def _exact_row(exact: Any, inexact: Any) -> list[tuple[str, str]]:
     return [("exact", "NO: not an uninterrupted run's weights: " + inexact_text(inexact or []))]
 
 
+def _preparing(e: Mapping[str, Any]) -> bool:
+    """An event a supervisor writes before its ``run_started`` (supervisor.py ``_prepare``)."""
+    if e.get("role") in _WORKER_EVENT_ROLES:
+        return False
+    return e.get("event") in _PREPARING or (e.get("event") == "run_state" and e.get("from") == "preparing")
+
+
+def _resume_band(before: Invocation) -> tuple[str, str] | None:
+    """(kind, reason) of the band from a later invocation's start to its first step, or None
+    when that start-up is plain start-up (module docstring, *downtime*)."""
+    if before.status is None:
+        return "restart", f"resumed after the invocation before: {before.ended()}"
+    if before.status == "preempted" and before.stopped_by and not before.stopped_by.startswith("SIG"):
+        return "preemption", f"resumed after a preemption ({before.stopped_by})"
+    return None
+
+
 def _timestamp(record: Mapping[str, Any]) -> float:
     try:
         return datetime.fromisoformat(str(record["ts"])).timestamp()
@@ -345,11 +475,11 @@ def _exit_cause(e: Mapping[str, Any]) -> str:
 
 
 def _fault_text(e: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str | None:
-    """The tooltip of a fault marker, or None when ``e`` is no fault."""
+    """The tooltip of a fault marker (the console's line for its event), or None when ``e`` is no fault."""
     name = e.get("event")
     if name not in FAULT_EVENTS:
         return None
-    if name == "worker_exited":
+    if name == "worker_exited":  # the console prints a root-cause block, not a line per exit
         if e.get("exit_code") == 0 and not e.get("signal"):
             return None
         rank, attempt = e.get("rank"), e.get("attempt")
@@ -368,15 +498,8 @@ def _fault_text(e: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> st
             cause = "the group broke under it (exit 4)"
         else:
             cause = f"classification: {failed.get('classification', 'unknown')}"
-        return f"{head}\n{cause}"
-    skip = {"event", "ts", "run_id", "role", "stacks", "never_trained"}
-    fields = ", ".join(f"{k}={_short(v)}" for k, v in e.items() if k not in skip)
-    return f"{FAULT_EVENTS[name]}\n{fields}"
-
-
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= 160 else text[:157] + "..."
+        return f"{str(e.get('ts', ''))[11:19]}  {head}\n{cause}"
+    return event_line(e) or FAULT_EVENTS[name]
 
 
 def parse_events(lines: Iterable[bytes | str]) -> tuple[list[dict[str, Any]], int]:
@@ -444,6 +567,12 @@ def _timeline(view: RunView) -> str:
 
     out = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
            f'viewBox="0 0 {_WIDTH} {height}">']
+    for gap in view.gaps():
+        out.append(f'<g class="gap" data-seconds="{gap.seconds:.3f}"><rect x="{x(gap.start)}" y="{_TOP - 14}" '
+                   f'width="{max(1.0, x(gap.end) - x(gap.start)):.1f}" height="{_LANE_H * len(lanes) + 14}" '
+                   f'fill="#e4e4e4" opacity="0.8"/><text x="{x(gap.start) + 2}" y="{_TOP - 4}" font-size="10">'
+                   f'between runs {gap.seconds:.1f} s</text><title>between runs: {gap.seconds:.1f} s with no '
+                   f'run under way (not downtime, not in goodput)\nbefore it: {_e(gap.after)}</title></g>')
     for band in view.bands():
         out.append(f'<g class="band" data-kind="{band.kind}" data-attempt="{band.attempt}" '
                    f'data-downtime="{band.downtime_s:.3f}"><rect x="{x(band.start)}" y="{_TOP - 14}" '
@@ -472,8 +601,7 @@ def _timeline(view: RunView) -> str:
         lane, cx = _lane_of(e, lanes), x(view.at(i))
         out.append(f'<line class="ckpt" data-step="{_e(e.get("global_step"))}" x1="{cx}" x2="{cx}" '
                    f'y1="{y(lane) + 4}" y2="{y(lane) + _LANE_H - 4}" stroke="#2a7" stroke-width="2">'
-                   f'<title>checkpoint committed at global step {_e(e.get("global_step"))}'
-                   f'{" (async)" if "blocked_ms" in e else ""}</title></line>')
+                   f'<title>{_e(_commit_text(e))}</title></line>')
     for i, e, text in view.faults():
         lane, cx = _lane_of(e, lanes), x(view.at(i))
         cy = y(lane) + _LANE_H / 2
@@ -485,6 +613,13 @@ def _timeline(view: RunView) -> str:
                    f'{tick:g} s</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _commit_text(e: Mapping[str, Any]) -> str:
+    """A commit tick's tooltip, in the console's words (1-based epochs: checkpoint_position)."""
+    where = f" ({checkpoint_position(e)})" if isinstance(e.get("epoch"), int) and \
+        isinstance(e.get("step_in_epoch"), int) else ""
+    return f"checkpoint committed at global step {e.get('global_step')}{where}{' (async)' if 'blocked_ms' in e else ''}"
 
 
 def _time_ticks(span: float) -> list[float]:
@@ -551,7 +686,8 @@ def render_page(view: RunView, *, title: str | None = None) -> str:
     skipped = (f'<p class="skipped" data-skipped="{view.skipped_lines}">{view.skipped_lines} torn or garbled '
                f'line{plural} of events.jsonl skipped</p>') if view.skipped_lines else ""
     legend = ('<p class="legend"><span>&#9670; fault (hover: root cause)</span><span>| checkpoint commit</span>'
-              '<span>shaded: restart / resize downtime</span><span>bars: attempts and worker processes</span></p>')
+              '<span>red: restart / resize / preemption downtime</span><span>grey: between runs (no run under '
+              'way)</span><span>bars: attempts and worker processes</span></p>')
     charts = "\n".join(_chart(name, points, restores) for name, points in curves.items()) \
         or '<p class="note">no train_progress or epoch_finished events</p>'
     return f"""<!DOCTYPE html>
@@ -564,8 +700,10 @@ def render_page(view: RunView, *, title: str | None = None) -> str:
 <table class="summary">
 {summary}
 </table>
-<p class="note">goodput = training time / wall time; training time: each attempt from its first step to its
-last worker event; downtime: from leaving <code>running</code> to the next attempt's first step.</p>
+<p class="note">goodput = training time / (wall time - stopped between runs); training time: each attempt from
+its first step to its last worker event; downtime: from leaving <code>running</code> to the next attempt's first
+step; stopped between runs: from the end of one <code>resilient-train run</code> to the start of the next (a stop,
+a failure, a killed supervisor), when nothing was supposed to train.</p>
 <h2>Timeline</h2>
 {legend}
 {_timeline(view)}

@@ -1,4 +1,12 @@
-"""``resilient-train run RECIPE``: train on N local workers under the supervisor."""
+"""``resilient-train run RECIPE``: train on N local workers under the supervisor, then write the run's page.
+
+The page (``RUN_DIR/report.html``, commands/run_report.py) is written here, after the
+supervisor returns, because the supervisor sits below the commands (docs/design.md, the
+layering rule) and cannot import the page writer. It is written at the end of every run that
+got as far as its supervisor's exit code (completed, failed, stopped), so the ``Page:`` line
+names a file that exists. The page is a view: a failure to write it is one line on stderr
+and never changes the run's exit code.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,9 @@ import argparse
 import sys
 from typing import Any
 
-from resilient_train.job.config import add_job_arguments, job_from_args
+from resilient_train.job.config import JobConfig, add_job_arguments, job_from_args
 
-__all__ = ["add_parser", "main"]
+__all__ = ["add_parser", "main", "write_page_after_run"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,5 +43,27 @@ def main(args: argparse.Namespace) -> int:
     if job.strategy == "parameter-server":
         from resilient_train.supervisor.ps_supervisor import ParameterServerSupervisor
 
-        return ParameterServerSupervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()
-    return Supervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()
+        code = ParameterServerSupervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()
+    else:
+        code = Supervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()
+    write_page_after_run(job)
+    return code
+
+
+def write_page_after_run(job: JobConfig) -> None:
+    """Write ``job``'s run dir page and print ``Page: PATH``; on any failure print one line on
+    stderr instead. Under the run dir's umask (rundir/permissions.py), as everything else the
+    run wrote. Never raises: the run's exit code is already decided."""
+    from resilient_train.commands.run_report import write_report_page
+    from resilient_train.rundir.permissions import run_dir_umask
+    from resilient_train.rundir.redact import redact_text
+
+    try:
+        with run_dir_umask(job.run_dir_mode):
+            path = write_report_page(job.run_dir)
+    except (Exception, KeyboardInterrupt) as exc:  # a second Ctrl-C too: the run's exit code stands
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(redact_text(f"resilient-train: the run's page was not written ({reason}); "
+                          f"`resilient-train report {job.run_dir}` draws it"), file=sys.stderr)
+        return
+    print(f"Page: {path}")

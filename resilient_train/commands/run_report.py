@@ -3,7 +3,7 @@
 The page (commands/report_page.py) is built from the run dir's ``events.jsonl`` (and
 ``summary.json`` when present) alone, so it works for any run dir, a finished, a failed, a
 running or an old one. It is written atomically (rundir/atomic.py) to ``RUN_DIR/report.html``
-unless ``--out`` names another file. Exit codes: 0 written; 2 usage: RUN_DIR is not a run dir
+unless ``--out`` names another file; ``run`` writes the same file at its end (commands/run.py). Exit codes: 0 written; 2 usage: RUN_DIR is not a run dir
 (no events.jsonl), one line on stderr (cli.py).
 """
 

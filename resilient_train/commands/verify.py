@@ -80,7 +80,12 @@ def main(args: argparse.Namespace) -> int:
     elif args.all or args.recipe or args.set or args.newest is not None:
         print("resilient-train verify: --all, --newest, --recipe and --set need --deep", file=sys.stderr)
         return EXIT_USAGE
-    return verify_command(args.url, options, as_json=args.json, hash=True, deep=deep)
+    if deep is None:
+        return verify_command(args.url, options, as_json=args.json, hash=True, deep=None)
+    from resilient_train.commands.tf_stderr import tensorflow_chatter_filtered
+
+    with tensorflow_chatter_filtered():  # --deep loads TensorFlow in this process
+        return verify_command(args.url, options, as_json=args.json, hash=True, deep=deep)
 
 
 # "where" is the console's wording (1-based epochs: ``epoch 2, step 100``, ``end of epoch 1``);

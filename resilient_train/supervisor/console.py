@@ -41,8 +41,8 @@ from typing import Any, Callable, Iterable, Mapping, TextIO
 from resilient_train.rundir.events import EventReader, render_line
 from resilient_train.supervisor.eta import SteadyRate, eta_seconds
 
-__all__ = ["Console", "EventTail", "render_event", "hang_line", "progress_line", "checkpoint_position", "inexact_text",
-           "CONSOLE", "LOG_PROGRESS_EVERY_S"]
+__all__ = ["Console", "EventTail", "render_event", "event_line", "hang_line", "progress_line", "checkpoint_position",
+           "inexact_text", "CONSOLE", "SAID_BY_SUPERVISOR", "LOG_PROGRESS_EVERY_S"]
 
 LOG_PROGRESS_EVERY_S = 10.0  # a log (not a terminal) gets one progress line per this many seconds
 
@@ -424,6 +424,62 @@ def render_event(record: Mapping[str, Any], *, rejected: int = 0, lost_steps: in
     if event in _AS_PRINTED:
         return text
     return f"{_clock(record)}  {text}" if text else None
+
+
+# ------------------------------------------------------------ one event, read on its own
+
+def _stopping(r: Mapping[str, Any], _: Facts) -> str:
+    return f"Stopping: {r['reason']}"
+
+
+def _launch_failed(r: Mapping[str, Any], _: Facts) -> str:
+    return f"Stopping: attempt {r['attempt']} could not start: {r['reason']}"
+
+
+def _attempt_incomplete(r: Mapping[str, Any], _: Facts) -> str:
+    return f"Attempt {r['attempt']}: workers exited 0 but no completed checkpoint is in storage ({r['storage']})"
+
+
+def _rescue_requested(r: Mapping[str, Any], _: Facts) -> str:
+    dead = r.get("dead_ranks") or []
+    why = (f"rank {r['stuck_rank']} is stuck" if r.get("stuck_rank") is not None
+           else ", ".join(f"rank {rank}" for rank in dead) + (" died" if dead else ""))
+    return (f"rescue: asked rank {r['rank']} to commit its in-memory snapshot ({why}); "
+            f"waiting at most {r['deadline_s']:g} s")
+
+
+def _placement_lost(r: Mapping[str, Any], _: Facts) -> str:
+    then = "placing them again" if r.get("retry") else "giving up"
+    return f"worker slots {r.get('slots')} died while the attempt started ({r.get('error')}); {then}"
+
+
+# Events the default console hides because the supervisor prints its own line for them
+# (supervisor.py: "Stopping: ...", "Attempt n: ...") or because the event after says what
+# happened. Where an event is read on its own, without those lines (the report's timeline
+# markers: commands/report_page.py), these are its words.
+SAID_BY_SUPERVISOR: Mapping[str, Sentence] = {
+    "restart_budget_exhausted": _stopping,
+    "crash_loop_detected": _stopping,
+    "fatal_error": _stopping,
+    "launch_failed": _launch_failed,
+    "attempt_incomplete": _attempt_incomplete,
+    "rescue_requested": _rescue_requested,
+    "placement_lost": _placement_lost,
+}
+
+
+def event_line(record: Mapping[str, Any]) -> str | None:
+    """``HH:MM:SS  sentence`` for one event read on its own: the console's line
+    (:func:`render_event`, 1-based epochs), or for an event the console leaves to the
+    supervisor's own lines, :data:`SAID_BY_SUPERVISOR`'s; None when the console says nothing
+    of it (a hidden timing, a worker's exit 0: the reader decides)."""
+    sentence = SAID_BY_SUPERVISOR.get(str(record.get("event")))
+    if sentence is None:
+        return render_event(record)
+    try:
+        return f"{_clock(record)}  {sentence(record, Facts())}"
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return render_line(dict(record))  # as render_event does for a record without its fields
 
 
 # ------------------------------------------------------------ progress

@@ -919,9 +919,8 @@ class Supervisor:
         self.out.write(
             f"Run {status}{_not_exact(summary['inexact'])}: global step {summary['global_step']}, weights_sha256 "
             f"{summary['weights_sha256']}{_not_exact_why(summary['inexact'])}\nSummary: {self.run_dir.summary}  "
-            f"Events: {self.run_dir.events}  Logs: {self.run_dir.worker_logs_glob}  "
-            f"Page: resilient-train report {self.run_dir.path}\n"  # commands/run_report.py draws it
-        )
+            f"Events: {self.run_dir.events}  Logs: {self.run_dir.worker_logs_glob}\n"
+        )  # the run command writes the page next and prints its path (commands/run.py)
         if status == "completed":
             return EXIT_OK
         if status == "preempted":

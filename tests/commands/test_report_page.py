@@ -6,13 +6,18 @@ a real run's page in Chromium)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from resilient_train.cli import main as cli_main
 from resilient_train.commands.report_page import load_run, parse_events, render_page
+from resilient_train.supervisor.console import render_event
 from tests.support.page_dom import PageDom
+
+
+_FIELDS = re.compile(r"\b[a-z_]+=\S")  # key=value: the events' fields, not a sentence
 
 
 def _ts(second: float) -> str:
@@ -99,10 +104,12 @@ def test_every_fault_is_one_marker_with_its_root_cause(tmp_path):
     # rank 1's SIGKILL (root cause), rank 0's teardown kill (secondary), the gang restart; clean exits are no faults
     assert [(m["data-event"], m["data-lane"]) for m in markers] == [
         ("worker_exited", "rank 1"), ("worker_exited", "rank 0"), ("gang_restart", "supervisor")]
-    assert "rank 1 (pid 101) killed by SIGKILL, attempt 1\nroot cause: attempt 1 failed (killed by SIGKILL); " \
-           "restart 1 of 3" in dom.titles
-    assert "rank 0 (pid 100) killed by SIGKILL, attempt 1\nsecondary: killed by the supervisor's teardown " \
+    assert "00:00:06  rank 1 (pid 101) killed by SIGKILL, attempt 1\nroot cause: attempt 1 failed (killed by " \
+           "SIGKILL); restart 1 of 3" in dom.titles
+    assert "00:00:08  rank 0 (pid 100) killed by SIGKILL, attempt 1\nsecondary: killed by the supervisor's teardown " \
            "after a peer's failure" in dom.titles
+    assert "00:00:08  restarting every worker as attempt 2 in 0.3 s: attempt 1 failed (killed by SIGKILL); " \
+           "restart 1 of 3" in dom.titles  # the console's line for gang_restart
 
 
 def test_every_commit_is_a_tick_and_each_attempt_a_span(tmp_path):
@@ -139,6 +146,7 @@ def test_the_summary_from_events_and_goodput(tmp_path):
     assert rows["restarts"] == "1"
     assert rows["lost steps"] == "5"
     assert rows["wall time"] == "17.0 s"
+    assert rows["stopped between runs"] == "0.0 s"  # one invocation
     # attempt 1: first step 3 s to its last worker event 5 s; attempt 2: 14 s to 16 s
     assert rows["training time"] == "4.0 s"
     assert rows["time lost (downtime)"] == "8.0 s"
@@ -227,7 +235,9 @@ def test_a_preempted_and_resumed_run_counts_both_invocations(tmp_path):
     dom = _dom(_write_run(tmp_path, first + second, summary=summary))
     rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
     assert (rows["invocations"], rows["preemptions"], rows["wall time"]) == ("2", "1", "25.0 s")
-    assert [(b["data-kind"], b["data-downtime"]) for b in dom.of_class("band")] == [("preemption", "18.000")]
+    # stopped by SIGTERM: from its run_finished (5 s) to the next run_started (20 s) is a gap, not downtime
+    assert [(g["data-seconds"]) for g in dom.of_class("gap")] == ["15.000"]
+    assert dom.of_class("band") == []
     assert [m["data-event"] for m in dom.of_class("marker")] == ["preemption_requested", "preempted"]
 
 
@@ -246,4 +256,140 @@ def test_a_hang_is_a_marker_and_its_stall_is_downtime(tmp_path):
         ("hang_detected", "rank 1"), ("gang_restart", "supervisor")]
     # the watchdog saw the last progress 2.5 s before 7.95 s; attempt 2's first step at 14 s
     assert [b["data-downtime"] for b in dom.of_class("band")] == ["8.550"]
-    assert any(t.startswith("hang\n") and "where=faults.py:112 _hang_forever" in t for t in dom.titles)
+    assert "00:00:07  hang: rank 1 made no progress for 2 s at global step 15; faults.py:112 _hang_forever " \
+           "(stacks: attempt-1/stacks-1.txt)" in dom.titles
+
+
+def _stopped_and_rerun(stop_source: str = "supervisor:SIGTERM") -> list[dict]:
+    """The issue's case: one worker, stopped at 10 s (``stop_source``), saved global step 275
+    (epoch 2, step 25: the event says epoch 1) and ended at 11.6 s; the same command run again
+    20 s later resumes and completes at 41.6 s."""
+    e = []
+
+    def add(t: float, event: str, **fields) -> None:
+        e.append({"event": event, "ts": _ts(t), "run_id": "r1", **fields})
+
+    add(0, "storage_claimed", storage="/s", forced=False, role="supervisor")
+    add(0, "run_started", recipe="recipes/linear_regression.py", workers=1, role="supervisor")
+    add(0.1, "run_state", **{"from": "preparing", "to": "starting"}, attempt=1, role="supervisor")
+    add(0.2, "worker_started", rank=0, pid=100, attempt=1, role="supervisor")
+    add(0.3, "run_state", **{"from": "starting", "to": "running"}, attempt=1, role="supervisor")
+    add(3, "first_step", global_step=1, rank=0, attempt=1, role="chief")
+    add(9, "checkpoint_committed", epoch=1, step_in_epoch=20, global_step=270, path="/s/ckpt-270", rank=0,
+        attempt=1, role="chief")
+    add(10, "preemption_requested", source=stop_source, role="supervisor")
+    add(10, "run_state", **{"from": "running", "to": "stopping"}, attempt=1,
+        reason=f"stop requested ({stop_source.removeprefix('supervisor:')})", role="supervisor")
+    add(11, "preempted", global_step=275, epoch=1, step_in_epoch=25, rank=0, attempt=1, role="chief")
+    add(11.5, "worker_exited", rank=0, pid=100, attempt=1, exit_code=143, state="exited", role="supervisor")
+    add(11.6, "run_state", **{"from": "stopping", "to": "preempted"}, attempt=1,
+        reason=f"stop requested ({stop_source.removeprefix('supervisor:')})", role="supervisor")
+    add(11.6, "run_finished", status="preempted", global_step=275, restarts=0, preemptions=1, lost_steps=0,
+        role="supervisor")
+    add(31.6, "run_started", recipe="recipes/linear_regression.py", workers=1, role="supervisor")
+    add(31.7, "run_state", **{"from": "preparing", "to": "starting"}, attempt=2, role="supervisor")
+    add(31.8, "worker_started", rank=0, pid=200, attempt=2, role="supervisor")
+    add(31.9, "run_state", **{"from": "starting", "to": "running"}, attempt=2, role="supervisor")
+    add(33, "restored", epoch=1, step_in_epoch=25, global_step=275, checkpoint="/s/ckpt-275", rank=0, attempt=2,
+        role="chief")
+    add(34.6, "first_step", global_step=276, rank=0, attempt=2, role="chief")
+    add(40.6, "training_completed", global_step=300, epoch=2, rank=0, attempt=2, role="chief")
+    add(41, "worker_exited", rank=0, pid=200, attempt=2, exit_code=0, state="exited", role="supervisor")
+    add(41.2, "run_state", **{"from": "running", "to": "succeeded"}, attempt=2, role="supervisor")
+    add(41.6, "run_finished", status="completed", global_step=300, restarts=0, preemptions=0, lost_steps=0,
+        role="supervisor")
+    return e
+
+
+def test_a_stop_and_a_rerun_20_s_later_is_a_gap_not_downtime(tmp_path):
+    run_dir = _write_run(tmp_path, _stopped_and_rerun())
+    dom, view = _dom(run_dir), load_run(run_dir)
+    assert [(round(i.start, 3), round(i.end, 3), i.status, i.stopped_by) for i in view.invocation_spans()] == [
+        (0.0, 11.6, "preempted", "SIGTERM"), (31.6, 41.6, "completed", None)]
+    assert [(g["data-seconds"]) for g in dom.of_class("gap")] == ["20.000"]
+    assert "between runs: 20.0 s with no run under way (not downtime, not in goodput)\nbefore it: Run preempted: " \
+           "stopped by SIGTERM (exit 143)" in dom.titles
+    # a person's stop: the rerun's start-up is start-up, as the first invocation's is; no fault band
+    assert dom.of_class("band") == []
+    rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
+    assert (rows["wall time"], rows["stopped between runs"], rows["time lost (downtime)"]) == (
+        "41.6 s", "20.0 s", "0.0 s")
+    # training: attempt 1 from 3 s to its chief's last event 11 s, attempt 2 from 34.6 s to 40.6 s = 14 s
+    # of the 41.6 - 20.0 = 21.6 s the run was under way (it was 14 / 41.6 = 33.7% with the pause counted)
+    assert (rows["training time"], rows["goodput"]) == ("14.0 s", "64.8%")
+
+
+def test_a_rerun_after_a_preemption_notice_pays_its_start_up_as_downtime(tmp_path):
+    dom = _dom(_write_run(tmp_path, _stopped_and_rerun("notice:gce")))
+    assert [(g["data-seconds"]) for g in dom.of_class("gap")] == ["20.000"]
+    # the preemption's cost: the rerun's start (31.6 s) to its first step (34.6 s)
+    assert [(b["data-kind"], b["data-attempt"], b["data-downtime"]) for b in dom.of_class("band")] == [
+        ("preemption", "2", "3.000")]
+    rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
+    assert (rows["stopped between runs"], rows["time lost (downtime)"], rows["goodput"]) == ("20.0 s", "3.0 s", "64.8%")
+
+
+def test_a_killed_supervisor_ends_its_invocation_at_its_last_event(tmp_path):
+    """Killed (kill -9) inside a restart at 10.6 s, run again at 30 s: its restart's downtime
+    stops at its last event, the gap runs to the new invocation's first event (a storage
+    retry before its run_started), and the rerun's start-up is a restart band."""
+    events = _stopped_and_rerun()[:6]  # to the first step at 3 s
+    events += [
+        {"event": "worker_exited", "ts": _ts(10), "rank": 0, "pid": 100, "attempt": 1, "signal": "SIGKILL",
+         "state": "exited", "role": "supervisor"},
+        {"event": "run_state", "ts": _ts(10), "from": "running", "to": "stopping", "attempt": 1,
+         "reason": "worker 0 exited abnormally", "role": "supervisor"},
+        {"event": "run_state", "ts": _ts(10.6), "from": "stopping", "to": "restarting", "attempt": 1,
+         "reason": "attempt 1 failed (killed by SIGKILL); restart 1 of 3", "role": "supervisor"},
+        {"event": "storage_retry", "ts": _ts(30), "op": "ls", "path": "/s", "try_number": 1, "error": "timeout",
+         "wait_s": 0.5, "role": "supervisor"}]
+    events += [e for e in _stopped_and_rerun() if e["ts"] >= _ts(31.6)]
+    view = load_run(_write_run(tmp_path, events))
+    assert [(round(i.start, 3), round(i.end, 3), i.status) for i in view.invocation_spans()] == [
+        (0.0, 10.6, None), (30.0, 41.6, "completed")]
+    assert [(round(g.start, 3), round(g.end, 3), g.after) for g in view.gaps()] == [
+        (10.6, 30.0, "its supervisor ended without finishing (killed?)")]
+    assert [(b.kind, b.attempt, round(b.downtime_s, 3)) for b in view.bands()] == [("restart", 2, 0.6),
+                                                                                   ("restart", 2, 4.6)]
+
+
+def test_tooltips_read_as_the_console_does(tmp_path):
+    """The console's lines, word for word (epochs from 1: the event's epoch 1 is "epoch 2")."""
+    run_dir = _write_run(tmp_path, _stopped_and_rerun())
+    dom, view = _dom(run_dir), load_run(run_dir)
+    markers = [(e["event"], text) for _, e, text in view.faults()]
+    assert markers == [
+        ("preemption_requested", "00:00:10  the run got SIGTERM: the workers save at one agreed step, then stop"),
+        ("preempted", "00:00:11  saved global step 275 (epoch 2, step 25) and stopped"),
+        ("worker_exited", "00:00:11  rank 0 (pid 100) exit code 143, attempt 1\n"
+                          "stopped after the preemption's checkpoint (exit 143)")]
+    assert [m["data-event"] for m in dom.of_class("marker")] == [event for event, _ in markers]
+    assert all(text in dom.titles for _, text in markers)
+    preempted = next(e for e in view.events if e["event"] == "preempted")
+    assert markers[1][1] == render_event(preempted)  # the console's own line for it
+    assert "checkpoint committed at global step 270 (epoch 2, step 20)" in dom.titles
+    assert [t for t in dom.titles if _FIELDS.search(t)] == []  # no key=value dump anywhere
+
+
+def test_events_the_console_leaves_to_the_supervisor_read_as_its_lines(tmp_path):
+    events = _run_events()
+    events.insert(-2, {"event": "restart_budget_exhausted", "ts": _ts(16.9), "attempt": 2, "role": "supervisor",
+                       "reason": "restart budget exhausted (3 restarts)"})
+    events.insert(-2, {"event": "rescue_requested", "ts": _ts(16.9), "attempt": 2, "rank": 0, "dead_ranks": [1],
+                       "deadline_s": 2.5, "role": "supervisor"})
+    dom = _dom(_write_run(tmp_path, events))
+    assert "00:00:16  Stopping: restart budget exhausted (3 restarts)" in dom.titles
+    assert "00:00:16  rescue: asked rank 0 to commit its in-memory snapshot (rank 1 died); waiting at most 2.5 s" \
+        in dom.titles
+
+
+def test_every_fault_marker_has_the_consoles_words():
+    """No marker falls back to a label: each fault event has a console sentence, or the
+    supervisor's own line (SAID_BY_SUPERVISOR, for events the console hides); a worker's exit
+    has the page's root-cause text."""
+    from resilient_train.commands.report_page import FAULT_EVENTS
+    from resilient_train.supervisor.console import CONSOLE, SAID_BY_SUPERVISOR
+
+    assert [name for name in FAULT_EVENTS if name != "worker_exited"
+            and CONSOLE.get(name) is None and name not in SAID_BY_SUPERVISOR] == []
+    assert [name for name in SAID_BY_SUPERVISOR if CONSOLE[name] is not None] == []  # only for hidden ones

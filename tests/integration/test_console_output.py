@@ -25,10 +25,10 @@ def test_the_default_console_is_sentences_and_verbose_shows_the_fields(tmp_path)
     assert [line[8:].split("  loss")[0] for line in lines if " finished  " in line] == [
         "  epoch 1 finished", "  epoch 2 finished"]
     assert all(PROGRESS.match(line) for line in lines if "  step " in line and "steps/s" in line), job.output
-    assert lines[-3][8:] == f"  model of global step 20 exported to {run_dir}/model"
-    assert lines[-2] == f"Run completed: global step 20, weights_sha256 {job.summary['weights_sha256']}"
-    assert lines[-1].startswith(f"Summary: {run_dir}/summary.json  Events: {run_dir}/events.jsonl")
-    assert lines[-1].endswith(f"  Page: resilient-train report {run_dir}")
+    assert lines[-4][8:] == f"  model of global step 20 exported to {run_dir}/model"
+    assert lines[-3] == f"Run completed: global step 20, weights_sha256 {job.summary['weights_sha256']}"
+    assert lines[-2].startswith(f"Summary: {run_dir}/summary.json  Events: {run_dir}/events.jsonl")
+    assert lines[-1] == f"Page: {run_dir}/report.html"  # written by the run: commands/run.py
     assert "\r" not in job.output  # not a terminal: progress comes as whole lines
 
     verbose_dir = tmp_path / "verbose"

@@ -6,7 +6,7 @@ where an RT_FAULTS fault SIGKILLs rank 1 after global step 17 of that invocation
 attempt; the supervisor restarts the group and the run completes. ``resilient-train report``
 writes the page; Chromium loads it from a file:// URL (no network), and the DOM it
 *rendered* (``--dump-dom``) must hold exactly the lanes, fault markers, checkpoint ticks,
-restart bands and curve points the events call for. The screenshot is left in the test's tmp
+restart bands, the gap between the two invocations and curve points the events call for. The screenshot is left in the test's tmp
 dir (``report.png``).
 
 Skipped where no Chromium is installed (``make browser-deps`` installs Debian's), except with
@@ -81,7 +81,10 @@ def test_a_real_runs_page_renders_in_chromium(tmp_path):
     assert {"worker_exited", "gang_restart", "preemption_requested", "preempted"} <= marked
     assert [int(t["data-step"]) for t in dom.of_class("ckpt")] == [
         e["global_step"] for e in events if e["event"] == "checkpoint_committed"]
-    assert [b["data-kind"] for b in dom.of_class("band")] == ["preemption", "restart"]
+    # the SIGTERM stop: a gap between the invocations, not downtime; the kill: a restart band
+    assert [b["data-kind"] for b in dom.of_class("band")] == ["restart"]
+    assert [g["data-seconds"] for g in dom.of_class("gap")] == [f"{g.seconds:.3f}" for g in view.gaps()]
+    assert len(view.gaps()) == 1
     rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
     assert (rows["invocations"], rows["restarts"], rows["preemptions"]) == ("2", "1", "1")
     assert len(dom.of_class("pt")) == sum(len(points) for points in view.curves().values())

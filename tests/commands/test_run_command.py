@@ -1,0 +1,53 @@
+"""The page ``run`` writes after its supervisor returns (commands/run.py): its path on stdout, or
+one line on stderr when it cannot be written, and the run's exit code either way; and the
+stderr filter that keeps TensorFlow's start-up chatter off ``export`` (commands/tf_stderr.py).
+tests/integration/test_run_page.py runs both for real."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from resilient_train.cli import main as cli_main
+from resilient_train.commands import run as run_command
+from resilient_train.commands.tf_stderr import tensorflow_chatter_filtered
+from resilient_train.job.config import JobConfig
+from resilient_train.supervisor import supervisor as supervisor_module
+
+
+def _job(tmp_path) -> JobConfig:
+    return JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), warm_standby=False)
+
+
+def test_the_page_is_written_and_its_path_printed(tmp_path, capsys):
+    job = _job(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "events.jsonl").write_text(json.dumps(
+        {"event": "run_started", "ts": "2026-01-01T00:00:00+00:00", "workers": 1}) + "\n")
+    run_command.write_page_after_run(job)
+    assert capsys.readouterr() == (f"Page: {tmp_path}/run/report.html\n", "")
+    assert (tmp_path / "run" / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_page_that_cannot_be_written_is_one_line_and_keeps_the_exit_code(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(supervisor_module.Supervisor, "run", lambda self: 143)  # a stopped run, no events.jsonl
+    code = cli_main(["run", "recipes/linear_regression.py", "--run-dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert code == 143
+    assert "Page:" not in out
+    assert err == (f"resilient-train: the run's page was not written ({tmp_path}/run is not a directory (expected "
+                   f"a run dir, with events.jsonl)); `resilient-train report {tmp_path}/run` draws it\n")
+
+
+@pytest.mark.parametrize("tail", [b"\n", b""])  # a last line with or without its newline
+def test_tensorflow_chatter_is_dropped_and_every_other_line_kept_in_order(capfd, tail):
+    with tensorflow_chatter_filtered():
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+                    b"I0000 00:00:1.5 3962 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will "
+                    b"not be used.\nresilient-train export: a line of ours\n")
+        os.write(2, b"E0000 00:00:1.6 3962 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error\n"
+                    b"Traceback (most recent call last):" + tail)
+    assert capfd.readouterr().err == "resilient-train export: a line of ours\nTraceback (most recent call last):" + \
+        tail.decode()
