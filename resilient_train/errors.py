@@ -3,8 +3,8 @@
 Exceptions subclass built-ins so callers can catch them generically; each carries a
 message that names the bad value and what would have been accepted.
 
-Exit codes are a contract with schedulers and with the supervisor (the README's "Exit
-codes" section renders this list):
+Exit codes are a contract with schedulers and with the supervisor (docs/failures.md's "Exit
+codes" section and the README's table render this list):
 
 * ``EXIT_OK`` (0): training completed (or was already complete).
 * ``EXIT_FAILURE`` (1): training failed; a re-run resumes from the last commit.

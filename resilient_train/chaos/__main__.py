@@ -9,7 +9,8 @@
 
 A SCENARIO is a name from the catalogue (``chaos/scenarios/<name>.toml`` of the clone, or
 ``--catalogue DIR`` / ``$RT_CHAOS_SCENARIOS``: resilient_train/chaos/catalogue.py) or the path
-of a scenario file (``*.toml``, the format in chaos/README.md).
+of a scenario file (``*.toml``, the format in chaos/README.md). At the root of a checkout,
+``python -m chaos`` is this command (chaos/__main__.py hands it the command line unchanged).
 
 Exit codes: 0 every scenario (or the checked run) passed, 1 at least one failed,
 2 bad command line or scenario file (one line per mistake, nothing ran).

@@ -17,7 +17,7 @@ Several processes append to the same ``events.jsonl``. Each line is written with
 ``write(2)`` on a file opened with ``O_APPEND`` while holding an exclusive ``flock``, so
 lines never interleave.
 
-Vocabulary (``event`` field, stable snake_case names; README "Events and summary"):
+Vocabulary (``event`` field, stable snake_case names; docs/events.md):
 
 * run: run_started, run_finished, run_already_complete, attempt_reached, job_changed,
   run_state (supervisor state transitions; kept out of the console's human view)

@@ -15,7 +15,7 @@ and of a console goes through this module:
   process registered with :func:`register_secrets`, wherever it appears: a traceback that
   printed an options dict, a log tail, a root-cause message.
 
-Which keys are secret (one rule, README and docs/security.md quote it): the key, split into
+Which keys are secret (one rule, docs/security.md quotes it): the key, split into
 words at ``_``, ``-``, ``.`` and case changes (``SSEKMSKeyId``: sse kms key id), has a word in
 :data:`SECRET_WORDS` (``key``, ``secret``, ``token``, ``password``, ``passwd``,
 ``credential``, ``credentials``), or is one of :data:`SECRET_NAMES`. So ``key``,

@@ -211,6 +211,7 @@ def test_the_ci_scenarios_are_the_catalogues() -> None:
 
 def test_the_catalogue_is_a_plain_directory_of_toml_files_not_a_package() -> None:
     assert not (REPO / "chaos" / "__init__.py").exists() and not (CATALOGUE_DIR / "__init__.py").exists()
+    assert [p.name for p in (REPO / "chaos").rglob("*.py")] == ["__main__.py"]  # `python -m chaos`, nothing else
     assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 23
 
 
@@ -270,6 +271,31 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (23 scenarios; run one by name or by its file's path)"
+
+
+def _at_the_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``python -m ARGV`` run as a user at the checkout's root types it: no PYTHONPATH, the root is the cwd."""
+    env = {"PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_python_m_chaos_at_the_checkout_is_the_packages_command(tmp_path: Path) -> None:
+    """chaos/__main__.py: `python -m chaos` lists the checkout's catalogue, and a bad file is exit 2, one line."""
+    listed = _at_the_checkout("chaos", "list")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0] == f"# {CATALOGUE_DIR} (23 scenarios; run one by name or by its file's path)"
+    assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
+    assert listed.stdout == _at_the_checkout("resilient_train.chaos", "list").stdout
+    bad = tmp_path / "kill-once.toml"
+    bad.write_text('summary = "x"\n[[faults]]\nkind = "worker"\npoint = "raise"\nglobal_step = -1\n')
+    runs = tmp_path / "runs"
+    for module in ("chaos", "resilient_train.chaos"):
+        refused = _at_the_checkout(module, "run", str(bad), "--recipe", RECIPE, "--root", str(runs))
+        assert (refused.returncode, refused.stdout) == (2, "")
+        assert refused.stderr.splitlines() == [
+            f"chaos: error: {bad}: faults[1].global_step: received -1; expected an integer >= 0"]
+    assert not runs.exists()  # nothing ran
 
 
 # ------------------------------------------------------------------ validation: one line per mistake

@@ -45,7 +45,7 @@ class Validation:
     examples: int = 0
 
     def event_fields(self) -> dict[str, Any]:
-        """The fields ``epoch_finished`` carries (README "Events and summary")."""
+        """The fields ``epoch_finished`` carries (docs/events.md)."""
         return {"val_loss": self.loss, "val_metrics": dict(self.metrics), "val_examples": self.examples}
 
 

@@ -27,7 +27,7 @@ What the supervisor learns, and how:
   ``-SIGKILL`` with ``lost_reason`` "node lost" and a ``node_lost`` event names the node
   (or "slot actor lost" when only the actor died and Ray still lists its node alive).
   How fast Ray knows a node is gone is Ray's health check (``health_check_period_ms``,
-  ``health_check_failure_threshold``; README "Ray").
+  ``health_check_failure_threshold``; docs/clusters.md "Ray").
 
 Every Ray call on a slot actor (where, free_port, start, poll, close) is answered through
 one helper, ``_answers``: an actor or node death (``SLOT_LOST_ERRORS``), whichever call
