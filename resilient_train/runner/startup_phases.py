@@ -7,6 +7,8 @@ the phase that just ended (a wall-clock time, so it lines up with events.jsonl's
 first step reports them all as durations, in order, in one event (docs/events.md). The
 start is ``assigned`` (a standby read its assignment) or ``created`` (a cold process).
 
+    standby_import (a standby handed over while still importing) the rest of its import, back at
+                 normal priority from the assignment on (runner/warm_standby.py)
     handover     a warm standby's assignment read -> the worker's main (runner/warm_standby.py)
     imports      (a cold worker) the process created -> the worker's main: Python, TensorFlow
     bootstrap    the worker's start-up: credentials, run dir, error file, events, signals

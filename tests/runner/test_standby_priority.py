@@ -72,3 +72,29 @@ def test_threads_the_work_leaves_running_are_promoted_back():
     release.set()
     thread.join()
     assert policies == [os.SCHED_OTHER]
+
+
+def test_work_that_is_needed_before_it_finishes_is_promoted_for_the_rest():
+    """A standby handed over while still importing: the rest of the import runs at normal
+    priority (at idle priority it got no CPU on a busy machine, on the restart's path)."""
+    started, asked = threading.Event(), []
+
+    def needed(timeout_s):
+        asked.append(timeout_s)
+        return started.is_set()  # wanted once the work is under way
+
+    def policies_until_promoted():
+        seen = [own_policy()]
+        started.set()
+        for _ in range(400):  # (the caller polls every 50 ms)
+            if own_policy() != os.SCHED_IDLE:
+                break
+            threading.Event().wait(0.01)
+        return seen + [own_policy()]
+
+    assert run_at_low_priority(policies_until_promoted, needed=needed) == [os.SCHED_IDLE, os.SCHED_OTHER]
+    assert asked and own_policy() == os.SCHED_OTHER
+
+
+def test_work_never_needed_early_stays_idle_to_the_end():
+    assert run_at_low_priority(own_policy, needed=lambda timeout_s: False) == os.SCHED_IDLE
