@@ -53,11 +53,15 @@ def main(args: argparse.Namespace) -> int:
 def write_page_after_run(job: JobConfig) -> None:
     """Write ``job``'s run dir page and print ``Page: PATH``; on any failure print one line on
     stderr instead. Under the run dir's umask (rundir/permissions.py), as everything else the
-    run wrote. Never raises: the run's exit code is already decided."""
+    run wrote. Never raises: the run's exit code is already decided. Nothing when the run dir
+    has no event log: no run started there (e.g. it was refused before the first event)."""
     from resilient_train.commands.run_report import write_report_page
+    from resilient_train.rundir.layout import RunDir
     from resilient_train.rundir.permissions import run_dir_umask
     from resilient_train.rundir.redact import redact_text
 
+    if not RunDir(job.run_dir).events.exists():
+        return
     try:
         with run_dir_umask(job.run_dir_mode):
             path = write_report_page(job.run_dir)

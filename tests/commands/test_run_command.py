@@ -32,13 +32,31 @@ def test_the_page_is_written_and_its_path_printed(tmp_path, capsys):
 
 
 def test_a_page_that_cannot_be_written_is_one_line_and_keeps_the_exit_code(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(supervisor_module.Supervisor, "run", lambda self: 143)  # a stopped run, no events.jsonl
+    import resilient_train.commands.run_report as run_report_module
+
+    def stopped(self):  # a stopped run: its event log exists, its page cannot be written
+        (tmp_path / "run").mkdir(exist_ok=True)
+        (tmp_path / "run" / "events.jsonl").write_text("")
+        return 143
+
+    def full(run_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(supervisor_module.Supervisor, "run", stopped)
+    monkeypatch.setattr(run_report_module, "write_report_page", full)
     code = cli_main(["run", "recipes/linear_regression.py", "--run-dir", str(tmp_path / "run")])
     out, err = capsys.readouterr()
     assert code == 143
     assert "Page:" not in out
-    assert err == (f"resilient-train: the run's page was not written ({tmp_path}/run is not a directory (expected "
-                   f"a run dir, with events.jsonl)); `resilient-train report {tmp_path}/run` draws it\n")
+    assert err == (f"resilient-train: the run's page was not written ([Errno 28] No space left on device); "
+                   f"`resilient-train report {tmp_path}/run` draws it\n")
+
+
+def test_no_page_where_no_run_started(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(supervisor_module.Supervisor, "run", lambda self: 2)  # refused before its first event
+    code = cli_main(["run", "recipes/linear_regression.py", "--run-dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert (code, "Page:" in out, "page" in err) == (2, False, False)
 
 
 @pytest.mark.parametrize("tail", [b"\n", b""])  # a last line with or without its newline
