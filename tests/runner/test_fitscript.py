@@ -194,3 +194,26 @@ def test_arrays_reentry_starts_the_epoch_at_the_step_and_shuffle_false_keeps_the
     assert _array_batches(True, 1, 3) == _array_batches(True, 1, 0)[3:]
     assert [labels for _, labels in _array_batches(False, 1, 1)] == [list(range(8, 16)), list(range(16, 24)),
                                                                      list(range(24, 32))]
+
+
+def _eval_rows(eval_dataset, rank):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=rank, num_replicas_in_sync=2)
+    return [labels.numpy().tolist() for _, labels in eval_dataset(context, 0)]
+
+
+def test_validation_arrays_are_batched_at_the_validation_batch_each_worker_its_share_the_last_batch_kept(script):
+    x_val, y_val = np.zeros((10, 2), np.float32), np.arange(10)
+    eval_dataset = script._validation((x_val, y_val), {"validation_batch_size": 4}, 8)
+    assert [_eval_rows(eval_dataset, rank) for rank in (0, 1)] == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], []]]
+    dataset = script._validation(global_batches(count=2), {}, 8)  # a finite dataset: its own global batches
+    assert _eval_rows(dataset, 1) == [[-2, -3], [-12, -13]]
+
+
+@pytest.mark.parametrize("data, kwargs, message", [
+    ((np.zeros(4), np.zeros(4), np.ones(4)), {}, r"expected \(x_val, y_val\) or a tf.data.Dataset"),
+    ((np.zeros(4), np.zeros(3)), {}, r"the arrays have different numbers of examples \(\[3, 4\]\)"),
+    (global_batches().repeat(), {}, r"a repeated dataset without validation_steps=N"),
+])
+def test_validation_data_the_runner_cannot_evaluate_is_refused(script, data, kwargs, message):
+    with pytest.raises(RecipeError, match=message):
+        script._validation(data, kwargs, 4)
