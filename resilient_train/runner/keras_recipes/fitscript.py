@@ -65,7 +65,13 @@ import tensorflow as tf
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.errors import RecipeError
 from resilient_train.job.config import JobConfig
-from resilient_train.job.recipe import FIT_ARRAYS_REFUSED, FIT_DATASET_REFUSED, FIT_REFUSED, Recipe, recipe_name
+from resilient_train.job.recipe import (
+    FIT_ARRAYS_REFUSED,
+    FIT_DATASET_REFUSED,
+    FIT_REFUSED,
+    Recipe,
+    recipe_name,
+)
 from resilient_train.runner.input.indexed import IndexPlan, indexed_dataset
 from resilient_train.runner.input.iterator_state import INDEXED
 from resilient_train.runner.keras_recipes.callbacks import refused_callback
