@@ -86,7 +86,7 @@ def _check_fit_script_flags(path: Path, job: JobConfig) -> None:
             )
     if job.eval_every_epochs:
         raise ConfigError(f"--eval-every-epochs {job.eval_every_epochs} with the fit() script {path}: a script "
-                          "has no eval_dataset(); evaluate after fit() in the script")
+                          "has no eval_dataset(); pass fit(validation_data=..., validation_freq=N) in the script")
     if job.record_indices:
         raise ConfigError(f"--record-indices with the fit() script {path}: it needs the indexed recipe contract "
                           "(num_examples + example); a script's input is its own tf.data.Dataset")

@@ -70,7 +70,8 @@ A ``model.fit`` script: a file that defines neither ``build_model`` nor ``datase
 ``.fit(`` once is run as a whole by the worker (runner/keras_recipes/fitscript.py), with the runner's
 strategy and training loop behind ``MultiWorkerMirroredStrategy()`` and ``Model.fit``.
 :func:`check_fit_script` refuses here, before workers start, the ``fit`` calls the runner
-cannot honour (:data:`FIT_REFUSED`, a missing ``steps_per_epoch``, two calls, a call in a loop).
+cannot honour (:data:`FIT_REFUSED`, and by what ``x`` is: a dataset without ``steps_per_epoch``,
+:data:`FIT_DATASET_REFUSED`, :data:`FIT_ARRAYS_REFUSED`; two calls, a call in a loop).
 
 This module does not import TensorFlow: the supervisor checks a recipe's shape (it parses,
 defines the required functions) before it spends seconds starting workers.
@@ -90,7 +91,8 @@ from typing import Any, Callable, Mapping
 from resilient_train.errors import RecipeError
 
 __all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DATASET_INPUT", "INDEXED_INPUT", "DEFAULT_KEYS",
-           "is_fit_script", "check_fit_script", "FIT_REFUSED", "CALLBACKS_REFUSED"]
+           "is_fit_script", "check_fit_script", "FIT_REFUSED", "FIT_DATASET_REFUSED", "FIT_ARRAYS_REFUSED",
+           "CALLBACKS_REFUSED"]
 
 REQUIRED = ("build_model", "build_optimizer", "loss")
 # The input: one of the two contracts (``dataset``, or the indexed one).
@@ -120,19 +122,20 @@ CALLBACKS_REFUSED = {
     "SwapEMAWeights": "not supported yet (remove it)",
 }
 DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_steps")
-# fit() arguments a script may not pass, and why (runner/keras_recipes/fitscript.py honours x, epochs,
-# steps_per_epoch, callbacks, and ignores verbose and shuffle, as Keras does for a dataset).
+# fit() arguments a script may not pass, and why (runner/keras_recipes/fitscript.py honours the
+# others: x, y, batch_size, epochs, steps_per_epoch, callbacks, shuffle, validation_*; verbose is ignored).
 FIT_REFUSED = {
-    "y": "fit on arrays needs a tf.data.Dataset: pass fit(dataset, ...) batched at the global batch size",
-    "batch_size": "batch the tf.data.Dataset instead (at the global batch size)",
-    "validation_split": "not supported: evaluate after fit, or use a recipe with eval_dataset()",
-    "validation_data": "not supported yet: evaluate after fit, or use a recipe with eval_dataset()",
-    "validation_steps": "not supported yet (no validation_data)",
-    "validation_freq": "not supported yet (no validation_data)",
-    "validation_batch_size": "not supported yet (no validation_data)",
     "class_weight": "not supported yet",
     "sample_weight": "not supported: yield (x, y, sample_weight) from the dataset instead",
     "initial_epoch": "the runner resumes at the right epoch itself",
+}
+# Refused by what x is: a tf.data.Dataset (no y), or arrays (fit(x, y, ...)).
+FIT_DATASET_REFUSED = {
+    "batch_size": "batch the tf.data.Dataset instead (at the global batch size), or pass arrays: fit(x, y, batch_size=...)",
+    "validation_split": "Keras splits arrays, not a dataset: pass fit(x, y, validation_split=...) or validation_data=",
+}
+FIT_ARRAYS_REFUSED = {
+    "steps_per_epoch": "not supported with arrays yet: an epoch is the arrays once over (n // batch_size steps)",
 }
 
 
@@ -308,15 +311,26 @@ def check_fit_script(path: Path, tree: ast.Module) -> None:
     keywords = {keyword.arg: keyword for keyword in call.keywords}
     if None in keywords:
         raise RecipeError(f"Script {path}: fit(**...) at line {call.lineno}; pass fit's arguments by name")
-    if len(call.args) > 1:
+    if len(call.args) > 2:
         raise RecipeError(f"Script {path}: fit() at line {call.lineno} gets {len(call.args)} positional arguments; "
-                          f"expected fit(dataset, epochs=..., steps_per_epoch=..., callbacks=[...]): {FIT_REFUSED['y']}")
-    for name, why in FIT_REFUSED.items():
+                          "expected fit(x, y, batch_size=..., ...) or fit(dataset, ...): pass the others by name")
+    arrays = len(call.args) == 2 or "y" in keywords  # fit(x, y): arrays; fit(dataset): no y
+    refused = {**FIT_REFUSED, **(FIT_ARRAYS_REFUSED if arrays else FIT_DATASET_REFUSED)}
+    for name, why in refused.items():
         if name in keywords:
             raise RecipeError(f"Script {path}: fit({name}=...) at line {call.lineno}: {why}")
-    if "steps_per_epoch" not in keywords:
+    freq = keywords.get("validation_freq")
+    if freq is not None and isinstance(freq.value, (ast.List, ast.Tuple, ast.Set)):
+        raise RecipeError(f"Script {path}: fit(validation_freq=[...]) at line {call.lineno}: a list is not supported "
+                          "yet; pass an int N (every N-th epoch)")
+    shuffle = keywords.get("shuffle")
+    if shuffle is not None and isinstance(shuffle.value, ast.Constant) and shuffle.value.value == "batch":
+        raise RecipeError(f"Script {path}: fit(shuffle='batch') at line {call.lineno}: not supported; pass "
+                          "shuffle=True (a new permutation every epoch) or False")
+    if not arrays and "steps_per_epoch" not in keywords:
         raise RecipeError(f"Script {path}: fit() at line {call.lineno} has no steps_per_epoch; pass "
-                          "fit(dataset, epochs=..., steps_per_epoch=N) with a repeated dataset (exact resume counts steps)")
+                          "fit(dataset, epochs=..., steps_per_epoch=N) with a repeated dataset (exact resume counts "
+                          "steps), or arrays: fit(x, y, batch_size=..., epochs=...)")
     _check_keras_usage(path, tree, fit_line=call.lineno)
 
 

@@ -63,11 +63,18 @@ def test_a_file_without_fit_and_recipe_functions_is_a_recipe_missing_functions(t
 @pytest.mark.parametrize("call, expected", [
     ("model.fit(dataset, epochs=3)",
      r"fit\(\) at line 7 has no steps_per_epoch; pass fit\(dataset, epochs=..., steps_per_epoch=N\)"),
+    ("model.fit(x_train, y_train, 64, epochs=3)",
+     r"fit\(\) at line 7 gets 3 positional arguments; expected fit\(x, y, batch_size=..., ...\) or fit\(dataset, ...\)"),
     ("model.fit(x_train, y_train, epochs=3, steps_per_epoch=5)",
-     r"fit\(\) at line 7 gets 2 positional arguments; .*fit on arrays needs a tf.data.Dataset"),
-    ("model.fit(x=x_train, y=y_train, epochs=3, steps_per_epoch=5)", r"fit\(y=...\) at line 7: fit on arrays"),
+     r"fit\(steps_per_epoch=...\) at line 7: not supported with arrays yet: an epoch is the arrays once over"),
+    ("model.fit(x=x_train, y=y_train, validation_freq=[1, 3])",
+     r"fit\(validation_freq=\[...\]\) at line 7: a list is not supported yet; pass an int N"),
+    ("model.fit(x_train, y_train, shuffle='batch')", r"fit\(shuffle='batch'\) at line 7: not supported"),
     ("model.fit(dataset, epochs=3, steps_per_epoch=5, validation_split=0.2)",
-     r"fit\(validation_split=...\) at line 7: not supported"),
+     r"fit\(validation_split=...\) at line 7: Keras splits arrays, not a dataset"),
+    ("model.fit(dataset, epochs=3, steps_per_epoch=5, batch_size=64)",
+     r"fit\(batch_size=...\) at line 7: batch the tf.data.Dataset instead"),
+    ("model.fit(x_train, y_train, epochs=3, class_weight={0: 1.0})", r"fit\(class_weight=...\) at line 7: not supported yet"),
     ("model.fit(dataset, epochs=3, steps_per_epoch=5, initial_epoch=1)",
      r"fit\(initial_epoch=...\) at line 7: the runner resumes at the right epoch itself"),
     ("model.fit(dataset, **kwargs)", r"fit\(\*\*...\) at line 7; pass fit's arguments by name"),
@@ -87,6 +94,16 @@ def test_fit_calls_the_runner_cannot_honour_are_refused_in_one_line(tmp_path, ca
     message = refused(tmp_path, head + call + "\n")
     assert str(tmp_path / "train.py") in message  # names the file
     assert re.search(expected, message), message
+
+
+@pytest.mark.parametrize("call", [
+    "model.fit(x_train, y_train, batch_size=64, epochs=3, shuffle=True, validation_data=(x_val, y_val))",
+    "model.fit(x={'a': xa, 'b': xb}, y=y_train, epochs=3, validation_split=0.2, validation_freq=2)",
+    "model.fit(dataset, epochs=3, steps_per_epoch=5, validation_data=val, validation_steps=4)",
+])
+def test_fit_on_arrays_and_with_validation_passes_the_source_check(tmp_path, call):
+    head = SCRIPT.split("history = ")[0]
+    check_recipe_source(write(tmp_path, head + call + "\n"))  # no RecipeError
 
 
 def test_a_script_compile_argument_the_runner_cannot_honour_is_refused(tmp_path):

@@ -8,7 +8,14 @@ import tensorflow as tf
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.errors import RecipeError
 from resilient_train.job.config import JobConfig
-from resilient_train.runner.keras_recipes.fitscript import ContinuousInput, FitScript, _worker_slices
+from resilient_train.runner.keras_recipes.fitscript import (
+    ArrayInput,
+    ContinuousInput,
+    FitScript,
+    _worker_slices,
+    array_steps,
+    validation_split_at,
+)
 
 
 def global_batches(count=6, batch=4):
@@ -56,9 +63,12 @@ def script(tmp_path):
 
 
 @pytest.mark.parametrize("args, kwargs, message", [
-    ((np.zeros(4), np.zeros(4)), {}, r"fit\(\) got 2 positional arguments: fit on arrays needs a tf.data.Dataset"),
-    ((), {"x": np.zeros(4), "y": np.zeros(4)}, r"fit\(y=...\): fit on arrays"),
-    ((global_batches(),), {"steps_per_epoch": 2, "validation_split": 0.1}, r"fit\(validation_split=...\): not supported"),
+    ((np.zeros(4), np.zeros(4), 2), {}, r"fit\(\) got 3 positional arguments; pass all but x and y by name"),
+    ((), {"x": np.zeros(4), "y": np.zeros(4), "steps_per_epoch": 2},
+     r"fit\(steps_per_epoch=...\): not supported with arrays yet: an epoch is the arrays once over"),
+    ((global_batches(),), {"steps_per_epoch": 2, "validation_split": 0.1},
+     r"fit\(validation_split=...\): Keras splits arrays, not a dataset"),
+    ((global_batches(),), {"steps_per_epoch": 2, "batch_size": 4}, r"fit\(batch_size=...\): batch the tf.data.Dataset"),
     ((global_batches(),), {"steps_per_epoch": 2}, r"fit\(\) was called without a tf.distribute.MultiWorkerMirroredStrategy"),
 ])
 def test_fit_calls_refused_at_run_time_name_the_argument(script, args, kwargs, message):
@@ -140,3 +150,70 @@ def test_a_callback_refused_at_run_time_names_the_script_and_its_fit_line(script
         exec(code, namespace)
     assert str(caught.value) == (f"Script {script.path}: the fit() call at line 4: callbacks[1] ProgbarLogger: "
                                  "not supported yet: the runner reports progress as events (remove it)")
+
+
+@pytest.mark.parametrize("examples, fraction, expected", [(1797, 0.2, 1437), (10, 0.25, 7), (100, 0.1, 90), (3, 0.5, 1)])
+def test_validation_split_trains_on_the_first_floor_n_times_one_minus_f_as_keras(examples, fraction, expected):
+    from keras.src.trainers.data_adapters.array_slicing import train_validation_split
+
+    assert validation_split_at(examples, fraction) == expected
+    train, held = train_validation_split((np.arange(examples),), validation_split=fraction)
+    assert (len(train[0]), held[0].tolist()) == (expected, list(range(expected, examples)))  # Keras' own split
+
+
+@pytest.mark.parametrize("examples, fraction", [(1, 0.5), (3, 0.9), (10, 1.0), (10, 0.0)])
+def test_a_validation_split_that_leaves_nothing_on_one_side_is_refused(examples, fraction):
+    with pytest.raises(ValueError, match=rf"Received validation_split={fraction}"):
+        validation_split_at(examples, fraction)
+
+
+def test_an_epoch_of_arrays_is_its_full_global_batches():
+    assert [array_steps(n, 64) for n in (64, 127, 128, 1500)] == [1, 1, 2, 23]
+    with pytest.raises(ValueError, match="Received 63 examples for batch_size=64; expected at least one batch"):
+        array_steps(63, 64)
+
+
+def _array_batches(shuffle, epoch, start, examples=37, batch=8, steps=4):
+    x = np.arange(examples, dtype=np.float32) * 10.0
+    source = ArrayInput(OneWorker(), ({"pixels": x}, np.arange(examples)), seed=3, shuffle=shuffle,
+                        global_batch_size=batch, steps_per_epoch=steps)
+    return [(features["pixels"].numpy().tolist(), labels.numpy().tolist()) for features, labels in source(epoch, start)]
+
+
+def test_arrays_each_epoch_a_permutation_of_seed_and_epoch_cut_into_full_batches():
+    for epoch in (0, 2):
+        batches = _array_batches(True, epoch, 0)
+        order = [int(tf.random.experimental.index_shuffle(tf.constant(k, tf.int64), tf.constant([3, epoch], tf.int64),
+                                                          tf.constant(36, tf.int64))) for k in range(32)]
+        assert [labels for _, labels in batches] == [order[i:i + 8] for i in range(0, 32, 8)]  # 5 of 37 left out
+        assert [features for features, _ in batches] == [[10.0 * i for i in order[i:i + 8]] for i in range(0, 32, 8)]
+    assert _array_batches(True, 0, 0) != _array_batches(True, 1, 0)  # a new permutation every epoch
+
+
+def test_arrays_reentry_starts_the_epoch_at_the_step_and_shuffle_false_keeps_their_order():
+    assert _array_batches(True, 1, 3) == _array_batches(True, 1, 0)[3:]
+    assert [labels for _, labels in _array_batches(False, 1, 1)] == [list(range(8, 16)), list(range(16, 24)),
+                                                                     list(range(24, 32))]
+
+
+def _eval_rows(eval_dataset, rank):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=rank, num_replicas_in_sync=2)
+    return [labels.numpy().tolist() for _, labels in eval_dataset(context, 0)]
+
+
+def test_validation_arrays_are_batched_at_the_validation_batch_each_worker_its_share_the_last_batch_kept(script):
+    x_val, y_val = np.zeros((10, 2), np.float32), np.arange(10)
+    eval_dataset = script._validation((x_val, y_val), {"validation_batch_size": 4}, 8)
+    assert [_eval_rows(eval_dataset, rank) for rank in (0, 1)] == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], []]]
+    dataset = script._validation(global_batches(count=2), {}, 8)  # a finite dataset: its own global batches
+    assert _eval_rows(dataset, 1) == [[-2, -3], [-12, -13]]
+
+
+@pytest.mark.parametrize("data, kwargs, message", [
+    ((np.zeros(4), np.zeros(4), np.ones(4)), {}, r"expected \(x_val, y_val\) or a tf.data.Dataset"),
+    ((np.zeros(4), np.zeros(3)), {}, r"the arrays have different numbers of examples \(\[3, 4\]\)"),
+    (global_batches().repeat(), {}, r"a repeated dataset without validation_steps=N"),
+])
+def test_validation_data_the_runner_cannot_evaluate_is_refused(script, data, kwargs, message):
+    with pytest.raises(RecipeError, match=message):
+        script._validation(data, kwargs, 4)

@@ -104,3 +104,27 @@ def test_augment_gets_the_position_as_its_seed():
     for (seed, _), _indices_ in elements:
         seeds.extend(seed.numpy().tolist())
     assert seeds == [[3, p] for p in range(88, 96)]  # (1*6 + 5) * 8 = 88
+
+
+def test_epoch_passes_start_every_epoch_at_a_pass_and_refuse_more_than_one_pass():
+    plan = IndexPlan(num_examples=37, global_batch_size=8, steps_per_epoch=4, epoch_passes=True)
+    assert (plan.epoch_first(2), plan.step_positions(2, 1)) == (74, range(82, 90))
+    assert plan.pass_and_offset(plan.step_positions(2, 3)[-1]) == (2, 31)
+    assert IndexPlan(37, 8, 4).step_positions(2, 1) == range(72, 80)  # the stream: epochs are windows
+    with pytest.raises(ValueError, match="Received steps_per_epoch=5 of 8 with epoch_passes; expected at most 37"):
+        IndexPlan(37, 8, 5, epoch_passes=True)
+
+
+def test_an_epoch_pass_pipeline_is_the_epochs_permutation_shared_by_the_workers():
+    def indices(rank=0, workers=1, start_step=0, shuffle=True):
+        dataset = indexed_dataset(_recipe(), params={}, num_examples=37, seed=3, epoch=2, start_step=start_step,
+                                  steps_per_epoch=4, global_batch_size=8, input_pipeline_id=rank,
+                                  num_input_pipelines=workers, per_replica_batch_size=8 // workers,
+                                  epoch_passes=True, shuffle=shuffle)
+        return [i.numpy().tolist() for _, i in dataset]
+
+    order = example_indices(tf.range(74, 106, dtype=tf.int64), 37, seed=3).numpy().reshape(4, 8).tolist()
+    assert indices() == order  # pass 2, offsets 0..31
+    assert [a + b for a, b in zip(indices(0, 2), indices(1, 2))] == order
+    assert indices(start_step=3) == order[3:]
+    assert indices(shuffle=False) == [list(range(k, k + 8)) for k in range(0, 32, 8)]

@@ -21,6 +21,14 @@ Epochs are windows of ``steps_per_epoch * GB`` positions on that stream, so:
 * ``steps_per_epoch * GB > N``: an epoch runs into the next pass(es) (a new permutation
   each), so an example can be seen twice in one epoch, never twice in one pass.
 
+A fit script's arrays (runner/keras_recipes/fitscript.py) take the other reading, Keras'
+one: ``epoch_passes=True`` makes every epoch its own pass (epoch ``e`` starts at position
+``e * N``), so each epoch draws a new permutation of all ``N`` examples, a function of
+``(seed, e)``, and trains on its first ``steps_per_epoch * GB <= N`` positions (the rest,
+fewer than a global batch when the epoch is the arrays once over, is left out: Keras'
+smaller last batch would not split over the workers). ``shuffle=False`` keeps the arrays'
+order (example = offset), as ``fit(shuffle=False)``.
+
 Re-entry at step ``s`` of epoch ``e`` starts the range of positions there: O(1), no
 replay. ``augment(example, seed)``, when the recipe defines it, gets the per-example
 stateless seed ``[seed, P]`` (int64, shape [2], for ``tf.random.stateless_*``): the same
@@ -55,12 +63,23 @@ class IndexPlan:
     num_examples: int
     global_batch_size: int
     steps_per_epoch: int
+    epoch_passes: bool = False  # every epoch its own pass (a fit script's arrays; module docstring)
 
     def __post_init__(self) -> None:
         for name in ("num_examples", "global_batch_size", "steps_per_epoch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Received {name}={value!r}; expected an integer >= 1")
+        if self.epoch_passes and self.steps_per_epoch * self.global_batch_size > self.num_examples:
+            raise ValueError(
+                f"Received steps_per_epoch={self.steps_per_epoch} of {self.global_batch_size} with epoch_passes; "
+                f"expected at most {self.num_examples} positions per epoch (one pass)")
+
+    def epoch_first(self, epoch: int) -> int:
+        """The first position of epoch ``epoch``."""
+        if self.epoch_passes:
+            return epoch * self.num_examples
+        return epoch * self.steps_per_epoch * self.global_batch_size
 
     def share(self, rank: int, workers: int) -> tuple[int, int]:
         """Worker ``rank`` of ``workers``: its offsets ``[lo, hi)`` inside every global batch."""
@@ -76,7 +95,7 @@ class IndexPlan:
 
     def step_positions(self, epoch: int, step: int) -> range:
         """The global batch of step ``step`` of epoch ``epoch``: its positions, in order."""
-        first = (epoch * self.steps_per_epoch + step) * self.global_batch_size
+        first = self.epoch_first(epoch) + step * self.global_batch_size
         return range(first, first + self.global_batch_size)
 
     def worker_positions(self, epoch: int, step: int, rank: int, workers: int) -> range:
@@ -131,23 +150,26 @@ def indexed_dataset(
     input_pipeline_id: int,
     num_input_pipelines: int,
     per_replica_batch_size: int,
+    epoch_passes: bool = False,
+    shuffle: bool = True,
 ) -> tf.data.Dataset:
     """Input pipeline ``input_pipeline_id``'s batches of epoch ``epoch`` from ``start_step``.
 
     Elements are ``(batch, indices)``: ``batch`` is what ``example`` (then ``augment``)
     returned, batched to ``per_replica_batch_size``; ``indices`` the int64 example indices.
+    ``epoch_passes`` and ``shuffle=False``: a fit script's arrays (the module docstring).
     """
-    plan = IndexPlan(num_examples, global_batch_size, steps_per_epoch)
+    plan = IndexPlan(num_examples, global_batch_size, steps_per_epoch, epoch_passes)
     lo, hi = plan.share(input_pipeline_id, num_input_pipelines)
     share = hi - lo
-    epoch_first = epoch * steps_per_epoch * global_batch_size
+    epoch_first = plan.epoch_first(epoch)
 
     def position(local: tf.Tensor) -> tf.Tensor:  # local: this pipeline's k-th position of the epoch
         return epoch_first + (local // share) * global_batch_size + lo + local % share
 
     def make(local: tf.Tensor):
         at = position(local)
-        index = example_indices(at, num_examples, seed)
+        index = example_indices(at, num_examples, seed) if shuffle else at % num_examples
         element = recipe.example(index, params)
         if recipe.augment is not None:
             element = recipe.augment(element, tf.stack([tf.constant(seed, tf.int64), at]))

@@ -15,7 +15,8 @@ Invariant: within an attempt the path only ever falls from ``iterator_state`` to
 (at the first mid-epoch save, when a state is over ``--max-iterator-state-bytes`` or cannot
 be saved), never back, and every worker takes the same decision from the same all-reduced
 sizes. A fit script's input (runner/keras_recipes/fitscript.py) is one iterator that
-outlives its epochs: it is never retired or kept here, and it re-enters by ``skip``.
+outlives its epochs: it is never retired or kept here, and it re-enters by ``skip`` (its
+  arrays: by ``indexed``, each epoch's range started at the step).
 
 # Implementation:
 # On the iterator_state path each worker iterates its own plain tf.data iterator, built with
@@ -138,8 +139,11 @@ class EpochInput:
 
     @classmethod
     def for_fit_script(cls, source: Callable[[int, int], Any], **common: Any) -> EpochInput:
-        """A fit script's one iterator, ``source(epoch, start)``: positioned by skipping."""
-        return cls(path=SKIP, reason=_FIT_SCRIPT_REASON, max_state_bytes=0, source=source, **common)
+        """A fit script's input, ``source(epoch, start)``: its one iterator, positioned by
+        skipping, or the source's own ``reentry`` (path, why): a fit script's arrays start
+        each epoch's index range at the step (runner/keras_recipes/fitscript.py ArrayInput)."""
+        path, reason = getattr(source, "reentry", (SKIP, _FIT_SCRIPT_REASON))
+        return cls(path=path, reason=reason, max_state_bytes=0, source=source, **common)
 
     @property
     def path(self) -> str:

@@ -29,6 +29,20 @@ Keras tutorial has it. ``tf.data``'s unseeded shuffles draw from TensorFlow's gl
 which the runner sets (``--seed``) before the script runs; a reshuffling ``shuffle`` gives
 each NEW iterator other orders, which is why the process never makes a second one.
 
+``fit(x, y, batch_size=B, epochs=E, shuffle=True)`` on NumPy arrays (or dicts of arrays for
+several inputs) is the indexed input (runner/input/indexed.py) over the arrays, read the way
+Keras reads them: every epoch is a new permutation of the ``n`` examples, a function of
+``(seed, epoch)`` (``shuffle=False``: their order), cut into ``n // B`` global batches of
+``B``, each worker its contiguous share; the last ``n % B`` examples of the epoch's order
+are left out (Keras keeps a smaller last batch, which would not split over the workers).
+Re-entry at step ``s`` starts the epoch's index range there (O(1)). ``validation_split=f``
+holds out the last ``n - floor(n * (1 - f))`` examples before any shuffle, as Keras does.
+``validation_data`` (arrays, or a finite dataset batched at the global batch size),
+``validation_steps`` and ``validation_freq=N`` feed the runner's evaluation
+(runner/outputs/evaluation.py): ``val_*`` in ``epoch_finished`` and in the callbacks' logs.
+It evaluates every N-th epoch and, unlike Keras when N does not divide the epochs, after
+the last one too.
+
 When the loop completes, ``fit`` returns and the rest of the script runs (evaluate, save):
 once per completed run, on every worker. A stop agreed on SIGTERM saves and ends the
 script at ``fit`` (exit 143): the code after ``fit`` does not run then.
@@ -45,19 +59,52 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.errors import RecipeError
 from resilient_train.job.config import JobConfig
-from resilient_train.job.recipe import FIT_REFUSED, Recipe, recipe_name
+from resilient_train.job.recipe import (
+    FIT_ARRAYS_REFUSED,
+    FIT_DATASET_REFUSED,
+    FIT_REFUSED,
+    Recipe,
+    recipe_name,
+)
+from resilient_train.runner.input.indexed import IndexPlan, indexed_dataset
+from resilient_train.runner.input.iterator_state import INDEXED
 from resilient_train.runner.keras_recipes.callbacks import refused_callback
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
-__all__ = ["FitScript", "ContinuousInput", "model_then_twins"]
+__all__ = ["FitScript", "ContinuousInput", "ArrayInput", "model_then_twins", "validation_split_at", "array_steps"]
 
-_HONOURED = ("x", "epochs", "steps_per_epoch", "callbacks", "verbose", "shuffle")  # the last two: ignored
+_HONOURED = ("x", "y", "batch_size", "epochs", "steps_per_epoch", "callbacks", "verbose", "shuffle", "validation_data",
+             "validation_split", "validation_steps", "validation_freq", "validation_batch_size")  # verbose: ignored
+_KERAS_BATCH_SIZE = 32  # fit()'s default batch_size
+
+
+def validation_split_at(examples: int, fraction: float) -> int:
+    """How many examples train under ``validation_split=fraction``: Keras' split
+    (``keras/src/trainers/data_adapters/array_slicing.py``: the first ``floor(n * (1 - f))``
+    train, the rest are held out, before any shuffle)."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"Received validation_split={fraction!r}; expected a float in (0, 1)")
+    split_at = int(np.floor(examples * (1.0 - fraction)))
+    if split_at == 0 or split_at == examples:
+        raise ValueError(f"Received validation_split={fraction!r} for {examples} examples; it leaves no "
+                         "training or no validation example")
+    return split_at
+
+
+def array_steps(examples: int, batch_size: int) -> int:
+    """Steps of an epoch over ``examples`` arrays at global batch ``batch_size``: full batches
+    only (the last ``examples % batch_size`` of each epoch's order are left out)."""
+    steps = examples // batch_size
+    if steps < 1:
+        raise ValueError(f"Received {examples} examples for batch_size={batch_size}; expected at least one batch")
+    return steps
 
 
 class _Preempted(BaseException):
@@ -93,6 +140,44 @@ class ContinuousInput:
             return _worker_slices(self.dataset.skip(position), self.global_batch_size, context).prefetch(2)
 
         return dataset_fn
+
+
+class ArrayInput:
+    """``input_source`` for the Trainer from a fit script's arrays: epoch ``epoch`` from step
+    ``start`` is the indexed pipeline (runner/input/indexed.py) with one pass per epoch,
+    its range started at the step: a new distributed iterator per epoch, built in O(1)."""
+
+    reentry = (INDEXED, "a fit script's arrays: the runner's pipeline starts at the step")
+
+    def __init__(self, strategy: tf.distribute.Strategy, arrays: Any, *, seed: int, shuffle: bool,
+                 global_batch_size: int, steps_per_epoch: int) -> None:
+        self.strategy = strategy
+        self.arrays = tf.nest.map_structure(tf.constant, arrays)  # (x, y), made once, captured by each pipeline
+        self.num_examples = int(tf.nest.flatten(arrays)[0].shape[0])
+        self.plan = IndexPlan(self.num_examples, global_batch_size, steps_per_epoch, epoch_passes=True)
+        self.seed = seed
+        self.shuffle = shuffle
+        arrays_ = self.arrays
+        self._recipe = Recipe(name="fit", source="", build_model=lambda params: None, build_optimizer=None, loss=None,
+                              dataset=None, num_examples=lambda params: self.num_examples,
+                              example=lambda index, params: tf.nest.map_structure(lambda t: tf.gather(t, index), arrays_))
+
+    def __call__(self, epoch: int, start: int) -> Iterator[Any]:
+        plan = self.plan
+
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            dataset = indexed_dataset(
+                self._recipe, params={}, num_examples=plan.num_examples, seed=self.seed, epoch=epoch,
+                start_step=start, steps_per_epoch=plan.steps_per_epoch, global_batch_size=plan.global_batch_size,
+                input_pipeline_id=context.input_pipeline_id, num_input_pipelines=context.num_input_pipelines,
+                per_replica_batch_size=context.get_per_replica_batch_size(plan.global_batch_size),
+                epoch_passes=True, shuffle=self.shuffle)
+            options = tf.data.Options()
+            options.deterministic = True
+            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+            return dataset.map(lambda batch, indices: batch).with_options(options).prefetch(2)
+
+        return iter(self.strategy.distribute_datasets_from_function(dataset_fn))
 
 
 def _worker_slices(dataset: tf.data.Dataset, batch: int, context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -204,51 +289,118 @@ class FitScript:
         self._fit_calls += 1
         if self._fit_calls > 1:
             raise self._refuse("model.fit() called a second time; one fit() call is supported")
-        if len(args) > 1:
-            raise self._refuse(f"fit() got {len(args)} positional arguments: {FIT_REFUSED['y']}")
-        if args:
-            kwargs["x"] = args[0]
+        if len(args) > 2:
+            raise self._refuse(f"fit() got {len(args)} positional arguments; pass all but x and y by name")
+        for name, value in zip(("x", "y"), args):
+            kwargs[name] = value
+        arrays = kwargs.get("y") is not None
+        refused = {**FIT_REFUSED, **(FIT_ARRAYS_REFUSED if arrays else FIT_DATASET_REFUSED)}
         for name, value in kwargs.items():
-            if name not in _HONOURED and value is not None:
-                why = FIT_REFUSED.get(name, "not supported")
+            if (name not in _HONOURED or name in refused) and value is not None:
+                why = refused.get(name, "not supported")
                 raise self._refuse(f"fit({name}=...): {why}")
-        dataset, epochs, steps = kwargs.get("x"), kwargs.get("epochs", 1), kwargs.get("steps_per_epoch")
+        epochs = kwargs.get("epochs", 1)
         if self.strategy is None:
             raise self._refuse("fit() was called without a tf.distribute.MultiWorkerMirroredStrategy(); create "
                                "one first and build and compile the model in its scope()")
-        if not isinstance(dataset, tf.data.Dataset):
-            raise self._refuse(f"fit() got {type(dataset).__name__}; expected a tf.data.Dataset batched at the "
-                               "global batch size")
-        if not isinstance(steps, int) or steps < 1:
-            raise self._refuse(f"fit(steps_per_epoch={steps!r}); expected a positive int (exact resume counts steps)")
         if not isinstance(epochs, int) or epochs < 1:
             raise self._refuse(f"fit(epochs={epochs!r}); expected a positive int")
-        cardinality = int(dataset.cardinality())
-        if 0 <= cardinality < epochs * steps:
-            raise self._refuse(f"the dataset has {cardinality} batches; fit(epochs={epochs}, steps_per_epoch="
-                               f"{steps}) reads {epochs * steps}: add .repeat()")
-        batch = _global_batch_size(dataset)
+        validation_data = kwargs.get("validation_data")
+        if arrays:
+            batch, steps, source, held_out = self._array_input(kwargs)
+            if validation_data is None:  # Keras: validation_data, when given, wins over validation_split
+                validation_data = held_out
+        else:
+            batch, steps, source = self._dataset_input(kwargs.get("x"), epochs, kwargs.get("steps_per_epoch"))
         if batch % self.cluster.num_workers:
-            raise self._refuse(f"the dataset's batch of {batch} does not split over {self.cluster.num_workers} "
-                               "workers; batch at a multiple of the worker count")
+            raise self._refuse(f"the global batch of {batch} does not split over {self.cluster.num_workers} "
+                               "workers; use a multiple of the worker count")
         given = list(kwargs.get("callbacks") or [])
-        refused = refused_callback(given)  # in the script's terms (recipe terms would name no callbacks())
-        if refused is not None:
-            raise self._refuse(f"the fit() call at line {self._fit_line()}: callbacks[{refused[0]}] {refused[1]}")
+        refused_cb = refused_callback(given)  # in the script's terms (recipe terms would name no callbacks())
+        if refused_cb is not None:
+            raise self._refuse(f"the fit() call at line {self._fit_line()}: callbacks[{refused_cb[0]}] {refused_cb[1]}")
         job = self.job.with_recipe_defaults({"epochs": epochs, "steps_per_epoch": steps, "global_batch_size": batch})
+        eval_dataset = None
+        if validation_data is not None:
+            eval_dataset = self._validation(validation_data, kwargs, batch)
+            job = dataclasses.replace(job, eval_every_epochs=self._validation_freq(kwargs.get("validation_freq")),
+                                      eval_steps=kwargs.get("validation_steps"))
         history = keras.callbacks.History()
         callbacks = [*given, history]
         recipe = Recipe(
             name=self.name, source=str(self.path), build_model=model_then_twins(model), build_optimizer=None,
-            loss=None, dataset=_no_dataset, callbacks=lambda params: list(callbacks),
+            loss=None, dataset=_no_dataset, callbacks=lambda params: list(callbacks), eval_dataset=eval_dataset,
         )
-        source = ContinuousInput(self.strategy, dataset, global_batch_size=batch, steps_per_epoch=steps)
         self.trainer = self._make_trainer(job, recipe, self.strategy, source)
         self.result = self._run_trainer(self.trainer)
         if self.result is None:
             raise _Preempted()
         return history
 
+    def _dataset_input(self, dataset: Any, epochs: int, steps: Any) -> tuple[int, int, ContinuousInput]:
+        """``fit(dataset, steps_per_epoch=S)``: the global batch, S, and the input source."""
+        if not isinstance(dataset, tf.data.Dataset):
+            raise self._refuse(f"fit() got {type(dataset).__name__} and no y; expected a tf.data.Dataset batched at "
+                               "the global batch size, or arrays: fit(x, y, batch_size=...)")
+        if not isinstance(steps, int) or steps < 1:
+            raise self._refuse(f"fit(steps_per_epoch={steps!r}); expected a positive int (exact resume counts steps)")
+        cardinality = int(dataset.cardinality())
+        if 0 <= cardinality < epochs * steps:
+            raise self._refuse(f"the dataset has {cardinality} batches; fit(epochs={epochs}, steps_per_epoch="
+                               f"{steps}) reads {epochs * steps}: add .repeat()")
+        batch = _global_batch_size(dataset)
+        return batch, steps, ContinuousInput(self.strategy, dataset, global_batch_size=batch, steps_per_epoch=steps)
+
+    def _array_input(self, kwargs: dict[str, Any]) -> tuple[int, int, ArrayInput, Any]:
+        """``fit(x, y, batch_size=B, shuffle=..., validation_split=f)``: B, the steps per epoch,
+        the input source (the module docstring) and the held-out ``(x, y)`` (None without a split)."""
+        try:
+            x, y = _as_arrays(kwargs["x"], "x"), _as_arrays(kwargs["y"], "y")
+            count = _example_count((x, y))
+            split, held = kwargs.get("validation_split"), None
+            if split and kwargs.get("validation_data") is None:
+                at = validation_split_at(count, float(split))
+                held = tf.nest.map_structure(lambda a: a[at:], (x, y))
+                x, y = tf.nest.map_structure(lambda a: a[:at], (x, y))
+                count = at
+            batch = kwargs.get("batch_size") or _KERAS_BATCH_SIZE
+            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+                raise ValueError(f"Received batch_size={batch!r}; expected a positive int")
+            steps = array_steps(count, batch)
+        except ValueError as exc:
+            raise self._refuse(f"fit() at line {self._fit_line()}: {exc}") from None
+        shuffle = kwargs.get("shuffle", True)
+        if shuffle not in (True, False):
+            raise self._refuse(f"fit(shuffle={shuffle!r}): pass True (a new permutation every epoch) or False")
+        source = ArrayInput(self.strategy, (x, y), seed=self.job.seed, shuffle=bool(shuffle),
+                            global_batch_size=batch, steps_per_epoch=steps)
+        return batch, steps, source, held
+
+    def _validation(self, data: Any, kwargs: dict[str, Any], train_batch: int) -> Callable[[Any, int], tf.data.Dataset]:
+        """The recipe's ``eval_dataset`` for ``validation_data`` (arrays or a finite dataset)."""
+        if isinstance(data, tf.data.Dataset):
+            if kwargs.get("validation_steps") is None and data.cardinality() == tf.data.INFINITE_CARDINALITY:
+                raise self._refuse("fit(validation_data=) is a repeated dataset without validation_steps=N")
+            dataset, batch = data, _global_batch_size(data)
+        else:
+            if not isinstance(data, (tuple, list)) or len(data) != 2:
+                raise self._refuse("fit(validation_data=...): expected (x_val, y_val) or a tf.data.Dataset "
+                                   "(sample weights are not supported yet)")
+            try:
+                arrays = (_as_arrays(data[0], "x_val"), _as_arrays(data[1], "y_val"))
+                _example_count(arrays)
+            except ValueError as exc:
+                raise self._refuse(f"fit(validation_data=...): {exc}") from None
+            batch = kwargs.get("validation_batch_size") or kwargs.get("batch_size") or train_batch
+            dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(batch)
+        return lambda context, seed: _worker_slices(dataset, batch, context)
+
+    def _validation_freq(self, freq: Any) -> int:
+        if freq is None:
+            return 1
+        if isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
+            raise self._refuse(f"fit(validation_freq={freq!r}): expected a positive int (a list is not supported yet)")
+        return freq
 
     def _fit_line(self) -> int | str:
         """The script's line that called fit() (the innermost frame of the script's file)."""
@@ -320,6 +472,28 @@ def _global_batch_size(dataset: tf.data.Dataset) -> int:
     for element in dataset.take(1):
         return int(tf.nest.flatten(element)[0].shape[0])
     raise RecipeError("the fit() dataset is empty")
+
+
+def _as_arrays(value: Any, name: str) -> Any:
+    """A NumPy array, or a dict / list / tuple of them (several inputs or outputs), as NumPy."""
+    if isinstance(value, dict):
+        return {key: _as_arrays(item, f"{name}[{key!r}]") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_arrays(item, f"{name}[{i}]") for i, item in enumerate(value))
+    if isinstance(value, (np.ndarray, tf.Tensor)) or hasattr(value, "__array__"):
+        array = np.asarray(value)
+        if array.ndim == 0:
+            raise ValueError(f"{name} is a scalar; expected an array of examples")
+        return array
+    raise ValueError(f"{name} is a {type(value).__name__}; expected a NumPy array or a dict of arrays")
+
+
+def _example_count(arrays: Any) -> int:
+    """The examples' count, the leading dimension every array must share."""
+    counts = {int(array.shape[0]) for array in tf.nest.flatten(arrays)}
+    if len(counts) != 1:
+        raise ValueError(f"the arrays have different numbers of examples ({sorted(counts)})")
+    return counts.pop()
 
 
 def _no_dataset(*args: Any, **kwargs: Any) -> Any:
