@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                   "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
         "wall_s": round(time.time() - started, 1),
     }
-    out = write_result(args.out, report)
+    write_result(args.out, report)
     print(json.dumps({name: c["passed"] for name, c in checks.items()}), "->", "PASS" if report["passed"] else "FAIL")
     return 0 if report["passed"] else 1
 

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "smoke": args.smoke,
     }
-    out = write_result(args.out, report)
+    write_result(args.out, report)
     print(json.dumps(report["summary"], indent=2))
     return 0
 

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "smoke": args.smoke,
     }
-    out = write_result(args.out, report)
+    write_result(args.out, report)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
               "recipe": RECIPE, "steps": STEPS, "save_every_steps": SAVE_EVERY, "repeats": args.repeats,
               "load_1min": {"min": min(loads), "max": max(loads)}, "wall_s": round(time.time() - started, 1),
               "summary": summary, "runs": runs, "smoke": args.smoke}
-    out = write_result(args.out, report)
+    write_result(args.out, report)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -5,7 +5,6 @@
 # (resilient-train sets TF_CONFIG for every worker).
 #
 #   resilient-train run examples/keras_tutorial.py --workers 2 --run-dir runs/tutorial
-import os
 import tensorflow as tf
 import numpy as np
 from sklearn.datasets import load_digits

@@ -6,16 +6,21 @@
   in a fenced bash block is accepted by the real argument parser of the module it runs (no exit 2);
 * the README's quickstart block states exactly the commands ``make run`` and ``make test`` run;
 * every ``runner/x.py``-style path in the documents and in the code's docstrings and comments
-  names a file of the repository (a module moved without its references fails here).
+  names a file of the repository (a module moved without its references fails here);
+* so does every dotted module reference there (``resilient_train.runner.worker_main``,
+  ``runner.worker_main.run``): its modules exist and the name after them is defined in the last one.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import inspect
+import io
 import re
 import shlex
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -236,6 +241,78 @@ def test_the_path_check_catches_a_moved_module():
     files, own = _repository_files(), _own_directories()
     text = "positioned at step_in_epoch (runner/data.py), see launchers/local.py and keras/src/losses/loss.py"
     assert _dangling(text, files, own) == ["runner/data.py"]
+
+
+# ``resilient_train.runner.worker_main``, ``runner.worker_main.run``: a module of the package, named from
+# the package or from one of its sub-packages, maybe followed by a name it defines. Read in the documents
+# and in the comments and strings (docstrings) of the code and the tests. A bare reference needs three
+# parts and never starts at ``job`` (``cluster.rank``, ``job.workers``, ``supervisor.lock``: a variable's
+# attribute or a file name, not a module path).
+_PACKAGE = ROOT / "resilient_train"
+_SUBPACKAGES = sorted(p.name for p in _PACKAGE.iterdir() if (p / "__init__.py").exists())
+_DOTTED = re.compile(r"(?<![\w./\-])((?:resilient_train|" + "|".join(_SUBPACKAGES) + r")(?:\.[A-Za-z_]\w*)+)")
+_DOTTED_REFERRING = [*_REFERRING, *sorted((ROOT / "tests").rglob("*.py"))]
+
+
+def _prose(path: Path) -> str:
+    """A document whole; of a Python file, its comments and strings."""
+    if path.suffix != ".py":
+        return path.read_text()
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return "\n".join(t.string for t in tokens if t.type in (tokenize.COMMENT, tokenize.STRING))
+
+
+def _dotted_references(text: str) -> list[str]:
+    refs = [m.group(1) for m in _DOTTED.finditer(text)]
+    return [ref for ref in refs if ref.startswith("resilient_train.")
+            or (len(ref.split(".")) >= 3 and not ref.startswith("job."))]
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    path = _PACKAGE.joinpath(*parts)
+    if (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def _defined_names(path: Path) -> set[str]:
+    """What a module defines at its top (imports included; under if/try too)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        for inner in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
+            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(inner.name)
+            elif isinstance(inner, (ast.Import, ast.ImportFrom)):
+                names.update((alias.asname or alias.name).split(".")[0] for alias in inner.names)
+            elif isinstance(inner, (ast.Assign, ast.AnnAssign)):
+                targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def _dotted_dangling(ref: str) -> bool:
+    parts = ref.split(".")[1:] if ref.startswith("resilient_train.") else ref.split(".")
+    found, module = 0, None
+    while found < len(parts) and _module_file(parts[:found + 1]) is not None:
+        found += 1
+        module = _module_file(parts[:found])
+    if found == len(parts):
+        return False
+    return module is None or parts[found] not in _defined_names(module)
+
+
+def test_every_dotted_module_reference_names_a_module():
+    found = {path.relative_to(ROOT).as_posix(): [r for r in _dotted_references(_prose(path)) if _dotted_dangling(r)]
+             for path in _DOTTED_REFERRING if path.exists()}
+    assert sum(len(_dotted_references(_prose(p))) for p in _DOTTED_REFERRING if p.exists()) > 100
+    assert {name: refs for name, refs in found.items() if refs} == {}
+
+
+def test_the_dotted_check_catches_a_renamed_module():
+    old = "runner." + "worker"  # built here, so that this file's own strings do not hold it
+    text = (f"the worker itself is ``{old}.run``; python -m {'resilient_train.' + old}; "
+            "see resilient_train.runner.worker_main.main, supervisor.launchers.local and job.workers")
+    assert [r for r in _dotted_references(text) if _dotted_dangling(r)] == [f"{old}.run", f"resilient_train.{old}"]
 
 
 def test_the_design_file_map_names_every_module():

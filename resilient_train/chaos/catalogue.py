@@ -27,13 +27,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 from resilient_train.errors import ConfigError
 

@@ -117,7 +117,8 @@ def _proxy_for(parsed: urllib.parse.SplitResult, environ: Mapping[str, str]) -> 
 
 
 def _bypassed(host: str, no_proxy: str) -> bool:
-    return bool(urllib.request.proxy_bypass_environment(host, {"no": no_proxy}))
+    # Undocumented but in urllib since Python 2; typeshed leaves it out.
+    return bool(urllib.request.proxy_bypass_environment(host, {"no": no_proxy}))  # type: ignore[attr-defined]
 
 
 def _connect(host: str, port: int, timeout_s: float) -> None:

@@ -39,9 +39,11 @@ The store never imports TensorFlow: it moves opaque files.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import errno
+import functools
 import hashlib
 import os
 import posixpath
@@ -414,7 +416,7 @@ class CheckpointStore:
 
     # -- verification ----------------------------------------------------------------
 
-    def verify(self, global_step: int | None = None) -> list[CheckpointInfo]:
+    def verify(self, global_step: int | None = None) -> builtins.list[CheckpointInfo]:
         """Like list(), but every file of every committed checkpoint is hashed.
 
         With ``global_step``, only that checkpoint (an empty list when it does not exist).
@@ -431,7 +433,7 @@ class CheckpointStore:
         name = self.dir_name(info.global_step)
         for rel, entry in sorted(manifest.files.items()):
             try:
-                got = self._do("read", f"{name}/{rel}", lambda rel=rel: self._hash_remote(f"{name}/{rel}"))
+                got = self._do("read", f"{name}/{rel}", functools.partial(self._hash_remote, f"{name}/{rel}"))
             except FileNotFoundError:
                 return dataclasses.replace(info, status=Status.TORN, detail=f"missing file {rel}")
             except OSError as exc:
@@ -495,7 +497,7 @@ class CheckpointStore:
                 uploading = True
                 if self._local:  # object stores have no directories; a local disk needs them first
                     for parent in sorted({posixpath.dirname(f"{name}/{rel}") for rel in local_files}):
-                        self._do("makedirs", parent, lambda p=parent: self.fs.makedirs(self._remote(p), exist_ok=True))
+                        self._do("makedirs", parent, functools.partial(self.fs.makedirs, self._remote(parent), exist_ok=True))
                 entries = {}
                 for rel, src in local_files.items():
                     self._check_fence("upload", f"{name}/{rel}")
@@ -773,7 +775,7 @@ class CheckpointStore:
 
     # -- deletion --------------------------------------------------------------------
 
-    def retain(self, keep: int) -> list[str]:
+    def retain(self, keep: int) -> builtins.list[str]:  # builtins: list() is a method here
         """Delete all but the newest ``keep`` good checkpoints; returns the deleted paths.
 
         Only OK (by listing) checkpoints older than the newest OK one are candidates;
@@ -788,7 +790,7 @@ class CheckpointStore:
             self._delete(info.global_step)
         return [info.path for info in doomed]
 
-    def collect_garbage(self) -> list[str]:
+    def collect_garbage(self) -> builtins.list[str]:
         """Delete uncommitted directories older than the newest good commit.
 
         Torn or corrupt committed checkpoints are not touched (``verify`` reports them).

@@ -216,7 +216,7 @@ class RunView:
 
     def worker_spans(self) -> list[tuple[int, int, float, float]]:
         """(rank, attempt, started, exited) per worker process; a worker with no exit ends at the last event."""
-        started: dict[tuple[int, int], float] = {}
+        started: dict[tuple[Any, Any], float] = {}  # (rank, attempt) as the events give them
         spans = []
         for i, e in enumerate(self.events):
             key = (e.get("rank"), e.get("attempt"))
@@ -477,7 +477,7 @@ def _exit_cause(e: Mapping[str, Any]) -> str:
 def _fault_text(e: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str | None:
     """The tooltip of a fault marker (the console's line for its event), or None when ``e`` is no fault."""
     name = e.get("event")
-    if name not in FAULT_EVENTS:
+    if not isinstance(name, str) or name not in FAULT_EVENTS:
         return None
     if name == "worker_exited":  # the console prints a root-cause block, not a line per exit
         if e.get("exit_code") == 0 and not e.get("signal"):

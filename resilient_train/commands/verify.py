@@ -289,7 +289,7 @@ class Slot:
         return self.name if self.name == short else f"{self.name} ({short})"
 
 
-def compare_layouts(expected: Mapping[str, Slot], found: Mapping[str, Slot]) -> dict[str, list[Any]]:
+def compare_layouts(expected: Mapping[str, Slot], found: Mapping[str, Slot]) -> dict[str, Any]:
     """``missing`` (expected, not in the files), ``unexpected`` (in the files only) and
     ``mismatched`` (``(expected, found)`` pairs with another shape or dtype), by key."""
     return {

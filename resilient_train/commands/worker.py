@@ -1,7 +1,7 @@
 """``resilient-train worker RECIPE``: one worker, for Kubernetes/Slurm/Ray.
 
 TF_CONFIG comes from the launcher's environment (or ``--tf-config-from slurm``). The
-arguments are parsed here, once; the worker itself is ``runner.worker.run``.
+arguments are parsed here, once; the worker itself is ``runner.worker_main.run``.
 """
 
 from __future__ import annotations

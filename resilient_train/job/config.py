@@ -24,10 +24,11 @@ import argparse
 import dataclasses
 import json
 import math
-try:
+import sys
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -101,6 +102,8 @@ class Option:
         settings: dict[str, Any] = {"help": self.help, "metavar": self.metavar, "type": self.parse,
                                     "choices": self.choices, "action": "append" if self.pairs else self.action}
         given = {key: value for key, value in settings.items() if value is not None}  # store_true takes no type
+        if self.flag is None:
+            raise ValueError(f"Received an option without a flag for {dest}; expected one to add")
         return parser.add_argument(self.flag, dest=dest, default=[] if self.pairs else None, **given)
 
 
@@ -282,7 +285,7 @@ class JobConfig:
         "--collective-timeout", parse=_collective_timeout, metavar="SECONDS|off",
         help="fail a collective that waits longer than this (exit 4, the group is restarted); each collective "
         "then holds a thread for that long (default off; see docs/failures.md, Hangs)"))
-    run_dir_mode: int | str = field(default=DEFAULT_RUN_DIR_MODE, metadata=_flag(  # an int once validated
+    run_dir_mode: int = field(default=DEFAULT_RUN_DIR_MODE, metadata=_flag(  # an int once validated (TOML: a string)
         "--run-dir-mode", metavar="MODE",
         help="octal mode of the run dir and what it creates, e.g. 0750 to share with your group (default 0700: "
         "files 0600; a stricter umask is kept)"))
@@ -355,7 +358,7 @@ class JobConfig:
             raise ConfigError(
                 f"Received storage_timeout={self.storage_timeout!r}; expected a finite number of seconds > 0"
             )
-        if self.collective_timeout == COLLECTIVE_TIMEOUT_OFF:
+        if self.collective_timeout == COLLECTIVE_TIMEOUT_OFF:  # type: ignore[comparison-overlap]  # the flag's parser gives 'off'
             object.__setattr__(self, "collective_timeout", None)
         if self.collective_timeout is not None and (
             isinstance(self.collective_timeout, bool) or not isinstance(self.collective_timeout, (int, float))
@@ -451,7 +454,7 @@ class JobConfig:
 
     def with_recipe_defaults(self, defaults: Mapping[str, int]) -> "JobConfig":
         """Fill the values left unset from the recipe's DEFAULTS, then the fallbacks."""
-        updates = {
+        updates: dict[str, Any] = {
             key: defaults.get(key, FALLBACK_DEFAULTS[key])
             for key in FALLBACK_DEFAULTS
             if getattr(self, key) is None

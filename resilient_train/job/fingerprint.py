@@ -72,7 +72,8 @@ class JobFingerprint:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "JobFingerprint":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{name: values.get(name) for name in names})
+        fields: dict[str, Any] = {name: values.get(name) for name in names}
+        return cls(**fields)
 
 
 def _sha256(path: Path) -> str:

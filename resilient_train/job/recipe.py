@@ -86,7 +86,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeGuard
 
 from resilient_train.errors import RecipeError
 
@@ -354,7 +354,7 @@ def _calls_compile(tree: ast.Module) -> bool:
     return any(_is_compile_call(node) for node in ast.walk(tree))
 
 
-def _is_compile_call(node: ast.AST) -> bool:
+def _is_compile_call(node: ast.AST) -> TypeGuard[ast.Call]:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compile"
 
 
@@ -364,7 +364,7 @@ def _check_keras_usage(path: Path, tree: ast.Module, *, fit_line: int | None = N
     script's fit() call, which a refused callback is named against."""
     for node in ast.walk(tree):
         name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-        if name in CALLBACKS_REFUSED:
+        if isinstance(node, (ast.Name, ast.Attribute)) and name in CALLBACKS_REFUSED:
             where = f"Recipe {path}" if fit_line is None else f"Script {path}: the fit() call at line {fit_line}"
             raise RecipeError(f"{where} uses {name} at line {node.lineno}; {CALLBACKS_REFUSED[name]}")
         if isinstance(node, ast.ClassDef):

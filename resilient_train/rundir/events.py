@@ -47,7 +47,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, MutableMapping, TextIO
 
 import structlog
 
@@ -162,7 +162,7 @@ class _Sink:
         self.writes_group_events = writes_group_events
         self.listeners: list[Listener] = []
 
-    def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> str:
+    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> str:
         group = event_dict.pop("group", False)
         echo = event_dict.pop("echo", True)
         record = redact({"event": event_dict.pop("event"), "ts": _now(), **event_dict})

@@ -190,16 +190,19 @@ class RunDir:
 
     def attempts(self) -> list[AttemptDir]:
         """The attempt directories present, oldest first."""
-        found = []
+        return [attempt for _, attempt in self._numbered_attempts()]
+
+    def next_attempt_number(self) -> int:
+        numbered = self._numbered_attempts()
+        return numbered[-1][0] + 1 if numbered else 1
+
+    def _numbered_attempts(self) -> list[tuple[int, AttemptDir]]:
+        found: list[tuple[int, AttemptDir]] = []
         for child in self.path.glob("attempt-*"):
             number = attempt_number(child.name)
             if number is not None and child.is_dir():
-                found.append(AttemptDir(child, number))
-        return sorted(found, key=lambda a: a.number)
-
-    def next_attempt_number(self) -> int:
-        attempts = self.attempts()
-        return attempts[-1].number + 1 if attempts else 1
+                found.append((number, AttemptDir(child, number)))
+        return sorted(found, key=lambda pair: pair[0])
 
 
 def attempt_number(name: str) -> int | None:

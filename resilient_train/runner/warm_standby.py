@@ -38,7 +38,7 @@ Protocol (one process, one assignment):
             {"argv": [...worker argv...], "env": {...}, "log": "<worker log path>"}
             EOF instead (the supervisor closed the pipe or died) -> exit 0, nothing done
     run     os.environ := env, stdout/stderr := the worker log (dup2), stdin := /dev/null,
-            exit with runner.worker.main(argv)
+            exit with runner.worker_main.main(argv)
 
 The parent-death signal set by the supervisor's spawner survives all of this (it is a
 property of the process), so a standby never outlives the supervisor either.

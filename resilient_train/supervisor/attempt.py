@@ -21,16 +21,17 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from resilient_train.supervisor.launchers import WorkerHandle
 from resilient_train.supervisor.policy import Decision
 from resilient_train.supervisor.state import WorkerState
+from resilient_train.supervisor.watchdog import Stall
 
 if TYPE_CHECKING:  # supervisor/rescue.py imports Worker from here
     from resilient_train.supervisor.rescue import RescueWait
 
-__all__ = ["Worker", "Attempt", "Resize", "Restart"]
+__all__ = ["Worker", "Attempt", "Resize", "Restart", "Carried"]
 
 
 @dataclass
@@ -63,6 +64,11 @@ class Restart:
 
     decision: Decision
     resize: Resize | None = None
+
+
+# What a transition carries into the state it enters (supervisor/state.py holds it until the next):
+# STARTING after a membership change and RESIZING a Resize, HUNG the Stall, RESTARTING the Restart.
+Carried: TypeAlias = Resize | Restart | Stall | None
 
 
 @dataclass

@@ -36,7 +36,7 @@ import datetime as _dt
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TextIO
+from typing import Any, Callable, Iterable, Mapping, Protocol, TextIO
 
 from resilient_train.rundir.events import EventReader, render_line
 from resilient_train.supervisor.eta import SteadyRate, eta_seconds
@@ -214,7 +214,7 @@ def _gang_restart(r: Mapping[str, Any], _: Facts) -> str:
 
 def _preemption_requested(r: Mapping[str, Any], _: Facts) -> str:
     source = str(r.get("source", ""))
-    who, _, what = source.partition(":")
+    who, _sep, what = source.partition(":")
     asked = {"supervisor": f"the run got {what}", "worker": f"worker {what} got a stop signal",
              "launcher": f"the {what} launcher asked to stop",
              "notice": f"this host had a preemption notice ({what})"}.get(who, f"stop requested ({source})")
@@ -535,6 +535,14 @@ def _event_time(record: Mapping[str, Any]) -> float | None:
         return None
 
 
+class Writer(Protocol):
+    """Where the console writes: a text stream, or one wrapped by rundir/redact.py's RedactingWriter."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class Console:
     """The supervisor's output stream: lines, and on a terminal one progress line redrawn in place.
 
@@ -544,7 +552,7 @@ class Console:
     redrawn with a carriage return.
     """
 
-    def __init__(self, out: TextIO, *, tty: bool = False, width: int | None = None) -> None:
+    def __init__(self, out: Writer, *, tty: bool = False, width: int | None = None) -> None:
         self.out = out
         self.tty = tty
         self.width = width if width is not None else shutil.get_terminal_size().columns
@@ -600,7 +608,7 @@ class EventTail:
         self._run = _Run()
 
     @property
-    def out(self) -> TextIO:
+    def out(self) -> Writer:
         return self.console.out
 
     def pump(self) -> list[dict[str, Any]]:

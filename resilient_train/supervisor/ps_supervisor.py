@@ -56,6 +56,7 @@ __all__ = ["ParameterServerSupervisor"]
 class ParameterServerSupervisor(Supervisor):
     """Runs one parameter-server job; see the module docstring for what differs from MWMS."""
 
+    launcher: ParameterServerLauncher  # always (__init__): restart_in_place is this tier's own
     _NO_PROGRESS = "the coordinator made no progress"
 
     def __init__(self, job: JobConfig, *, launcher: ParameterServerLauncher | None = None, **kwargs: Any) -> None:
@@ -94,7 +95,7 @@ class ParameterServerSupervisor(Supervisor):
         coordinator = self.workers[0]
         if coordinator.returncode is not None:
             return RunState.STOPPING, f"the coordinator exited ({coordinator.returncode})"
-        restarts = self.current.restarts_in_place
+        restarts = self._current_attempt.restarts_in_place
         for worker in self.workers[1:]:
             if worker.returncode is None:
                 continue
@@ -111,7 +112,7 @@ class ParameterServerSupervisor(Supervisor):
         worker.process = self.launcher.restart_in_place(worker.rank)
         worker.returncode = worker.exit_time = None
         worker.state = WorkerState.RUNNING
-        restarts = self.current.restarts_in_place
+        restarts = self._current_attempt.restarts_in_place
         restarts[worker.rank] += 1
         self.worker_restarts += 1
         address = self.launcher.describe(worker.process).get("address")

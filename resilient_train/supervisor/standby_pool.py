@@ -237,7 +237,7 @@ class StandbyPool:
                 self._spawn()
 
     def hand_over(self, worker_argv: list[str], env: dict[str, str], log_path: Path) -> StandbyProcess | None:
-        """Make a live standby the worker (``worker_argv`` as runner.worker.main's argv).
+        """Make a live standby the worker (``worker_argv`` as runner.worker_main.main's argv).
 
         Returns its process, or None when the pool has no live standby (the caller starts
         a cold one). Ready standbys are preferred over ones still importing.

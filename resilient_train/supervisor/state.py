@@ -43,7 +43,10 @@ from __future__ import annotations
 
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:  # attempt.py imports WorkerState from here
+    from resilient_train.supervisor.attempt import Carried
 
 __all__ = ["RunState", "WorkerState", "RunStateMachine", "TRANSITIONS", "EVENT_RUN_STATE"]
 
@@ -102,7 +105,7 @@ class RunStateMachine:
     def __init__(self, emit: Callable[..., None], *, state: RunState = RunState.PREPARING) -> None:
         self._emit = emit
         self._state = state
-        self._carried: Any = None
+        self._carried: Carried = None
 
     @property
     def state(self) -> RunState:
@@ -113,11 +116,11 @@ class RunStateMachine:
         return self._state.is_terminal
 
     @property
-    def carried(self) -> Any:
+    def carried(self) -> Carried:
         """What the transition into the current state carried (None when nothing)."""
         return self._carried
 
-    def transition(self, to: RunState, *, attempt: int | None, reason: str | None = None, carrying: Any = None,
+    def transition(self, to: RunState, *, attempt: int | None, reason: str | None = None, carrying: Carried = None,
                    **fields: Any) -> RunState:
         """Move to ``to`` with ``carrying`` for its step, and announce it; returns the previous state.
 

@@ -109,7 +109,7 @@ def final_validation(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def attempt_world_sizes(records: Iterable[dict[str, Any]]) -> dict[str, int]:
     """``{attempt: workers it ran at}`` (as strings, JSON's keys), from ``worker_started``."""
-    ranks: dict[int, set[int]] = {}
+    ranks: dict[int, set[int | None]] = {}  # a record without a rank still counts once
     for record in records:
         if record.get("event") == "worker_started" and isinstance(record.get("attempt"), int):
             ranks.setdefault(record["attempt"], set()).add(record.get("rank"))

@@ -108,7 +108,7 @@ from resilient_train.rundir.stacks import (
 )
 from resilient_train.rundir.rescue_signal import RESCUE_ABANDONED, RESCUE_REQUESTED, RESCUE_SIGNAL, rescue_deadline_s
 from resilient_train.rundir.stepmarker import read_phase, read_step
-from resilient_train.supervisor.attempt import Attempt, Resize, Restart, Worker
+from resilient_train.supervisor.attempt import Attempt, Carried, Resize, Restart, Worker
 from resilient_train.supervisor.console import Console, EventTail, hang_line, inexact_text
 from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
 from resilient_train.supervisor.launchers.api import read_notices
@@ -216,7 +216,8 @@ class Supervisor:
         self.watchdog = ProgressWatchdog(HangPolicy.from_setting(job.hang_timeout, job.startup_timeout))
         self._asked_capacity_at = 0.0  # an elastic run below MAX asks for room at most every CAPACITY_EVERY_S
         self._markers: tuple[tuple[int, list[int]], list[tuple[int, str, str]]] | None = None  # _marker_paths
-        self._steps: dict[RunState, Callable[[], None]] = {
+        # Each step takes what its state was entered with (``Carried``, one type per state: supervisor/attempt.py).
+        self._steps: dict[RunState, Callable[[Any], None]] = {
             RunState.STARTING: self._step_starting,
             RunState.RUNNING: self._step_running,
             RunState.HUNG: self._step_hung,
@@ -233,6 +234,20 @@ class Supervisor:
     def workers(self) -> list[Worker]:
         """The workers of the attempt started last (none before the first)."""
         return self.current.workers if self.current is not None else []
+
+    @property
+    def _current_attempt(self) -> Attempt:
+        """``current`` for a step that runs after STARTING made it (before then: a bug in the loop)."""
+        if self.current is None:
+            raise RuntimeError("no attempt has been started yet")
+        return self.current
+
+    @property
+    def _tail(self) -> EventTail:
+        """``tail`` after _prepare made it (before then: a bug in the loop)."""
+        if self.tail is None:
+            raise RuntimeError("the console's event tail is made in _prepare")
+        return self.tail
 
     # ------------------------------------------------------------ public
     def run(self) -> int:
@@ -252,7 +267,7 @@ class Supervisor:
         done = self._completed_manifest()
         if done is not None:
             return self._already_complete(done)
-        elastic = {"min_workers": self.job.world_sizes.start} if self.job.elastic else {}
+        elastic: dict[str, Any] = {"min_workers": self.job.world_sizes.start} if self.job.elastic else {}
         emit(
             "run_started",
             recipe=self.job.recipe,
@@ -298,7 +313,7 @@ class Supervisor:
     def _already_complete(self, done: Manifest) -> int:
         self.machine.transition(RunState.SUCCEEDED, attempt=None, reason="storage holds the completed checkpoint")
         emit("run_already_complete", global_step=done.global_step, weights_sha256=done.weights_sha256)
-        self.tail.pump()
+        self._tail.pump()
         self.out.write(
             f"Run {self.run_dir.path} already completed{_not_exact(done.inexact)} at global step {done.global_step} "
             f"(weights_sha256 {done.weights_sha256[:16]}...){_not_exact_why(done.inexact)}; nothing to do.\n"
@@ -313,7 +328,7 @@ class Supervisor:
         while not self.machine.is_terminal:
             self._steps[self.machine.state](self.machine.carried)
 
-    def _to(self, state: RunState, *, reason: str | None = None, carrying: Any = None) -> None:
+    def _to(self, state: RunState, *, reason: str | None = None, carrying: Carried = None) -> None:
         self.machine.transition(state, attempt=self.attempt, reason=reason, carrying=carrying)
 
     def _step_starting(self, resize: Resize | None) -> None:
@@ -367,7 +382,7 @@ class Supervisor:
         """
         if not self._alive():
             if all(w.returncode == EXIT_OK for w in self.workers) and self._completed_manifest() is not None:
-                self.tail.pump()
+                self._tail.pump()
                 return RunState.SUCCEEDED, None
             return RunState.STOPPING, "every worker exited"
         self._check_launcher_stop()
@@ -390,25 +405,25 @@ class Supervisor:
         """Ask ``rescuer`` to commit its snapshot; wait (bounded) for its answer."""
         deadline_s = rescue_deadline_s(self.job.storage_timeout)
         emit(RESCUE_REQUESTED, rank=rescuer.rank, attempt=self.attempt, deadline_s=deadline_s, **why)
-        rescue = self.current.rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
+        rescue = self._current_attempt.rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
         started = self.clock()
         self._signal(rescuer, RESCUE_SIGNAL)
         try:
             self._wait(lambda: rescue.answer is not None or rescuer.returncode is not None, deadline_s)
-            rescue.observe(self.tail.pump())  # an answer written just as the rescuer exited
+            rescue.observe(self._tail.pump())  # an answer written just as the rescuer exited
             if rescue.answer is None:
                 reason = (f"rank {rescuer.rank} exited without answering" if rescuer.returncode is not None
                           else f"no answer within {deadline_s:g} s")
                 emit(RESCUE_ABANDONED, rank=rescuer.rank, attempt=self.attempt, reason=reason,
                      waited_s=round(self.clock() - started, 3))
-            self.current.rescue_answer = rescue.answer
+            self._current_attempt.rescue_answer = rescue.answer
         finally:
-            self.current.rescue = None
+            self._current_attempt.rescue = None
 
     def _room_to_grow(self) -> Resize | None:
         """Elastic, below MAX and training: a resize to the larger size the launcher can place
         now, if any (asked every CAPACITY_EVERY_S)."""
-        size = self.current.size
+        size = self._current_attempt.size
         if not self.job.elastic or size >= self.job.workers:
             return None
         now = self.clock()
@@ -431,7 +446,7 @@ class Supervisor:
         preemption. None too while nothing was noticed, on a doomed host (``_settle`` stops
         the run) and where the launcher cannot avoid a node."""
         attempt_dir = self.run_dir.attempt(self.attempt)
-        if self.stop_signal is not None or self.current.resize is not None or not attempt_dir.notices():
+        if self.stop_signal is not None or self._current_attempt.resize is not None or not attempt_dir.notices():
             return None
         if self.launcher.host_doomed(attempt_dir) is not None:
             return None
@@ -439,14 +454,14 @@ class Supervisor:
         if not nodes:
             return None
         providers = sorted({str(f.get("provider") or "unknown") for f in read_notices(attempt_dir).values()})
-        size = min(self._placeable(), self.current.size)
+        size = min(self._placeable(), self._current_attempt.size)
         why = f"preemption notice ({', '.join(providers)}) on node {', '.join(nodes)}"
         if size < self.job.world_sizes.start:
             action = "stop"
         elif not self.job.elastic:
             action = "restart"
         else:
-            action = "shrink" if size < self.current.size else "move"
+            action = "shrink" if size < self._current_attempt.size else "move"
         emit("node_avoided", attempt=self.attempt, nodes=nodes, providers=providers, placeable=size, action=action)
         if action == "stop":
             self.stop_signal = f"notice:{providers[0]}"
@@ -464,7 +479,7 @@ class Supervisor:
     def _step_resizing(self, resize: Resize) -> None:
         """Ask the group to stop at an agreed, saved step (as on a preemption) -> STOPPING,
         which settles the attempt as the membership change ``resize``."""
-        self.current.resize = resize
+        self._current_attempt.resize = resize
         for worker in self._alive():
             self._signal(worker, signal.SIGTERM)
         self._to(RunState.STOPPING, reason="resize: the group saves at an agreed step")
@@ -472,9 +487,9 @@ class Supervisor:
     def _watch_progress(self) -> Stall | None:
         """Feed the watchdog what the markers say (every WATCH_EVERY_S); a Stall when hung."""
         now = self.clock()
-        if now - self.current.watched_at < WATCH_EVERY_S:
+        if now - self._current_attempt.watched_at < WATCH_EVERY_S:
             return None
-        self.current.watched_at = now
+        self._current_attempt.watched_at = now
         for rank, step_marker, phase_marker in self._marker_paths():
             self.watchdog.observe(now, rank, read_step(step_marker), read_phase(phase_marker))
         return self.watchdog.check(now)
@@ -535,9 +550,9 @@ class Supervisor:
         never = {str(w.rank): w.address for w in self._watched() if stall.steps.get(w.rank) is None}
         if never:
             hang["never_trained"] = never
-        self.current.hang = hang
+        self._current_attempt.hang = hang
         emit("hang_detected", attempt=self.attempt, **hang)
-        self.tail.pump()
+        self._tail.pump()
         if self.job.memory_tier and self.stop_signal is None:  # a peer of the stuck rank commits its snapshot
             rescuer = choose_hang_rescuer(self._alive(), stuck=rank)
             if rescuer is not None:
@@ -552,7 +567,7 @@ class Supervisor:
     def _tear_down(self) -> None:
         """Stop every worker of the attempt (the poll that saw the reason to stop is this
         step's first); the parameter-server tier stops its coordinator first (ps_supervisor.py)."""
-        attempt = self.current
+        attempt = self._current_attempt
         kill_at: float | None = None
         forwarded = False
         while True:
@@ -614,7 +629,7 @@ class Supervisor:
     def _settle(self) -> None:
         """Every worker of the attempt is gone: decide where the run goes."""
         outcome = self._outcome(self.attempt, self.workers)
-        self.tail.pump()
+        self._tail.pump()
         if outcome is None:
             self._to(RunState.SUCCEEDED)
             return
@@ -633,7 +648,7 @@ class Supervisor:
         if decision.action == "stop":
             if decision.event:
                 emit(decision.event, reason=decision.reason, attempt=self.attempt)
-            self.tail.pump()
+            self._tail.pump()
             self.out.write(f"Stopping: {decision.reason}\n")
             self._fatal = outcome.exit_class is ExitClass.FATAL
             self._to(RunState.FAILED, reason=decision.reason)
@@ -651,7 +666,7 @@ class Supervisor:
         """
         if not self.job.elastic or outcome.exit_class is ExitClass.FATAL:
             return outcome, None
-        attempt = self.current
+        attempt = self._current_attempt
         if attempt.resize is not None:
             if outcome.exit_class is ExitClass.PREEMPTED:
                 return dataclasses.replace(outcome, membership_change=True), attempt.resize
@@ -673,7 +688,7 @@ class Supervisor:
             root_cause_rank=root_cause.rank if root_cause is not None else None,
             backoff_s=round(decision.backoff_s, 3),
         )
-        self.tail.pump()
+        self._tail.pump()
         self._sleep_fully(decision.backoff_s)
         self.attempt += 1
         self._to(RunState.STARTING, carrying=restart.resize)
@@ -697,9 +712,10 @@ class Supervisor:
                 raise RestartNotPlacedError(
                     f"the launcher can place {size} workers; --workers {low}:{self.job.workers} needs at least {low}")
             if size != previous:
-                emit("world_size_changed", attempt=attempt, **{"from": previous},
+                changed_from: dict[str, Any] = {"from": previous}  # a keyword Python reserves
+                emit("world_size_changed", attempt=attempt, **changed_from,
                      to=size, reason=reason or f"the launcher can place {size} workers")
-                self.tail.pump()
+                self._tail.pump()
                 self.out.write(f"Attempt {attempt}: {previous} -> {size} workers ({reason or 'capacity'})\n")
             try:
                 return size, self._start(attempt, size)
@@ -724,7 +740,7 @@ class Supervisor:
         handles = self.launcher.start(specs)
         workers = []
         for spec, handle in zip(specs, handles):
-            described = self.launcher.describe(handle)
+            described: dict[str, Any] = self.launcher.describe(handle)
             address = described.get("address") or described.get("node_ip")
             workers.append(Worker(spec.rank, attempt, handle, spec.log_path, address=str(address) if address else None))
             emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path),
@@ -750,13 +766,13 @@ class Supervisor:
             message=str(exc), global_step=self._reached(attempt - 1), attempt=attempt,
         )
         emit("launch_failed", attempt=attempt, launcher=self.launcher.name, reason=str(exc))
-        self.tail.pump()
+        self._tail.pump()
         self.out.write(f"Stopping: attempt {attempt} could not start: {exc}\n")
         self._to(RunState.FAILED, reason=f"attempt {attempt} could not start: {exc}")
 
     def _poll(self) -> None:
         """One poll of the attempt: print new events, let the launcher work, reap exits."""
-        records = self.tail.pump()
+        records = self._tail.pump()
         if self.current is not None and self.current.rescue is not None:
             self.current.rescue.observe(records)
         self.launcher.maintain(training=self._training())
@@ -829,7 +845,8 @@ class Supervisor:
         hang = self.current.hang if self.current is not None else None
         if hang is not None and self.stop_signal is None:
             return self._hung_outcome(attempt, hang)
-        exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers}
+        exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers  # those that exited
+                 if w.returncode is not None and w.exit_time is not None}
         reached = self._reached(attempt)
         root = choose_root_cause(
             exits, read_errors(attempt_dir.path), lambda rank: log_tail(attempt_dir.log(rank), 15),
@@ -915,7 +932,7 @@ class Supervisor:
             exact=summary["exact"],
             inexact=summary["inexact"],
         )
-        self.tail.pump()
+        self._tail.pump()
         self.out.write(
             f"Run {status}{_not_exact(summary['inexact'])}: global step {summary['global_step']}, weights_sha256 "
             f"{summary['weights_sha256']}{_not_exact_why(summary['inexact'])}\nSummary: {self.run_dir.summary}  "

@@ -9,7 +9,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 
 from resilient_train.cli import main as cli_main
 from resilient_train.commands.report_page import load_run, parse_events, render_page

@@ -1,4 +1,4 @@
-"""``resilient-train worker``: its arguments are parsed once, by the CLI, then runner.worker.run."""
+"""``resilient-train worker``: its arguments are parsed once, by the CLI, then runner.worker_main.run."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def _named(events: list[dict], name: str) -> list[dict]:
     return [e for e in events if e["event"] == name]
 
 
-def test_the_test_bed_gives_each_host_its_own_address_cuts_one_link_and_leaves_nothing(netns_testbed):
+def test_the_test_bed_gives_each_host_its_own_address_cuts_one_link_and_leaves_nothing(netns_testbed):  # noqa: F811  (the imported fixture)
     bed = netns_testbed
     assert [h.ip for h in bed.hosts] == [f"{SUBNET}.10", f"{SUBNET}.11", f"{SUBNET}.12"]
     root_addresses = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
@@ -90,7 +90,7 @@ def test_the_test_bed_gives_each_host_its_own_address_cuts_one_link_and_leaves_n
     assert second.switch not in listed and second.hosts[0].netns not in listed
 
 
-def test_namespaces_left_by_a_killed_test_process_are_swept_and_live_ones_kept(netns_testbed):
+def test_namespaces_left_by_a_killed_test_process_are_swept_and_live_ones_kept(netns_testbed):  # noqa: F811  (the imported fixture)
     dead = subprocess.Popen(["true"])
     dead.wait()
     leftover = f"rt{dead.pid}x0-sw"  # what a test process killed before its finally leaves
@@ -126,7 +126,7 @@ SLOW = pytest.mark.skipif(os.environ.get("RT_SLOW") != "1", reason="the same par
 
 
 @pytest.mark.parametrize("cut_host", [0, pytest.param(1, marks=SLOW)], ids=["chief-host", "worker-host"])
-def test_a_partitioned_host_is_fenced_and_the_run_finishes_on_the_spare(tmp_path, netns_testbed, digits_reference, cut_host):
+def test_a_partitioned_host_is_fenced_and_the_run_finishes_on_the_spare(tmp_path, netns_testbed, digits_reference, cut_host):  # noqa: F811  (the imported fixture)
     bed = netns_testbed
     run_dir = tmp_path / "run"
     freeze = [{"point": "after_commit", "global_step": CUT_AFTER_COMMIT, "rank": 0, "attempt": 1, "signal": "SIGSTOP"}]

@@ -93,7 +93,7 @@ def port_base() -> int:
     return min(free_ports(1)[0], 60000)
 
 
-def test_kill_one_task_restarts_in_the_allocation_with_the_exact_digest(slurm_cluster, tmp_path, digits_reference):
+def test_kill_one_task_restarts_in_the_allocation_with_the_exact_digest(slurm_cluster, tmp_path, digits_reference):  # noqa: F811  (the imported fixture)
     run_dir = tmp_path / "run"
     job_id = submit(slurm_cluster, RUN_SBATCH, run_dir, SLOW_DIGITS, *DIGITS_FLAGS, port_base=port_base())
     wait_for(lambda: committed(run_dir), "the first checkpoint of attempt 1")
@@ -110,7 +110,7 @@ def test_kill_one_task_restarts_in_the_allocation_with_the_exact_digest(slurm_cl
     assert killed[0]["signal"] == "SIGKILL"
 
 
-def test_scancel_sigterm_saves_exits_143_and_requeue_loses_no_step(slurm_cluster, tmp_path, digits_reference):
+def test_scancel_sigterm_saves_exits_143_and_requeue_loses_no_step(slurm_cluster, tmp_path, digits_reference):  # noqa: F811  (the imported fixture)
     run_dir = tmp_path / "run"
     job_id = submit(slurm_cluster, RUN_SBATCH, run_dir, SLOW_DIGITS, *DIGITS_FLAGS, port_base=port_base())
     wait_for(lambda: committed(run_dir), "the first checkpoint of attempt 1")
@@ -132,7 +132,7 @@ def test_scancel_sigterm_saves_exits_143_and_requeue_loses_no_step(slurm_cluster
     assert summary["weights_sha256"] == digits_reference
 
 
-def test_workers_sbatch_with_tf_config_from_slurm_gives_the_exact_digest(slurm_cluster, tmp_path, digits_reference):
+def test_workers_sbatch_with_tf_config_from_slurm_gives_the_exact_digest(slurm_cluster, tmp_path, digits_reference):  # noqa: F811  (the imported fixture)
     run_dir = tmp_path / "run"
     job_id = submit(slurm_cluster, WORKERS_SBATCH, run_dir, DIGITS, *DIGITS_FLAGS, "--workers", "2",
                     port_base=port_base())

@@ -48,7 +48,7 @@ def _of(run_dir: Path, name: str, attempt: int) -> list[dict]:
     return [e for e in read_events(run_dir) if e["event"] == name and e.get("attempt") == attempt]
 
 
-def test_a_lost_node_shrinks_the_run_and_an_expanded_allocation_grows_it_back(slurm_nodes, tmp_path, uninterrupted):
+def test_a_lost_node_shrinks_the_run_and_an_expanded_allocation_grows_it_back(slurm_nodes, tmp_path, uninterrupted):  # noqa: F811  (the imported fixture)
     cluster, run_dir = slurm_nodes, tmp_path / "run"
     job_id = cluster.sbatch(
         "--no-kill", "--nodes=2", "--ntasks-per-node=1", f"--output={tmp_path / 'sbatch-%j.out'}",

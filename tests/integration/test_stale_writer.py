@@ -49,7 +49,7 @@ def finish(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> int:
         proc.kill()
         proc.wait()
         raise AssertionError(f"worker in {run_dir} did not finish:\n" + "".join(
-            p.read_text(errors="replace")[-3000:] for p in run_dir.glob("worker-*.log")))
+            p.read_text(errors="replace")[-3000:] for p in run_dir.glob("worker-*.log"))) from None
 
 
 def storage_bytes(storage: Path) -> dict[str, bytes]:

@@ -280,7 +280,7 @@ def test_recording_before_locate_is_a_usage_error_without_a_file(tmp_path: Path)
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ZeroDivisionError):  # not a usage error: a bug, with its traceback
         with recording(err=err):
-            1 / 0
+            _ = 1 / 0
 
 
 def test_record_exception_leaves_no_temporary_file(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 import keras  # noqa: E402
 
 from resilient_train.errors import CheckpointIncompatibleError  # noqa: E402
-from resilient_train.runner.outputs.model_export import export_model, exported_weights_sha256
+from resilient_train.runner.outputs.model_export import export_model, exported_weights_sha256  # noqa: E402
 from resilient_train.runner.state.model_state import weight_paths  # noqa: E402
 from resilient_train.runner.state.model_state import weights_digest  # noqa: E402
 

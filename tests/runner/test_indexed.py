@@ -101,7 +101,7 @@ def test_augment_gets_the_position_as_its_seed():
         return (seed, example[1])
 
     elements = _indices(_recipe(augment), start_step=5)
-    for (seed, _), _indices_ in elements:
+    for (seed, _), _ in elements:
         seeds.extend(seed.numpy().tolist())
     assert seeds == [[3, p] for p in range(88, 96)]  # (1*6 + 5) * 8 = 88
 

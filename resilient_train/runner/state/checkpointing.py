@@ -310,7 +310,7 @@ class TwinState:
             raise ValueError(
                 f"twin checkpoint: the twin model has {len(twin_weights)} weights, the live one {len(live_weights)}"
             )
-        return cls(twin_checkpoint, live_checkpoint, [(l.path, t) for l, t in zip(live_weights, twin_weights)])
+        return cls(twin_checkpoint, live_checkpoint, [(v.path, t) for v, t in zip(live_weights, twin_weights)])
 
 
 # ------------------------------------------------------------------ async saver

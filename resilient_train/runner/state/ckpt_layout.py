@@ -82,7 +82,7 @@ def twin_rng_state(live_model: Any, twin_model: Any) -> dict[str, Any]:
             f"twin checkpoint: the twin model has {len(twin_vars)} variables, the live one {len(live_vars)}"
         )
     live_weight_paths = {v.path for v in live_model.weights}
-    return {rng_key(l.path): t for l, t in zip(live_vars, twin_vars) if l.path not in live_weight_paths}
+    return {rng_key(v.path): t for v, t in zip(live_vars, twin_vars) if v.path not in live_weight_paths}
 
 
 def training_graph(*, model: Any, optimizer: Any, counters: Mapping[str, Any],

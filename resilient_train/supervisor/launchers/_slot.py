@@ -72,6 +72,7 @@ from resilient_train.rundir.atomic import is_temporary, write_atomic
 from resilient_train.rundir.events import EventFile
 from resilient_train.rundir.layout import RunDir
 from resilient_train.supervisor._process import die_with_parent_hook
+from resilient_train.supervisor.launchers.api import WorkerHandle
 from resilient_train.cluster import entry_points
 
 __all__ = ["FileChunk", "Slot", "SlotReport", "apply_chunks", "seed_chunks"]
@@ -323,7 +324,7 @@ class Slot:
             ready = self._standby_ready()
             return SlotReport(code, self._pump.collect(), ready)
 
-    def _wait(self, worker: Any, wait_s: float) -> None:
+    def _wait(self, worker: WorkerHandle, wait_s: float) -> None:
         """Return once ``worker`` exited or was replaced, or ``wait_s`` passed (no lock held)."""
         with self._lock:  # no reap between the check and the pidfd: the pid is still the worker's
             if self._worker is not worker or worker.poll() is not None:

@@ -94,9 +94,11 @@ class LocalLauncher(Launcher):
                     str(i) for i in range(first, first + self.job.gpus_per_worker)
                 )
             worker_argv = ["--job", str(spec.job_path)]
-            process = self.pool.hand_over(worker_argv, env, spec.log_path) if self.pool is not None else None
-            if process is not None:
-                self._standby_pids.add(process.pid)
+            standby = self.pool.hand_over(worker_argv, env, spec.log_path) if self.pool is not None else None
+            process: WorkerHandle
+            if standby is not None:
+                self._standby_pids.add(standby.pid)
+                process = standby
             else:
                 process = self.spawner([self.python, "-m", entry_points.WORKER, *worker_argv], env, spec.log_path)
             self._addresses[process.pid] = addresses[spec.rank]
