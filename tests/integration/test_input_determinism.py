@@ -139,7 +139,8 @@ def test_an_inexact_resume_is_said_at_the_end_in_the_summary_by_verify_and_by_a_
     [finished] = job.named("run_finished")
     assert (finished["exact"], finished["inexact"]) == (False, [entry])
     lines = job.output.splitlines()
-    assert lines[-2] == (f"Run completed, NOT exact: global step 20, weights_sha256 {summary['weights_sha256']}; "
+    [final] = [line for line in lines if line.startswith("Run completed")]  # (then Summary:, then the Page: line)
+    assert final == (f"Run completed, NOT exact: global step 20, weights_sha256 {summary['weights_sha256']}; "
                          f"not an uninterrupted run's weights: {NOT_EXACT}")
 
     storage = str(job.run_dir / "checkpoints")
