@@ -183,6 +183,7 @@ class Trainer:
         attempt_dir: Path | None = None,
         stop_requested: Callable[[], bool] = lambda: False,
         save_requested: Callable[[], bool] = lambda: False,
+        saved: Callable[[], None] = lambda: None,
         faults: FaultPlan | None = None,
         clock: Callable[[], float] = time.monotonic,
         strategy: tf.distribute.Strategy | None = None,
@@ -195,7 +196,9 @@ class Trainer:
         (runner/worker_main.py); it is this worker's preemption vote in every call.
         ``save_requested()``: True once per preemption notice the machine survives
         (runner/preemption_notices.py): this worker's vote in the call's save column, beside
-        the chief's time-based one, so the group saves the same step and trains on."""
+        the chief's time-based one, so the group saves the same step and trains on.
+        ``saved()``: the group took an agreed save (the notice watch drops a vote that arrives
+        right after one: workers on one node see the same notice, not always in the same call)."""
         self.job = job
         self._given_strategy = strategy
         self._input_source = input_source
@@ -207,6 +210,7 @@ class Trainer:
         self.work_dir = work_dir
         self.stop_requested = stop_requested
         self.save_requested = save_requested
+        self._saved = saved
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
         self.stats = _EpochStats()
@@ -697,6 +701,7 @@ class Trainer:
         workers' comparison (then the save makes no all-reduce of its own for it).
         """
         self.policy.saved()
+        self._saved()
         flush = flush or completed
         global_step = int(self.global_step.numpy())
         # The request first, still in the training phase: it may all-reduce (the iterator

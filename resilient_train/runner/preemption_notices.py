@@ -52,6 +52,8 @@ class NoticeStop:
         self.noticed_at: float | None = None  # the first stopping notice, on ``clock``
         self.first: Notice | None = None
         self._saves_asked = 0  # surviving notices not yet voted for (runner/loop.py asks once per call)
+        self._asked_at: float | None = None  # when the newest of them came, on ``clock``
+        self._group_saved_at: float | None = None  # the group's newest agreed save, on ``clock``
         self._lock = threading.Lock()
         if sources is None:  # built on the watch's thread (imports, endpoints): nothing on this one
             sources = lambda: notice_sources(environ)  # noqa: E731
@@ -65,16 +67,29 @@ class NoticeStop:
         self.watch.close()
 
     def save_requested(self) -> bool:
-        """True once per notice the machine survives: the training thread's vote for a save."""
+        """True once per notice the machine survives: the training thread's vote for a save;
+        not for a notice an agreed save of the group already covers (one taken after it came:
+        workers on one node see the same notice, each on its own watch thread, and under load
+        one of them saw it a call after its peer's vote and the group saved twice,
+        tests/integration/test_preemption_notices.py, steps 11 and 12)."""
         with self._lock:
             asked, self._saves_asked = self._saves_asked > 0, 0
+            asked_at = self._asked_at
+        saved_at = self._group_saved_at
+        if asked and saved_at is not None and asked_at is not None and saved_at >= asked_at:
+            return False  # the group saved after this notice came: that save covers it
         return asked
+
+    def group_saved(self) -> None:
+        """The training thread took part in an agreed save (any kind)."""
+        self._group_saved_at = self.clock()
 
     def _on_notice(self, notice: Notice) -> None:
         self.emit(EVENT_NOTICE, **notice.fields(), action="stop" if notice.stops else "save")
         if not notice.stops:
             with self._lock:
                 self._saves_asked += 1
+                self._asked_at = self.clock()
             return
         if self.noticed_at is not None:
             return

@@ -226,6 +226,7 @@ class _Worker:
             attempt_dir=process.attempt_dir.path,
             stop_requested=process.stop.is_set,
             save_requested=process.notices.save_requested if process.notices is not None else lambda: False,
+            saved=process.notices.group_saved if process.notices is not None else lambda: None,
             faults=self.faults,
             **seams,
         )

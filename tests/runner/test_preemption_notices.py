@@ -95,3 +95,17 @@ def test_a_malformed_endpoint_override_is_reported_and_nothing_is_watched(tmp_pa
 def test_the_marker_names_this_host_outside_slurm(tmp_path):
     _, _, attempt_dir, _, _ = _stop_watch(tmp_path, [Notice("gce", "preempted", stops=True)], environ={"HOME": "/"})
     assert json.loads(attempt_dir.notice(1).read_text())["host"] == socket.gethostname()
+
+
+def test_a_surviving_notice_the_groups_last_save_covers_asks_for_none(tmp_path):
+    """Workers on one node see the same notice on their own watches; one whose vote comes a call
+    after its peer's must not make the group save again (found: saves at 11 and 12). A save
+    taken after the notice came covers it; one taken before it does not."""
+    migrate = Notice("gce", "MIGRATE_ON_HOST_MAINTENANCE", stops=False)
+    for saved_at, asked in ((100.5, False), (100.0, False), (99.5, True)):  # the notice came at 100.0
+        watch, *_ = _stop_watch(tmp_path / str(saved_at), [], clock_values=())
+        watch.clock = lambda: 100.0
+        watch._on_notice(migrate)
+        watch.clock = lambda at=saved_at: at
+        watch.group_saved()
+        assert watch.save_requested() is asked
