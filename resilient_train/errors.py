@@ -66,6 +66,12 @@ class RecipeError(ValueError):
     """A recipe cannot be loaded or does not satisfy the recipe contract."""
 
 
+class RecipeRefused(RecipeError):
+    """The job asks for something the runner refuses (a compiled model with two outputs, a
+    second ``fit`` call...), found only once a worker built it. A user error, not a crash: its
+    message is the whole story, so the supervisor shows that one line, no traceback."""
+
+
 class StorageError(OSError):
     """Checkpoint storage cannot be used (bad URL, no bucket, no permission).
 

@@ -349,7 +349,11 @@ class RootCause:
         return self.error.signature if self.error is not None else self.exit_description
 
     def render(self) -> str:
-        """A short block for humans: cause, traceback tail, log tail, secondary failures."""
+        """A short block for humans: cause, traceback tail, log tail, secondary failures; for
+        a refusal (errors.py ``RecipeRefused``: the job asks for what the runner refuses),
+        its one line in the user's terms and nothing else (the worker's log keeps the rest)."""
+        if self.error is not None and self.error.short_type == "RecipeRefused":
+            return _first_line(self.error.message)
         at_step = f" at global_step {self.global_step}" if self.global_step is not None else ""
         lines = [
             f"root cause: worker {self.rank} (pid {self.pid}) {self.exit_description}{at_step}"

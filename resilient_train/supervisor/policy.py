@@ -74,6 +74,8 @@ EVENT_CRASH_LOOP_DETECTED = "crash_loop_detected"
 EVENT_FATAL_ERROR = "fatal_error"
 
 
+_REFUSED = "resilient_train.errors.RecipeRefused:"  # a refusal's signature (errors.py RecipeRefused)
+
 class ExitClass(str, Enum):
     """How one worker process (or the worker group, via its root cause) ended.
 
@@ -281,6 +283,8 @@ class RestartTracker:
         if outcome.exit_class is ExitClass.OK:
             return Decision("stop", "worker group completed")
         if outcome.exit_class is ExitClass.FATAL:
+            if (outcome.signature or "").startswith(_REFUSED):  # its one line was the root cause: not again
+                return Decision("stop", "the job was refused (the line above); fix it and run again", EVENT_FATAL_ERROR)
             return Decision(
                 "stop",
                 f"fatal error in attempt {outcome.attempt} ({what}); restarting cannot help",

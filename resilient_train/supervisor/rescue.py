@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
+from resilient_train.errors import EXIT_FATAL, EXIT_OK, EXIT_PREEMPTED
 from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
 from resilient_train.supervisor.attempt import Worker
 
@@ -34,8 +34,10 @@ def failed_ranks(workers: Sequence[Worker]) -> list[int]:
 
 def choose_rescuer(workers: Sequence[Worker]) -> Worker | None:
     """The lowest-ranked worker still alive after a failure, or None when there is nothing
-    to rescue from: no failure, a preemption under way (its peers save anyway), nobody alive."""
-    if not failed_ranks(workers) or any(w.returncode == EXIT_PREEMPTED for w in workers):
+    to rescue from: no failure, a preemption under way (its peers save anyway), nobody alive,
+    or a worker that exited with a fatal error (a bug in the job or a refusal: no restart
+    follows, so a rescue would only make the stop slower and promise a restart that never comes)."""
+    if not failed_ranks(workers) or any(w.returncode in (EXIT_PREEMPTED, EXIT_FATAL) for w in workers):
         return None
     alive = [w for w in workers if w.returncode is None]
     return min(alive, key=lambda w: w.rank, default=None)

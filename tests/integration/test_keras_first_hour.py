@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,6 +89,25 @@ def test_a_failure_before_a_fresh_starts_first_step_exits_3_at_once_in_one_line(
     assert job.summary["root_cause"]["message"] == cause
     assert job.summary["root_cause"]["global_step"] == 0
     assert job.named("crash_loop_detected") == []
+
+
+def test_a_refusal_found_in_the_worker_is_one_line_with_no_rescue_and_no_restart(tmp_path):
+    """Issue 51 item 4: a compiled model with two outputs is refused inside the workers (the model
+    exists only once the script runs). Two workers with the memory tier: the console's root cause
+    is the one line in the script's terms, and a stop for a bug in the job asks no survivor to
+    rescue and promises no restart."""
+    job, _ = run_script(tmp_path, "twohead", "--workers", "2", "--snapshot-every", "auto", "--max-restarts", "3",
+                        env={"FIT_TWO_OUTPUTS": "1"})
+    refusal = (f"Script {Path(SCRIPT).name}: its model was compiled with 2 outputs; "
+               "one output with one loss is supported")
+    assert job.returncode == EXIT_FATAL, job.output
+    assert refusal in job.output.splitlines()
+    assert job.summary["root_cause"]["type"] == "resilient_train.errors.RecipeRefused"
+    assert "Stopping: the job was refused (the line above); fix it and run again" in job.output.splitlines()
+    assert (job.summary["attempts"], job.summary["restarts"]) == (1, 0)
+    assert job.named("rescue_requested") == [] and job.named("rescue_abandoned") == []
+    for word in ("rescue", "restores the last commit", "Traceback", "traceback (last"):
+        assert word not in job.output, job.output
 
 
 def test_a_failure_after_the_first_step_is_still_restarted(tmp_path, plain_keras):

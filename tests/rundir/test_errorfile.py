@@ -503,3 +503,14 @@ def test_a_rank_the_supervisor_tore_down_is_secondary_to_a_survivor_that_says_th
     assert root.secondary_details[1] == "(pid 1001) killed by the supervisor's teardown (secondary: peer failure)"
     # Killed by someone else (not our teardown): the SIGKILL is the root cause, as before.
     assert choose_root_cause(exits, [chief], lambda rank: []).rank == 1
+
+
+def test_a_refusal_renders_as_its_one_line() -> None:
+    """A job the runner refuses (errors.py RecipeRefused) is a user error, not a crash: one line
+    in the user's terms, no traceback, no log tail, no secondary failures (the log keeps them)."""
+    exits = {0: (1000, 3, T0 + 5.0), 1: (1001, 4, T0 + 6.0)}
+    message = "Script fit_twohead.py: its model was compiled with 2 outputs; one output with one loss is supported"
+    errors = [worker_error(0, T0 + 4.0, type="resilient_train.errors.RecipeRefused", message=message)]
+    root = choose_root_cause(exits, errors, lambda rank: ["a log line"])
+    assert root is not None and root.rank == 0
+    assert root.render() == message

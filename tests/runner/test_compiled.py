@@ -259,3 +259,16 @@ def test_docs_keras_lists_exactly_the_names_tested_here():
               for kind in ("losses", "metrics")}
     assert sorted(re.findall(r"`(\w+)`", listed["losses"])) == sorted(LOSS_CASES)
     assert sorted(re.findall(r"`(\w+)`", listed["metrics"])) == sorted(METRIC_CASES)
+
+
+def test_a_fit_scripts_refusal_names_the_script_not_a_build_model(tmp_path):
+    """A model.fit script has no build_model(): its refusal says what the script did."""
+    script = tmp_path / "fit_twohead.py"
+    script.write_text("import keras\nmodel = keras.Sequential()\nmodel.fit(None, steps_per_epoch=1)\n")
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, [keras.layers.Dense(1)(inputs), keras.layers.Dense(1)(inputs)])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(RecipeError) as raised:
+        from_compiled(recipe(name="fit_twohead.py", source=str(script), loss=None), model)
+    assert str(raised.value) == ("Script fit_twohead.py: its model was compiled with 2 outputs; "
+                                 "one output with one loss is supported")

@@ -171,6 +171,14 @@ def test_fatal_stops_at_once_with_budget_left() -> None:
     assert (t.restarts, t.failures) == (0, 0)
 
 
+def test_a_refusal_stops_without_repeating_its_line() -> None:
+    # the root cause already printed the refusal's one line (rundir/errorfile.py): the stop says what to do
+    t = tracker(max_restarts=5)
+    signature = "resilient_train.errors.RecipeRefused: Script s.py: its model was compiled with 2 outputs; ..."
+    decision = t.record(AttemptOutcome(1, ExitClass.FATAL, signature, 0))
+    assert decision == Decision("stop", "the job was refused (the line above); fix it and run again", "fatal_error", 0.0)
+
+
 def test_fatal_wins_over_preempted_flag() -> None:
     t = tracker()
     decision = t.record(AttemptOutcome(0, ExitClass.FATAL, "x", preempted=True))

@@ -27,6 +27,13 @@ def test_no_rescue_without_a_failure_a_survivor_or_with_a_preemption():
     assert choose_rescuer(workers(-9, 143, None)) is None
 
 
+def test_no_rescue_after_a_fatal_error():
+    # a bug in the job or a refusal (exit 3): the run stops, no restart follows to restore a rescue
+    assert choose_rescuer(workers(3, None)) is None
+    assert choose_rescuer(workers(None, 3, None)) is None
+    assert choose_rescuer(workers(-9, 3, None)) is None
+
+
 def test_on_a_hang_the_lowest_ranked_worker_but_the_stuck_one_rescues():
     assert choose_hang_rescuer(workers(None, None, None), stuck=1).rank == 0
     assert choose_hang_rescuer(workers(None, None, None), stuck=0).rank == 1  # a frozen chief cannot answer

@@ -41,13 +41,14 @@ silently ignore it), ``run_eagerly=True``, ``jit_compile=True`` and
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Callable
 
 import keras
 import tensorflow as tf
 
-from resilient_train.errors import RecipeError
-from resilient_train.job.recipe import Recipe
+from resilient_train.errors import RecipeError, RecipeRefused
+from resilient_train.job.recipe import Recipe, is_fit_script
 
 __all__ = ["is_compiled", "from_compiled", "same_rank", "TRAINER_OVERRIDES"]
 
@@ -58,8 +59,18 @@ def is_compiled(model: Any) -> bool:
     return bool(getattr(model, "compiled", False))
 
 
-def _refuse(recipe: Recipe, what: str) -> RecipeError:
-    return RecipeError(f"recipe {recipe.name}: build_model() returned a compiled model with {what}")
+def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
+    """One line in the user's terms: a fit script has no build_model(), it compiled a model."""
+    if _from_fit_script(recipe):
+        return RecipeRefused(f"Script {Path(recipe.source).name}: its model was compiled with {what}")
+    return RecipeRefused(f"recipe {recipe.name}: build_model() returned a compiled model with {what}")
+
+
+def _from_fit_script(recipe: Recipe) -> bool:
+    try:
+        return bool(recipe.source) and is_fit_script(recipe.source)
+    except (RecipeError, OSError):  # not a readable file: a recipe module
+        return False
 
 
 def from_compiled(recipe: Recipe, model: keras.Model) -> Recipe:

@@ -63,7 +63,7 @@ import numpy as np
 import tensorflow as tf
 
 from resilient_train.cluster.tf_config import ClusterInfo
-from resilient_train.errors import RecipeError
+from resilient_train.errors import RecipeError, RecipeRefused
 from resilient_train.job.config import JobConfig
 from resilient_train.job.recipe import (
     FIT_ARRAYS_REFUSED,
@@ -282,8 +282,8 @@ class FitScript:
         return self.strategy
 
     # -------------------------------------------------------------------- fit
-    def _refuse(self, what: str) -> RecipeError:
-        return RecipeError(f"Script {self.path}: {what}")
+    def _refuse(self, what: str) -> RecipeRefused:
+        return RecipeRefused(f"Script {self.path}: {what}")
 
     def _fit(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         self._fit_calls += 1
