@@ -73,18 +73,23 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
         assert sorted((e["attempt"], e["rank"]) for e in job.named("startup_phases")) == [(1, 0), (1, 1), (2, 0), (2, 1)]
         assert [(e["attempt"], e["start"], e["traces"], e["global_step"]) for e in phases] == [
             (1, starts[0], 1, _first_step(job, 1)), (2, starts[1], 1, _first_step(job, 2))]
-        first = ["imports"] if starts[1] == "created" else ["handover"]
-        if job is warm and list(phases[1]["phases"])[0] == "standby_import":
-            # handed over while still importing (runner/warm_standby.py): the rest of its import
-            # is the restart's own phase; a standby the pool saw ready never has one
-            [started] = [e for e in job.named("worker_started") if (e["attempt"], e["rank"]) == (2, 0)]
+        def first(event):
+            """A cold process's ``imports``, a standby's ``handover``; a standby handed over while
+            still importing (runner/warm_standby.py) has the rest of its import first, its own
+            phase, and the pool never saw it ready."""
+            if starts[1] == "created":
+                return ["imports"]
+            if list(event["phases"])[0] != "standby_import":
+                return ["handover"]
+            [started] = [e for e in job.named("worker_started") if (e["attempt"], e["rank"]) == (2, event["rank"])]
             assert started["standby_warm"] is False
-            first = ["standby_import", "handover"]
-        assert list(phases[1]["phases"]) == [*first, *_WORKER_PHASES]
+            return ["standby_import", "handover"]
+
+        assert list(phases[1]["phases"]) == [*first(phases[1]), *_WORKER_PHASES]
         # Rank 1 registers only once the chief's server answers (cluster/reach.py): its own phase.
         [peer] = [e for e in job.named("startup_phases") if (e["attempt"], e["rank"]) == (2, 1)]
         at = _WORKER_PHASES.index("strategy")
-        assert list(peer["phases"]) == [first, *_WORKER_PHASES[:at], "chief_server", *_WORKER_PHASES[at:]]
+        assert list(peer["phases"]) == [*first(peer), *_WORKER_PHASES[:at], "chief_server", *_WORKER_PHASES[at:]]
 
 
 @pytest.mark.slow  # tests/checkpoint's cache tests reject a corrupt copy
