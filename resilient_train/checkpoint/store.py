@@ -27,10 +27,15 @@ Invariants this module keeps:
 * ``retain`` deletes only checkpoints older than the newest good one, manifest first,
   so a half-finished deletion reads as uncommitted. ``collect_garbage`` deletes only
   uncommitted leftovers older than the newest good commit (never an in-flight newer one).
-* With a generation fence (``claim_generation``, checkpoint/fence.py) every write of the
-  commit path (each file upload, the manifest, each deletion) first checks that no newer
-  generation claimed the storage, and the manifest is created create-only; without one
-  (tests, ``verify``, the supervisor) nothing changes.
+* With a generation fence (``claim_generation``, checkpoint/fence.py) the commit path
+  checks that no newer generation claimed the storage before a commit starts, before its
+  manifest, before each deletion, and between file uploads whenever ``FENCE_RECHECK_S``
+  passed since the last check; the manifest is created create-only. A writer goes stale
+  by pausing (a frozen process, a partitioned node) while a newer attempt starts, which
+  takes longer than the recheck interval, so a writer that wakes up mid-upload checks
+  before its next file; a commit of a few small files checks twice, not once per file
+  (each check is a listing). Without a fence (tests, ``verify``, the supervisor) nothing
+  changes.
 * Every remote operation goes through the RetryPolicy: transient failures are retried
   (``storage_retry`` events), permanent ones surface as StorageError naming the URL.
 
@@ -90,6 +95,8 @@ __all__ = ["CheckpointStore", "CheckpointInfo", "Status"]
 
 _DIR_RE = re.compile(r"^ckpt-(\d{12,})$")
 _PLACEHOLDER = FileEntry(size=0, sha256="0" * 64)
+FENCE_RECHECK_S = 1.0  # between uploads of one commit, the fence is re-read after this long
+_monotonic = time.monotonic  # the recheck's clock (tests freeze a writer by moving it)
 
 
 class Status(str, enum.Enum):
@@ -176,6 +183,8 @@ class CheckpointStore:
         # must fire): files move in and out by hard link where the filesystem allows.
         self._linkable = type(fs) is LocalFileSystem
         self._fence: GenerationFence | None = None
+        # retain(): each directory's listing and status when retention last inspected it
+        self._retention_seen: dict[int, tuple[tuple[tuple[str, int], ...], CheckpointInfo]] = {}
         if not self._local and not self._root.strip("/"):
             raise StorageError(f"cannot use checkpoint storage {self.url}: the URL names no bucket or directory")
 
@@ -464,11 +473,15 @@ class CheckpointStore:
         tf_version: str,
         extra: dict[str, Any] | None = None,
         on_uploaded: Callable[[str], None] | None = None,
+        known: Mapping[str, FileEntry] | None = None,
     ) -> Manifest:
         """Upload every file under ``local_dir`` into ckpt-<global_step>/, then the manifest.
 
         ``on_uploaded(relative_name)`` is called after each data file is uploaded (progress,
-        and the chaos suite's "killed mid-upload" fault point). Returns the committed manifest. Raises StorageError (permanent or retries
+        and the chaos suite's "killed mid-upload" fault point). ``known``: the size and
+        sha256 of files the caller wrote from bytes it had already hashed (a carried
+        iterator capture, committed by many saves): a local store links them without
+        reading them again; a streamed upload hashes what it sends and must match. Returns the committed manifest. Raises StorageError (permanent or retries
         exhausted); the directory then stays uncommitted and invisible to readers.
         """
         local_dir = Path(local_dir)
@@ -499,9 +512,12 @@ class CheckpointStore:
                     for parent in sorted({posixpath.dirname(f"{name}/{rel}") for rel in local_files}):
                         self._do("makedirs", parent, functools.partial(self.fs.makedirs, self._remote(parent), exist_ok=True))
                 entries = {}
+                checked = _monotonic()
                 for rel, src in local_files.items():
-                    self._check_fence("upload", f"{name}/{rel}")
-                    entries[rel] = self._upload(src, f"{name}/{rel}")
+                    if _monotonic() - checked >= FENCE_RECHECK_S:
+                        self._check_fence("upload", f"{name}/{rel}")
+                        checked = _monotonic()
+                    entries[rel] = self._upload(src, f"{name}/{rel}", (known or {}).get(rel))
                     if on_uploaded is not None:
                         on_uploaded(rel)
                 uploading = False  # past here a failure may be another writer's manifest: keep files
@@ -573,7 +589,7 @@ class CheckpointStore:
         self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))
         return None
 
-    def _upload(self, src: Path, rel: str) -> FileEntry:
+    def _upload(self, src: Path, rel: str, known: FileEntry | None = None) -> FileEntry:
         """Stream one local file to ``rel``, hashing the bytes as they are read.
 
         A store on the staging files' own disk gets a hard link and one hashing read
@@ -584,7 +600,7 @@ class CheckpointStore:
         rejects the checkpoint)."""
         remote = self._remote(rel)
         if self._linkable:
-            linked = _link_and_hash(Path(src), Path(remote))
+            linked = _link_and_hash(Path(src), Path(remote), known)
             if linked is not None:
                 return linked
 
@@ -602,7 +618,10 @@ class CheckpointStore:
                     abandon_write(dst)
                     raise
                 dst.close()
-            return FileEntry(size=size, sha256=digest.hexdigest())
+            sent = FileEntry(size=size, sha256=digest.hexdigest())
+            if known is not None and sent != known:
+                raise CheckpointCorruptError(f"{src} changed after it was staged: it is not the bytes the save captured")
+            return sent
 
         return self._do("upload", rel, attempt)
 
@@ -784,11 +803,30 @@ class CheckpointStore:
         """
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"Received keep={keep!r}; expected an int >= 1")
-        good = [info for info in self.list() if info.status is Status.OK]
+        steps = self._scan()
+        good = [info for info in map(self._inspect_for_retention, sorted(steps), (steps[s] for s in sorted(steps)))
+                if info.status is Status.OK]
+        self._retention_seen = {step: seen for step, seen in self._retention_seen.items() if step in steps}
         doomed = good[:-keep]
         for info in doomed:
             self._delete(info.global_step)
         return [info.path for info in doomed]
+
+    def _inspect_for_retention(self, step: int, files: dict[str, int]) -> CheckpointInfo:
+        """``_inspect``, without re-reading a manifest whose directory lists exactly as before.
+
+        Retention runs after every commit; reading every kept manifest each time was most
+        of a small commit's storage calls. A committed directory whose names and sizes are
+        unchanged has the same status (the status is the listing against the manifest's
+        names and sizes), which is all retention decides on.
+        """
+        listing = tuple(sorted(files.items()))
+        seen = self._retention_seen.get(step)
+        if seen is not None and seen[0] == listing:
+            return seen[1]
+        info = self._inspect(step, files)
+        self._retention_seen[step] = (listing, info)
+        return info
 
     def collect_garbage(self) -> builtins.list[str]:
         """Delete uncommitted directories older than the newest good commit.
@@ -828,9 +866,10 @@ class CheckpointStore:
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 
-def _link_and_hash(src: Path, dst: Path) -> FileEntry | None:
-    """Make ``dst`` a hard link to ``src`` and hash it; None where links are impossible
-    (another filesystem, or one without hard links): the caller copies instead.
+def _link_and_hash(src: Path, dst: Path, known: FileEntry | None = None) -> FileEntry | None:
+    """Make ``dst`` a hard link to ``src`` and hash it (or take ``known`` when its size
+    matches); None where links are impossible (another filesystem, or one without hard
+    links): the caller copies instead.
 
     Checkpoint files are never modified after they are written, so sharing the inode is
     safe; ``dst`` is unlinked first so that a file a reader already linked elsewhere is
@@ -843,6 +882,8 @@ def _link_and_hash(src: Path, dst: Path) -> FileEntry | None:
         if exc.errno in _NO_LINK:
             return None
         raise
+    if known is not None and os.stat(dst).st_size == known.size:
+        return known
     return sha256_file(dst)
 
 
