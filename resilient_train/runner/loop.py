@@ -37,7 +37,7 @@
 #    worker snapshots (_snapshot: the same request a save builds, nothing persisted); a
 #    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death
 #    or a hang. auto (the default): a snapshot after every call until the chief, having
-#    timed a few, proposes the interval in the packed all-reduce (_SNAPSHOT_EVERY) and
+#    timed a few, proposes the interval in the packed all-reduce (runner/control_row.py) and
 #    every worker adopts it at the same call (memory_tier.AutoInterval).
 # 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
 #    summed in the packed all-reduce, so every worker stops after the same call
@@ -90,6 +90,7 @@ from resilient_train.runner.state.checkpointing import (
     persist_twin,
 )
 from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
+from resilient_train.runner import control_row
 from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
@@ -127,11 +128,6 @@ _RESIZE_NOTE_DATASET = ("resuming is sound but the input sharding differs, so we
 _RESIZE_NOTE_INDEXED = ("every global step trains on the same examples as an uninterrupted run (indexed input); "
                         "the weights differ from it only by floating-point reduction order")
 
-_PREEMPT = "__stop_requested__"  # the packed row's column: the sum of the workers' stop requests
-_SAVE_DUE = "__save_due__"
-_NEXT_CALL = "__next_call_steps__"
-_SNAPSHOT_EVERY = "__snapshot_every__"  # --snapshot-every auto: the chief's proposed interval (0: not yet)
-_CAPTURE_EVERY = "__capture_every__"  # ... and the input's capture interval proposed with it
 
 
 @dataclass(frozen=True)
@@ -451,10 +447,9 @@ class Trainer:
         """One compiled call: ``steps`` training steps, counters advanced in-graph.
 
         Per step, besides the gradients' all-reduce, ONE packed all-reduce carries
-        [loss, metric means..., stop flag, save flag, next call's steps] (every replica adds
-        its worker's stop request and the chief's time-based save vote, so the SUM tells
-        every worker whether anyone asked; only the chief's first replica adds its proposed
-        size of the next call, runner/call_size.py, so the SUM is that number). The call
+        [loss, metric means..., the control columns (runner/control_row.py: the stop and
+        save votes, the chief's next call size and memory-tier intervals), the memory tier's
+        comparison in a call's last step when a snapshot follows]. The call
         returns the reduced rows stacked, shape [steps, values]: the
         host reads one small tensor per call and sums the epoch's loss per step exactly as
         a one-step-per-call loop would (bit-identical epoch means for every N).
@@ -499,10 +494,9 @@ class Trainer:
                 agreement = self._tier.call_columns()
             else:
                 agreement = tf.zeros([0], tf.float32)
-            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY, _CAPTURE_EVERY]  # fixed at trace time
-            first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
-            flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
-            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags, agreement], axis=0)
+            names[:] = control_row.layout(list(values))  # fixed at trace time
+            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]),
+                                control_row.in_replica(flags), agreement], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
             if not record:
@@ -761,8 +755,10 @@ class Trainer:
             self._tier.proposal(call_steps=self._call_steps, proposed_call_steps=self.sizer.proposal(),
                                 step_s=self.sizer.step_seconds)
             if chief and self._tier is not None else (0.0, 0.0))
-        flags = np.array([self._preemption_flag(), max(self.policy.time_flag(), float(self.save_requested())),
-                          self.sizer.proposal() if chief else 0.0, snapshot_every, capture_every], dtype=np.float32)
+        flags = control_row.encode(control_row.Votes(
+            stop=self._preemption_flag(), save=max(self.policy.time_flag(), float(self.save_requested())),
+            next_call=self.sizer.proposal() if chief else 0.0, snapshot_every=snapshot_every,
+            capture_every=capture_every))
         started, traces = time.perf_counter(), startup_phases.traces()
         # Does a snapshot follow this call? Then its last step fingerprints for the comparison
         # (memory tier; a snapshot after a call without them compares with its own all-reduce).
@@ -780,18 +776,16 @@ class Trainer:
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         names = self._value_names
-        flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL),
-                        names.index(_SNAPSHOT_EVERY), names.index(_CAPTURE_EVERY)]
         for row in rows:
-            self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
+            self.stats.add(control_row.split(row, names)[0])
         if self._tier is not None:
             self._tier.saw_call(rows[-1], len(names), fingerprint=fingerprint)
         self._marker.write(global_step + steps)
-        preempt, save_due, next_call, snapshot_every, capture_every = (rows[-1, k] for k in flag_columns)
-        self._call_steps = max(1, int(round(next_call)))
+        _, agreed = control_row.split(rows[-1], names)
+        self._call_steps = max(1, int(round(agreed.next_call)))
         if self._tier is not None:
-            self._tier.adopt(snapshot_every, capture_every)
-        return bool(preempt > 0), bool(save_due > 0)
+            self._tier.adopt(agreed.snapshot_every, agreed.capture_every)
+        return agreed.stop > 0, agreed.save > 0
 
     def _hit_step_faults(self, first: int, last: int) -> None:
         """Faults address single steps; one inside a call fires at the call's end (the
