@@ -50,13 +50,19 @@ import tensorflow as tf
 from resilient_train.errors import RecipeError, RecipeRefused
 from resilient_train.job.recipe import Recipe, is_fit_script
 
-__all__ = ["is_compiled", "from_compiled", "same_rank", "TRAINER_OVERRIDES"]
+__all__ = ["is_compiled", "from_compiled", "same_rank", "per_sample", "per_example_loss", "resolved_metrics", "refusal",
+           "TRAINER_OVERRIDES"]
 
 TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 
 
 def is_compiled(model: Any) -> bool:
     return bool(getattr(model, "compiled", False))
+
+
+def refusal(recipe: Recipe, what: str) -> RecipeRefused:
+    """The refusal of what ``compile`` was given, in the user's terms (script or recipe)."""
+    return _refuse(recipe, what)
 
 
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
@@ -88,20 +94,25 @@ def from_compiled(recipe: Recipe, model: keras.Model) -> Recipe:
     if config.get("steps_per_execution", 1) != 1:
         raise _refuse(recipe, f"steps_per_execution={config['steps_per_execution']}; use the runner's "
                               "--steps-per-execution instead")
-    if config.get("loss_weights") is not None:
-        raise _refuse(recipe, "loss_weights; one output with one loss is supported")
     if config.get("weighted_metrics"):
-        raise _refuse(recipe, "weighted_metrics; only metrics=[...] is supported")
-    if len(model.outputs or []) > 1:
-        raise _refuse(recipe, f"{len(model.outputs)} outputs; one output with one loss is supported")
+        raise _refuse(recipe, "weighted_metrics; not supported yet: a weighted metric is a ratio of sums over "
+                              "the epoch, the runner's metrics are means of per-example values")
+    several = len(model.outputs or []) > 1
+    if config.get("loss_weights") is not None and not several:
+        raise _refuse(recipe, "loss_weights on a model with one output; give loss_weights with several outputs")
     if model.optimizer is None:
         raise _refuse(recipe, "no optimizer; pass optimizer=... to compile()")
     present = [name for name in ("build_optimizer", "loss", "metrics") if getattr(recipe, name) is not None]
     if present:
         raise _refuse(recipe, f"the recipe also defining {', '.join(present)}; take them from compile() "
                               "or from the recipe, not both")
-    loss = _per_example_loss(recipe, config.get("loss"))
-    metrics = _metrics(recipe, config.get("metrics"))
+    if several:
+        from resilient_train.runner.keras_recipes.multi_output import several_outputs  # it builds on this module
+
+        loss, metrics = several_outputs(recipe, model, config)
+    else:
+        loss = _per_example_loss(recipe, config.get("loss"))
+        metrics = _metrics(recipe, config.get("metrics"))
     optimizer = model.optimizer
     return dataclasses.replace(
         recipe, build_optimizer=lambda params: optimizer, loss=loss, metrics=metrics,
@@ -150,6 +161,11 @@ def _shape_kind(labels: Any, predictions: Any) -> str:
 
 _CROSSENTROPY = {"binary": "binary_crossentropy", "sparse": "sparse_categorical_crossentropy",
                  "categorical": "categorical_crossentropy"}
+
+
+def per_example_loss(recipe: Recipe, loss: Any) -> Callable[[Any, Any], Any]:
+    """One ``compile`` loss (a name, a function, a ``keras.losses.Loss``) as a per-example function."""
+    return _per_example_loss(recipe, loss)
 
 
 def _per_example_loss(recipe: Recipe, loss: Any) -> Callable[[Any, Any], Any]:
@@ -210,17 +226,24 @@ def _metrics(recipe: Recipe, metrics: Any) -> Callable[[Any, Any], dict] | None:
         return None
     if isinstance(metrics, dict) or not isinstance(metrics, (list, tuple)):
         raise _refuse(recipe, f"metrics of type {type(metrics).__name__}; expected a list")
-    resolved: dict[str, Callable[[Any, Any], Any]] = {}
-    for entry in metrics:
-        name, fn = _metric(recipe, entry)
-        if name in resolved:
-            raise _refuse(recipe, f"two metrics named {name!r}")
-        resolved[name] = fn
+    resolved = resolved_metrics(recipe, metrics)
 
     def per_example(labels, predictions):
         return {name: per_sample(fn(labels, predictions), predictions) for name, fn in resolved.items()}
 
     return per_example
+
+
+def resolved_metrics(recipe: Recipe, metrics: Any, prefix: str = "") -> dict[str, Callable[[Any, Any], Any]]:
+    """``{name: per-example function}`` of a list of metrics (or one), each named as Keras names
+    it, ``prefix`` first (``"<output>_"`` for one output of several)."""
+    resolved: dict[str, Callable[[Any, Any], Any]] = {}
+    for entry in metrics if isinstance(metrics, (list, tuple)) else [metrics]:
+        name, fn = _metric(recipe, entry)
+        if prefix + name in resolved:
+            raise _refuse(recipe, f"two metrics named {prefix + name!r}")
+        resolved[prefix + name] = fn
+    return resolved
 
 
 def _metric(recipe: Recipe, entry: Any) -> tuple[str, Callable[[Any, Any], Any]]:
