@@ -273,3 +273,21 @@ def test_a_fit_scripts_refusal_names_the_script_not_a_build_model(tmp_path):
     assert str(raised.value) == ("Script fit_twohead.py: its model was compiled with weighted_metrics; not supported "
                                  "yet: a weighted metric is a ratio of sums over the epoch, the runner's metrics are "
                                  "means of per-example values")
+
+
+def test_the_metrics_refused_before_workers_start_are_kerass_stateful_ones():
+    """job/recipe.py refuses these by name in the source (it imports no Keras): the list is every
+    keras.metrics class, and every name keras.metrics.get() takes, whose state is not a mean."""
+    from keras.src.metrics import ALL_OBJECTS_DICT
+
+    from resilient_train.job.recipe import STATEFUL_METRIC_NAMES, STATEFUL_METRICS
+
+    wrapper = keras.metrics.MeanMetricWrapper
+
+    def stateful(obj):
+        return (isinstance(obj, type) and issubclass(obj, keras.metrics.Metric) and obj is not keras.metrics.Metric
+                and not (issubclass(obj, wrapper) and obj.update_state is wrapper.update_state))
+
+    assert sorted(STATEFUL_METRICS) == sorted(name for name, obj in vars(keras.metrics).items() if stateful(obj))
+    assert sorted(STATEFUL_METRIC_NAMES) == sorted(name for name, obj in ALL_OBJECTS_DICT.items()
+                                                   if name[0].islower() and name != "metric" and stateful(obj))
