@@ -349,10 +349,11 @@ def check_fit_script(path: Path, tree: ast.Module) -> None:
     for name, why in refused.items():
         if name in keywords:
             raise RecipeError(f"Script {path}: fit({name}=...) at line {call.lineno}: {why}")
+    given = {name for name, keyword in keywords.items() if not _maybe_none(keyword.value)}  # the worker checks the rest
     for (first, second), why in FIT_PAIRS_REFUSED.items():
-        if first in keywords and second in keywords:
+        if first in given and second in given:
             raise RecipeError(f"Script {path}: fit({first}=..., {second}=...) at line {call.lineno}: {why}")
-    weights = [name for name in ("sample_weight", "class_weight") if name in keywords]
+    weights = [name for name in ("sample_weight", "class_weight") if name in given]
     several = _compiles_several_losses(tree)
     if weights and several is not None:
         raise RecipeError(f"Script {path}: fit({weights[0]}=...) at line {call.lineno} for the model compiled with "
@@ -431,6 +432,13 @@ def _check_keras_usage(path: Path, tree: ast.Module, *, fit_line: int | None = N
                     f"Recipe {path}: compile({keyword.arg}={shown}) at line {node.lineno} is not supported: "
                     f"{_COMPILE_REFUSED[keyword.arg]}"
                 )
+
+
+def _maybe_none(value: ast.AST) -> bool:
+    """``None``, or a conditional with a ``None`` branch (``class_weight=None if a else {...}``)."""
+    if isinstance(value, ast.Constant):
+        return value.value is None
+    return isinstance(value, ast.IfExp) and (_maybe_none(value.body) or _maybe_none(value.orelse))
 
 
 def _compiles_several_losses(tree: ast.Module) -> int | None:
