@@ -38,8 +38,8 @@ left out and taken from ``compile`` (runner/keras_recipes/compiled.py says what 
 without importing the recipe, the supervisor refuses what the runner cannot honour when
 it is written literally: a missing ``build_optimizer`` / ``loss`` with no ``.compile(``
 call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1 |
-weighted_metrics=...)``, a metric in ``compile(metrics=...)`` whose state is not a mean
-(:data:`STATEFUL_METRICS`: ``AUC()``, ``"precision"``...), a class overriding ``train_step``,
+weighted_metrics=...)``, a metric in ``compile(metrics=...)`` whose result is one number per
+class or threshold (``"f1_score"``, ``thresholds=[a, b]``), a class overriding ``train_step``,
 and ``BackupAndRestore`` (the runner backs up and restores; runner/keras_recipes/callbacks.py).
 
 ``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
@@ -95,6 +95,7 @@ from resilient_train.errors import RecipeError
 __all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DATASET_INPUT", "INDEXED_INPUT", "DEFAULT_KEYS",
            "is_fit_script", "check_fit_script", "FIT_REFUSED", "FIT_DATASET_REFUSED", "FIT_ARRAYS_REFUSED",
            "FIT_PAIRS_REFUSED", "SEVERAL_OUTPUTS_WEIGHTS_REFUSED", "STATEFUL_METRICS", "STATEFUL_METRIC_NAMES",
+           "VECTOR_METRIC_NAMES",
            "CALLBACKS_REFUSED"]
 
 REQUIRED = ("build_model", "build_optimizer", "loss")
@@ -149,15 +150,17 @@ FIT_PAIRS_REFUSED = {
     ("sample_weight", "validation_split"): "not supported yet: Keras weighs the held-out loss by the split's sample "
                                            "weights, the runner's validation is unweighted",
 }
-# compile() metrics whose state is not a mean of per-example values (runner/keras_recipes/compiled.py
-# refuses the objects; tests/runner/test_compiled.py checks this list against Keras): class names
-# and the names keras.metrics.get() resolves to them.
+# compile() metrics whose state is not a mean of per-example values, but a sum the runner keeps
+# (runner/keras_recipes/metric_states.py; tests/runner/test_compiled.py checks this list against
+# Keras): class names and the names keras.metrics.get() resolves to them.
 STATEFUL_METRICS = (
     "AUC", "BinaryIoU", "F1Score", "FBetaScore", "FalseNegatives", "FalsePositives", "IoU", "Mean", "MeanIoU",
     "OneHotIoU", "OneHotMeanIoU", "Precision", "PrecisionAtRecall", "R2Score", "Recall", "RecallAtPrecision",
     "RootMeanSquaredError", "SensitivityAtSpecificity", "SpecificityAtSensitivity", "Sum", "TrueNegatives",
     "TruePositives",
 )
+# ... of which these names give one result per class (Keras' default average=None).
+VECTOR_METRIC_NAMES = ("f1_score", "f_beta_score")
 STATEFUL_METRIC_NAMES = (
     "auc", "binary_io_u", "f1_score", "f_beta_score", "false_negatives", "false_positives", "io_u", "mean",
     "mean_io_u", "one_hot_io_u", "one_hot_mean_io_u", "precision", "precision_at_recall", "r2_score", "recall",
@@ -185,6 +188,9 @@ class Recipe:
     num_examples: Callable[[dict], int] | None = None  # the indexed contract (runner/input/indexed.py)
     example: Callable[[Any, dict], Any] | None = None
     augment: Callable[[Any, Any], Any] | None = None
+    # A compiled model's metrics whose state is summed, not averaged (AUC, Precision...): a
+    # runner/keras_recipes/metric_states.py MetricStates, set by compiled.py; None: none.
+    metric_states: Any = None
 
     @property
     def indexed(self) -> bool:
@@ -453,19 +459,26 @@ def _compiles_several_losses(tree: ast.Module) -> int | None:
 
 
 def _check_metrics_literal(path: Path, metrics: ast.AST, line: int) -> None:
-    """A metric written in ``compile(metrics=...)`` whose state is not a mean: refused before the
-    workers start (the worker would refuse the object: runner/keras_recipes/compiled.py)."""
+    """A metric written in ``compile(metrics=...)`` whose result is not one number (one per
+    class or threshold: ``"f1_score"``, ``F1Score()`` without ``average``, ``thresholds=[a, b]``),
+    refused before the workers start (the worker refuses the object: runner/keras_recipes/compiled.py)."""
     for node in ast.walk(metrics):
         named = node.value.lower() if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
         called = isinstance(node, ast.Call) and (
             node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute)
             else None)
-        if named in STATEFUL_METRIC_NAMES or called in STATEFUL_METRICS:
+        keywords = {keyword.arg: keyword.value for keyword in node.keywords} if isinstance(node, ast.Call) else {}
+        average = keywords.get("average")
+        thresholds = keywords.get("thresholds")
+        per_class = named in VECTOR_METRIC_NAMES or called in ("F1Score", "FBetaScore") and (
+            average is None or isinstance(average, ast.Constant) and average.value is None)
+        per_threshold = isinstance(thresholds, (ast.List, ast.Tuple)) and len(thresholds.elts) > 1
+        if per_class or per_threshold:
             shown = repr(named) if named else f"{called}()"
             raise RecipeError(
-                f"Recipe {path}: compile(metrics=...) at line {line} uses {shown}, whose state is not a mean of "
-                "per-example values: not supported yet (the runner averages per-example values per epoch; "
-                "use mean metrics such as accuracy or mae)"
+                f"Recipe {path}: compile(metrics=...) at line {line} uses {shown}, whose result is one number per "
+                f"{'class' if per_class else 'threshold'}: not supported (a log, a CSV column and a callback's "
+                "monitor need one number): pass average='macro' (or 'micro', 'weighted') or one threshold"
             )
 
 

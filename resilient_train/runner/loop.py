@@ -93,6 +93,7 @@ from resilient_train.runner.input.batches import average_loss, per_example_loss,
 from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
+from resilient_train.runner.keras_recipes.metric_states import MetricStates, is_state_column
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
 from resilient_train.runner.outputs.epoch_results import EpochResults, already_reported
 from resilient_train.runner.outputs.evaluation import Evaluator
@@ -145,19 +146,29 @@ class TrainResult:
 
 
 class _EpochStats:
-    """Running sums of the per-step loss and metrics of the current epoch."""
+    """Running sums of the per-step loss and metrics of the current epoch, and of the summed
+    states of ``states``' metrics (AUC, Precision...: runner/keras_recipes/metric_states.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, states: MetricStates | None = None) -> None:
         self.sums: dict[str, float] = {}
         self.batches = 0
+        self.states = states
 
     def add(self, values: dict[str, float]) -> None:
         for key, value in values.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
+            if is_state_column(key):  # float32 sums, as the metric's own variables add
+                self.sums[key] = float(np.float32(self.sums.get(key, 0.0)) + np.float32(value))
+            else:
+                self.sums[key] = self.sums.get(key, 0.0) + value
         self.batches += 1
 
     def means(self) -> dict[str, float]:
-        return {key: total / self.batches for key, total in self.sums.items()} if self.batches else {}
+        if not self.batches:
+            return {}
+        means = {key: total / self.batches for key, total in self.sums.items() if not is_state_column(key)}
+        if self.states is not None:
+            means.update(self.states.results(np.array([self.sums.get(c, 0.0) for c in self.states.columns()])))
+        return means
 
     def to_extra(self) -> dict[str, Any]:
         return {"epoch_sums": dict(self.sums), "epoch_batches": self.batches}
@@ -304,6 +315,7 @@ class Trainer:
                     f"recipe {self.recipe.name}: defines no {' or '.join(missing)} and build_model() returned a "
                     "model that is not compiled; define them or call model.compile(optimizer=..., loss=...)"
                 )
+            self.stats = _EpochStats(self.recipe.metric_states)
             self.optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
             self.optimizer.build(self.model.trainable_variables)
             counters = ckpt_layout.new_counters()
@@ -571,10 +583,17 @@ class Trainer:
                 agreement = self._agreement.call_columns()
             else:
                 agreement = tf.zeros([0], tf.float32)
-            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY, _CAPTURE_EVERY]  # fixed at trace time
+            # Summed metric states (AUC, Precision...): this replica's batch's share, summed by the
+            # same all-reduce (runner/keras_recipes/metric_states.py).
+            states = recipe.metric_states
+            shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions)
+            state_columns = [] if states is None else states.columns()
+            names[:] = list(values) + state_columns + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY,
+                                                       _CAPTURE_EVERY]  # fixed at trace time
             first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
             flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
-            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags, agreement], axis=0)
+            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares, flags, agreement],
+                               axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
             if not record:
@@ -1018,7 +1037,7 @@ class Trainer:
         validation, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
         self.epoch.assign_add(1)
         self.step_in_epoch.assign(0)
-        self.stats = _EpochStats()
+        self.stats = _EpochStats(self.recipe.metric_states)
         global_step = int(self.global_step.numpy())
         self._epoch_results = EpochResults(epoch=epoch, global_step=global_step, loss=means.pop("loss", None),
                                            metrics=means, validation=validation)

@@ -1,20 +1,23 @@
-"""Two inputs, two outputs, a loss dict with loss_weights, per-output metrics; class_weight (issue 46 item 3).
+"""Two inputs, two outputs, a loss dict with loss_weights, per-output metrics; class_weight; AUC,
+Precision and Recall (issue 46 items 3 and 4).
 
 tests/recipes/fit_twohead.py is the keras.io form on scikit-learn's breast cancer set: inputs
 ``{"clinical", "lab"}``, outputs ``{"risk", "prog"}``, ``loss={...}``, ``loss_weights={...}``,
-``metrics={"risk": ["accuracy"], "prog": ["mae"]}``, ``fit(x, y, batch_size=64, epochs=4,
+``metrics={"risk": ["accuracy", AUC()], "prog": ["mae"]}``, ``fit(x, y, batch_size=64, epochs=4,
 validation_data=...)`` and a CSVLogger; ``FIT_HEADS=1`` is the risk head alone with
-``class_weight={0: 2.0, 1: 0.5}``.
+``Precision()``, ``Recall(thresholds=0.7)`` and ``class_weight={0: 2.0, 1: 0.5}``.
 
 On ONE worker, unshuffled (``FIT_SHUFFLE=0``: plain Keras' permutation is not the runner's), the
 History and the CSV log carry plain Keras ``model.fit``'s names (``risk_loss``, ``prog_mae``,
 ``val_risk_accuracy``...) and values to float32 relative 1e-6: the runner sums the weighted
 losses per example and averages (Keras averages each, then sums), and its epoch values are
 float64 means of the per-step float32 values (Keras' ``Mean`` sums in float32). Measured: 1e-7.
+AUC, Precision and Recall (summed states: runner/keras_recipes/metric_states.py) are bit for bit.
 
 On TWO workers, shuffled, the chief killed right after a mid-epoch commit ends as the
 uninterrupted run: same digest, same CSV bytes, same per-output numbers in every
-``epoch_finished``, the same History on every worker.
+``epoch_finished`` (the resumed epoch's AUC from the confusion counts the mid-epoch checkpoint
+carried), the same History on every worker.
 """
 
 import csv
@@ -28,8 +31,10 @@ from tests.integration.harness import REPO, environment, run_job
 
 SCRIPT = str(REPO / "tests/recipes/fit_twohead.py")  # absolute: run from the test's out dir
 FIELDS = ("epoch", "global_step", "loss", "metrics", "val_loss", "val_metrics", "val_examples")
-TWO_HEADS_KEYS = ["loss", "prog_loss", "prog_mae", "risk_accuracy", "risk_loss", "val_loss", "val_prog_loss",
-                  "val_prog_mae", "val_risk_accuracy", "val_risk_loss"]
+TWO_HEADS_KEYS = ["loss", "prog_loss", "prog_mae", "risk_accuracy", "risk_auc", "risk_loss", "val_loss",
+                  "val_prog_loss", "val_prog_mae", "val_risk_accuracy", "val_risk_auc", "val_risk_loss"]
+ONE_HEAD_KEYS = ["accuracy", "loss", "precision", "recall", "val_accuracy", "val_loss", "val_precision", "val_recall"]
+SUMMED = ("risk_auc", "val_risk_auc", "precision", "val_precision", "recall", "val_recall")  # metric_states.py
 
 
 def after_fit(out_dir):
@@ -64,10 +69,12 @@ def test_one_worker_gives_plain_keras_names_and_values(tmp_path, heads):
     assert job.returncode == 0, job.output
     assert job.summary["global_step"] == 4 * 8
     [ours], [theirs] = after_fit(tmp_path / "out"), after_fit(reference)
-    expected_keys = TWO_HEADS_KEYS if heads == "2" else ["accuracy", "loss", "val_accuracy", "val_loss"]
+    expected_keys = TWO_HEADS_KEYS if heads == "2" else ONE_HEAD_KEYS
     assert sorted(ours["history"]) == sorted(theirs["history"]) == expected_keys
     for name, values in theirs["history"].items():
         assert ours["history"][name] == pytest.approx(values, rel=1e-6), name
+        if name in SUMMED:  # float32 sums of the same float32 shares, Keras' own result(): bit for bit
+            assert ours["history"][name] == values, name
     ours_rows, their_rows = csv_rows(tmp_path / "out"), csv_rows(reference)
     assert [list(row) for row in ours_rows] == [list(row) for row in their_rows]  # the same columns, in order
     for ours_row, their_row in zip(ours_rows, their_rows):
@@ -80,7 +87,7 @@ def test_two_workers_kill_chief_mid_epoch_end_as_the_uninterrupted_run(tmp_path)
     assert reference.returncode == 0, reference.output
     ref_finished = [{name: e[name] for name in FIELDS} for e in reference.named("epoch_finished")]
     assert [e["global_step"] for e in ref_finished] == [8, 16, 24, 32]
-    assert sorted(ref_finished[0]["metrics"]) == ["prog_loss", "prog_mae", "risk_accuracy", "risk_loss"]
+    assert sorted(ref_finished[0]["metrics"]) == ["prog_loss", "prog_mae", "risk_accuracy", "risk_auc", "risk_loss"]
     assert {e["val_examples"] for e in ref_finished} == {57}
     # The chief dies right after committing step 10 (epoch 1, step 2); the group restores it.
     killed = run_script(tmp_path / "run", tmp_path / "out", "--save-every-steps", "5",

@@ -88,12 +88,15 @@ def test_a_file_without_fit_and_recipe_functions_is_a_recipe_missing_functions(t
     ("model.compile(optimizer='sgd', loss='mse', loss_weights=[1, 2])\nmodel.fit(x_train, y_train, class_weight=c)",
      r"fit\(class_weight=...\) at line 8 for the model compiled with several losses at line 7: Keras supports "
      r"class_weight only for a model with a single output"),
-    ("model.compile(optimizer='sgd', loss='bce', metrics=['accuracy', tf.keras.metrics.AUC(name='a')])\n"
+    ("model.compile(optimizer='sgd', loss='bce', metrics=['accuracy', tf.keras.metrics.F1Score(name='f1')])\n"
      "model.fit(x_train, y_train)",
-     r"compile\(metrics=...\) at line 7 uses AUC\(\), whose state is not a mean of per-example values: not "
-     r"supported yet"),
-    ("model.compile(optimizer='sgd', loss='bce', metrics={'risk': ['precision']})\nmodel.fit(x_train, y_train)",
-     r"compile\(metrics=...\) at line 7 uses 'precision', whose state is not a mean"),
+     r"compile\(metrics=...\) at line 7 uses F1Score\(\), whose result is one number per class: not supported "
+     r"\(a log, a CSV column and a callback's monitor need one number\): pass average='macro'"),
+    ("model.compile(optimizer='sgd', loss='bce', metrics={'risk': ['f1_score']})\nmodel.fit(x_train, y_train)",
+     r"compile\(metrics=...\) at line 7 uses 'f1_score', whose result is one number per class"),
+    ("model.compile(optimizer='sgd', loss='bce', metrics=[tf.keras.metrics.Recall(thresholds=[0.3, 0.6])])\n"
+     "model.fit(x_train, y_train)",
+     r"compile\(metrics=...\) at line 7 uses Recall\(\), whose result is one number per threshold"),
     ("model.compile(optimizer='sgd', loss='mse', weighted_metrics=['mae'])\nmodel.fit(x_train, y_train)",
      r"compile\(weighted_metrics=...\) at line 7 is not supported: a weighted metric is a "
      r"ratio of sums"),
@@ -127,6 +130,9 @@ def test_fit_calls_the_runner_cannot_honour_are_refused_in_one_line(tmp_path, ca
     "model.compile(optimizer='sgd', loss={'risk': 'bce', 'prog': 'mse'}, loss_weights={'risk': 1.0, 'prog': 0.2},\n"
     "              metrics={'risk': ['accuracy'], 'prog': ['mae']})\n"
     "model.fit({'a': xa, 'b': xb}, {'risk': yr, 'prog': yp}, batch_size=64, validation_split=0.2)",
+    "model.compile(optimizer='sgd', loss='bce', metrics=['auc', 'precision', tf.keras.metrics.Recall(thresholds=0.3),\n"
+    "              tf.keras.metrics.F1Score(average='macro'), tf.keras.metrics.MeanIoU(num_classes=2)])\n"
+    "model.fit(x_train, y_train, batch_size=64)",
 ])
 def test_fit_on_arrays_and_with_validation_passes_the_source_check(tmp_path, call):
     head = SCRIPT.split("history = ")[0]

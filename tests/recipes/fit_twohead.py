@@ -1,9 +1,10 @@
 # A keras.io-style functional model with two inputs and two outputs (issue 46 item 3), on
 # scikit-learn's breast cancer set: inputs {"clinical": 20 features, "lab": 10}, outputs
 # {"risk": malignant or not (sigmoid), "prog": the standardized mean radius (linear)}, compiled
-# with a loss dict, loss_weights and per-output metrics, fit on arrays with validation_data.
+# with a loss dict, loss_weights and per-output metrics (an AUC among them: a summed state, not a
+# mean), fit on arrays with validation_data.
 # FIT_PLAIN=1: run as plain Keras (`python fit_twohead.py`, the default strategy), the reference.
-# FIT_HEADS=1: the risk head alone, fit with class_weight={0: 2.0, 1: 0.5} instead.
+# FIT_HEADS=1: the risk head alone, with Precision and Recall, fit with class_weight={0: 2.0, 1: 0.5}.
 # FIT_SHUFFLE=0: shuffle=False (plain Keras' permutation is not the runner's: compare unshuffled).
 # FIT_SCRIPT_OUT: where the code after fit() appends one line per worker (History, task).
 import json
@@ -39,11 +40,12 @@ with strategy.scope():
     model = keras.Model({"clinical": clinical, "lab": lab}, {"risk": risk, "prog": prog})
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05),
                   loss={"risk": "binary_crossentropy", "prog": "mse"}, loss_weights={"risk": 1.0, "prog": 0.5},
-                  metrics={"risk": ["accuracy"], "prog": ["mae"]})
+                  metrics={"risk": ["accuracy", keras.metrics.AUC(name="auc")], "prog": ["mae"]})
   else:
     model = keras.Model({"clinical": clinical, "lab": lab}, risk)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="binary_crossentropy",
-                  metrics=["accuracy"])
+                  metrics=["accuracy", keras.metrics.Precision(name="precision"),
+                           keras.metrics.Recall(name="recall", thresholds=0.7)])
 
 labels = part(y, train) if two_heads else y["risk"][train]
 val_labels = part(y, held_out) if two_heads else y["risk"][held_out]

@@ -72,8 +72,8 @@ class OwnStep(keras.Sequential):
         (lambda: model(optimizer="sgd", loss="mse", steps_per_execution=4),
          r"steps_per_execution=4; use the runner's --steps-per-execution"),
         (lambda: model(optimizer="sgd", loss="mse", loss_weights=[0.5]), r"loss_weights"),
-        (lambda: model(optimizer="sgd", loss="mse", metrics=[keras.metrics.AUC()]),
-         r"metric 'auc' \(AUC\), whose state is not a mean of per-example values"),
+        (lambda: model(optimizer="sgd", loss="mse", metrics=[keras.metrics.F1Score(name="f1")]),
+         r"metric 'f1', whose result is not one number"),
         (lambda: model(optimizer="sgd", loss=["mse", "mae"]), r"a list of losses; one output with one loss"),
     ],
 )
@@ -242,11 +242,18 @@ def test_a_metric_that_fails_in_keras_fails_the_same_way_here():
         from_compiled(recipe(), m).metrics(labels, predictions)
 
 
-@pytest.mark.parametrize("name", ["auc", "precision", "recall", "true_positives", "f1_score", "r2_score",
+@pytest.mark.parametrize("name", ["auc", "precision", "recall", "true_positives", "r2_score",
                                   "root_mean_squared_error"])
-def test_a_named_metric_whose_state_is_not_a_mean_is_refused(name):
-    with pytest.raises(RecipeError, match=r"whose state is not a mean of per-example values"):
-        from_compiled(recipe(), _compiled(1, loss="mse", metrics=[name]))
+def test_a_named_metric_whose_state_is_not_a_mean_is_summed_under_its_name(name):
+    """Its state is summed (runner/keras_recipes/metric_states.py; tests/runner/test_metric_states.py)."""
+    derived = from_compiled(recipe(), _compiled(1, loss="mse", metrics=["mae", name]))
+    assert [entry.name for entry in derived.metric_states.metrics] == [name]
+    assert sorted(derived.metrics(tf.zeros([2, 1]), tf.zeros([2, 1]))) == ["mae"]
+
+
+def test_a_named_f1_score_has_one_result_per_class_and_is_refused():
+    with pytest.raises(RecipeError, match=r"metric 'f1_score', whose result is not one number"):
+        from_compiled(recipe(), _compiled(1, loss="mse", metrics=["f1_score"]))
 
 
 def test_docs_keras_lists_exactly_the_names_tested_here():

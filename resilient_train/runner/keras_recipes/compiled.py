@@ -49,8 +49,9 @@ import tensorflow as tf
 
 from resilient_train.errors import RecipeError, RecipeRefused
 from resilient_train.job.recipe import Recipe, is_fit_script
+from resilient_train.runner.keras_recipes.metric_states import ADDITIVE, MetricStates, StatefulMetric, built_for
 
-__all__ = ["is_compiled", "from_compiled", "same_rank", "per_sample", "per_example_loss", "resolved_metrics", "refusal",
+__all__ = ["is_compiled", "from_compiled", "same_rank", "per_sample", "per_example_loss", "resolved_metrics", "split_stateful", "refusal",
            "TRAINER_OVERRIDES"]
 
 TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
@@ -109,13 +110,18 @@ def from_compiled(recipe: Recipe, model: keras.Model) -> Recipe:
     if several:
         from resilient_train.runner.keras_recipes.multi_output import several_outputs  # it builds on this module
 
-        loss, metrics = several_outputs(recipe, model, config)
+        loss, metrics, states = several_outputs(recipe, model, config)
     else:
         loss = _per_example_loss(recipe, config.get("loss"))
-        metrics = _metrics(recipe, config.get("metrics"))
+        metrics, states = _metrics(recipe, config.get("metrics"), tuple(model.outputs[0].shape))
+    vectors = [] if states is None else states.not_scalar()
+    if vectors:
+        raise _refuse(recipe, f"metric {vectors[0]!r}, whose result is not one number (several thresholds or "
+                              "classes); a log, a CSV column and a callback's monitor need one: give one threshold, "
+                              "or an average")
     optimizer = model.optimizer
     return dataclasses.replace(
-        recipe, build_optimizer=lambda params: optimizer, loss=loss, metrics=metrics,
+        recipe, build_optimizer=lambda params: optimizer, loss=loss, metrics=metrics, metric_states=states,
     )
 
 
@@ -221,17 +227,30 @@ def _accuracy() -> Callable[[Any, Any], Any]:
     return accuracy
 
 
-def _metrics(recipe: Recipe, metrics: Any) -> Callable[[Any, Any], dict] | None:
+def _metrics(recipe: Recipe, metrics: Any, output_shape: tuple) -> tuple[Callable[[Any, Any], dict] | None,
+                                                                         MetricStates | None]:
+    """The per-example metrics function (None: none) and the summed-state metrics (None: none)."""
     if not metrics:
-        return None
+        return None, None
     if isinstance(metrics, dict) or not isinstance(metrics, (list, tuple)):
         raise _refuse(recipe, f"metrics of type {type(metrics).__name__}; expected a list")
-    resolved = resolved_metrics(recipe, metrics)
+    resolved, stateful = split_stateful(resolved_metrics(recipe, metrics))
 
     def per_example(labels, predictions):
         return {name: per_sample(fn(labels, predictions), predictions) for name, fn in resolved.items()}
 
-    return per_example
+    states = [StatefulMetric(name, built_for(metric, output_shape), _both) for name, metric in stateful.items()]
+    return (per_example if resolved else None), (MetricStates(states) if states else None)
+
+
+def _both(labels: Any, predictions: Any) -> tuple[Any, Any]:
+    return labels, predictions
+
+
+def split_stateful(resolved: dict[str, Any]) -> tuple[dict[str, Callable[[Any, Any], Any]], dict[str, Any]]:
+    """``resolved_metrics`` split into per-example functions and summed-state metrics."""
+    stateful = {name: entry for name, entry in resolved.items() if isinstance(entry, keras.metrics.Metric)}
+    return {name: entry for name, entry in resolved.items() if name not in stateful}, stateful
 
 
 def resolved_metrics(recipe: Recipe, metrics: Any, prefix: str = "") -> dict[str, Callable[[Any, Any], Any]]:
@@ -266,8 +285,11 @@ def _metric(recipe: Recipe, entry: Any) -> tuple[str, Callable[[Any, Any], Any]]
         fn, kwargs = entry._fn, dict(entry._fn_kwargs)
         return name, lambda labels, predictions: fn(labels, predictions, **kwargs)
     if isinstance(entry, keras.metrics.Metric):
+        if type(entry).__name__ in ADDITIVE and type(entry).__module__.startswith("keras."):
+            return name, entry  # its state is summed instead (metric_states.py)
         raise _refuse(recipe, f"metric {entry.name!r} ({type(entry).__name__}), whose state is not a mean of "
-                              "per-example values; use mean metrics (accuracy, mae, ...) or recipe metrics()")
+                              "per-example values and not one of Keras' own summed states (a class of your own may "
+                              "keep a state that is not a sum); use Keras' metrics or recipe metrics()")
     if callable(entry):
         return name, entry
     raise _refuse(recipe, f"metric {entry!r}; expected a name, a function or a keras metric")

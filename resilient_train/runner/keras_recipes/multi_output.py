@@ -33,15 +33,19 @@ import tensorflow as tf
 
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.keras_recipes.compiled import per_example_loss, per_sample, refusal, resolved_metrics
+from resilient_train.runner.keras_recipes.compiled import (per_example_loss, per_sample, refusal, resolved_metrics,
+                                                           split_stateful)
+from resilient_train.runner.keras_recipes.metric_states import MetricStates, StatefulMetric, built_for
 
 __all__ = ["several_outputs"]
 
 PerExample = Callable[[Any, Any], Any]
 
 
-def several_outputs(recipe: Recipe, model: keras.Model, config: dict[str, Any]) -> tuple[PerExample, PerExample | None]:
-    """The per-example ``loss`` and ``metrics`` functions of a compiled several-output model."""
+def several_outputs(recipe: Recipe, model: keras.Model,
+                    config: dict[str, Any]) -> tuple[PerExample, PerExample | None, MetricStates | None]:
+    """The per-example ``loss`` and ``metrics`` functions of a compiled several-output model, and
+    its summed-state metrics (``risk_auc``: metric_states.py)."""
     names = list(model.output_names)
     structure = model.output
     if not isinstance(structure, (list, tuple, dict)) or len(structure) != len(names) or any(
@@ -81,6 +85,12 @@ def several_outputs(recipe: Recipe, model: keras.Model, config: dict[str, Any]) 
         return total
 
     metrics = _per_output_metrics(recipe, config.get("metrics"), names, exact_keys=False)
+    shapes = dict(zip(names, (tuple(output.shape) for output in model.outputs)))
+    stateful = []
+    for name in list(metrics):
+        metrics[name], summed = split_stateful(metrics[name])
+        stateful += [StatefulMetric(metric_name, built_for(metric, shapes[name]), _selector(outputs, name))
+                     for metric_name, metric in summed.items()]
 
     def per_example(labels: Any, predictions: Any) -> dict[str, Any]:
         labels, predictions = outputs(labels, "labels"), outputs(predictions, "predictions")
@@ -93,7 +103,16 @@ def several_outputs(recipe: Recipe, model: keras.Model, config: dict[str, Any]) 
                 values[metric_name] = per_sample(function(labels[name], predictions[name]), predictions[name])
         return values
 
-    return loss, per_example if len(functions) > 1 or metrics else None
+    mean_metrics = len(functions) > 1 or any(metrics.values())
+    return loss, per_example if mean_metrics else None, MetricStates(stateful) if stateful else None
+
+
+def _selector(outputs: Callable[[Any, str], dict[str, Any]], name: str) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """``(labels, predictions)`` of the output ``name``."""
+    def select(labels: Any, predictions: Any) -> tuple[Any, Any]:
+        return outputs(labels, "labels")[name], outputs(predictions, "predictions")[name]
+
+    return select
 
 
 def _per_output(recipe: Recipe, value: Any, names: list[str], what: str, *, exact_keys: bool) -> dict[str, Any]:
