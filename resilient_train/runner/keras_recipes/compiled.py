@@ -29,10 +29,15 @@ What is honoured and why only this:
   docs/keras.md lists the losses and metrics tested against plain Keras
   (tests/runner/test_compiled.py).
 
+* several outputs: losses, ``loss_weights`` and metrics per output (multi_output.py).
+* Keras' metrics whose state is a sum, not a mean (``AUC``, ``Precision``, ``F1Score``,
+  ``MeanIoU``...): ``Recipe.metric_states`` (metric_states.py), summed over the workers in the
+  step's all-reduce.
+
 Refused, with one line (``RecipeError``; the supervisor refuses the literal cases before
-workers start, job/recipe.py): several outputs / a list or dict of losses,
-``loss_weights``, ``weighted_metrics``, metrics whose state is not a mean of per-example
-values (``AUC``, ``Precision``, ``F1Score``...), a model class that overrides
+workers start, job/recipe.py): ``weighted_metrics``, ``loss_weights`` for one output, a
+metric with one result per class or threshold, a ``Metric`` class of the user's own (its
+state may not be a sum), a model class that overrides
 ``train_step`` / ``test_step`` / ``compute_loss`` / ``compute_metrics`` (the runner's step would
 silently ignore it), ``run_eagerly=True``, ``jit_compile=True`` and
 ``steps_per_execution`` other than 1 (the runner's ``--steps-per-execution`` does that).
