@@ -153,29 +153,36 @@ class _EpochStats:
         self.sums: dict[str, float] = {}
         self.batches = 0
         self.states = states
+        self.state_sums = np.zeros(0 if states is None else states.width, np.float32)
 
     def add(self, values: dict[str, float]) -> None:
         for key, value in values.items():
-            if is_state_column(key):  # float32 sums, as the metric's own variables add
-                self.sums[key] = float(np.float32(self.sums.get(key, 0.0)) + np.float32(value))
-            else:
-                self.sums[key] = self.sums.get(key, 0.0) + value
+            self.sums[key] = self.sums.get(key, 0.0) + value
         self.batches += 1
+
+    def add_states(self, shares: np.ndarray) -> None:
+        """One step's summed state shares: float32 sums, as the metric's own variables add."""
+        self.state_sums = self.state_sums + shares.astype(np.float32)
 
     def means(self) -> dict[str, float]:
         if not self.batches:
             return {}
-        means = {key: total / self.batches for key, total in self.sums.items() if not is_state_column(key)}
+        means = {key: total / self.batches for key, total in self.sums.items()}
         if self.states is not None:
-            means.update(self.states.results(np.array([self.sums.get(c, 0.0) for c in self.states.columns()])))
+            means.update(self.states.results(self.state_sums))
         return means
 
     def to_extra(self) -> dict[str, Any]:
-        return {"epoch_sums": dict(self.sums), "epoch_batches": self.batches}
+        extra: dict[str, Any] = {"epoch_sums": dict(self.sums), "epoch_batches": self.batches}
+        if self.states is not None:  # float32 values, exact as JSON floats
+            extra["epoch_metric_states"] = [float(v) for v in self.state_sums]
+        return extra
 
     def load_extra(self, extra: dict[str, Any]) -> None:
         self.sums = {k: float(v) for k, v in extra.get("epoch_sums", {}).items()}
         self.batches = int(extra.get("epoch_batches", 0))
+        if self.states is not None and "epoch_metric_states" in extra:
+            self.state_sums = np.asarray(extra["epoch_metric_states"], np.float32)
 
 
 class Trainer:
@@ -901,8 +908,12 @@ class Trainer:
         names = self._value_names
         flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL),
                         names.index(_SNAPSHOT_EVERY), names.index(_CAPTURE_EVERY)]
+        named = [(k, name) for k, name in enumerate(names) if k not in flag_columns and not is_state_column(name)]
+        states = self.recipe.metric_states  # its columns follow the named values (_make_train_call)
         for row in rows:
-            self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
+            self.stats.add({name: float(row[k]) for k, name in named})
+            if states is not None:
+                self.stats.add_states(row[len(named):len(named) + states.width])
         # the state at the call's end, when the call computed it (the columns after the named ones; else None)
         self._call_agreement = rows[-1, len(names):].astype(np.float64) if fingerprint else None
         self._marker.write(global_step + steps)
