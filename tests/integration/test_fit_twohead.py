@@ -1,18 +1,20 @@
-"""Two inputs, two outputs, a loss dict with loss_weights, per-output metrics; class_weight; AUC,
-Precision and Recall (issue 46 items 3 and 4).
+"""Two inputs, two outputs, a loss dict with loss_weights, per-output metrics; class_weight and
+weighted_metrics; AUC, Precision and Recall (issue 46 items 3 and 4).
 
 tests/recipes/fit_twohead.py is the keras.io form on scikit-learn's breast cancer set: inputs
 ``{"clinical", "lab"}``, outputs ``{"risk", "prog"}``, ``loss={...}``, ``loss_weights={...}``,
 ``metrics={"risk": ["accuracy", AUC()], "prog": ["mae"]}``, ``fit(x, y, batch_size=64, epochs=4,
 validation_data=...)`` and a CSVLogger; ``FIT_HEADS=1`` is the risk head alone with
-``Precision()``, ``Recall(thresholds=0.7)`` and ``class_weight={0: 2.0, 1: 0.5}``.
+``Precision()``, ``Recall(thresholds=0.7)``, ``weighted_metrics=["accuracy"]`` (logged as
+``weighted_accuracy``: weighed by the class weights) and ``class_weight={0: 2.0, 1: 0.5}``.
 
 On ONE worker, unshuffled (``FIT_SHUFFLE=0``: plain Keras' permutation is not the runner's), the
 History and the CSV log carry plain Keras ``model.fit``'s names (``risk_loss``, ``prog_mae``,
 ``val_risk_accuracy``...) and values to float32 relative 1e-6: the runner sums the weighted
 losses per example and averages (Keras averages each, then sums), and its epoch values are
 float64 means of the per-step float32 values (Keras' ``Mean`` sums in float32). Measured: 1e-7.
-AUC, Precision and Recall (summed states: runner/keras_recipes/metric_states.py) are bit for bit.
+AUC, Precision, Recall and the weighted accuracy (summed states: runner/keras_recipes/metric_states.py)
+are bit for bit.
 
 On TWO workers, shuffled, the chief killed right after a mid-epoch commit ends as the
 uninterrupted run: same digest, same CSV bytes, same per-output numbers in every
@@ -33,8 +35,10 @@ SCRIPT = str(REPO / "tests/recipes/fit_twohead.py")  # absolute: run from the te
 FIELDS = ("epoch", "global_step", "loss", "metrics", "val_loss", "val_metrics", "val_examples")
 TWO_HEADS_KEYS = ["loss", "prog_loss", "prog_mae", "risk_accuracy", "risk_auc", "risk_loss", "val_loss",
                   "val_prog_loss", "val_prog_mae", "val_risk_accuracy", "val_risk_auc", "val_risk_loss"]
-ONE_HEAD_KEYS = ["accuracy", "loss", "precision", "recall", "val_accuracy", "val_loss", "val_precision", "val_recall"]
-SUMMED = ("risk_auc", "val_risk_auc", "precision", "val_precision", "recall", "val_recall")  # metric_states.py
+ONE_HEAD_KEYS = ["accuracy", "loss", "precision", "recall", "val_accuracy", "val_loss", "val_precision", "val_recall",
+                 "val_weighted_accuracy", "weighted_accuracy"]
+SUMMED = ("risk_auc", "val_risk_auc", "precision", "val_precision", "recall", "val_recall", "weighted_accuracy",
+          "val_weighted_accuracy")  # metric_states.py
 
 
 def after_fit(out_dir):

@@ -4,7 +4,8 @@
 # with a loss dict, loss_weights and per-output metrics (an AUC among them: a summed state, not a
 # mean), fit on arrays with validation_data.
 # FIT_PLAIN=1: run as plain Keras (`python fit_twohead.py`, the default strategy), the reference.
-# FIT_HEADS=1: the risk head alone, with Precision and Recall, fit with class_weight={0: 2.0, 1: 0.5}.
+# FIT_HEADS=1: the risk head alone, with Precision, Recall and weighted_metrics=["accuracy"], fit with
+# class_weight={0: 2.0, 1: 0.5}.
 # FIT_SHUFFLE=0: shuffle=False (plain Keras' permutation is not the runner's: compare unshuffled).
 # FIT_SCRIPT_OUT: where the code after fit() appends one line per worker (History, task).
 import json
@@ -45,7 +46,8 @@ with strategy.scope():
     model = keras.Model({"clinical": clinical, "lab": lab}, risk)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="binary_crossentropy",
                   metrics=["accuracy", keras.metrics.Precision(name="precision"),
-                           keras.metrics.Recall(name="recall", thresholds=0.7)])
+                           keras.metrics.Recall(name="recall", thresholds=0.7)],
+                  weighted_metrics=["accuracy"])
 
 labels = part(y, train) if two_heads else y["risk"][train]
 val_labels = part(y, held_out) if two_heads else y["risk"][held_out]
