@@ -32,10 +32,12 @@ What is honoured and why only this:
 * several outputs: losses, ``loss_weights`` and metrics per output (multi_output.py).
 * Keras' metrics whose state is a sum, not a mean (``AUC``, ``Precision``, ``F1Score``,
   ``MeanIoU``...): ``Recipe.metric_states`` (metric_states.py), summed over the workers in the
-  step's all-reduce.
+  step's all-reduce; ``weighted_metrics`` (one output) the same way, updated with the
+  batch's sample weights.
 
 Refused, with one line (``RecipeError``; the supervisor refuses the literal cases before
-workers start, job/recipe.py): ``weighted_metrics``, ``loss_weights`` for one output, a
+workers start, job/recipe.py): ``weighted_metrics`` with several outputs, ``loss_weights``
+for one output, a
 metric with one result per class or threshold, a ``Metric`` class of the user's own (its
 state may not be a sum), a model class that overrides
 ``train_step`` / ``test_step`` / ``compute_loss`` / ``compute_metrics`` (the runner's step would
