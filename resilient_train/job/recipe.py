@@ -436,9 +436,8 @@ def _check_keras_usage(path: Path, tree: ast.Module, *, fit_line: int | None = N
                     f"supported: {_COMPILE_REFUSED['weighted_metrics']}"
                 )
             if keyword.arg in ("run_eagerly", "jit_compile") and literal is True:
-                shown = repr(literal) if literal is not ... else "..."
                 raise RecipeError(
-                    f"Recipe {path}: compile({keyword.arg}={shown}) at line {node.lineno} is not supported: "
+                    f"Recipe {path}: compile({keyword.arg}=True) at line {node.lineno} is not supported: "
                     f"{_COMPILE_REFUSED[keyword.arg]}"
                 )
 
