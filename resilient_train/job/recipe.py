@@ -37,8 +37,8 @@ loss=..., metrics=[...])`` was called, ``build_optimizer``, ``loss`` and ``metri
 left out and taken from ``compile`` (runner/keras_recipes/compiled.py says what is honoured). Here,
 without importing the recipe, the supervisor refuses what the runner cannot honour when
 it is written literally: a missing ``build_optimizer`` / ``loss`` with no ``.compile(``
-call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1 |
-weighted_metrics=...)``, a metric in ``compile(metrics=...)`` whose result is one number per
+call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1)``,
+``weighted_metrics`` beside several losses, a metric in ``compile(metrics=...)`` whose result is one number per
 class or threshold (``"f1_score"``, ``thresholds=[a, b]``), a class overriding ``train_step``,
 and ``BackupAndRestore`` (the runner backs up and restores; runner/keras_recipes/callbacks.py).
 
@@ -112,8 +112,7 @@ _SIGNATURES = {"metrics": "(labels, predictions)", "eval_dataset": "(input_conte
 _COMPILE_REFUSED = {
     "run_eagerly": "the runner compiles its own step",
     "jit_compile": "the runner's step is not XLA-compiled",
-    "weighted_metrics": "a weighted metric is a ratio of sums over the epoch, the runner's "
-                        "metrics are means of per-example values",
+    "weighted_metrics": "not yet with several outputs (sample weights with several outputs are not either)",
 }
 _TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 # Keras callbacks the runner refuses, and why: here, by name, before workers start when the
@@ -429,13 +428,16 @@ def _check_keras_usage(path: Path, tree: ast.Module, *, fit_line: int | None = N
                     f"Recipe {path}: compile(steps_per_execution={literal!r}) at line {node.lineno} is not "
                     "supported; use resilient-train's --steps-per-execution instead"
                 )
-            if keyword.arg == "metrics":
+            if keyword.arg in ("metrics", "weighted_metrics"):
                 _check_metrics_literal(path, keyword.value, node.lineno)
-            if keyword.arg in ("run_eagerly", "jit_compile") and literal is True or (
-                    keyword.arg == "weighted_metrics" and literal is not None):
-                shown = repr(literal) if literal is not ... else "..."
+            if keyword.arg == "weighted_metrics" and literal is not None and _several_losses(node):
                 raise RecipeError(
-                    f"Recipe {path}: compile({keyword.arg}={shown}) at line {node.lineno} is not supported: "
+                    f"Recipe {path}: compile(weighted_metrics=...) at line {node.lineno} with several losses is not "
+                    f"supported: {_COMPILE_REFUSED['weighted_metrics']}"
+                )
+            if keyword.arg in ("run_eagerly", "jit_compile") and literal is True:
+                raise RecipeError(
+                    f"Recipe {path}: compile({keyword.arg}=True) at line {node.lineno} is not supported: "
                     f"{_COMPILE_REFUSED[keyword.arg]}"
                 )
 
@@ -450,12 +452,14 @@ def _maybe_none(value: ast.AST) -> bool:
 def _compiles_several_losses(tree: ast.Module) -> int | None:
     """The line of a ``compile(loss={...} | [...], loss_weights=...)``: a model with several outputs."""
     for node in ast.walk(tree):
-        if _is_compile_call(node):
-            for keyword in node.keywords:
-                if keyword.arg == "loss_weights" or (
-                        keyword.arg == "loss" and isinstance(keyword.value, (ast.Dict, ast.List, ast.Tuple))):
-                    return node.lineno
+        if _is_compile_call(node) and _several_losses(node):
+            return node.lineno
     return None
+
+
+def _several_losses(call: ast.Call) -> bool:
+    return any(keyword.arg == "loss_weights" or (
+        keyword.arg == "loss" and isinstance(keyword.value, (ast.Dict, ast.List, ast.Tuple))) for keyword in call.keywords)
 
 
 def _check_metrics_literal(path: Path, metrics: ast.AST, line: int) -> None:

@@ -516,7 +516,7 @@ class Trainer:
             # Summed metric states (AUC, Precision...): this replica's batch's share, summed by the
             # same all-reduce (runner/keras_recipes/metric_states.py).
             states = recipe.metric_states
-            shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions)
+            shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns)  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,

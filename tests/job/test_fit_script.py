@@ -97,9 +97,10 @@ def test_a_file_without_fit_and_recipe_functions_is_a_recipe_missing_functions(t
     ("model.compile(optimizer='sgd', loss='bce', metrics=[tf.keras.metrics.Recall(thresholds=[0.3, 0.6])])\n"
      "model.fit(x_train, y_train)",
      r"compile\(metrics=...\) at line 7 uses Recall\(\), whose result is one number per threshold"),
-    ("model.compile(optimizer='sgd', loss='mse', weighted_metrics=['mae'])\nmodel.fit(x_train, y_train)",
-     r"compile\(weighted_metrics=...\) at line 7 is not supported: a weighted metric is a "
-     r"ratio of sums"),
+    ("model.compile(optimizer='sgd', loss=['mse', 'mae'], weighted_metrics=['mae'])\nmodel.fit(x_train, y_train)",
+     r"compile\(weighted_metrics=...\) at line 7 with several losses is not supported: not yet with several outputs"),
+    ("model.compile(optimizer='sgd', loss='bce', weighted_metrics=['f1_score'])\nmodel.fit(x_train, y_train)",
+     r"compile\(metrics=...\) at line 7 uses 'f1_score', whose result is one number per class"),
     ("model.fit(dataset, epochs=3, steps_per_epoch=5, initial_epoch=1)",
      r"fit\(initial_epoch=...\) at line 7: the runner resumes at the right epoch itself"),
     ("model.fit(dataset, **kwargs)", r"fit\(\*\*...\) at line 7; pass fit's arguments by name"),
@@ -133,6 +134,8 @@ def test_fit_calls_the_runner_cannot_honour_are_refused_in_one_line(tmp_path, ca
     "model.compile(optimizer='sgd', loss='bce', metrics=['auc', 'precision', tf.keras.metrics.Recall(thresholds=0.3),\n"
     "              tf.keras.metrics.F1Score(average='macro'), tf.keras.metrics.MeanIoU(num_classes=2)])\n"
     "model.fit(x_train, y_train, batch_size=64)",
+    "model.compile(optimizer='sgd', loss='bce', metrics=['accuracy'], weighted_metrics=['accuracy', 'auc'])\n"
+    "model.fit(x_train, y_train, batch_size=64, class_weight={0: 1.0, 1: 3.0})",
 ])
 def test_fit_on_arrays_and_with_validation_passes_the_source_check(tmp_path, call):
     head = SCRIPT.split("history = ")[0]

@@ -130,7 +130,8 @@ def test_a_build_model_taken_from_another_module_may_compile_there(tmp_path):
         (", steps_per_execution=8", r"compile\(steps_per_execution=8\) at line 5 is not supported; use resilient-train's --steps-per-execution"),
         (", metrics=['f1_score']", r"compile\(metrics=...\) at line 5 uses 'f1_score', whose result is one number per "
                                    r"class"),
-        (", weighted_metrics=['mae']", r"compile\(weighted_metrics=\.\.\.\) at line 5 is not supported"),
+        (", loss_weights=[1.0, 2.0], weighted_metrics=['mae']",
+         r"compile\(weighted_metrics=\.\.\.\) at line 5 with several losses is not supported"),
     ],
 )
 def test_compile_arguments_the_runner_cannot_honour_are_refused_before_workers(tmp_path, extra, message):

@@ -4,11 +4,14 @@
 # with a loss dict, loss_weights and per-output metrics (an AUC among them: a summed state, not a
 # mean), fit on arrays with validation_data.
 # FIT_PLAIN=1: run as plain Keras (`python fit_twohead.py`, the default strategy), the reference.
-# FIT_HEADS=1: the risk head alone, with Precision and Recall, fit with class_weight={0: 2.0, 1: 0.5}.
+# FIT_HEADS=1: the risk head alone, with Precision, Recall and weighted_metrics=["accuracy"], fit with
+# class_weight={0: 2.0, 1: 0.5}.
 # FIT_SHUFFLE=0: shuffle=False (plain Keras' permutation is not the runner's: compare unshuffled).
+# FIT_STEP_DELAY_S: seconds each batch sleeps (a batch-end callback, there in every run).
 # FIT_SCRIPT_OUT: where the code after fit() appends one line per worker (History, task).
 import json
 import os
+import time
 
 import keras
 import numpy as np
@@ -45,15 +48,18 @@ with strategy.scope():
     model = keras.Model({"clinical": clinical, "lab": lab}, risk)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="binary_crossentropy",
                   metrics=["accuracy", keras.metrics.Precision(name="precision"),
-                           keras.metrics.Recall(name="recall", thresholds=0.7)])
+                           keras.metrics.Recall(name="recall", thresholds=0.7)],
+                  weighted_metrics=["accuracy"])
 
+delay = float(os.environ.get("FIT_STEP_DELAY_S", "0"))  # time for a SIGTERM to land mid-epoch
 labels = part(y, train) if two_heads else y["risk"][train]
 val_labels = part(y, held_out) if two_heads else y["risk"][held_out]
 history = model.fit(part(x, train), labels, batch_size=64, epochs=4, verbose=0,
                     shuffle=os.environ.get("FIT_SHUFFLE", "1") == "1",
                     class_weight=None if two_heads else {0: 2.0, 1: 0.5},
                     validation_data=(part(x, held_out), val_labels),
-                    callbacks=[keras.callbacks.CSVLogger("training_log.csv")])
+                    callbacks=[keras.callbacks.CSVLogger("training_log.csv"),
+                               keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(delay))])
 
 task = 0 if plain else strategy.cluster_resolver.task_id
 with open(os.path.join(os.environ["FIT_SCRIPT_OUT"], "after_fit.jsonl"), "a") as handle:

@@ -120,3 +120,27 @@ def test_the_summed_classes_are_the_stateful_ones_refused_by_name_before():
     from resilient_train.job.recipe import STATEFUL_METRICS
 
     assert sorted(ADDITIVE) == sorted(STATEFUL_METRICS)
+
+
+def test_weighted_metrics_are_kerass_weighted_means_named_as_keras_names_them():
+    """compile(metrics=["accuracy"], weighted_metrics=["accuracy", "mae"]): Keras logs accuracy,
+    weighted_accuracy (the name was taken) and mae, the weighted ones sum(w * value) / sum(w)."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="sgd", loss="bce", metrics=["accuracy"], weighted_metrics=["accuracy", "mae"])
+    derived = from_compiled(recipe(), model)
+    states = derived.metric_states
+    assert [entry.name for entry in states.metrics] == ["weighted_accuracy", "mae"]
+    batches = [(labels, predictions, RNG.uniform(0.1, 2.0, size=(8,)).astype(np.float32))
+               for labels, predictions in BINARY]
+    sums = np.zeros(states.width, np.float32)
+    for labels, predictions, weights in batches:
+        sums = sums + states.shares(tf.constant(labels), tf.constant(predictions), tf.constant(weights)).numpy()
+    ours = states.results(sums)
+    model.reset_metrics()
+    for labels, predictions, weights in batches:
+        model.compute_loss(x=None, y=labels, y_pred=predictions, sample_weight=weights)
+        keras_values = model.compute_metrics(None, labels, predictions, weights)
+    assert sorted(keras_values) == ["accuracy", "loss", "mae", "weighted_accuracy"]
+    assert ours["weighted_accuracy"] == pytest.approx(float(keras_values["weighted_accuracy"]), rel=1e-6)
+    assert ours["mae"] == pytest.approx(float(keras_values["mae"]), rel=1e-6)
+    assert ours["weighted_accuracy"] != pytest.approx(float(keras_values["accuracy"]), rel=1e-3)  # weights matter

@@ -82,7 +82,7 @@ def test_the_keras_names_of_a_two_head_model():
         (dict(loss=["bce"]), r"a list of 1 loss for 2 outputs"),
         (dict(loss=["bce", "mse"], loss_weights={"risk": 1.0}), r"loss_weights=\{\.\.\.\} with keys \['risk'\]"),
         (dict(loss=["bce", "mse"], metrics=["mae"]), r"metrics=\['mae'\] for 2 outputs"),
-        (dict(loss=["bce", "mse"], weighted_metrics=["mae"]), r"weighted_metrics; not supported yet"),
+        (dict(loss=["bce", "mse"], weighted_metrics=["mae"]), r"weighted_metrics and several outputs; not supported yet"),
     ],
 )
 def test_what_several_outputs_cannot_be_given_is_refused_in_one_line(compile_args, message):

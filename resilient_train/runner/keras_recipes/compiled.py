@@ -32,10 +32,12 @@ What is honoured and why only this:
 * several outputs: losses, ``loss_weights`` and metrics per output (multi_output.py).
 * Keras' metrics whose state is a sum, not a mean (``AUC``, ``Precision``, ``F1Score``,
   ``MeanIoU``...): ``Recipe.metric_states`` (metric_states.py), summed over the workers in the
-  step's all-reduce.
+  step's all-reduce; ``weighted_metrics`` (one output) the same way, updated with the
+  batch's sample weights.
 
 Refused, with one line (``RecipeError``; the supervisor refuses the literal cases before
-workers start, job/recipe.py): ``weighted_metrics``, ``loss_weights`` for one output, a
+workers start, job/recipe.py): ``weighted_metrics`` with several outputs, ``loss_weights``
+for one output, a
 metric with one result per class or threshold, a ``Metric`` class of the user's own (its
 state may not be a sum), a model class that overrides
 ``train_step`` / ``test_step`` / ``compute_loss`` / ``compute_metrics`` (the runner's step would
@@ -100,10 +102,10 @@ def from_compiled(recipe: Recipe, model: keras.Model) -> Recipe:
     if config.get("steps_per_execution", 1) != 1:
         raise _refuse(recipe, f"steps_per_execution={config['steps_per_execution']}; use the runner's "
                               "--steps-per-execution instead")
-    if config.get("weighted_metrics"):
-        raise _refuse(recipe, "weighted_metrics; not supported yet: a weighted metric is a ratio of sums over "
-                              "the epoch, the runner's metrics are means of per-example values")
     several = len(model.outputs or []) > 1
+    if config.get("weighted_metrics") and several:
+        raise _refuse(recipe, "weighted_metrics and several outputs; not supported yet (sample weights with several "
+                              "outputs are not either)")
     if config.get("loss_weights") is not None and not several:
         raise _refuse(recipe, "loss_weights on a model with one output; give loss_weights with several outputs")
     if model.optimizer is None:
@@ -118,7 +120,11 @@ def from_compiled(recipe: Recipe, model: keras.Model) -> Recipe:
         loss, metrics, states = several_outputs(recipe, model, config)
     else:
         loss = _per_example_loss(recipe, config.get("loss"))
-        metrics, states = _metrics(recipe, config.get("metrics"), tuple(model.outputs[0].shape))
+        metrics, states, names = _metrics(recipe, config.get("metrics"), tuple(model.outputs[0].shape))
+        weighted = _weighted_metrics(recipe, config.get("weighted_metrics"), tuple(model.outputs[0].shape),
+                                     taken=names)
+        if weighted:
+            states = MetricStates([*(states.metrics if states is not None else []), *weighted])
     vectors = [] if states is None else states.not_scalar()
     if vectors:
         raise _refuse(recipe, f"metric {vectors[0]!r}, whose result is not one number (several thresholds or "
@@ -233,10 +239,11 @@ def _accuracy() -> Callable[[Any, Any], Any]:
 
 
 def _metrics(recipe: Recipe, metrics: Any, output_shape: tuple) -> tuple[Callable[[Any, Any], dict] | None,
-                                                                         MetricStates | None]:
-    """The per-example metrics function (None: none) and the summed-state metrics (None: none)."""
+                                                                         MetricStates | None, set[str]]:
+    """The per-example metrics function (None: none), the summed-state metrics (None: none)
+    and every metric's name."""
     if not metrics:
-        return None, None
+        return None, None, set()
     if isinstance(metrics, dict) or not isinstance(metrics, (list, tuple)):
         raise _refuse(recipe, f"metrics of type {type(metrics).__name__}; expected a list")
     resolved, stateful = split_stateful(resolved_metrics(recipe, metrics))
@@ -245,7 +252,55 @@ def _metrics(recipe: Recipe, metrics: Any, output_shape: tuple) -> tuple[Callabl
         return {name: per_sample(fn(labels, predictions), predictions) for name, fn in resolved.items()}
 
     states = [StatefulMetric(name, built_for(metric, output_shape), _both) for name, metric in stateful.items()]
-    return (per_example if resolved else None), (MetricStates(states) if states else None)
+    return (per_example if resolved else None), (MetricStates(states) if states else None), {*resolved, *stateful}
+
+
+def _weighted_metrics(recipe: Recipe, entries: Any, output_shape: tuple, taken: set[str]) -> list[StatefulMetric]:
+    """``compile(weighted_metrics=[...])`` as Keras' ``CompileMetrics`` builds them: each a
+    metric object updated with the batch's sample weights (a mean's state is ``sum(w * value)``
+    and ``sum(w)``: summed, metric_states.py), named as in ``metrics`` or, when that name is
+    taken, ``weighted_<name>``."""
+    if not entries:
+        return []
+    if isinstance(entries, dict) or not isinstance(entries, (list, tuple)):
+        raise _refuse(recipe, f"weighted_metrics of type {type(entries).__name__}; expected a list")
+    weighted: list[StatefulMetric] = []
+    for entry in entries:
+        metric = _metric_object(recipe, entry, output_shape)
+        name = metric.name if metric.name not in taken else f"weighted_{metric.name}"
+        if name in taken:
+            raise _refuse(recipe, f"two metrics named {name!r}")
+        taken.add(name)
+        weighted.append(StatefulMetric(name, built_for(metric, output_shape), _both, weighted=True))
+    return weighted
+
+
+def _metric_object(recipe: Recipe, entry: Any, output_shape: tuple) -> keras.metrics.Metric:
+    """A ``weighted_metrics`` entry as the Metric Keras' ``get_metric`` makes of it (named as given)."""
+    if isinstance(entry, str) and entry.lower() in ("accuracy", "acc"):
+        if output_shape[-1] != 1:  # Keras picks sparse or categorical from the labels' shape, unknown here
+            raise _refuse(recipe, f"weighted_metrics=[{entry!r}] for {output_shape[-1]} output units; name it "
+                                  "(sparse_categorical_accuracy or categorical_accuracy)")
+        return keras.metrics.BinaryAccuracy(name=entry)
+    found = entry
+    if isinstance(entry, str):
+        try:
+            found = keras.metrics.get(entry)
+        except ValueError as exc:
+            raise _refuse(recipe, f"weighted metric {entry!r}, which Keras does not know ({exc})") from None
+    found = found() if isinstance(found, type) else found
+    if not isinstance(found, keras.metrics.Metric):
+        if not callable(found):
+            raise _refuse(recipe, f"weighted metric {entry!r}; expected a name, a function or a keras metric")
+        found = keras.metrics.MeanMetricWrapper(found, name=entry if isinstance(entry, str) else found.__name__)
+    elif isinstance(entry, str):
+        found.name = entry  # Keras names it as written
+    mean_wrapper = keras.metrics.MeanMetricWrapper
+    summed = type(found).__name__ in ADDITIVE and type(found).__module__.startswith("keras.")
+    if not (summed or isinstance(found, mean_wrapper) and type(found).update_state is mean_wrapper.update_state):
+        raise _refuse(recipe, f"weighted metric {found.name!r} ({type(found).__name__}), not one of Keras' own "
+                              "(a class of your own may keep a state that is not a sum)")
+    return found
 
 
 def _both(labels: Any, predictions: Any) -> tuple[Any, Any]:

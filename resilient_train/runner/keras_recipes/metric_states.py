@@ -15,6 +15,10 @@ to them. The value reported is the metric's own ``stateless_result`` of the sums
 
 The evaluation (runner/outputs/evaluation.py) sums the same shares over the held-out batches.
 
+``compile(weighted_metrics=[...])`` are metrics of the same kind (a weighted mean keeps
+``sum(w * value)`` and ``sum(w)``: a ratio of sums, not a mean of per-step means) whose
+update is given the batch's sample weights.
+
 Only Keras' own classes are taken (:data:`ADDITIVE`): a metric of your own may keep a state
 that is not a sum (a maximum, a last value), which adding shares would get wrong.
 """
@@ -54,6 +58,7 @@ class StatefulMetric:
     name: str
     metric: keras.metrics.Metric
     select: Callable[[Any, Any], tuple[Any, Any]]
+    weighted: bool = False  # compile(weighted_metrics=...): updated with the batch's sample weights
 
 
 class MetricStates:
@@ -69,13 +74,15 @@ class MetricStates:
         """The packed row's names of the state columns."""
         return list(self._columns)
 
-    def shares(self, labels: Any, predictions: Any) -> tf.Tensor:
-        """This replica's batch's share of every state, flat float32 ``[width]`` (traced)."""
+    def shares(self, labels: Any, predictions: Any, sample_weight: Any = None) -> tf.Tensor:
+        """This replica's batch's share of every state, flat float32 ``[width]`` (traced).
+        ``sample_weight`` weighs the ``weighted_metrics`` only, as Keras' ``CompileMetrics``."""
         parts = []
         for entry, variables in zip(self.metrics, self._layout):
             zeros = [tf.zeros(shape, dtype) for shape, dtype in variables]
             y, p = entry.select(labels, predictions)
-            for value in entry.metric.stateless_update_state(zeros, y, p):  # unweighted, as metrics= is
+            weights = {"sample_weight": sample_weight} if entry.weighted and sample_weight is not None else {}
+            for value in entry.metric.stateless_update_state(zeros, y, p, **weights):
                 parts.append(tf.reshape(tf.cast(value, tf.float32), [-1]))
         return tf.concat(parts, axis=0) if parts else tf.zeros([0], tf.float32)
 
