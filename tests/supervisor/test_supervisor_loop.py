@@ -229,8 +229,8 @@ def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
 
     def sleep_then_signal(seconds: float) -> None:
         original_sleep(seconds)
-        if clock.now - 1000.0 >= 1.0 and supervisor.stop_signal is None:
-            supervisor.stop_signal = "SIGTERM"  # what the signal handler records
+        if clock.now - 1000.0 >= 1.0:
+            supervisor.stop.request("SIGTERM")  # what the signal handler records
 
     supervisor.sleep = sleep_then_signal
     assert supervisor.run() == EXIT_PREEMPTED
@@ -263,7 +263,7 @@ def test_a_frozen_worker_is_the_root_cause_that_stopped_responding(tmp_path, mon
     class UnavailableError(Exception):
         pass
 
-    monkeypatch.setattr("resilient_train.supervisor.supervisor._is_frozen", lambda pid: pid == 4001)
+    monkeypatch.setattr("resilient_train.supervisor.topology.is_frozen", lambda pid: pid == 4001)
     scripts = [{"exit_at": 0.5, "exit_code": EXIT_FAILURE}, {"exit_at": None}]
     supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=0)
     spawn = spawner.__call__
