@@ -75,14 +75,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import os
 import signal
 import sys
 import time
 from typing import Any, Callable, TextIO
 
 from resilient_train.checkpoint import CheckpointStore, Manifest, RetryPolicy
-from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.errors import (
     EXIT_FAILURE,
     EXIT_FATAL,
@@ -94,11 +92,10 @@ from resilient_train.job.config import JobConfig
 from resilient_train.job.fingerprint import fingerprint_for_supervisor, guard_job
 from resilient_train.job.recipe import recipe_name
 from resilient_train.rundir import events
-from resilient_train.rundir.atomic import write_atomic
 from resilient_train.rundir.events import emit, read_events
 from resilient_train.rundir.lock import RunDirLock
 from resilient_train.rundir.layout import RunDir
-from resilient_train.rundir.permissions import current_umask, run_dir_umask
+from resilient_train.rundir.permissions import run_dir_umask
 from resilient_train.rundir.redact import RedactingWriter, register_secrets, secret_values
 from resilient_train.rundir.run_record import load_or_create_run_id
 from resilient_train.rundir.rescue_signal import RESCUE_ABANDONED, RESCUE_REQUESTED, RESCUE_SIGNAL, rescue_deadline_s
@@ -106,12 +103,14 @@ from resilient_train.rundir.stepmarker import read_phase, read_step
 from resilient_train.supervisor.attempt import Attempt, Carried, Failed, Resize, Restart, Start, Stop, StopCause, Worker
 from resilient_train.supervisor.console import Console, EventTail, inexact_text
 from resilient_train.supervisor.elastic import ElasticPolicy
+from resilient_train.supervisor.group import WorkerGroup
 from resilient_train.supervisor.hang import collect_hang
-from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
+from resilient_train.supervisor.launchers import Launcher, make_launcher
 from resilient_train.supervisor.outcome import OutcomeJudge
-from resilient_train.supervisor.ownership import claim_storage, generation_for
+from resilient_train.supervisor.ownership import claim_storage
 from resilient_train.supervisor.rescue import RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks
-from resilient_train.supervisor.policy import ExitClass, RestartPolicy, RestartTracker, classify
+from resilient_train.supervisor.policy import ExitClass, RestartPolicy, RestartTracker
+from resilient_train.supervisor.starting import AttemptStarter
 from resilient_train.supervisor.signals import ProcessSignals, SignalInstaller, StopRequest
 from resilient_train.supervisor.state import RunState, RunStateMachine, WorkerState
 from resilient_train.supervisor.summary import RootCauseRecord, RunTotals, build_summary, count_lost_steps, write_summary
@@ -181,17 +180,20 @@ class Supervisor:
         self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
         self.signals = signals if signals is not None else ProcessSignals()
         self.clock = clock
-        # Between polls: the installer's pause (a child's exit ends it early), unless a test gives its own.
-        self.sleep = sleep if sleep is not None else self.signals.pause
-        self.teardown_grace_s = teardown_grace_s
         self.run_dir = RunDir(job.run_dir)
         self.machine = RunStateMachine(emit)
         self.stop = StopRequest()  # set by a signal handler, the launcher or a notice, in any state
         self.totals = RunTotals()
-        self.current: Attempt | None = None  # the attempt started last; the next one replaces it
+        # Between polls: the installer's pause (a child's exit ends it early), unless a test gives its own.
+        self.group = WorkerGroup(job, self.launcher, self.run_dir, self.stop, clock=clock,
+                                 sleep=sleep if sleep is not None else self.signals.pause,
+                                 teardown_grace_s=teardown_grace_s, pump=lambda: self._tail.pump(),
+                                 completed=lambda: self._completed_manifest() is not None)
         self.watchdog = ProgressWatchdog(HangPolicy.from_setting(job.hang_timeout, job.startup_timeout))
         self.elastic = ElasticPolicy(job, self.launcher, clock)
-        self._judge = OutcomeJudge(self.run_dir, self.totals, self.out, self.store.url, self.topology, self.completed)
+        self._starter = AttemptStarter(job, self.launcher, self.store, self.run_dir, self.topology, self.elastic,
+                                       self.out, pump=lambda: self._tail.pump())
+        self._judge = OutcomeJudge(self.run_dir, self.totals, self.out, self.store.url, self.topology, self.group.completed)
         # Each step takes what its state was entered with (``Carried``, one type per state: supervisor/attempt.py).
         self._steps: dict[RunState, Callable[[Any], None]] = {
             RunState.STARTING: self._step_starting,
@@ -213,9 +215,14 @@ class Supervisor:
         return carried.number if isinstance(carried, Start) else self._current_attempt.number
 
     @property
+    def current(self) -> Attempt | None:
+        """The attempt started last (the group's); the next STARTING replaces it."""
+        return self.group.current
+
+    @property
     def workers(self) -> list[Worker]:
         """The workers of the attempt started last (none before the first)."""
-        return self.current.workers if self.current is not None else []
+        return self.group.workers
 
     @property
     def _current_attempt(self) -> Attempt:
@@ -316,7 +323,8 @@ class Supervisor:
     def _step_starting(self, start: Start) -> None:
         """Start the attempt (at its Resize's size after a membership change) -> RUNNING."""
         try:
-            size, workers = self._start_at_placeable_size(start.number, start.resize)
+            previous = self.current.size if self.current is not None else None
+            size, workers = self._starter.start(start.number, start.resize, previous=previous, run_id=self.run_id)
         except RestartNotPlacedError as exc:
             self._not_started(start.number, exc)
             return
@@ -324,7 +332,7 @@ class Supervisor:
         attempt_dir = self.run_dir.attempt(start.number)
         watched = [w.rank for w in self.topology.watched(workers)]
         markers = [(rank, str(attempt_dir.step_marker(rank)), str(attempt_dir.phase_marker(rank))) for rank in watched]
-        self.current = Attempt(start.number, size, workers, watched_at=now, markers=markers)
+        self.group.current = Attempt(start.number, size, workers, watched_at=now, markers=markers)
         self.watchdog.start_attempt(now, watched)
         self._to(RunState.RUNNING)
 
@@ -333,12 +341,12 @@ class Supervisor:
         -> STOPPING with the Stop), can grow or must move (-> RESIZING with the Resize) or made
         no progress (-> HUNG with the Stall)."""
         while True:
-            self.poll()
+            self.group.poll()
             move = self._notice_elsewhere()
             if move is not None:  # before running_ends: the noticing group may already have exited 143
                 self._to(RunState.RESIZING, reason=move.reason, carrying=move)
                 return
-            ends = self.topology.running_ends(self)
+            ends = self.topology.running_ends(self.group)
             if ends is RunState.SUCCEEDED:
                 self._tail.pump()
                 self._to(RunState.SUCCEEDED)
@@ -348,7 +356,7 @@ class Supervisor:
                     ends = dataclasses.replace(ends, rescue_answer=self._ask_for_rescue())
                 self._to(RunState.STOPPING, reason=ends.reason, carrying=ends)
                 return
-            grow = self.elastic.room_to_grow(self._current_attempt.size, self._training)
+            grow = self.elastic.room_to_grow(self._current_attempt.size, self.group.training)
             if grow is not None:
                 self._to(RunState.RESIZING, reason=grow.reason, carrying=grow)
                 return
@@ -357,7 +365,7 @@ class Supervisor:
                 self._to(RunState.HUNG, reason=f"{self.topology.no_progress} for {stall.seconds:.0f} s "
                          f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})", carrying=stall)
                 return
-            self.sleep(POLL_S)
+            self.group.sleep(POLL_S)
 
     def _ask_for_rescue(self) -> dict[str, Any] | None:
         """The memory tier is on and RUNNING is about to stop: when a worker failed, ask the
@@ -374,9 +382,9 @@ class Supervisor:
         emit(RESCUE_REQUESTED, rank=rescuer.rank, attempt=self.attempt, deadline_s=deadline_s, **why)
         rescue = self._current_attempt.rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
         started = self.clock()
-        self.send_signal(rescuer, RESCUE_SIGNAL)
+        self.group.send_signal(rescuer, RESCUE_SIGNAL)
         try:
-            self.wait(lambda: rescue.answer is not None or rescuer.returncode is not None, deadline_s)
+            self.group.wait(lambda: rescue.answer is not None or rescuer.returncode is not None, deadline_s)
             rescue.observe(self._tail.pump())  # an answer written just as the rescuer exited
             if rescue.answer is None:
                 reason = (f"rank {rescuer.rank} exited without answering" if rescuer.returncode is not None
@@ -408,8 +416,8 @@ class Supervisor:
     def _step_resizing(self, resize: Resize) -> None:
         """Ask the group to stop at an agreed, saved step (as on a preemption) -> STOPPING,
         which settles the attempt as the membership change ``resize``."""
-        for worker in self.alive():
-            self.send_signal(worker, signal.SIGTERM)
+        for worker in self.group.alive():
+            self.group.send_signal(worker, signal.SIGTERM)
         reason = "resize: the group saves at an agreed step"
         self._to(RunState.STOPPING, reason=reason, carrying=Stop(StopCause.RESIZE, reason, resize=resize))
 
@@ -427,12 +435,12 @@ class Supervisor:
     def _step_hung(self, stall: Stall) -> None:
         """Ask every watched worker for its stacks, name the stuck rank, announce it -> STOPPING."""
         watched = self.topology.watched(self.workers)
-        hang = collect_hang(self.run_dir.attempt(self.attempt), stall, watched, self)
+        hang = collect_hang(self.run_dir.attempt(self.attempt), stall, watched, self.group)
         emit("hang_detected", attempt=self.attempt, **hang)
         self._tail.pump()
         rank, answer = hang["rank"], None
         if self.job.memory_tier and self.stop.source is None:  # a peer of the stuck rank commits its snapshot
-            rescuer = choose_hang_rescuer(self.alive(), stuck=rank)
+            rescuer = choose_hang_rescuer(self.group.alive(), stuck=rank)
             if rescuer is not None:
                 answer = self._rescue_from(rescuer, dead_ranks=[], stuck_rank=rank)
         reason = f"hang: rank {rank} made no progress for {stall.seconds:.0f} s"
@@ -440,7 +448,7 @@ class Supervisor:
 
     def _step_stopping(self, stop: Stop) -> None:
         """Tear the attempt down (the topology's way), then settle it: root cause and the policy's decision."""
-        self.topology.tear_down(self, stop)
+        self.topology.tear_down(self.group, stop)
         self._settle(stop)
 
     def _settle(self, stop: Stop) -> None:
@@ -486,63 +494,10 @@ class Supervisor:
             backoff_s=round(decision.backoff_s, 3),
         )
         self._tail.pump()
-        self.sleep_fully(decision.backoff_s)
+        self.group.sleep_fully(decision.backoff_s)
         self._to(RunState.STARTING, carrying=Start(self.attempt + 1, restart.resize))
 
     # ------------------------------------------------------------ attempt
-    def _start_at_placeable_size(self, attempt: int, resize: Resize | None) -> tuple[int, list[Worker]]:
-        """Start ``attempt`` at the job's size or, elastic, at the largest size that can be
-        placed; returns the size and the workers.
-
-        Elastic: start at min(MAX, capacity) (or ``resize``'s size); when the launcher cannot
-        place that many after all, ask again and retry smaller, down to MIN.
-        ``world_size_changed`` announces a size other than the previous attempt's.
-        """
-        if not self.job.elastic:
-            return self.job.workers, self._start(attempt, self.job.workers)
-        size, reason = (resize.size, resize.reason) if resize is not None else (self.elastic.placeable(), "")
-        low = self.job.world_sizes.start
-        previous = self.current.size if self.current is not None else self.job.workers
-        while True:
-            if size < low:
-                raise RestartNotPlacedError(
-                    f"the launcher can place {size} workers; --workers {low}:{self.job.workers} needs at least {low}")
-            if size != previous:
-                changed_from: dict[str, Any] = {"from": previous}  # a keyword Python reserves
-                emit("world_size_changed", attempt=attempt, **changed_from,
-                     to=size, reason=reason or f"the launcher can place {size} workers")
-                self._tail.pump()
-                self.out.write(f"Attempt {attempt}: {previous} -> {size} workers ({reason or 'capacity'})\n")
-            try:
-                return size, self._start(attempt, size)
-            except RestartNotPlacedError:
-                smaller = min(self.elastic.placeable(), size - 1)
-                if smaller < low:
-                    raise
-                size, reason = smaller, f"no placement for {size} workers"
-
-    def _start(self, attempt: int, size: int) -> list[Worker]:
-        attempt_dir = self.run_dir.attempt(attempt)
-        attempt_dir.path.mkdir(parents=True, exist_ok=True)
-        generation = generation_for(self.store, attempt)  # the chief claims it
-        # Credentials travel in the environment only; job.json shows them as *** (job/config.py).
-        # The umask travels too: a worker on another node (Ray) does not inherit ours.
-        env = WorkerEnvironment(attempt, self.run_id, generation, storage_secrets=self.job.secrets(),
-                                umask=current_umask()).to_environ()
-        env["PYTHONUNBUFFERED"] = "1"
-        env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in self.topology.ranks(size)]
-        write_atomic(attempt_dir.job, self.job.to_json())
-        handles = self.launcher.start(specs)
-        workers = []
-        for spec, handle in zip(specs, handles):
-            described: dict[str, Any] = self.launcher.describe(handle)
-            address = described.get("address") or described.get("node_ip")
-            workers.append(Worker(spec.rank, attempt, handle, spec.log_path, address=str(address) if address else None))
-            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path),
-                 **self.topology.rank_fields(spec.rank), **described)
-        return workers
-
     def _not_started(self, attempt: int, exc: RestartNotPlacedError) -> None:
         """The launcher could not start a restart (e.g. no node for a lost slot): the run fails.
 
@@ -558,92 +513,10 @@ class Supervisor:
         self.out.write(f"Stopping: attempt {attempt} could not start: {exc}\n")
         self._to(RunState.FAILED, reason=f"attempt {attempt} could not start: {exc}", carrying=Failed())
 
-    # ------------------------------------------------------------ the group (topology.Group)
-    def poll(self) -> None:
-        """One poll of the attempt: print new events, let the launcher work, reap exits."""
-        records = self._tail.pump()
-        if self.current is not None and self.current.rescue is not None:
-            self.current.rescue.observe(records)
-        self.launcher.maintain(training=self._training())
-        for worker in self.workers:
-            if worker.returncode is None:
-                code = worker.process.poll()
-                if code is not None:
-                    self._exited(worker, code)
-
-    def alive(self) -> list[Worker]:
-        return [w for w in self.workers if w.returncode is None]
-
-    def pause(self) -> None:
-        self.sleep(POLL_S)
-        self.poll()
-
-    def sleep_fully(self, seconds: float) -> None:
-        """Sleep ``seconds`` even where a pause ends early (a child's exit, signals.py)."""
-        deadline = self.clock() + seconds
-        while (left := deadline - self.clock()) > 0:
-            self.sleep(left)
-
-    def wait(self, done: Callable[[], bool], timeout_s: float | None) -> None:
-        """Poll until ``done()`` or ``timeout_s`` passed (None: until ``done()``)."""
-        deadline = None if timeout_s is None else self.clock() + timeout_s
-        while not done() and (deadline is None or self.clock() < deadline):
-            self.sleep(POLL_S)
-            self.poll()
-
-    def kill(self, worker: Worker) -> None:
-        worker.state = WorkerState.KILLED
-        self.send_signal(worker, signal.SIGKILL)
-
-    def send_signal(self, worker: Worker, sig: int) -> None:
-        """Send ``sig`` to ``worker``; one that is already gone is no error."""
-        try:
-            worker.process.send_signal(sig)
-        except ProcessLookupError:
-            pass
-
-    def check_launcher_stop(self) -> None:
-        if self.stop.source is None and self.launcher.stop_requested():
-            self.stop.request(f"launcher:{self.launcher.name}")
-            emit("preemption_requested", source=self.stop.source)
-
-    def completed(self) -> bool:
-        return self._completed_manifest() is not None
-
     def _on_stop_signal(self, name: str) -> None:
         """The installed SIGTERM/SIGINT callback: record the first request; the loop acts on it."""
         if self.stop.request(name):
             emit("preemption_requested", source=f"supervisor:{name}")
-
-    def _training(self) -> bool:
-        """The chief finished a step of this attempt (its step marker is written)."""
-        if not any(w.rank == 0 for w in self.workers):
-            return False
-        try:
-            return self.run_dir.attempt(self.attempt).step_marker(0).stat().st_size > 0
-        except OSError:
-            return False
-
-    def _exited(self, worker: Worker, code: int) -> None:
-        worker.returncode = code
-        worker.exit_time = self.clock()
-        if worker.state is WorkerState.RUNNING:
-            worker.state = WorkerState.EXITED
-        fields: dict[str, Any] = {"rank": worker.rank, "pid": worker.process.pid, "attempt": worker.attempt}
-        if code < 0:
-            fields["signal"] = signal.Signals(-code).name
-        else:
-            fields["exit_code"] = code
-        lost = self.launcher.lost_reason(worker.process)
-        if lost is not None:  # e.g. "node lost": the launcher knows better than the exit code
-            fields["reason"] = lost
-        emit("worker_exited", **fields, state=worker.state.value)
-        if code not in (EXIT_OK,):
-            emit(
-                "worker_failed" if code != EXIT_PREEMPTED else "worker_preempted",
-                **fields,
-                classification=classify(code).value,
-            )
 
     # ------------------------------------------------------------ finish
     def _finish(self) -> int:

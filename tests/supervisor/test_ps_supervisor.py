@@ -97,7 +97,7 @@ def test_sigterm_reaches_the_coordinator_first_and_the_servers_only_once_it_is_g
         if clock.now - 1000.0 >= 1.0:
             supervisor.stop.request("SIGTERM")
 
-    supervisor.sleep = sleep_then_signal
+    supervisor.group.sleep = sleep_then_signal
     assert supervisor.run() == EXIT_PREEMPTED
     (term, term_at), (kill, kill_at) = spawner.processes[0].signals
     assert (term, kill) == ("SIGTERM", "SIGKILL") and 2.0 <= kill_at - term_at <= 2.05 + 1e-6  # the grace period (one poll)
