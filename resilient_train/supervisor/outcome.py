@@ -1,7 +1,7 @@
 """What ended an attempt: the root cause, and the AttemptOutcome the restart policy decides on.
 
 STOPPING has torn the group down (supervisor/topology.py); before the run goes anywhere the
-attempt is judged once, here: finished (None), a hang (the stuck rank is the root cause), every
+attempt is judged once, here (and an attempt the launcher could not start, ``not_started``): finished (None), a hang (the stuck rank is the root cause), every
 worker out with exit 0 but no completed checkpoint (never success), or the earliest failure
 among the error files and exit codes (rundir/errorfile.py ``choose_root_cause``). The root
 cause is recorded in the run's totals (summary.json's ``root_cause``) and printed unless the
@@ -114,6 +114,20 @@ class OutcomeJudge:
         emit("attempt_incomplete", attempt=attempt, global_step=reached, storage=self.storage_url)
         self.out.write(f"Attempt {attempt}: {signature} ({self.storage_url}).\n")
         return AttemptOutcome(attempt, ExitClass.FAILED, signature, reached)
+
+    def not_started(self, attempt: int, exc: Exception, *, launcher: str, pump: Callable[[], object]) -> None:
+        """The launcher could not start a restart (e.g. no node for a lost slot): the run fails.
+
+        Like an exhausted budget: root cause, ``launch_failed``, ``summary.json`` naming the
+        last commit, ``EXIT_FAILURE``; a re-run (once the cluster can place it) resumes there.
+        """
+        self.totals.root_cause = RootCauseRecord(
+            rank=None, pid=None, exit="not started", type=type(exc).__name__,
+            message=str(exc), global_step=self.reached(attempt - 1), attempt=attempt,
+        )
+        emit("launch_failed", attempt=attempt, launcher=launcher, reason=str(exc))
+        pump()
+        self.out.write(f"Stopping: attempt {attempt} could not start: {exc}\n")
 
     def reached(self, attempt: int) -> int | None:
         """The highest global step any worker of ``attempt`` finished (from its step marker)."""

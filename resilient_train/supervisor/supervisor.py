@@ -6,8 +6,8 @@ stop every worker, wait a backoff, start a new *attempt* with fresh ports, and l
 workers restore the last committed checkpoint.
 
 # Implementation:
-# run() = _prepare() (lock, run id, events, storage checks), _loop(), _finish() (lost steps,
-# summary.json, exit code). The loop is a state machine (supervisor/state.py): one _step_*
+# run() = _prepare() (lock, run id, events, storage checks), _loop(), then supervisor/finish.py
+# (lost steps, summary.json, exit code). The loop is a state machine (supervisor/state.py): one _step_*
 # method per RunState, each ending in exactly one checked, announced transition, and each
 # handed what that transition carried (supervisor/attempt.py: STARTING a Start, HUNG the
 # Stall, RESIZING the Resize, STOPPING a Stop that says why, RESTARTING the Restart, FAILED
@@ -71,58 +71,50 @@ workers restore the last committed checkpoint.
 # clock, sleep, signal handlers) is a constructor argument, so the loop can be driven by
 # fakes in unit tests.
 """
+
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import signal
 import sys
 import time
 from typing import Any, Callable, TextIO
 
 from resilient_train.checkpoint import CheckpointStore, Manifest, RetryPolicy
-from resilient_train.errors import (
-    EXIT_FAILURE,
-    EXIT_FATAL,
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    RestartNotPlacedError,
-)
+from resilient_train.errors import RestartNotPlacedError
 from resilient_train.job.config import JobConfig
 from resilient_train.job.fingerprint import fingerprint_for_supervisor, guard_job
 from resilient_train.job.recipe import recipe_name
 from resilient_train.rundir import events
-from resilient_train.rundir.events import emit, read_events
+from resilient_train.rundir.events import emit
 from resilient_train.rundir.lock import RunDirLock
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.permissions import run_dir_umask
 from resilient_train.rundir.redact import RedactingWriter, register_secrets, secret_values
 from resilient_train.rundir.run_record import load_or_create_run_id
-from resilient_train.rundir.rescue_signal import RESCUE_ABANDONED, RESCUE_REQUESTED, RESCUE_SIGNAL, rescue_deadline_s
+from resilient_train.rundir.rescue_signal import rescue_deadline_s
 from resilient_train.rundir.stepmarker import read_phase, read_step
 from resilient_train.supervisor.attempt import Attempt, Carried, Failed, Resize, Restart, Start, Stop, StopCause, Worker
-from resilient_train.supervisor.console import Console, EventTail, inexact_text
+from resilient_train.supervisor.console import Console, EventTail, isatty
 from resilient_train.supervisor.elastic import ElasticPolicy
+from resilient_train.supervisor.finish import RunEnd
 from resilient_train.supervisor.group import WorkerGroup
 from resilient_train.supervisor.hang import collect_hang
 from resilient_train.supervisor.launchers import Launcher, make_launcher
 from resilient_train.supervisor.outcome import OutcomeJudge
 from resilient_train.supervisor.ownership import claim_storage
-from resilient_train.supervisor.rescue import RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks
+from resilient_train.supervisor.rescue import ask_for_rescue, choose_hang_rescuer, choose_rescuer, failed_ranks
 from resilient_train.supervisor.policy import ExitClass, RestartPolicy, RestartTracker
 from resilient_train.supervisor.starting import AttemptStarter
 from resilient_train.supervisor.signals import ProcessSignals, SignalInstaller, StopRequest
 from resilient_train.supervisor.state import RunState, RunStateMachine, WorkerState
-from resilient_train.supervisor.summary import RootCauseRecord, RunTotals, build_summary, count_lost_steps, write_summary
+from resilient_train.supervisor.summary import RunTotals
 from resilient_train.supervisor.topology import POLL_S, GangTopology, Topology
 from resilient_train.supervisor.watchdog import HangPolicy, ProgressWatchdog, Stall
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]
 
 WATCH_EVERY_S = 0.25  # how often the watchdog reads the step and phase markers
-
-# What each terminal state reports as summary.json's / run_finished's ``status``.
-_STATUS = {RunState.SUCCEEDED: "completed", RunState.PREEMPTED: "preempted", RunState.FAILED: "failed"}
 
 
 def default_tracker(job: JobConfig, backoff_initial_s: float = 0.25) -> RestartTracker:
@@ -170,7 +162,7 @@ class Supervisor:
         self.accept_changes = accept_changes
         self.verbose = verbose
         register_secrets(secret_values(job.secrets()))  # no event, file or line of ours shows them
-        self.out = Console(RedactingWriter(out), tty=_isatty(out))
+        self.out = Console(RedactingWriter(out), tty=isatty(out))
         self.launcher = launcher or make_launcher(job)
         self.topology = topology if topology is not None else GangTopology()
         self.tail: EventTail | None = None  # the console's view of events.jsonl, from _prepare on
@@ -193,16 +185,9 @@ class Supervisor:
         self.elastic = ElasticPolicy(job, self.launcher, clock)
         self._starter = AttemptStarter(job, self.launcher, self.store, self.run_dir, self.topology, self.elastic,
                                        self.out, pump=lambda: self._tail.pump())
+        self._end = RunEnd(job, self.run_dir, self.store, self.totals, self.topology, self.out,
+                           pump=lambda: self._tail.pump(), clock=clock)
         self._judge = OutcomeJudge(self.run_dir, self.totals, self.out, self.store.url, self.topology, self.group.completed)
-        # Each step takes what its state was entered with (``Carried``, one type per state: supervisor/attempt.py).
-        self._steps: dict[RunState, Callable[[Any], None]] = {
-            RunState.STARTING: self._step_starting,
-            RunState.RUNNING: self._step_running,
-            RunState.HUNG: self._step_hung,
-            RunState.RESIZING: self._step_resizing,
-            RunState.STOPPING: self._step_stopping,
-            RunState.RESTARTING: self._step_restarting,
-        }
 
     @property
     def state(self) -> RunState:
@@ -271,7 +256,7 @@ class Supervisor:
             self.launcher.prepare()
             self._to(RunState.STARTING, carrying=Start(self.run_dir.next_attempt_number()))
             self._loop()
-            return self._finish()
+            return self._end.finish(self.machine.state, self.machine.carried, run_id=self.run_id, started=self._started)
         finally:
             self.launcher.close()
             self.signals.restore()
@@ -300,21 +285,23 @@ class Supervisor:
 
     def _already_complete(self, done: Manifest) -> int:
         self.machine.transition(RunState.SUCCEEDED, attempt=None, reason="storage holds the completed checkpoint")
-        emit("run_already_complete", global_step=done.global_step, weights_sha256=done.weights_sha256)
-        self._tail.pump()
-        self.out.write(
-            f"Run {self.run_dir.path} already completed{_not_exact(done.inexact)} at global step {done.global_step} "
-            f"(weights_sha256 {done.weights_sha256[:16]}...){_not_exact_why(done.inexact)}; nothing to do.\n"
-        )
-        self._write_summary("completed", done)
-        return EXIT_OK
+        return self._end.already_complete(done, run_id=self.run_id, started=self._started)
 
     # ------------------------------------------------------------ loop
     def _loop(self) -> None:
         """One step per state until a terminal one; each step makes exactly one transition and
         is handed what the transition into its state carried (supervisor/attempt.py)."""
+        # Each step takes what its state was entered with (``Carried``, one type per state: supervisor/attempt.py).
+        steps: dict[RunState, Callable[[Any], None]] = {
+            RunState.STARTING: self._step_starting,
+            RunState.RUNNING: self._step_running,
+            RunState.HUNG: self._step_hung,
+            RunState.RESIZING: self._step_resizing,
+            RunState.STOPPING: self._step_stopping,
+            RunState.RESTARTING: self._step_restarting,
+        }
         while not self.machine.is_terminal:
-            self._steps[self.machine.state](self.machine.carried)
+            steps[self.machine.state](self.machine.carried)
 
     def _to(self, state: RunState, *, reason: str | None = None, carrying: Carried = None) -> None:
         attempt = carrying.number if isinstance(carrying, Start) else self.attempt
@@ -326,7 +313,8 @@ class Supervisor:
             previous = self.current.size if self.current is not None else None
             size, workers = self._starter.start(start.number, start.resize, previous=previous, run_id=self.run_id)
         except RestartNotPlacedError as exc:
-            self._not_started(start.number, exc)
+            self._judge.not_started(start.number, exc, launcher=self.launcher.name, pump=self._tail.pump)
+            self._to(RunState.FAILED, reason=f"attempt {start.number} could not start: {exc}", carrying=Failed())
             return
         now = self.clock()
         attempt_dir = self.run_dir.attempt(start.number)
@@ -378,22 +366,8 @@ class Supervisor:
 
     def _rescue_from(self, rescuer: Worker, **why: Any) -> dict[str, Any] | None:
         """Ask ``rescuer`` to commit its snapshot; wait (bounded) for its answer, and return it."""
-        deadline_s = rescue_deadline_s(self.job.storage_timeout)
-        emit(RESCUE_REQUESTED, rank=rescuer.rank, attempt=self.attempt, deadline_s=deadline_s, **why)
-        rescue = self._current_attempt.rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
-        started = self.clock()
-        self.group.send_signal(rescuer, RESCUE_SIGNAL)
-        try:
-            self.group.wait(lambda: rescue.answer is not None or rescuer.returncode is not None, deadline_s)
-            rescue.observe(self._tail.pump())  # an answer written just as the rescuer exited
-            if rescue.answer is None:
-                reason = (f"rank {rescuer.rank} exited without answering" if rescuer.returncode is not None
-                          else f"no answer within {deadline_s:g} s")
-                emit(RESCUE_ABANDONED, rank=rescuer.rank, attempt=self.attempt, reason=reason,
-                     waited_s=round(self.clock() - started, 3))
-            return rescue.answer
-        finally:
-            self._current_attempt.rescue = None
+        return ask_for_rescue(self.group, self._current_attempt, rescuer, pump=self._tail.pump,
+                              deadline_s=rescue_deadline_s(self.job.storage_timeout), **why)
 
     def _notice_elsewhere(self) -> Resize | None:
         """A worker's node announced its end and the launcher avoids it from now on
@@ -498,74 +472,10 @@ class Supervisor:
         self._to(RunState.STARTING, carrying=Start(self.attempt + 1, restart.resize))
 
     # ------------------------------------------------------------ attempt
-    def _not_started(self, attempt: int, exc: RestartNotPlacedError) -> None:
-        """The launcher could not start a restart (e.g. no node for a lost slot): the run fails.
-
-        Like an exhausted budget: root cause, ``launch_failed``, ``summary.json`` naming the
-        last commit, ``EXIT_FAILURE``; a re-run (once the cluster can place it) resumes there.
-        """
-        self.totals.root_cause = RootCauseRecord(
-            rank=None, pid=None, exit="not started", type=type(exc).__name__,
-            message=str(exc), global_step=self._judge.reached(attempt - 1), attempt=attempt,
-        )
-        emit("launch_failed", attempt=attempt, launcher=self.launcher.name, reason=str(exc))
-        self._tail.pump()
-        self.out.write(f"Stopping: attempt {attempt} could not start: {exc}\n")
-        self._to(RunState.FAILED, reason=f"attempt {attempt} could not start: {exc}", carrying=Failed())
-
     def _on_stop_signal(self, name: str) -> None:
         """The installed SIGTERM/SIGINT callback: record the first request; the loop acts on it."""
         if self.stop.request(name):
             emit("preemption_requested", source=f"supervisor:{name}")
-
-    # ------------------------------------------------------------ finish
-    def _finish(self) -> int:
-        """The run reached a terminal state: count lost steps, write summary.json, exit code."""
-        status = _STATUS[self.machine.state]
-        manifest = self.store.latest_manifest()
-        self.totals.lost_steps = count_lost_steps(self.run_dir, read_events(self.run_dir.events))
-        summary = self._write_summary(status, manifest)
-        emit(
-            "run_finished",
-            status=status,
-            global_step=summary["global_step"],
-            weights_sha256=summary["weights_sha256"],
-            restarts=self.totals.restarts,
-            preemptions=self.totals.preemptions,
-            lost_steps=self.totals.lost_steps,
-            exact=summary["exact"],
-            inexact=summary["inexact"],
-        )
-        self._tail.pump()
-        self.out.write(
-            f"Run {status}{_not_exact(summary['inexact'])}: global step {summary['global_step']}, weights_sha256 "
-            f"{summary['weights_sha256']}{_not_exact_why(summary['inexact'])}\nSummary: {self.run_dir.summary}  "
-            f"Events: {self.run_dir.events}  Logs: {self.run_dir.worker_logs_glob}\n"
-        )  # the run command writes the page next and prints its path (commands/run.py)
-        if status == "completed":
-            return EXIT_OK
-        if status == "preempted":
-            return EXIT_PREEMPTED
-        failed = self.machine.carried
-        return EXIT_FATAL if isinstance(failed, Failed) and failed.fatal else EXIT_FAILURE
-
-    def _write_summary(self, status: str, manifest: Manifest | None) -> dict[str, Any]:
-        summary = build_summary(
-            status=status,
-            run_id=self.run_id,
-            recipe=self.job.recipe,
-            workers=self.job.workers,
-            run_dir=self.run_dir,
-            storage_url=self.store.url,
-            manifest=manifest,
-            totals=self.totals,
-            records=read_events(self.run_dir.events),
-            wall_time_s=self.clock() - self._started,
-            finished_at=dt.datetime.now(dt.timezone.utc),
-        )
-        summary.update(self.topology.summary_fields())
-        write_summary(self.run_dir, summary)
-        return summary
 
     # ------------------------------------------------------------ helpers
     def _completed_manifest(self) -> Manifest | None:
@@ -577,24 +487,6 @@ class Supervisor:
         if manifest.extra.get("recipe") != recipe_name(self.job.recipe):
             return None  # another recipe's checkpoint: let the workers report the mismatch
         return manifest
-
-
-def _not_exact(inexact: list[dict[str, Any]]) -> str:
-    """``, NOT exact`` after the run's status when its newest checkpoint records inexact resumes."""
-    return ", NOT exact" if inexact else ""
-
-
-def _not_exact_why(inexact: list[dict[str, Any]]) -> str:
-    """Why, at the end of the final line (console.inexact_text's words)."""
-    return f"; not an uninterrupted run's weights: {inexact_text(inexact)}" if inexact else ""
-
-
-def _isatty(stream: TextIO) -> bool:
-    """A terminal gets the progress line redrawn in place; a file or pipe gets periodic lines."""
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        return False
 
 
 def _newest_extra(store: CheckpointStore) -> dict[str, Any] | None:
