@@ -32,17 +32,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping, TypeAlias
 
 from resilient_train.supervisor.launchers import WorkerHandle
 from resilient_train.supervisor.policy import Decision
-from resilient_train.supervisor.state import WorkerState
+from resilient_train.supervisor.state import RunState, WorkerState
 from resilient_train.supervisor.watchdog import Stall
 
 if TYPE_CHECKING:  # supervisor/rescue.py imports Worker from here
     from resilient_train.supervisor.rescue import RescueWait
 
-__all__ = ["Worker", "Attempt", "Start", "Resize", "StopCause", "Stop", "Restart", "Failed", "Carried"]
+__all__ = ["Worker", "Attempt", "Start", "Resize", "StopCause", "Stop", "Restart", "Failed", "Carried", "CARRIED_BY",
+           "expect_carried"]
 
 
 @dataclass
@@ -124,6 +126,25 @@ class Failed:
 # What a transition carries into the state it enters (supervisor/state.py holds it until the next);
 # the module docstring lists which state takes which.
 Carried: TypeAlias = Start | Resize | Stall | Stop | Restart | Failed | None
+
+# The one type each state is entered carrying (a state not listed carries nothing): the loop
+# checks every transition against it (``expect_carried``).
+CARRIED_BY: Mapping[RunState, type] = MappingProxyType({
+    RunState.STARTING: Start,
+    RunState.HUNG: Stall,
+    RunState.RESIZING: Resize,
+    RunState.STOPPING: Stop,
+    RunState.RESTARTING: Restart,
+    RunState.FAILED: Failed,
+})
+
+
+def expect_carried(state: RunState, carrying: Carried) -> None:
+    """RuntimeError (a bug in the loop, like an illegal transition) unless ``carrying`` is what
+    ``state`` is entered with."""
+    expected = CARRIED_BY.get(state, type(None))
+    if not isinstance(carrying, expected):
+        raise RuntimeError(f"{state.value} is entered carrying a {expected.__name__}, not {carrying!r}")
 
 
 @dataclass

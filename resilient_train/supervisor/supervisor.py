@@ -94,7 +94,8 @@ from resilient_train.rundir.redact import RedactingWriter, register_secrets, sec
 from resilient_train.rundir.run_record import load_or_create_run_id
 from resilient_train.rundir.rescue_signal import rescue_deadline_s
 from resilient_train.rundir.stepmarker import read_phase, read_step
-from resilient_train.supervisor.attempt import Attempt, Carried, Failed, Resize, Restart, Start, Stop, StopCause, Worker
+from resilient_train.supervisor.attempt import (Attempt, Carried, Failed, Resize, Restart, Start, Stop, StopCause, Worker,
+                                                expect_carried)
 from resilient_train.supervisor.console import Console, EventTail, isatty
 from resilient_train.supervisor.elastic import ElasticPolicy
 from resilient_train.supervisor.finish import RunEnd
@@ -171,7 +172,6 @@ class Supervisor:
             retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
         self.signals = signals if signals is not None else ProcessSignals()
-        self.clock = clock
         self.run_dir = RunDir(job.run_dir)
         self.machine = RunStateMachine(emit)
         self.stop = StopRequest()  # set by a signal handler, the launcher or a notice, in any state
@@ -236,7 +236,7 @@ class Supervisor:
                 return self._run_locked(lock)
 
     def _run_locked(self, lock: RunDirLock) -> int:
-        self._started = self.clock()
+        self._started = self.group.clock()
         self._prepare(lock)
         done = self._completed_manifest()
         if done is not None:
@@ -304,6 +304,7 @@ class Supervisor:
             steps[self.machine.state](self.machine.carried)
 
     def _to(self, state: RunState, *, reason: str | None = None, carrying: Carried = None) -> None:
+        expect_carried(state, carrying)
         attempt = carrying.number if isinstance(carrying, Start) else self.attempt
         self.machine.transition(state, attempt=attempt, reason=reason, carrying=carrying)
 
@@ -316,7 +317,7 @@ class Supervisor:
             self._judge.not_started(start.number, exc, launcher=self.launcher.name, pump=self._tail.pump)
             self._to(RunState.FAILED, reason=f"attempt {start.number} could not start: {exc}", carrying=Failed())
             return
-        now = self.clock()
+        now = self.group.clock()
         attempt_dir = self.run_dir.attempt(start.number)
         watched = [w.rank for w in self.topology.watched(workers)]
         markers = [(rank, str(attempt_dir.step_marker(rank)), str(attempt_dir.phase_marker(rank))) for rank in watched]
@@ -397,7 +398,7 @@ class Supervisor:
 
     def _watch_progress(self) -> Stall | None:
         """Feed the watchdog what the markers say (every WATCH_EVERY_S); a Stall when hung."""
-        now = self.clock()
+        now = self.group.clock()
         attempt = self._current_attempt
         if now - attempt.watched_at < WATCH_EVERY_S:
             return None
@@ -471,7 +472,7 @@ class Supervisor:
         self.group.sleep_fully(decision.backoff_s)
         self._to(RunState.STARTING, carrying=Start(self.attempt + 1, restart.resize))
 
-    # ------------------------------------------------------------ attempt
+    # ------------------------------------------------------------ signals
     def _on_stop_signal(self, name: str) -> None:
         """The installed SIGTERM/SIGINT callback: record the first request; the loop acts on it."""
         if self.stop.request(name):
