@@ -42,8 +42,13 @@ class RunEnd:
         self.out = out
         self._pump = pump
         self._clock = clock
+        self._started: float | None = None
 
-    def already_complete(self, done: Manifest, *, run_id: str, started: float) -> int:
+    def begin(self) -> None:
+        """The run starts now: summary.json's wall time counts from here."""
+        self._started = self._clock()
+
+    def already_complete(self, done: Manifest, *, run_id: str) -> int:
         """Storage held the completed checkpoint before any attempt: say so, nothing to do."""
         emit("run_already_complete", global_step=done.global_step, weights_sha256=done.weights_sha256)
         self._pump()
@@ -51,16 +56,16 @@ class RunEnd:
             f"Run {self.run_dir.path} already completed{_not_exact(done.inexact)} at global step {done.global_step} "
             f"(weights_sha256 {done.weights_sha256[:16]}...){_not_exact_why(done.inexact)}; nothing to do.\n"
         )
-        self.write_summary("completed", done, run_id=run_id, started=started)
+        self.write_summary("completed", done, run_id=run_id)
         return EXIT_OK
 
-    def finish(self, state: RunState, carried: object, *, run_id: str, started: float) -> int:
+    def finish(self, state: RunState, carried: object, *, run_id: str) -> int:
         """The run reached terminal ``state`` (entered carrying ``carried``): count lost steps,
         write summary.json, announce and print the end; the exit code."""
         status = _STATUS[state]
         manifest = self.store.latest_manifest()
         self.totals.lost_steps = count_lost_steps(self.run_dir, read_events(self.run_dir.events))
-        summary = self.write_summary(status, manifest, run_id=run_id, started=started)
+        summary = self.write_summary(status, manifest, run_id=run_id)
         emit(
             "run_finished",
             status=status,
@@ -84,7 +89,10 @@ class RunEnd:
             return EXIT_PREEMPTED
         return EXIT_FATAL if isinstance(carried, Failed) and carried.fatal else EXIT_FAILURE
 
-    def write_summary(self, status: str, manifest: Manifest | None, *, run_id: str, started: float) -> dict[str, Any]:
+    def write_summary(self, status: str, manifest: Manifest | None, *, run_id: str) -> dict[str, Any]:
+        if self._started is None:
+            raise RuntimeError("the run's end is written after begin()")
+        started = self._started
         summary = build_summary(
             status=status,
             run_id=run_id,

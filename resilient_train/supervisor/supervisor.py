@@ -236,7 +236,7 @@ class Supervisor:
                 return self._run_locked(lock)
 
     def _run_locked(self, lock: RunDirLock) -> int:
-        self._started = self.group.clock()
+        self._end.begin()
         self._prepare(lock)
         done = self._completed_manifest()
         if done is not None:
@@ -256,7 +256,7 @@ class Supervisor:
             self.launcher.prepare()
             self._to(RunState.STARTING, carrying=Start(self.run_dir.next_attempt_number()))
             self._loop()
-            return self._end.finish(self.machine.state, self.machine.carried, run_id=self.run_id, started=self._started)
+            return self._end.finish(self.machine.state, self.machine.carried, run_id=self.run_id)
         finally:
             self.launcher.close()
             self.signals.restore()
@@ -285,7 +285,7 @@ class Supervisor:
 
     def _already_complete(self, done: Manifest) -> int:
         self.machine.transition(RunState.SUCCEEDED, attempt=None, reason="storage holds the completed checkpoint")
-        return self._end.already_complete(done, run_id=self.run_id, started=self._started)
+        return self._end.already_complete(done, run_id=self.run_id)
 
     # ------------------------------------------------------------ loop
     def _loop(self) -> None:
