@@ -18,9 +18,10 @@ import os
 import posixpath
 import socket
 import stat
+import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from resilient_train.checkpoint._files import abandon_write, create_or_confirm, write_create_only
 from resilient_train.checkpoint._storage import OnStorage, StorageRoot
@@ -43,11 +44,13 @@ from resilient_train.checkpoint.manifest import (
     sha256_file,
 )
 from resilient_train.checkpoint.read_path import ReadPath, Status
-from resilient_train.errors import StorageError
+from resilient_train.errors import CheckpointCorruptError, StorageError
 
 __all__ = ["CommitPath"]
 
 _PLACEHOLDER = FileEntry(size=0, sha256="0" * 64)
+FENCE_RECHECK_S = 1.0  # between uploads of one commit, the fence is re-read after this long (store.py)
+_monotonic = time.monotonic  # the recheck's clock (tests freeze a writer by moving it)
 
 
 class CommitPath(OnStorage):
@@ -128,11 +131,15 @@ class CommitPath(OnStorage):
         tf_version: str,
         extra: dict[str, Any] | None = None,
         on_uploaded: Callable[[str], None] | None = None,
+        known: Mapping[str, FileEntry] | None = None,
     ) -> Manifest:
         """Upload every file under ``local_dir`` into ckpt-<global_step>/, then the manifest.
 
         ``on_uploaded(relative_name)`` is called after each data file is uploaded (progress,
-        and the chaos suite's "killed mid-upload" fault point). Returns the committed manifest. Raises StorageError (permanent or retries
+        and the chaos suite's "killed mid-upload" fault point). ``known``: the size and
+        sha256 of files the caller wrote from bytes it had already hashed (a carried
+        iterator capture, committed by many saves): a local store links them without
+        reading them again; a streamed upload hashes what it sends and must match. Returns the committed manifest. Raises StorageError (permanent or retries
         exhausted); the directory then stays uncommitted and invisible to readers.
         """
         local_dir = Path(local_dir)
@@ -163,9 +170,12 @@ class CommitPath(OnStorage):
                     for parent in sorted({posixpath.dirname(f"{name}/{rel}") for rel in local_files}):
                         self._do("makedirs", parent, functools.partial(self.fs.makedirs, self._remote(parent), exist_ok=True))
                 entries = {}
+                checked = _monotonic()
                 for rel, src in local_files.items():
-                    self._check_fence("upload", f"{name}/{rel}")
-                    entries[rel] = self._upload(src, f"{name}/{rel}")
+                    if _monotonic() - checked >= FENCE_RECHECK_S:
+                        self._check_fence("upload", f"{name}/{rel}")
+                        checked = _monotonic()
+                    entries[rel] = self._upload(src, f"{name}/{rel}", (known or {}).get(rel))
                     if on_uploaded is not None:
                         on_uploaded(rel)
                 uploading = False  # past here a failure may be another writer's manifest: keep files
@@ -237,7 +247,7 @@ class CommitPath(OnStorage):
         self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))
         return None
 
-    def _upload(self, src: Path, rel: str) -> FileEntry:
+    def _upload(self, src: Path, rel: str, known: FileEntry | None = None) -> FileEntry:
         """Stream one local file to ``rel``, hashing the bytes as they are read.
 
         A store on the staging files' own disk gets a hard link and one hashing read
@@ -248,7 +258,7 @@ class CommitPath(OnStorage):
         rejects the checkpoint)."""
         remote = self._remote(rel)
         if self._linkable:
-            linked = _link_and_hash(Path(src), Path(remote))
+            linked = _link_and_hash(Path(src), Path(remote), known)
             if linked is not None:
                 return linked
 
@@ -266,7 +276,10 @@ class CommitPath(OnStorage):
                     abandon_write(dst)
                     raise
                 dst.close()
-            return FileEntry(size=size, sha256=digest.hexdigest())
+            sent = FileEntry(size=size, sha256=digest.hexdigest())
+            if known is not None and sent != known:
+                raise CheckpointCorruptError(f"{src} changed after it was staged: it is not the bytes the save captured")
+            return sent
 
         return self._do("upload", rel, attempt)
 
@@ -323,9 +336,10 @@ class CommitPath(OnStorage):
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 
-def _link_and_hash(src: Path, dst: Path) -> FileEntry | None:
-    """Make ``dst`` a hard link to ``src`` and hash it; None where links are impossible
-    (another filesystem, or one without hard links): the caller copies instead.
+def _link_and_hash(src: Path, dst: Path, known: FileEntry | None = None) -> FileEntry | None:
+    """Make ``dst`` a hard link to ``src`` and hash it (or take ``known`` when its size
+    matches); None where links are impossible (another filesystem, or one without hard
+    links): the caller copies instead.
 
     Checkpoint files are never modified after they are written, so sharing the inode is
     safe; ``dst`` is unlinked first so that a file a reader already linked elsewhere is
@@ -338,5 +352,7 @@ def _link_and_hash(src: Path, dst: Path) -> FileEntry | None:
         if exc.errno in _NO_LINK:
             return None
         raise
+    if known is not None and os.stat(dst).st_size == known.size:
+        return known
     return sha256_file(dst)
 

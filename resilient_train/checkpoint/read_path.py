@@ -119,7 +119,7 @@ class ReadPath(OnStorage):
             if info.get("type") == "file" and path.startswith(prefix) and not path.endswith("/")
         }
 
-    def _scan(self) -> dict[int, dict[str, int]]:
+    def scan(self) -> dict[int, dict[str, int]]:
         """global_step -> {file path relative to its ckpt dir: size}, from one listing."""
         steps: dict[int, dict[str, int]] = {}
         for path, size in self.files_under().items():
@@ -173,13 +173,13 @@ class ReadPath(OnStorage):
         return CheckpointInfo(step, path, manifest, status, detail, manifest.total_size)
 
     def _newest_first(self) -> Iterator[CheckpointInfo]:
-        steps = self._scan()
+        steps = self.scan()
         for step in sorted(steps, reverse=True):
             yield self.inspect(step, steps[step])
 
     def list(self) -> list[CheckpointInfo]:
         """Every ckpt-* directory, ascending global_step; sizes checked, nothing hashed."""
-        steps = self._scan()
+        steps = self.scan()
         return [self.inspect(step, steps[step]) for step in sorted(steps)]
 
     def latest_manifest(self) -> Manifest | None:

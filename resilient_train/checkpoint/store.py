@@ -27,10 +27,15 @@ Invariants this module keeps:
 * ``retain`` deletes only checkpoints older than the newest good one, manifest first,
   so a half-finished deletion reads as uncommitted. ``collect_garbage`` deletes only
   uncommitted leftovers older than the newest good commit (never an in-flight newer one).
-* With a generation fence (``claim_generation``, checkpoint/fence.py) every write of the
-  commit path (each file upload, the manifest, each deletion) first checks that no newer
-  generation claimed the storage, and the manifest is created create-only; without one
-  (tests, ``verify``, the supervisor) nothing changes.
+* With a generation fence (``claim_generation``, checkpoint/fence.py) the commit path
+  checks that no newer generation claimed the storage before a commit starts, before its
+  manifest, before each deletion, and between file uploads whenever ``FENCE_RECHECK_S``
+  passed since the last check; the manifest is created create-only. A writer goes stale
+  by pausing (a frozen process, a partitioned node) while a newer attempt starts, which
+  takes longer than the recheck interval, so a writer that wakes up mid-upload checks
+  before its next file; a commit of a few small files checks twice, not once per file
+  (each check is a listing). Without a fence (tests, ``verify``, the supervisor) nothing
+  changes.
 * Every remote operation goes through the RetryPolicy: transient failures are retried
   (``storage_retry`` events), permanent ones surface as StorageError naming the URL.
 
@@ -60,7 +65,7 @@ import fsspec
 from resilient_train.rundir import events
 from resilient_train.checkpoint._storage import OnStorage, StorageRoot
 from resilient_train.checkpoint.commit_path import CommitPath
-from resilient_train.checkpoint.manifest import Manifest, now_utc
+from resilient_train.checkpoint.manifest import FileEntry, Manifest, now_utc
 from resilient_train.checkpoint.options import with_backend_timeouts
 from resilient_train.checkpoint.read_path import CheckpointInfo, ReadPath, Status
 from resilient_train.checkpoint.retention import Retention
@@ -115,7 +120,7 @@ class CheckpointStore(OnStorage):
             raise StorageError(f"cannot use checkpoint storage {self.url}: the URL names no bucket or directory")
         self._reader = ReadPath(storage)
         self._writer = CommitPath(storage, self._reader)
-        self._retention = Retention(self._reader.list, self._writer.delete, self._emit)
+        self._retention = Retention(self._reader.scan, self._reader.inspect, self._writer.delete, self._emit)
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.url!r})"
@@ -217,12 +222,13 @@ class CheckpointStore(OnStorage):
         tf_version: str,
         extra: dict[str, Any] | None = None,
         on_uploaded: Callable[[str], None] | None = None,
+        known: Mapping[str, FileEntry] | None = None,
     ) -> Manifest:
         """See ``CommitPath.commit``."""
         return self._writer.commit(
             local_dir, run_id=run_id, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
             world_size=world_size, weights_sha256=weights_sha256, tf_version=tf_version, extra=extra,
-            on_uploaded=on_uploaded,
+            on_uploaded=on_uploaded, known=known,
         )
 
     # -- deletion (checkpoint/retention.py) ------------------------------------------------

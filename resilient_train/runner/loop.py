@@ -37,7 +37,7 @@
 #    worker snapshots (_snapshot: the same request a save builds, nothing persisted); a
 #    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death
 #    or a hang. auto (the default): a snapshot after every call until the chief, having
-#    timed a few, proposes the interval in the packed all-reduce (_SNAPSHOT_EVERY) and
+#    timed a few, proposes the interval in the packed all-reduce (runner/control_row.py) and
 #    every worker adopts it at the same call (memory_tier.AutoInterval).
 # 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
 #    summed in the packed all-reduce, so every worker stops after the same call
@@ -90,6 +90,7 @@ from resilient_train.runner.state.checkpointing import (
     persist_twin,
 )
 from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
+from resilient_train.runner import control_row
 from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
@@ -99,11 +100,9 @@ from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.reentry import EpochInput
-from resilient_train.runner.state.memory_tier import (AUTO_PROBES, AutoInterval, Rescuer, RescueUnavailable,
-                                                      SnapshotSchedule)
-from resilient_train.runner.state.worker_agreement import WorkerAgreement, divergence_reason
+from resilient_train.runner.state.memory_tier import RescueUnavailable
+from resilient_train.runner.state.tier import MemoryTier
 from resilient_train.runner.state.save_policy import SavePolicy
-from resilient_train.rundir import rescue_signal
 from resilient_train.runner import startup_phases
 from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
@@ -129,12 +128,6 @@ _RESIZE_NOTE_DATASET = ("resuming is sound but the input sharding differs, so we
 _RESIZE_NOTE_INDEXED = ("every global step trains on the same examples as an uninterrupted run (indexed input); "
                         "the weights differ from it only by floating-point reduction order")
 
-_PREEMPT = "__stop_requested__"  # the packed row's column: the sum of the workers' stop requests
-_SAVE_DUE = "__save_due__"
-_NEXT_CALL = "__next_call_steps__"
-_SNAPSHOT_EVERY = "__snapshot_every__"  # --snapshot-every auto: the chief's proposed interval (0: not yet)
-_CAPTURE_EVERY = "__capture_every__"  # ... and the input's capture interval proposed with it
-_SINGLE_WORKER = "a single worker: no survivor to rescue from"
 
 
 @dataclass(frozen=True)
@@ -243,27 +236,11 @@ class Trainer:
             clock=clock,
         )
         self.sizer = CallSizer(job.steps_per_execution)
-        # The memory tier (--snapshot-every, runner/state/memory_tier.py): None when off.
-        # auto also turns off for an attempt of one worker (an explicit N does not).
-        self._tier_off = job.memory_tier_off_reason
-        if self._tier_off is None and job.snapshot_every_steps is None and cluster.num_workers == 1:
-            self._tier_off = _SINGLE_WORKER
-        self._snapshots = (SnapshotSchedule(job.snapshot_every_steps, capture_every=job.snapshot_capture_every)
-                           if self._tier_off is None else None)
-        # auto: the chief times the first snapshots and proposes the interval (None: not auto, or not the chief)
-        self._auto_interval = (AutoInterval() if self._snapshots is not None and self._snapshots.pending
-                               and cluster.is_chief else None)
-        self._twin_bytes = 0
-        # The memory tier's comparison of every worker's snapshot (runner/state/worker_agreement.py):
-        # the last step whose snapshot was found equal on every worker, and once they differ,
-        # why a non-chief's snapshot is never committed (for the rest of the attempt).
-        self._agreement: WorkerAgreement | None = None
-        self._call_agreement: np.ndarray | None = None  # the last call's summed comparison columns (None: not computed)
+        # The memory tier (--snapshot-every, runner/state/tier.py): None when off.
+        self._tier_off = MemoryTier.off_reason(job, cluster)
+        self._tier = MemoryTier(job, cluster) if self._tier_off is None else None
         self._input_state_s = 0.0  # the last _save_request's time in state_to_save (auto times captures)
-        self._pending_captures = 0  # captures while auto has not decided (every worker alike)
         self._recipe_source: str | None = None  # the recipe's resolved path, for every save's manifest
-        self._agreed_step: int | None = None
-        self._workers_differ: str | None = None
         self._call_steps = self.sizer.initial  # the agreed maximum of the next call
         self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
         # What the supervisor's hang watchdog reads besides the step: a phase that may take
@@ -372,7 +349,7 @@ class Trainer:
         """HOW this worker saves, decided once. async: the chief (and every worker only if
         the model has sync-on-read variables, whose read is a collective) keeps a twin of
         the saved state (runner/state/checkpointing.py); other workers write nothing."""
-        if self._snapshots is None and self.job.snapshot_every == SNAPSHOT_EVERY_AUTO:  # auto resolved to off
+        if self._tier is None and self.job.snapshot_every == SNAPSHOT_EVERY_AUTO:  # auto resolved to off
             emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=SNAPSHOT_EVERY_OFF, reason=self._tier_off,
                  rank=self.cluster.rank)
         if self.job.checkpoint_mode == "sync":
@@ -389,72 +366,20 @@ class Trainer:
                 keep=self.job.keep,
             )
         twin = TwinState.build(self.checkpoint, self.model, self._build_twin)
-        if not (self.cluster.is_chief or twin.sync_on_read or self._snapshots is not None):
+        if not (self.cluster.is_chief or twin.sync_on_read or self._tier is not None):
             return NoCheckpointer()
         self._async = AsyncCheckpointer(twin, self._persist)
-        if self._snapshots is not None:
-            self._start_memory_tier(self._async)
+        if self._tier is not None:
+            self._tier.start(self._async, model=self.model, strategy=self.strategy,
+                             sum_over_workers=self._sum_over_workers,
+                             counters=(self.epoch, self.step_in_epoch, self.global_step),
+                             commit=self._commit_rescue, last_committed=self._last_committed_step,
+                             unable=self._why_no_rescue_here)
         return BackgroundCheckpointer(self._async, persist=self.cluster.is_chief)
 
-    def _start_memory_tier(self, saver: AsyncCheckpointer) -> None:
-        """Every worker keeps a twin; the rescue request (rundir/rescue_signal.py) commits it."""
-        rank = self.cluster.rank
-
-        def last_committed() -> int | None:
-            manifest = self.store.latest_manifest()
-            return None if manifest is None else manifest.global_step
-
-        rescuer = Rescuer(saver, rank=rank, commit=self._commit_rescue, last_committed=last_committed,
-                          deadline_s=rescue_signal.rescue_hold_s(self.job.storage_timeout),
-                          unable=self._why_no_rescue_here)
-        rescue_signal.listener().set_target(rescuer.rescue)
-        self._twin_bytes = saver.twin.state_bytes
-        keras_paths = {id(getattr(w, "value", w)): w.path for w in self.model.weights}  # named as Keras names them
-        self._agreement = WorkerAgreement(saver.twin.pairs, workers=self.cluster.num_workers,
-                                          sum_over_workers=self._sum_over_workers,
-                                          label=lambda path, live: keras_paths.get(id(live), path),
-                                          counters=(self.epoch, self.step_in_epoch, self.global_step),
-                                          replicas=self.strategy.num_replicas_in_sync)
-        if not self._snapshots.pending:  # auto announces its interval once decided (_adopt_snapshot_every)
-            emit("memory_tier", setting=self._snapshots.every_steps, every_steps=self._snapshots.every_steps,
-                 twin_bytes=self._twin_bytes, rank=rank)
-
-    def _adopt_snapshot_every(self, proposed: float, capture_proposed: float) -> None:
-        """auto: the intervals the chief proposed, read by every worker from the same call."""
-        every, capture_every = int(round(proposed)), int(round(capture_proposed))
-        if self._snapshots is None or every < 1:
-            return
-        previous = None if self._snapshots.pending else (self._snapshots.every_steps, self._snapshots.capture_every)
-        self._snapshots.decide(every, capture_every)
-        measured = dict(self._auto_interval.chosen or {}) if self._auto_interval is not None else {}
-        measured.pop("every_steps", None)
-        measured.pop("capture_every_steps", None)
-        if previous is not None:  # a revision (the chief's step time moved): said once, by the chief
-            if previous != (self._snapshots.every_steps, self._snapshots.capture_every):
-                emit("snapshot_interval_revised", group=True, every_steps=every,
-                     capture_every_steps=self._snapshots.capture_every, previous_every_steps=previous[0],
-                     previous_capture_every_steps=previous[1], **measured)
-            return
-        emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=every,
-             capture_every_steps=self._snapshots.capture_every, twin_bytes=self._twin_bytes,
-             rank=self.cluster.rank, **measured)
-
-    def _snapshot_every_proposal(self) -> tuple[float, float]:
-        """The chief's votes in the call's _SNAPSHOT_EVERY and _CAPTURE_EVERY columns (0: nothing to propose)."""
-        if self._auto_interval is None or self._snapshots is None:
-            return 0.0, 0.0
-        call_steps = self.sizer.proposal()
-        if not self._snapshots.pending:  # decided: a revision when the step time moved (memory_tier.py)
-            every = self._auto_interval.revision(step_s=self.sizer.step_seconds, call_steps=call_steps)
-            return (float(every), float(self._auto_interval.capture_every)) if every else (0.0, 0.0)
-        if self._call_steps * 5 < call_steps * 4:
-            # The calls are still growing (every attempt starts at one step per call): their
-            # per-step time still holds each call's fixed cost, which made the first steps look
-            # 2-4x slower than the run's (step_ms 13-25 against ~5 later on digits_cnn) and
-            # auto's interval that much too short. Decided once the calls are near their size.
-            return 0.0, 0.0
-        every = self._auto_interval.proposal(step_s=self.sizer.step_seconds, call_steps=call_steps)
-        return float(every), float(self._auto_interval.capture_every)
+    def _last_committed_step(self) -> int | None:
+        manifest = self.store.latest_manifest()
+        return None if manifest is None else manifest.global_step
 
     def _why_no_rescue_here(self) -> str | None:
         """A non-chief does not run the chief-only callbacks (ModelCheckpoint, CSVLogger,
@@ -462,8 +387,8 @@ class Trainer:
         always commit, so its rescue takes their entries from the newest commit
         (_commit_rescue). Only a ModelCheckpoint saving at batch ends (an integer save_freq)
         has state that lives on the chief alone between commits: then the rescue is the chief's or none."""
-        if self._workers_differ is not None and not self.cluster.is_chief:
-            return self._workers_differ
+        if self._tier is not None and self._tier.workers_differ is not None and not self.cluster.is_chief:
+            return self._tier.workers_differ
         per_batch = [] if self._callbacks is None or self.cluster.is_chief else self._callbacks.chief_only_per_batch
         if per_batch:
             return f"the state of chief-only callbacks saving at batch ends ({', '.join(per_batch)}) lives on the chief"
@@ -472,9 +397,8 @@ class Trainer:
     def _commit_rescue(self, request: SaveRequest) -> Manifest:
         """A rescue's commit (on the rescue listener's thread): the twin, the ordinary way.
         Its events are this rank's own (a non-chief's group events would be dropped)."""
-        if not self.cluster.is_chief and request.global_step != self._agreed_step:
-            raise RescueUnavailable(self._workers_differ or f"the snapshot of step {request.global_step} was not "
-                                    "found equal to the chief's (the comparison did not finish)")
+        assert self._tier is not None  # only the tier's Rescuer commits a rescue
+        self._tier.check_rescue(request)
         if self._callbacks is not None and self._callbacks.chief_only and STATE_FILE in request.files:
             request = dataclasses.replace(request, files={
                 **request.files, STATE_FILE: self._chief_callback_state(request)})
@@ -523,10 +447,9 @@ class Trainer:
         """One compiled call: ``steps`` training steps, counters advanced in-graph.
 
         Per step, besides the gradients' all-reduce, ONE packed all-reduce carries
-        [loss, metric means..., stop flag, save flag, next call's steps] (every replica adds
-        its worker's stop request and the chief's time-based save vote, so the SUM tells
-        every worker whether anyone asked; only the chief's first replica adds its proposed
-        size of the next call, runner/call_size.py, so the SUM is that number). The call
+        [loss, metric means..., the control columns (runner/control_row.py: the stop and
+        save votes, the chief's next call size and memory-tier intervals), the memory tier's
+        comparison in a call's last step when a snapshot follows]. The call
         returns the reduced rows stacked, shape [steps, values]: the
         host reads one small tensor per call and sums the epoch's loss per step exactly as
         a one-step-per-call loop would (bit-identical epoch means for every N).
@@ -567,14 +490,13 @@ class Trainer:
             # Reading the variables holds that step's all-reduce back until the update is
             # done, and even zero columns cost 0.1-0.25 ms of a 4 ms step (digits_cnn): so
             # no other step carries them (a tf.cond in every step cost ~5%).
-            if fingerprint and self._agreement is not None:
-                agreement = self._agreement.call_columns()
+            if fingerprint and self._tier is not None and self._tier.agreement is not None:
+                agreement = self._tier.call_columns()
             else:
                 agreement = tf.zeros([0], tf.float32)
-            names[:] = list(values) + [_PREEMPT, _SAVE_DUE, _NEXT_CALL, _SNAPSHOT_EVERY, _CAPTURE_EVERY]  # fixed at trace time
-            first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
-            flags = tf.concat([flags[:2], flags[2:] * first_replica], axis=0)
-            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), flags, agreement], axis=0)
+            names[:] = control_row.layout(list(values))  # fixed at trace time
+            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]),
+                                control_row.in_replica(flags), agreement], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
             if not record:
@@ -591,7 +513,8 @@ class Trainer:
             # a memory-tier snapshot (every worker at the same call). Its other rows are
             # padded with zeros after their all-reduce (a local op), to stack with the last.
             startup_phases.count_trace()  # the Python body runs only when tf.function traces
-            width = self._agreement.call_width if fingerprint and self._agreement is not None else 0
+            width = (self._tier.call_columns(width_only=True)
+                     if fingerprint and self._tier is not None and self._tier.agreement is not None else 0)
 
             def one_step(i, rows, index_rows, with_fingerprint: bool):
                 result = strategy.run(step_fn, args=(next(iterator), flags), kwargs={"fingerprint": with_fingerprint})
@@ -667,8 +590,8 @@ class Trainer:
         self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
                                 same_world_size=manifest.world_size == self.cluster.num_workers)
         self._last_saved = manifest.global_step
-        if self._snapshots is not None:
-            self._snapshots.taken(manifest.global_step)  # the interval counts from the restored step
+        if self._tier is not None:
+            self._tier.schedule.taken(manifest.global_step)  # the interval counts from the restored step
         reentry, reentry_reason = self._input.plan_reentry(manifest, local_dir)
         if manifest.world_size != self.cluster.num_workers:
             emit(
@@ -718,11 +641,11 @@ class Trainer:
                 return self.checkpointer.flush() if flush else None
             self._last_saved = global_step
             manifest = self.checkpointer.save(request, flush=flush)
-            if self._snapshots is not None:
-                self._snapshots.taken(global_step)  # a save is a snapshot too
+            if self._tier is not None:
+                self._tier.schedule.taken(global_step)  # a save is a snapshot too
                 if capture:
-                    self._snapshots.captured(global_step)
-                self._compare_snapshots(global_step, after_call=after_call)
+                    self._tier.schedule.captured(global_step)
+                self._tier.compare(global_step, after_call=after_call)
             return manifest
         finally:
             self._phase.restore(previous)
@@ -740,62 +663,36 @@ class Trainer:
         captured at its first save; without the tier (off, sync, one worker) every save
         captures, as before. Every worker decides alike (the interval is agreed, the
         iterator's history is the same everywhere): the capture is collective."""
-        if self._snapshots is None or not self._input.captured:
+        if self._tier is None:
             return True
-        if self._snapshots.pending:  # (auto's probes capture at their snapshots; a save carries the newest)
-            return False
-        return self._snapshots.capture_due(global_step)
+        return self._tier.save_captures(global_step, input_captured=self._input.captured)
 
     def _snapshot(self) -> None:
         """The memory tier: snapshot the current step into this worker's twin, persist
         nothing (every worker at the same agreed step: the request may all-reduce)."""
-        assert self._async is not None and self._snapshots is not None
+        tier = self._tier
+        assert self._async is not None and tier is not None
         global_step = int(self.global_step.numpy())
-        # The input's capture (the dear part: an iterator state) only every capture_every
-        # steps; between, the snapshot carries the newest one (memory_tier.py).
-        if self._snapshots.pending:  # auto times AUTO_PROBES captures; later snapshots until it decides carry the newest
-            capture = self._pending_captures < AUTO_PROBES or not self._input.captured
-            self._pending_captures += capture
-        else:
-            capture = self._snapshots.capture_due(global_step) or not self._input.captured
+        capture = tier.snapshot_captures(global_step, input_captured=self._input.captured)
         started = time.perf_counter()
         request = self._save_request(completed=False, capture=capture)  # (it may all-reduce)
         capture_s = self._input_state_s if capture else 0.0  # the capture alone (the rest is paid every snapshot)
         if capture:
-            self._snapshots.captured(global_step)
+            tier.schedule.captured(global_step)
         previous = self._phase.enter(PHASE_FLUSH)  # it may wait for the chief's in-flight persist
         try:
-            if self._workers_differ is None or self.cluster.is_chief:  # (a non-chief's would never be committed)
+            if tier.keeps_snapshot():
                 self._async.save(request, persist=False)
         finally:
             self._phase.restore(previous)
-        self._compare_snapshots(global_step, after_call=True)
-        if self._auto_interval is not None:  # (auto keeps timing: it may revise the interval)
-            self._auto_interval.snapshot_took(time.perf_counter() - started, capture_s=capture_s)
-        self._snapshots.taken(global_step)
-
-    def _compare_snapshots(self, global_step: int, *, after_call: bool = False) -> None:
-        """After a snapshot every worker took at this step: are they all equal? (one all-reduce,
-        runner/state/worker_agreement.py; ``after_call``: a snapshot right after a call, whose
-        packed all-reduce already carried the comparison, except the attempt's first). Once
-        they differ, a non-chief's snapshot is never committed for the rest of the attempt,
-        and no more comparisons are made."""
-        if self._agreement is None or self._workers_differ is not None:
-            return
-        if after_call and self._agreement.compared > 0 and self._agreement.in_call and self._call_agreement is not None:
-            differ = self._agreement.compare_in_call(self._call_agreement)
-        else:
-            differ = self._agreement.compare()
-        if not differ:
-            self._agreed_step = global_step
-            return
-        self._workers_differ = divergence_reason(differ)
-        emit("workers_differ", group=True, global_step=global_step, variables=differ, reason=self._workers_differ)
+        tier.compare(global_step, after_call=True)
+        tier.snapshot_timed(time.perf_counter() - started, capture_s=capture_s)
+        tier.schedule.taken(global_step)
 
     def _save_request(self, completed: bool, *, capture: bool = True) -> SaveRequest:
         # Only the chief's copy is ever committed; the others skip encoding (best_weights can be
         # large), unless the memory tier is on: then any survivor may commit its own snapshot.
-        encodes = self.cluster.is_chief or self._snapshots is not None
+        encodes = self.cluster.is_chief or self._tier is not None
         files = ({STATE_FILE: self._callbacks.state(stopped=self._stopped_early)}
                  if self._callbacks and encodes else {})
         # Each counter read once (a distributed variable's read is ~0.1 ms: snapshots pay it every N steps).
@@ -854,20 +751,19 @@ class Trainer:
         and sets the agreed maximum steps of the next call."""
         self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
         chief = self.cluster.is_chief
-        snapshot_every, capture_every = self._snapshot_every_proposal() if chief else (0.0, 0.0)
-        flags = np.array([self._preemption_flag(), max(self.policy.time_flag(), float(self.save_requested())),
-                          self.sizer.proposal() if chief else 0.0, snapshot_every, capture_every], dtype=np.float32)
+        snapshot_every, capture_every = (
+            self._tier.proposal(call_steps=self._call_steps, proposed_call_steps=self.sizer.proposal(),
+                                step_s=self.sizer.step_seconds)
+            if chief and self._tier is not None else (0.0, 0.0))
+        flags = control_row.encode(control_row.Votes(
+            stop=self._preemption_flag(), save=max(self.policy.time_flag(), float(self.save_requested())),
+            next_call=self.sizer.proposal() if chief else 0.0, snapshot_every=snapshot_every,
+            capture_every=capture_every))
         started, traces = time.perf_counter(), startup_phases.traces()
         # Does a snapshot follow this call? Then its last step fingerprints for the comparison
         # (memory tier; a snapshot after a call without them compares with its own all-reduce).
-        # Not before the attempt's first comparison (every variable, with its own all-reduce
-        # anyway), so the first call traces the plain variant, nor once the workers differ.
-        agreement = self._agreement
-        ends = global_step + steps
-        fingerprint = (self._snapshots is not None
-                       and (self._snapshots.due(ends) or self.policy.counts_to(ends))  # (a save snapshots too)
-                       and agreement is not None and agreement.in_call and agreement.compared > 0
-                       and self._workers_differ is None)
+        fingerprint = self._tier is not None and self._tier.fingerprint_due(global_step + steps,
+                                                                             save_at=self.policy.counts_to)
         result = self._train_call(iterator, tf.constant(steps, tf.int32), flags, bool(fingerprint))
         if self._record_indices:
             result, index_rows = result
@@ -880,17 +776,16 @@ class Trainer:
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         names = self._value_names
-        flag_columns = [names.index(_PREEMPT), names.index(_SAVE_DUE), names.index(_NEXT_CALL),
-                        names.index(_SNAPSHOT_EVERY), names.index(_CAPTURE_EVERY)]
         for row in rows:
-            self.stats.add({name: float(row[k]) for k, name in enumerate(names) if k not in flag_columns})
-        # the state at the call's end, when the call computed it (the columns after the named ones; else None)
-        self._call_agreement = rows[-1, len(names):].astype(np.float64) if fingerprint else None
+            self.stats.add(control_row.split(row, names)[0])
+        if self._tier is not None:
+            self._tier.saw_call(rows[-1], len(names), fingerprint=fingerprint)
         self._marker.write(global_step + steps)
-        preempt, save_due, next_call, snapshot_every, capture_every = (rows[-1, k] for k in flag_columns)
-        self._call_steps = max(1, int(round(next_call)))
-        self._adopt_snapshot_every(snapshot_every, capture_every)
-        return bool(preempt > 0), bool(save_due > 0)
+        _, agreed = control_row.split(rows[-1], names)
+        self._call_steps = max(1, int(round(agreed.next_call)))
+        if self._tier is not None:
+            self._tier.adopt(agreed.snapshot_every, agreed.capture_every)
+        return agreed.stop > 0, agreed.save > 0
 
     def _hit_step_faults(self, first: int, last: int) -> None:
         """Faults address single steps; one inside a call fires at the call's end (the
@@ -903,7 +798,7 @@ class Trainer:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
         self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
         iterator = self._input.iterator(epoch, start)
-        if self.input_check.agreement_pending and self._snapshots is not None:
+        if self.input_check.agreement_pending and self._tier is not None:
             # The chief checked the input a restore entered; with the memory tier a survivor may
             # commit its own snapshot (a rescue), so every worker records the chief's verdict.
             self.input_check.agreed(self._gather(int(self.input_check.restore_mismatched))[0] > 0)
@@ -925,8 +820,8 @@ class Trainer:
         while step_in_epoch < steps_per_epoch:
             steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
                                             steps_per_epoch=steps_per_epoch, max_steps=self._call_steps)
-            if self._snapshots is not None:  # a call also ends at the memory tier's next snapshot
-                steps = self._snapshots.call_length(global_step=global_step, max_steps=steps)
+            if self._tier is not None:  # a call also ends at the memory tier's next snapshot
+                steps = self._tier.schedule.call_length(global_step=global_step, max_steps=steps)
             if self._callbacks:
                 self._callbacks.batch_begin(step_in_epoch)
             preempt, save_due = self._run_call(iterator, steps, global_step)
@@ -943,7 +838,7 @@ class Trainer:
             elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
                                         steps_per_epoch=steps_per_epoch, agreed_time_flag=save_due):
                 self.save(after_call=True)
-            elif self._snapshots is not None and step_in_epoch < steps_per_epoch and self._snapshots.due(global_step):
+            elif self._tier is not None and step_in_epoch < steps_per_epoch and self._tier.schedule.due(global_step):
                 self._snapshot()  # (the epoch end saves, which snapshots too)
         return True
 

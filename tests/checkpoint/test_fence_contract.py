@@ -13,6 +13,7 @@ from typing import Any, Callable
 import pytest
 
 from resilient_train.checkpoint import CheckpointStore, Status
+from resilient_train.checkpoint import commit_path as store_module
 from resilient_train.checkpoint._files import write_create_only
 from resilient_train.errors import StaleWriterError, StorageError
 from tests.support.storage import WEIGHTS, Backend, write_ckpt_dir
@@ -87,24 +88,41 @@ def test_a_superseded_writer_can_neither_commit_nor_delete(backend):
     assert new.retain(1) == [f"{new.url}/ckpt-000000000010", f"{new.url}/ckpt-000000000020"]
 
 
-def test_a_writer_frozen_mid_upload_stops_at_its_next_upload(backend):
+def test_a_writer_frozen_mid_upload_stops_at_its_next_upload(backend, monkeypatch):
     """The store-level twin of tests/integration/test_stale_writer.py."""
     url = backend.new_url()
     old, new = backend.store(url), backend.store(url)
     old.claim_generation(1, run_id="run-1", attempt=1)
     uploaded: list[str] = []
+    now = [0.0]
+    monkeypatch.setattr(store_module, "_monotonic", lambda: now[0])
 
     def newer_attempt_commits_meanwhile(name: str) -> None:
         uploaded.append(name)
         if len(uploaded) == 1:  # "frozen" after the first file; a new attempt runs
             new.claim_generation(2, run_id="run-1", attempt=2)
             commit(backend, new, 20, seed=7)
+            now[0] += store_module.FENCE_RECHECK_S  # the freeze: no new attempt starts faster
 
     with pytest.raises(StaleWriterError, match=r"refusing to upload .*/ckpt-000000000020/ckpt\.data"):
         commit(backend, old, 20, seed=1, on_uploaded=newer_attempt_commits_meanwhile)
     assert uploaded == ["assets/vocab.txt"]
     [info] = new.verify()
     assert (info.global_step, info.status, info.manifest.extra) == (20, Status.OK, {"generation": 2})
+
+
+def test_a_commit_without_a_pause_reads_the_fence_before_it_starts_and_before_its_manifest(backend, monkeypatch):
+    url = backend.new_url()
+    store = backend.store(url)
+    store.claim_generation(1, run_id="run-1", attempt=1)
+    reads: list[int | None] = []
+    newest = store._writer._fence.newest
+    monkeypatch.setattr(store._writer._fence, "newest", lambda: reads.append(newest()) or reads[-1])
+    monkeypatch.setattr(store_module, "_monotonic", lambda: 0.0)  # no time passes between uploads
+    commit(backend, store, 10)
+    assert reads == [1, 1]  # not once per file: each read is a listing of the storage
+    [info] = store.verify()
+    assert (info.global_step, info.status, info.manifest.extra) == (10, Status.OK, {"generation": 1})
 
 
 def test_create_only_writes_refuse_an_existing_object(backend):

@@ -24,7 +24,10 @@ LISTING = [info(2, Status.UNCOMMITTED), info(4, Status.OK), info(6, Status.CORRU
 def retention() -> tuple[Retention, list[int], list[tuple[str, dict]]]:
     deleted: list[int] = []
     emitted: list[tuple[str, dict]] = []
-    return Retention(lambda: list(LISTING), deleted.append, lambda e, **f: emitted.append((e, f))), deleted, emitted
+    by_step = {i.global_step: i for i in LISTING}
+    scan = lambda: {step: {"a": 1} for step in by_step}  # noqa: E731
+    keeper = Retention(scan, lambda step, files: by_step[step], deleted.append, lambda e, **f: emitted.append((e, f)))
+    return keeper, deleted, emitted
 
 
 def test_retain_deletes_only_good_checkpoints_older_than_the_newest_keep():

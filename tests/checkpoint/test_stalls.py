@@ -13,6 +13,7 @@ import time
 import pytest
 
 from resilient_train.checkpoint import RetryPolicy, Status
+from resilient_train.checkpoint import deadline
 from resilient_train.checkpoint.deadline import call_with_deadline, progress
 from resilient_train.checkpoint.options import with_backend_timeouts
 from resilient_train.chaos.faultfs import FaultSpec, SimulatedCrash
@@ -50,6 +51,25 @@ def test_a_silent_call_is_given_up_with_a_timeout_naming_it() -> None:
         call_with_deadline(lambda: release.wait(), STALL_S, what="upload s3://b/ckpt-000000000010/ckpt.index")
     release.set()  # lets the abandoned call thread end
     assert str(raised.value) == "upload s3://b/ckpt-000000000010/ckpt.index made no progress for 0.3 s (storage stalled)"
+
+
+def test_calls_reuse_their_threads_and_an_abandoned_one_rejoins_when_its_call_returns() -> None:
+    def callers() -> set[int]:
+        return {call_with_deadline(threading.get_ident, 5.0, what="read x") for _ in range(20)}
+
+    assert len(callers()) == 1  # one thread for 20 sequential calls, not 20
+    release, stuck = threading.Event(), []
+    with pytest.raises(TimeoutError):
+        call_with_deadline(lambda: stuck.append(threading.get_ident()) or release.wait(), STALL_S, what="read y")
+    assert stuck[0] not in callers()  # still stuck: never handed another call
+    assert stuck[0] not in {worker.ident for worker in deadline._idle}
+    release.set()  # the stuck call returns on its own thread, which is idle again
+    for _ in range(500):
+        if stuck[0] in {worker.ident for worker in deadline._idle}:
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the abandoned call thread never rejoined the idle ones")
 
 
 def test_a_call_that_keeps_moving_is_never_cut_however_long_it_takes() -> None:

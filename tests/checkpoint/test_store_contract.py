@@ -134,6 +134,51 @@ def test_retain_never_deletes_the_newest_good_one_nor_damaged_ones(backend: Back
         store.retain(keep=0)
 
 
+def test_retention_after_each_commit_reads_only_manifests_it_has_not_seen(backend: Backend, monkeypatch) -> None:
+    store = backend.store()
+    reads: list[int] = []
+    read_manifest = store._reader._read_manifest
+    monkeypatch.setattr(store._reader, "_read_manifest", lambda step: reads.append(step) or read_manifest(step))
+    deleted = []
+    for gs in (1, 2, 3, 4):
+        backend.commit(store, gs)
+        deleted += store.retain(keep=3)
+    assert reads == [1, 2, 3, 4]  # each manifest once, not every kept one after every commit
+    assert deleted == [f"{store.url}/ckpt-000000000001"]
+    fs, root = backend.raw_fs(store)
+    fs.rm_file(f"{root}/ckpt-000000000004/{DATA_FILE}")  # a listing that changed is inspected again
+    backend.commit(store, 5)
+    assert store.retain(keep=2) == [f"{store.url}/ckpt-000000000002"]  # 3 and 5 good; 4 torn stays
+    assert reads == [1, 2, 3, 4, 4, 5]
+    assert steps(store) == [(3, Status.OK), (4, Status.TORN), (5, Status.OK)]
+
+
+def test_known_entries_are_linked_unread_on_local_disk_and_checked_when_streamed(backend: Backend, monkeypatch) -> None:
+    from resilient_train.checkpoint import commit_path as store_module
+    from resilient_train.checkpoint.manifest import FileEntry
+
+    store = backend.store()
+    local = write_ckpt_dir(backend.tmp_path / "stage-known", 3)
+    known = {DATA_FILE: sha256_file(local / DATA_FILE)}
+    hashed: list[str] = []
+    monkeypatch.setattr(store_module, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256_file(path))
+    manifest = store.commit(local, run_id="run-1", epoch=0, step_in_epoch=3, global_step=3, world_size=1,
+                            weights_sha256=WEIGHTS, tf_version="2.21.0", known=known)
+    assert manifest.files[DATA_FILE] == known[DATA_FILE]
+    linked = backend.name == "local"  # the only backend where a commit links instead of streaming
+    # linked files are hashed by reading them, except the known one; streamed ones as they are sent
+    assert sorted(hashed) == (sorted(Path(rel).name for rel in FILES if rel != DATA_FILE) if linked else [])
+    assert [i.status for i in store.verify()] == [Status.OK]
+    wrong = {DATA_FILE: FileEntry(size=FILES[DATA_FILE], sha256="0" * 64)}
+    other = write_ckpt_dir(backend.tmp_path / "stage-wrong", 4)
+    if linked:
+        return
+    with pytest.raises(CheckpointCorruptError, match="changed after it was staged"):
+        store.commit(other, run_id="run-1", epoch=0, step_in_epoch=4, global_step=4, world_size=1,
+                     weights_sha256=WEIGHTS, tf_version="2.21.0", known=wrong)
+    assert [(i.global_step, i.status) for i in store.list()][0] == (3, Status.OK)
+
+
 def test_collect_garbage_removes_only_old_uncommitted(backend: Backend) -> None:
     store = backend.store()
     backend.commit(store, 0)

@@ -322,3 +322,25 @@ def test_cli_flags_reach_the_job_config():
     assert (job.checkpoint_mode, job.save_every_seconds) == ("sync", 30.0)
     with pytest.raises(SystemExit):
         _parser().parse_args(["run", "x.py", "--checkpoint-mode", "later"])
+
+
+def test_a_carried_capture_is_hashed_once_for_all_the_saves_that_carry_it(monkeypatch, tmp_path):
+    import hashlib
+
+    from resilient_train.runner.state import checkpointing
+
+    hashed: list[int] = []
+    real = hashlib.sha256
+    monkeypatch.setattr(checkpointing.hashlib, "sha256", lambda data=b"": hashed.append(len(data)) or real(data))
+    monkeypatch.setattr(checkpointing, "_digests", checkpointing._FileDigests())
+    capture, state = b"i" * 1000, b"s" * 10
+    entries = []
+    for step in (20, 40, 60):  # one capture carried by three saves; the callbacks' state is new each time
+        request = SaveRequest(global_step=step, epoch=0, step_in_epoch=step,
+                              files={"iterator-0.bin": capture, "callbacks.json": bytes(bytearray(state))})
+        (tmp_path / str(step)).mkdir()
+        entries.append(checkpointing.write_request_files(tmp_path / str(step), request))
+    assert hashed == [1000, 10, 10, 10]
+    assert entries[0]["iterator-0.bin"] == entries[2]["iterator-0.bin"]
+    assert entries[2]["iterator-0.bin"].sha256 == real(capture).hexdigest()
+    assert (tmp_path / "60" / "iterator-0.bin").read_bytes() == capture

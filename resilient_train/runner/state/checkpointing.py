@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import hashlib
 import queue
 import shutil
 import tempfile
@@ -75,6 +76,7 @@ import tensorflow as tf
 from resilient_train.runner.state.memory_tier import Snapshot
 from resilient_train.runner.state.model_state import preserved_rng
 from resilient_train.checkpoint import CheckpointStore, Manifest
+from resilient_train.checkpoint.manifest import FileEntry
 from resilient_train.rundir.events import emit as _default_emit
 
 __all__ = [
@@ -110,10 +112,41 @@ class SaveRequest:
                 raise ValueError(f"Received {name}={value!r}; expected an int >= 0")
 
 
-def write_request_files(local_dir: Path, request: SaveRequest) -> None:
-    """Put ``request.files`` into the directory about to be committed."""
+class _FileDigests:
+    """The size and sha256 of each request file, computed once per bytes object.
+
+    A mid-epoch save carries the newest tf.data iterator capture (runner/input/reentry.py)
+    until the next one: the same ``bytes`` objects (~1.2 MB for digits_cnn's two workers)
+    in every save in between. Hashing them again on every commit was a third of a small
+    commit's CPU; identity (the memo keeps the object alive) says they are unchanged.
+    Thread-safe: a rescue's commit may run beside the persist thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[bytes, FileEntry]] = {}
+
+    def of(self, files: dict[str, bytes]) -> dict[str, FileEntry]:
+        with self._lock:
+            seen = {}
+            for name, data in files.items():
+                hit = self._seen.get(name)
+                if hit is None or hit[0] is not data:
+                    hit = (data, FileEntry(size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+                seen[name] = hit
+            self._seen = seen
+            return {name: entry for name, (_, entry) in seen.items()}
+
+
+_digests = _FileDigests()
+
+
+def write_request_files(local_dir: Path, request: SaveRequest) -> dict[str, FileEntry]:
+    """Put ``request.files`` into the directory about to be committed; returns their
+    entries (``CheckpointStore.commit(known=...)``)."""
     for name, data in request.files.items():
         (Path(local_dir) / name).write_bytes(data)
+    return _digests.of(request.files)
 
 
 def commit_checkpoint(
@@ -127,6 +160,7 @@ def commit_checkpoint(
     faults: Any,
     keep: int,
     emit: Callable[..., None] = _default_emit,
+    known: dict[str, FileEntry] | None = None,
 ) -> Manifest:
     """Upload ``local_dir`` and write the manifest (the commit), then apply retention.
 
@@ -147,6 +181,7 @@ def commit_checkpoint(
         tf_version=tf.__version__,
         extra=dict(request.extra),
         on_uploaded=lambda name: faults.hit("mid_upload", step),
+        known=known,
     )
     emit(
         "checkpoint_committed",
@@ -499,10 +534,10 @@ def persist_twin(
     local_dir.mkdir(parents=True)
     try:
         twin.write(str(local_dir / "ckpt"))
-        write_request_files(local_dir, request)
+        known = write_request_files(local_dir, request)
         return commit_checkpoint(
             store, local_dir, request, run_id=run_id, world_size=world_size,
-            weights_sha256=digest(twin.digest_view), faults=faults, keep=keep, emit=emit,
+            weights_sha256=digest(twin.digest_view), faults=faults, keep=keep, emit=emit, known=known,
         )
     finally:
         shutil.rmtree(local_dir, ignore_errors=True)
@@ -556,8 +591,8 @@ class SyncCheckpointer:
             self._checkpoint.write(str(local_dir / "ckpt"))
             if not self._is_chief:
                 return None
-            write_request_files(local_dir, request)
-            return commit_checkpoint(self._store, local_dir, request,
+            known = write_request_files(local_dir, request)
+            return commit_checkpoint(self._store, local_dir, request, known=known,
                                      weights_sha256=self._weights_sha256(), **self._commit)
         finally:
             shutil.rmtree(local_dir, ignore_errors=True)

@@ -1,0 +1,92 @@
+"""The control columns of the packed all-reduce: one definition, read by everyone who votes.
+
+Every training step makes ONE all-reduce besides the gradients' (runner/loop.py,
+``_make_train_call``): a row of float32 values, SUMmed over every replica of every worker.
+It starts with the step's loss and metric values (their names are known only when the step
+function is traced) and continues with the control columns below, through which the workers
+agree on things at the same call without a collective of their own. After those, a call
+that ends at a memory-tier snapshot carries the comparison's columns
+(runner/state/worker_agreement.py; not control: they are read by the tier).
+
+Two kinds of control column, by who adds a value into the SUM:
+
+* ``EVERY_WORKER``: each worker's own vote (a count: the SUM > 0 means someone asked);
+  every replica of the worker adds it, so the SUM is votes x replicas, still > 0 exactly
+  when anyone voted.
+* ``CHIEF``: a number only the chief proposes (non-chiefs send 0), added by the first
+  replica of each worker only, so the SUM is the chief's number exactly (float32: exact for
+  the integers used here, runner/state/memory_tier.py ``MAX_AUTO_EVERY``).
+
+A new per-step signal is one new ``Column`` here and one field of ``Votes``; the step
+function, the host's encoding and the decoding all follow this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+from enum import Enum
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["Column", "Votes", "CONTROL", "encode", "in_replica", "layout", "split"]
+
+
+class Adds(str, Enum):
+    EVERY_WORKER = "every worker"
+    CHIEF = "the chief"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # its name in the row's layout (never a metric's name: dunder)
+    adds: Adds
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Votes:
+    """One call's control values: what this worker sends (encode), or the group's SUM (split)."""
+
+    stop: float = 0.0  # a stop request (SIGTERM/SIGINT): the group stops after this call
+    save: float = 0.0  # a save now: the chief's time-based vote, any worker's surviving notice
+    next_call: float = 0.0  # the next call's maximum steps (runner/call_size.py)
+    snapshot_every: float = 0.0  # --snapshot-every auto: the proposed interval (0: not yet)
+    capture_every: float = 0.0  # ... and the input's capture interval proposed with it
+
+
+CONTROL: tuple[Column, ...] = (
+    Column("__stop_requested__", Adds.EVERY_WORKER, "the sum of the workers' stop requests"),
+    Column("__save_due__", Adds.EVERY_WORKER, "the sum of the workers' save votes"),
+    Column("__next_call_steps__", Adds.CHIEF, "the chief's size of the next call"),
+    Column("__snapshot_every__", Adds.CHIEF, "the chief's proposed snapshot interval (0: none)"),
+    Column("__capture_every__", Adds.CHIEF, "the chief's proposed capture interval (0: none)"),
+)
+assert [f.name for f in fields(Votes)] == ["stop", "save", "next_call", "snapshot_every", "capture_every"]
+assert len(CONTROL) == len(fields(Votes))
+_CHIEF_FROM = next(i for i, column in enumerate(CONTROL) if column.adds is Adds.CHIEF)
+assert all(column.adds is Adds.CHIEF for column in CONTROL[_CHIEF_FROM:])  # one slice: cheap in the graph
+
+
+def encode(votes: Votes) -> np.ndarray:
+    """This worker's control columns for the coming call (host side)."""
+    return np.array(astuple(votes), dtype=np.float32)
+
+
+def in_replica(flags: tf.Tensor) -> tf.Tensor:
+    """Inside the step, per replica: the control columns this replica adds to the SUM."""
+    first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
+    return tf.concat([flags[:_CHIEF_FROM], flags[_CHIEF_FROM:] * first_replica], axis=0)
+
+
+def layout(value_names: Sequence[str]) -> list[str]:
+    """The row's named columns: the step's values, then the control columns."""
+    return [*value_names, *(column.name for column in CONTROL)]
+
+
+def split(row: Any, names: Sequence[str]) -> tuple[dict[str, float], Votes]:
+    """One reduced row: its values by name (loss, metrics) and the group's control SUMs."""
+    values = {name: float(row[k]) for k, name in enumerate(names[:len(names) - len(CONTROL)])}
+    control = row[len(names) - len(CONTROL):len(names)]
+    return values, Votes(*(float(v) for v in control))
