@@ -1,0 +1,85 @@
+"""A model with its own train_step (issue 46 item 5): keras.io's VAE runs unchanged and resumes exactly.
+
+examples/keras_vae.py is keras.io's "Variational AutoEncoder" on scikit-learn's digits: a
+``VAE(keras.Model)`` subclass whose ``train_step`` computes its own loss, applies its gradients
+with ``self.optimizer.apply_gradients`` and reports three ``keras.metrics.Mean`` trackers, with
+a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
+
+* One worker against plain Keras ``model.fit`` of the same script (tests/recipes/plain_keras.py:
+  the default strategy): the trained weights are bit-identical (the same weights_sha256), and
+  so are the epoch's ``reconstruction_loss`` and ``kl_loss``; ``loss`` (the total tracker) equals
+  Keras' to float32 rounding, relative 1e-6 (measured: equal or one ulp apart; the runner's call
+  is another graph, whose optimizer may add the tracker's terms in another order).
+* Two workers, the memory tier as a user gets it (every worker keeps a twin: the trackers are
+  sync-on-read variables, and the subclass is copied from the arguments it was made with), the
+  chief killed with -9 right after the commit of step 20 (mid-epoch 1): the run ends with the
+  uninterrupted run's weights digest, and every epoch's logs, the resumed epoch 1's included,
+  equal the uninterrupted run's to float32 rounding (the trackers restore as their sum over
+  replicas, each replica half: runner/keras_recipes/own_step.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.harness import REPO, environment, run_job
+
+SCRIPT = str(REPO / "examples/keras_vae.py")
+STEPS_PER_EPOCH, EPOCHS = 14, 4
+REL = 1e-6  # float32 rounding of the total tracker (see the module docstring)
+
+
+def epoch_logs(job):
+    return [{"loss": e["loss"], **e["metrics"]} for e in job.named("epoch_finished")]
+
+
+def close(a, b):
+    return a.keys() == b.keys() and all(math.isclose(a[k], b[k], rel_tol=REL) for k in a)
+
+
+@pytest.fixture(scope="module")
+def plain_keras(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vae_plain")
+    proc = subprocess.run([sys.executable, str(REPO / "tests/recipes/plain_keras.py"), SCRIPT, str(out / "fit.json")],
+                          cwd=out, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout
+    return json.loads((out / "fit.json").read_text())
+
+
+def test_one_worker_trains_as_plain_keras_fit(tmp_path, plain_keras):
+    job = run_job(SCRIPT, tmp_path / "run", "--workers", "1", "--no-warm-standby", cwd=tmp_path)
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == STEPS_PER_EPOCH * EPOCHS
+    assert job.summary["weights_sha256"] == plain_keras["weights_sha256"]
+    history, logs = plain_keras["history"], epoch_logs(job)
+    assert [e["reconstruction_loss"] for e in logs] == history["reconstruction_loss"]
+    assert [e["kl_loss"] for e in logs] == history["kl_loss"]
+    assert all(math.isclose(a, b, rel_tol=REL) for a, b in zip([e["loss"] for e in logs], history["loss"], strict=True))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vae_reference")
+    job = run_job(SCRIPT, root / "run", "--save-every-steps", "10", cwd=root, tier_default=True)
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == STEPS_PER_EPOCH * EPOCHS
+    return job
+
+
+def test_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_logs(tmp_path, reference):
+    killed = run_job(SCRIPT, tmp_path / "run", "--save-every-steps", "10", cwd=tmp_path, tier_default=True,
+                     faults=[{"point": "after_commit", "global_step": 20, "rank": 0}])
+    assert killed.returncode == 0, killed.output
+    assert killed.summary["restarts"] == 1
+    [restored] = killed.named("restored")
+    assert restored["global_step"] >= 20 and restored["global_step"] % STEPS_PER_EPOCH != 0  # mid-epoch
+    assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    # Epoch 1 was resumed mid-way: its logs hold the restored trackers' first steps.
+    assert [e["epoch"] for e in killed.named("epoch_finished")] == [0, 1, 2, 3]
+    assert all(close(a, b) for a, b in zip(epoch_logs(killed), epoch_logs(reference), strict=True))
