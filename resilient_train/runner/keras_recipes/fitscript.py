@@ -79,7 +79,8 @@ from resilient_train.runner.keras_recipes.own_step import has_own_step
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
-__all__ = ["FitScript", "ContinuousInput", "ArrayInput", "model_then_twins", "validation_split_at", "array_steps"]
+__all__ = ["FitScript", "ContinuousInput", "ArrayInput", "model_then_twins", "validation_split_at", "array_steps",
+           "script_model"]
 
 _HONOURED = ("x", "y", "batch_size", "epochs", "steps_per_epoch", "callbacks", "verbose", "shuffle", "validation_data",
              "validation_split", "validation_steps", "validation_freq", "validation_batch_size")  # verbose: ignored
@@ -450,6 +451,53 @@ class FitScript:
         result = evaluator.evaluate()
         values = {"loss": result.loss, **result.metrics}
         return values if return_dict else list(values.values())
+
+
+class _ModelReached(BaseException):
+    """Ends a script at its ``fit`` call, carrying the model (:func:`script_model`)."""
+
+    def __init__(self, model: keras.Model) -> None:
+        super().__init__("fit() reached")
+        self.model = model
+
+
+def script_model(path: str | Path, *, seed: int) -> keras.Model:
+    """The model a fit script passes to ``fit``, built as a worker's run built it, untrained.
+
+    For ``resilient-train export`` of a script's checkpoint (commands/export.py): the script
+    runs in this process from the top, as a worker runs it (``runpy``, ``__main__``, the
+    run's ``--seed`` set first, Keras' layer numbering from a clear session), with
+    ``MultiWorkerMirroredStrategy()`` the default strategy, until its ``fit`` call, which
+    ends it: nothing is trained, nothing after ``fit`` runs. What the script prints goes to
+    stderr. Its relative paths mean what they mean where the command runs.
+    """
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    real = tf.distribute.MultiWorkerMirroredStrategy
+
+    class DefaultStrategy(real):  # a class, as the worker's seam: scripts and Keras test isinstance() with it
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            return tf.distribute.get_strategy()
+
+    def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _ModelReached(model)
+
+    saved = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.MultiWorkerMirroredStrategy,
+             keras.Model.__dict__["fit"] if "fit" in vars(keras.Model) else None)
+    tf.distribute.MultiWorkerMirroredStrategy = tf.distribute.experimental.MultiWorkerMirroredStrategy = DefaultStrategy
+    keras.Model.fit = fit
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            runpy.run_path(str(path), run_name="__main__")
+    except _ModelReached as reached:
+        return reached.model
+    finally:
+        tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.MultiWorkerMirroredStrategy = saved[:2]
+        if saved[2] is None:
+            del keras.Model.fit
+        else:
+            keras.Model.fit = saved[2]
+    raise RecipeError(f"Script {path} ended without calling model.fit(); there is no model to export")
 
 
 def model_then_twins(model: keras.Model, init_arguments: Callable[[Any], tuple[tuple, dict] | None] = lambda m: None
