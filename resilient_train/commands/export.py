@@ -95,7 +95,7 @@ def export_command(
               "has no parameters", file=sys.stderr)
         return EXIT_USAGE
     recipe = None if script else load_recipe(recipe_spec)  # a script's: once the manifest gives the run's seed
-    params = {} if script else resolve_params(recipe.params, overrides)
+    params = resolve_params(recipe.params, overrides) if recipe is not None else {}
     with tempfile.TemporaryDirectory(prefix="rt-export-") as scratch:
         try:
             manifest, local_dir = store.fetch(step, Path(scratch))

@@ -415,8 +415,7 @@ def _check_trainer_overrides(path: Path, node: ast.ClassDef, *, script: bool) ->
 def _check_own_step_fit(path: Path, tree: ast.Module, call: ast.Call) -> None:
     """A script whose model has its own ``train_step``: no validation in ``fit`` (yet)."""
     for node in ast.walk(tree):
-        step = _own_train_step(node) if isinstance(node, ast.ClassDef) else None
-        if step is None:
+        if not isinstance(node, ast.ClassDef) or (step := _own_train_step(node)) is None:
             continue
         for keyword in call.keywords:
             if keyword.arg in ("validation_data", "validation_split"):
