@@ -38,8 +38,9 @@ left out and taken from ``compile`` (runner/keras_recipes/compiled.py says what 
 without importing the recipe, the supervisor refuses what the runner cannot honour when
 it is written literally: a missing ``build_optimizer`` / ``loss`` with no ``.compile(``
 call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1 |
-loss_weights=... | weighted_metrics=...)``, a class overriding ``train_step``, and
-``BackupAndRestore`` (the runner backs up and restores; runner/keras_recipes/callbacks.py).
+loss_weights=... | weighted_metrics=...)``, a class overriding ``train_step`` (a fit script's
+class may: its own step runs, runner/keras_recipes/own_step.py; not with validation in its
+``fit``), and ``BackupAndRestore`` (the runner backs up and restores; runner/keras_recipes/callbacks.py).
 
 ``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
 never shuffled into the training data. When a recipe defines it the runner evaluates the

@@ -43,6 +43,12 @@ holds out the last ``n - floor(n * (1 - f))`` examples before any shuffle, as Ke
 It evaluates every N-th epoch and, unlike Keras when N does not divide the epochs, after
 the last one too.
 
+A model whose class overrides ``train_step`` trains with that step (runner/keras_recipes/own_step.py).
+Its twin for the asynchronous checkpoint (:func:`model_then_twins`) is a clone, or, for a
+subclass Keras cannot clone, its class called again with the arguments the script called it
+with (the ``keras.Model.__new__`` seam records them), each model among them copied.
+:func:`script_model` runs a script up to its ``fit`` call for ``resilient-train export``.
+
 When the loop completes, ``fit`` returns and the rest of the script runs (evaluate, save):
 once per completed run, on every worker. A stop agreed on SIGTERM saves and ends the
 script at ``fit`` (exit 143): the code after ``fit`` does not run then.
