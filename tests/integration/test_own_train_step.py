@@ -16,18 +16,22 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
   uninterrupted run's weights digest, and every epoch's logs, the resumed epoch 1's included,
   equal the uninterrupted run's to float32 rounding (the trackers restore as their sum over
   replicas, each replica half: runner/keras_recipes/own_step.py).
+* (slow) A SIGTERM inside epoch 2 of the same script slowed by a batch-end sleep (a callback:
+  the arithmetic is the same) saves, exits 143, and the re-run ends with that digest too.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.integration.harness import REPO, environment, run_job
+from resilient_train.errors import EXIT_PREEMPTED
+from tests.integration.harness import REPO, environment, run_job, run_job_until
 
 SCRIPT = str(REPO / "examples/keras_vae.py")
 STEPS_PER_EPOCH, EPOCHS = 14, 4
@@ -83,3 +87,25 @@ def test_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_logs(tmp_pa
     # Epoch 1 was resumed mid-way: its logs hold the restored trackers' first steps.
     assert [e["epoch"] for e in killed.named("epoch_finished")] == [0, 1, 2, 3]
     assert all(close(a, b) for a, b in zip(epoch_logs(killed), epoch_logs(reference), strict=True))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_143_and_the_rerun_ends_with_the_uninterrupted_digest(tmp_path, reference):
+    source = (REPO / "examples/keras_vae.py").read_text()
+    fit = "vae.fit(dataset, epochs=4, steps_per_epoch=14)"
+    assert fit in source
+    slowed = tmp_path / "keras_vae_slowed.py"
+    slowed.write_text("import time\n" + source.replace(fit, fit[:-1] + ", callbacks=[keras.callbacks.LambdaCallback("
+                                                        "on_train_batch_end=lambda batch, logs: time.sleep(0.15))])"))
+    flags = ("--save-every-steps", "10", "--steps-per-execution", "1")
+    epoch_1_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 1 for e in events)  # noqa: E731
+    preempted = run_job_until(str(slowed), tmp_path / "run", *flags, when=epoch_1_done, cwd=tmp_path,
+                              tier_default=True, action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 2 * STEPS_PER_EPOCH <= stop["global_step"] < 4 * STEPS_PER_EPOCH
+    rerun = run_job(str(slowed), tmp_path / "run", *flags, cwd=tmp_path, tier_default=True)
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == reference.summary["weights_sha256"]
