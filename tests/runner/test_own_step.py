@@ -101,3 +101,26 @@ def test_a_subclass_keras_cannot_clone_is_twinned_from_its_arguments():
     assert unrecorded({}) is model
     with pytest.raises(RecipeError, match=r"pass --checkpoint-mode sync$"):  # no recorded arguments
         unrecorded({})
+
+
+def test_validation_and_run_eagerly_are_refused_in_the_users_terms():
+    import dataclasses
+
+    import keras
+
+    from resilient_train.errors import RecipeRefused
+
+    Pair, dense = vae_like(keras)
+    model = Pair(dense(2), dense(3, width=2))
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    script = dataclasses.replace(recipe(), source="examples/keras_vae.py", eval_dataset=lambda context, seed: None)
+    with pytest.raises(RecipeRefused) as caught:
+        from_own_step(script, model)
+    assert str(caught.value) == ("Script keras_vae.py: its model has its own train_step and validation; not supported "
+                                 "yet: the runner's evaluation does not run a model's own test_step")
+    eager = Pair(dense(2), dense(3, width=2))
+    eager.compile(optimizer="sgd", run_eagerly=True)
+    with pytest.raises(RecipeRefused) as caught:
+        from_own_step(recipe(), eager)
+    assert str(caught.value) == ("recipe s: build_model() returned a model with its own train_step and "
+                                 "run_eagerly=True; the runner compiles its step (leave run_eagerly unset)")

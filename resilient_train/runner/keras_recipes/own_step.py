@@ -42,8 +42,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from resilient_train.errors import RecipeRefused
-from resilient_train.job.recipe import Recipe
+from resilient_train.errors import RecipeError, RecipeRefused
+from resilient_train.job.recipe import Recipe, is_fit_script
 from resilient_train.runner.input.batches import with_autograph
 
 __all__ = ["has_own_step", "from_own_step", "OwnStep", "LastLogs"]
@@ -58,8 +58,17 @@ def has_own_step(model: Any) -> bool:
 
 
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
-    name = Path(recipe.source).name if recipe.source else recipe.name
-    return RecipeRefused(f"Script {name}: its model has its own train_step and {what}")
+    """One line in the user's terms (a fit script compiled a model; a recipe's build_model returned one)."""
+    if _from_fit_script(recipe):
+        return RecipeRefused(f"Script {Path(recipe.source).name}: its model has its own train_step and {what}")
+    return RecipeRefused(f"recipe {recipe.name}: build_model() returned a model with its own train_step and {what}")
+
+
+def _from_fit_script(recipe: Recipe) -> bool:
+    try:
+        return bool(recipe.source) and is_fit_script(recipe.source)
+    except (RecipeError, OSError):  # not a readable file: a recipe module
+        return False
 
 
 def from_own_step(recipe: Recipe, model: keras.Model) -> Recipe:
@@ -77,7 +86,7 @@ def from_own_step(recipe: Recipe, model: keras.Model) -> Recipe:
         raise _refuse(recipe, "no optimizer; pass optimizer=... to compile()")
     if recipe.eval_dataset is not None:
         raise _refuse(recipe, "validation; not supported yet: the runner's evaluation does not run a model's "
-                              "own test_step (evaluate in the script after fit)")
+                              "own test_step")
     optimizer = model.optimizer
     return dataclasses.replace(recipe, build_optimizer=lambda params: optimizer, loss=_never_called, metrics=None)
 
