@@ -32,9 +32,10 @@ What is honoured and why only this:
 Refused, with one line (``RecipeError``; the supervisor refuses the literal cases before
 workers start, job/recipe.py): several outputs / a list or dict of losses,
 ``loss_weights``, ``weighted_metrics``, metrics whose state is not a mean of per-example
-values (``AUC``, ``Precision``, ``F1Score``...), a model class that overrides
-``train_step`` / ``test_step`` / ``compute_loss`` / ``compute_metrics`` (the runner's step would
-silently ignore it), ``run_eagerly=True``, ``jit_compile=True`` and
+values (``AUC``, ``Precision``, ``F1Score``...), a model class that overrides ``test_step`` /
+``compute_loss`` / ``compute_metrics`` without ``train_step`` (the runner's step would
+silently ignore it; one that overrides ``train_step`` never gets here: its own step runs,
+runner/keras_recipes/own_step.py), ``run_eagerly=True``, ``jit_compile=True`` and
 ``steps_per_execution`` other than 1 (the runner's ``--steps-per-execution`` does that).
 """
 
