@@ -4,7 +4,10 @@ The checkpoint (``--step``, default the newest committed) is fetched with every 
 hash-checked, restored into the recipe's model, and its weights digest must equal the
 manifest's ``weights_sha256`` before anything is written; the files themselves are written
 by ``runner/outputs/model_export.py`` ``export_model`` (the same writer as the chief's export at
-completion). Exit codes (errors.py): 0 exported, 1 the checkpoint is corrupt or does not
+completion). ``--recipe`` may be the ``model.fit`` script the run ran: its model is rebuilt as
+the run built it, by running the script up to its ``fit`` call with the run's ``--seed``
+(runner/keras_recipes/fitscript.py ``script_model``; nothing is trained, the code after ``fit``
+does not run), and ``--set`` is refused (a script has no parameters). Exit codes (errors.py): 0 exported, 1 the checkpoint is corrupt or does not
 fit the recipe, 2 nothing committed under URL, or no committed checkpoint at ``--step`` (one
 line listing the committed steps: a step ``--keep`` removed and one that never existed read
 the same), or the CLI's usage errors.
@@ -28,7 +31,7 @@ _FORMATS = ("keras", "saved_model")  # runner/outputs/model_export.py FORMATS, w
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("export", help="export a committed checkpoint as model.keras / SavedModel")
     parser.add_argument("url", help="storage URL (the --storage of the run)")
-    parser.add_argument("--recipe", required=True, help="the recipe that trained it")
+    parser.add_argument("--recipe", required=True, help="the recipe (or model.fit script) that trained it")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (replaced if it exists)")
     parser.add_argument("--step", type=int, help="global step (default: the newest committed checkpoint)")
     parser.add_argument("--format", choices=_FORMATS, action="append",
@@ -67,7 +70,7 @@ def export_command(
 ) -> int:
     """``resilient-train export``: verify checkpoint ``step`` (default newest), then export it."""
     from resilient_train.checkpoint import CheckpointStore, Status
-    from resilient_train.job.recipe import load_recipe, resolve_params
+    from resilient_train.job.recipe import is_fit_script, load_recipe, resolve_params
     from resilient_train.rundir import events
     from resilient_train.runner.outputs.model_export import EXPORT_FILE, export_model
     from resilient_train.runner.state.model_state import weight_paths
@@ -86,11 +89,18 @@ def export_command(
             print(f"resilient-train export: no checkpoint at step {step} under {url}; "
                   f"{committed_steps_text(committed)}", file=sys.stderr)
             return EXIT_USAGE
-    recipe = load_recipe(recipe_spec)
-    params = resolve_params(recipe.params, overrides)
+    script = is_fit_script(recipe_spec)
+    if script and overrides:
+        print(f"resilient-train export: --set {', '.join(overrides)} with the fit() script {recipe_spec}: a script "
+              "has no parameters", file=sys.stderr)
+        return EXIT_USAGE
+    recipe = None if script else load_recipe(recipe_spec)  # a script's: once the manifest gives the run's seed
+    params = resolve_params(recipe.params, overrides) if recipe is not None else {}
     with tempfile.TemporaryDirectory(prefix="rt-export-") as scratch:
         try:
             manifest, local_dir = store.fetch(step, Path(scratch))
+            if recipe is None:
+                recipe = _script_recipe(recipe_spec, int(manifest.extra.get("fingerprint", {}).get("seed", 0)))
             model = _restore_weights(recipe, params, local_dir / "ckpt", f"{url}/{CheckpointStore.dir_name(step)}")
             record = export_model(
                 model,
@@ -118,6 +128,16 @@ def committed_steps_text(steps: Sequence[int], *, shown: int = 8) -> str:
         return "committed: " + ", ".join(map(str, steps))
     head, tail = steps[:2], steps[-(shown - 2):]
     return f"committed: {', '.join(map(str, head))}, ..., {', '.join(map(str, tail))} ({len(steps)} in all)"
+
+
+def _script_recipe(spec: str, seed: int) -> Any:
+    """A recipe whose ``build_model`` is the fit script's model, rebuilt as the run built it."""
+    from resilient_train.job.recipe import Recipe, check_recipe_source, recipe_name
+    from resilient_train.runner.keras_recipes.fitscript import script_model
+
+    path = check_recipe_source(spec)
+    return Recipe(name=recipe_name(spec), source=str(path), build_model=lambda params: script_model(path, seed=seed),
+                  build_optimizer=None, loss=None, dataset=None)
 
 
 def _fresh_model(recipe: Any, params: Mapping[str, Any]) -> Any:

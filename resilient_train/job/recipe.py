@@ -39,8 +39,9 @@ without importing the recipe, the supervisor refuses what the runner cannot hono
 it is written literally: a missing ``build_optimizer`` / ``loss`` with no ``.compile(``
 call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1)``,
 ``weighted_metrics`` beside several losses, a metric in ``compile(metrics=...)`` whose result is one number per
-class or threshold (``"f1_score"``, ``thresholds=[a, b]``), a class overriding ``train_step``,
-and ``BackupAndRestore`` (the runner backs up and restores; runner/keras_recipes/callbacks.py).
+class or threshold (``"f1_score"``, ``thresholds=[a, b]``), a class overriding ``train_step`` (a fit
+script's class may: its own step runs, runner/keras_recipes/own_step.py; not with validation in its
+``fit``), and ``BackupAndRestore`` (the runner backs up and restores; runner/keras_recipes/callbacks.py).
 
 ``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
 never shuffled into the training data. When a recipe defines it the runner evaluates the
@@ -376,6 +377,7 @@ def check_fit_script(path: Path, tree: ast.Module) -> None:
                           "fit(dataset, epochs=..., steps_per_epoch=N) with a repeated dataset (exact resume counts "
                           "steps), or arrays: fit(x, y, batch_size=..., epochs=...)")
     _check_keras_usage(path, tree, fit_line=call.lineno)
+    _check_own_step_fit(path, tree, call)
 
 
 def _check_optional_arity(path: Path, tree: ast.Module) -> None:
@@ -412,12 +414,7 @@ def _check_keras_usage(path: Path, tree: ast.Module, *, fit_line: int | None = N
             where = f"Recipe {path}" if fit_line is None else f"Script {path}: the fit() call at line {fit_line}"
             raise RecipeError(f"{where} uses {name} at line {node.lineno}; {CALLBACKS_REFUSED[name]}")
         if isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name in _TRAINER_OVERRIDES:
-                    raise RecipeError(
-                        f"Recipe {path}: class {node.name} overrides {item.name} at line {item.lineno}; the runner "
-                        "runs its own training step (define loss()/metrics() in the recipe instead)"
-                    )
+            _check_trainer_overrides(path, node, script=fit_line is not None)
         if not _is_compile_call(node):
             continue
         for keyword in node.keywords:
@@ -484,6 +481,43 @@ def _check_metrics_literal(path: Path, metrics: ast.AST, line: int) -> None:
                 f"{'class' if per_class else 'threshold'}: not supported (a log, a CSV column and a callback's "
                 "monitor need one number): pass average='macro' (or 'micro', 'weighted') or one threshold"
             )
+
+
+def _own_train_step(node: ast.ClassDef) -> ast.FunctionDef | None:
+    return next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "train_step"), None)
+
+
+def _check_trainer_overrides(path: Path, node: ast.ClassDef, *, script: bool) -> None:
+    """A recipe's class may override none of ``_TRAINER_OVERRIDES`` (the runner's step would
+    ignore it). A script's class may override ``train_step`` (the runner then runs it:
+    runner/keras_recipes/own_step.py), and with it the methods its ``train_step`` calls."""
+    if script and _own_train_step(node) is not None:
+        return
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef) and item.name in _TRAINER_OVERRIDES:
+            if script:
+                raise RecipeError(
+                    f"Script {path}: class {node.name} overrides {item.name} at line {item.lineno} but not train_step; "
+                    "the runner runs Keras' step or the model's own train_step, which would not call it"
+                )
+            raise RecipeError(
+                f"Recipe {path}: class {node.name} overrides {item.name} at line {item.lineno}; the runner "
+                "runs its own training step (define loss()/metrics() in the recipe instead)"
+            )
+
+
+def _check_own_step_fit(path: Path, tree: ast.Module, call: ast.Call) -> None:
+    """A script whose model has its own ``train_step``: no validation in ``fit`` (yet)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef) or (step := _own_train_step(node)) is None:
+            continue
+        for keyword in call.keywords:
+            if keyword.arg in ("validation_data", "validation_split"):
+                raise RecipeError(
+                    f"Script {path}: fit({keyword.arg}=...) at line {call.lineno} with class {node.name}'s own "
+                    f"train_step (line {step.lineno}): not supported yet: the runner's evaluation does not run a "
+                    "model's own test_step"
+                )
 
 
 def load_recipe(spec: str) -> Recipe:

@@ -95,6 +95,7 @@ from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
 from resilient_train.runner.keras_recipes.metric_states import MetricStates, is_state_column
+from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
 from resilient_train.runner.outputs.epoch_results import EpochResults, already_reported
 from resilient_train.runner.outputs.evaluation import Evaluator
@@ -224,7 +225,8 @@ class Trainer:
         self._saved = saved
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
-        self.stats = _EpochStats()
+        self._own_step: OwnStep | None = None  # a model's own train_step (runner/keras_recipes/own_step.py)
+        self.stats: _EpochStats | LastLogs = _EpochStats()
         self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
         # Once, at start: the recipe file read and hashed as this process imported it (not on
         # every save, and not an edit made to the file while the run goes on).
@@ -285,13 +287,18 @@ class Trainer:
         tf.config.experimental.enable_op_determinism()
         with self.strategy.scope():
             self.model = _call_recipe(self.recipe, "build_model", self.params)
-            if not isinstance(self.model, keras.Model) or not self.model.built:
+            own_step = isinstance(self.model, keras.Model) and is_compiled(self.model) and has_own_step(self.model)
+            if not isinstance(self.model, keras.Model) or not (self.model.built or own_step and self.model.weights):
                 raise RecipeError(
                     f"recipe {self.recipe.name}: build_model() must return a built keras.Model "
                     "(start it with keras.Input(shape=...))"
                 )
             self._compiled = is_compiled(self.model)
-            if self._compiled:  # optimizer, loss and metrics come from compile()
+            if own_step:  # its train_step is the step; the optimizer comes from compile()
+                self.recipe = from_own_step(self.recipe, self.model)
+                self._own_step = OwnStep(self.model, self.strategy, self.recipe)
+                self.stats = LastLogs()
+            elif self._compiled:  # optimizer, loss and metrics come from compile()
                 self.recipe = from_compiled(self.recipe, self.model)
             elif self.recipe.build_optimizer is None or self.recipe.loss is None:
                 missing = [n for n in ("build_optimizer", "loss") if getattr(self.recipe, n) is None]
@@ -304,8 +311,9 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
             counters = ckpt_layout.new_counters()
         self.epoch, self.step_in_epoch, self.global_step = (counters[name] for name in ckpt_layout.COUNTERS)
-        self.checkpoint = ckpt_layout.training_graph(model=self.model, optimizer=self.optimizer, counters=counters,
-                                                     rng=ckpt_layout.rng_state(self.model))
+        self.checkpoint = ckpt_layout.training_graph(
+            model=self.model, optimizer=self.optimizer, counters=counters, rng=ckpt_layout.rng_state(self.model),
+            metrics=ckpt_layout.metric_state(self.model) if self._own_step else None)
         startup_phases.mark("model_build")
         self._value_names: list[str] = []  # the packed row's layout, filled when traced
         self._train_call = self._make_train_call()
@@ -443,7 +451,9 @@ class Trainer:
         optimizer.build(model.trainable_variables)
         checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer,
                                                 counters=ckpt_layout.new_counters(name_prefix="twin_"),
-                                                rng=ckpt_layout.twin_rng_state(self.model, model))
+                                                rng=ckpt_layout.twin_rng_state(self.model, model),
+                                                metrics=(ckpt_layout.twin_metric_state(self.model, model)
+                                                         if self._own_step else None))
         return checkpoint, model
 
     def _persist(self, request: SaveRequest, *, emit: Callable[..., None] = emit) -> Manifest:
@@ -478,16 +488,16 @@ class Trainer:
         names = self._value_names
 
         indexed, record = recipe.indexed, self._record_indices
+        own_step = self._own_step
         # The recipe's own functions keep AutoGraph (Python control flow on tensors works in
         # them as in any tf.function); the runner's code around them is written for graph mode
         # and is not converted: converting it was ~0.5 s of every attempt's trace (0.59 s;
         # benchmarks/README.md), the largest phase of a warm restart.
         recipe_loss = with_autograph(recipe.loss)
         recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
+        states = recipe.metric_states  # summed metric states (AUC, Precision...): metric_states.py
 
-        def step_fn(element, flags, fingerprint: bool):
-            # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
-            batch, indices = element if indexed else (element, None)
+        def runner_step(batch):
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
             with tf.GradientTape() as tape:
                 predictions = model(features, training=True)
@@ -503,6 +513,17 @@ class Trainer:
                     values[name] = tf.nn.compute_average_loss(
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
+            # The summed metric states: this replica's batch's share, summed by the step's
+            # all-reduce (runner/keras_recipes/metric_states.py).
+            shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
+            return values, shares
+
+        def step_fn(element, flags, fingerprint: bool):
+            # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
+            batch, indices = element if indexed else (element, None)
+            # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
+            values, shares = (own_step.step(batch), tf.zeros([0], tf.float32)) if own_step is not None \
+                else runner_step(batch)
             # The memory tier's comparison of the may-differ variables, after this step's
             # update (runner/state/worker_agreement.py): the columns after the named ones,
             # only in the last step of a call that ends at a snapshot (``fingerprint``).
@@ -513,10 +534,6 @@ class Trainer:
                 agreement = self._tier.call_columns()
             else:
                 agreement = tf.zeros([0], tf.float32)
-            # Summed metric states (AUC, Precision...): this replica's batch's share, summed by the
-            # same all-reduce (runner/keras_recipes/metric_states.py).
-            states = recipe.metric_states
-            shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns)  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
@@ -938,10 +955,12 @@ class Trainer:
         restore (``_report_epoch_end_after_restore``). Exactly once either way.
         """
         means = self.stats.means()
+        if self._own_step is not None:  # the trackers' results, or the last step's logs (Keras' choice)
+            means = self._own_step.epoch_logs(means)
         validation, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
         self.epoch.assign_add(1)
         self.step_in_epoch.assign(0)
-        self.stats = _EpochStats(self.recipe.metric_states)
+        self.stats = LastLogs() if self._own_step is not None else _EpochStats(self.recipe.metric_states)
         global_step = int(self.global_step.numpy())
         self._epoch_results = EpochResults(epoch=epoch, global_step=global_step, loss=means.pop("loss", None),
                                            metrics=means, validation=validation)
@@ -1011,6 +1030,8 @@ class Trainer:
         progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
         while not self._stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
+            if self._own_step is not None and start == 0:  # Keras' fit resets the trackers every epoch
+                self._own_step.reset()
             if self._callbacks and start == 0:  # not again when re-entering the epoch mid-way
                 self._callbacks.epoch_begin(epoch)
             if not self._train_epoch(epoch, start, progress):

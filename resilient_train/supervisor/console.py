@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, TextIO
 from resilient_train.rundir.events import EventReader, render_line
 from resilient_train.supervisor.eta import SteadyRate, eta_seconds
 
-__all__ = ["Console", "EventTail", "render_event", "event_line", "hang_line", "progress_line", "checkpoint_position",
+__all__ = ["Console", "EventTail", "isatty", "render_event", "event_line", "hang_line", "progress_line", "checkpoint_position",
            "inexact_text", "CONSOLE", "SAID_BY_SUPERVISOR", "LOG_PROGRESS_EVERY_S"]
 
 LOG_PROGRESS_EVERY_S = 10.0  # a log (not a terminal) gets one progress line per this many seconds
@@ -53,6 +53,14 @@ class Facts:
 
     rejected: int = 0  # checkpoints rejected since the last restore decision
     lost_steps: int = 0  # steps the previous attempt reached beyond the one this restore starts from
+
+
+def isatty(stream: TextIO) -> bool:
+    """A terminal gets the progress line redrawn in place; a file or pipe gets periodic lines."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 def _s(count: int, noun: str) -> str:

@@ -6,8 +6,12 @@ that run the coordinator's closures); cluster/ps_cluster.py numbers them. Everyt
 is not about roles is the MultiWorkerMirroredStrategy supervisor's (supervisor.py): run id,
 lock, storage ownership, the generation fence, attempts, restart budget and backoff,
 root cause, exit codes, ``events.jsonl``, ``summary.json``, lost steps, and the RUNNING and
-STOPPING steps themselves. This class only overrides their hooks: what ends RUNNING
-(``_running_ends``) and how an attempt is torn down (``_tear_down``):
+STOPPING steps themselves. This tier is only a :class:`ParameterServerTopology`, the
+topology interface's hooks (supervisor/topology.py) with this tier's answers: which ranks
+start (coordinator, ps, workers), which the watchdog reads (the coordinator), what
+``worker_started`` and ``summary.json`` add (roles, restarts in place), when an attempt
+finished (the coordinator's exit 0), what ends RUNNING (``running_ends``) and how an
+attempt is torn down (``tear_down``):
 
 # Implementation:
 #   RUNNING   a worker died -> start it again in place (launchers/ps_local.py: same TF_CONFIG,
@@ -38,103 +42,119 @@ STOPPING steps themselves. This class only overrides their hooks: what ends RUNN
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import Any, Callable
 
 from resilient_train.cluster.ps_cluster import ps_task
 from resilient_train.errors import EXIT_OK
 from resilient_train.job.config import JobConfig
 from resilient_train.rundir.events import emit
-from resilient_train.supervisor.attempt import Worker
+from resilient_train.supervisor.attempt import Attempt, Stop, StopCause, Worker
 from resilient_train.supervisor.launchers.ps_local import ParameterServerLauncher
-from resilient_train.supervisor.policy import AttemptOutcome
-from resilient_train.supervisor.state import RunState, WorkerState
+from resilient_train.supervisor.state import WorkerState
 from resilient_train.supervisor.supervisor import Supervisor
+from resilient_train.supervisor.topology import Ending, Group, Topology
 
-__all__ = ["ParameterServerSupervisor"]
+__all__ = ["ParameterServerSupervisor", "ParameterServerTopology"]
 
 
-class ParameterServerSupervisor(Supervisor):
-    """Runs one parameter-server job; see the module docstring for what differs from MWMS."""
+class ParameterServerTopology(Topology):
+    """One coordinator, P parameter servers, N workers; see the module docstring."""
 
-    launcher: ParameterServerLauncher  # always (__init__): restart_in_place is this tier's own
-    _NO_PROGRESS = "the coordinator made no progress"
+    no_progress = "the coordinator made no progress"
 
-    def __init__(self, job: JobConfig, *, launcher: ParameterServerLauncher | None = None, **kwargs: Any) -> None:
-        super().__init__(job, launcher=launcher or ParameterServerLauncher(job), **kwargs)
-        self.worker_restarts = 0
+    def __init__(self, job: JobConfig, launcher: ParameterServerLauncher) -> None:
+        self.job = job
+        self.launcher = launcher  # restart_in_place is this tier's own
+        self.worker_restarts = 0  # restarts in place, over the run (summary.json)
 
     def _role(self, rank: int) -> str:
         return ps_task(rank, self.job.ps, self.job.workers).role
 
-    def _ranks(self, size: int) -> range:
+    def ranks(self, size: int) -> range:
         return range(1 + self.job.ps + self.job.workers)
 
-    def _watched(self) -> list[Worker]:
+    def watched(self, workers: list[Worker]) -> list[Worker]:
         """The coordinator only: servers idle by design (see the module docstring)."""
-        return [w for w in self.workers if w.rank == 0]
+        return [w for w in workers if w.rank == 0]
 
-    def _rank_fields(self, rank: int) -> dict[str, Any]:
+    def rank_fields(self, rank: int) -> dict[str, Any]:
         return {"role": self._role(rank)}
 
-    def _summary_fields(self) -> dict[str, Any]:
+    def summary_fields(self) -> dict[str, Any]:
         return {"strategy": "parameter-server", "ps": self.job.ps, "worker_restarts": self.worker_restarts}
 
-    def _outcome(self, attempt: int, workers: list[Worker]) -> AttemptOutcome | None:
+    def finished(self, workers: list[Worker], completed: Callable[[], bool]) -> bool:
         """Success is the coordinator's alone: it exited 0 with the completed checkpoint
         committed. The servers were stopped by us then, however they exited."""
-        if workers[0].returncode == EXIT_OK and self._completed_manifest() is not None:
-            return None
-        return super()._outcome(attempt, workers)
+        return workers[0].returncode == EXIT_OK and completed()
 
     # ------------------------------------------------------------ RUNNING
-    def _running_ends(self) -> tuple[RunState, str | None] | None:
+    def running_ends(self, group: Group) -> Ending:
         """A stop request, the coordinator's exit, a ps's exit or a worker out of restarts
         in place -> STOPPING; any other lost worker is restarted in place."""
-        if self.stop_signal is not None:
-            return RunState.STOPPING, f"stop requested ({self.stop_signal})"
-        coordinator = self.workers[0]
+        if group.stop.source is not None:
+            return Stop(StopCause.REQUEST, f"stop requested ({group.stop.source})")
+        coordinator = group.workers[0]
         if coordinator.returncode is not None:
-            return RunState.STOPPING, f"the coordinator exited ({coordinator.returncode})"
-        restarts = self._current_attempt.restarts_in_place
-        for worker in self.workers[1:]:
+            return Stop(StopCause.FAILURE, f"the coordinator exited ({coordinator.returncode})")
+        attempt = _under_way(group)
+        for worker in group.workers[1:]:
             if worker.returncode is None:
                 continue
             if self._role(worker.rank) == "ps":
-                return RunState.STOPPING, f"parameter server rank {worker.rank} exited"
-            if restarts[worker.rank] >= self.job.max_restarts:
-                return RunState.STOPPING, (f"worker rank {worker.rank} exited again after "
-                                           f"{self.job.max_restarts} restarts in place (--max-restarts)")
-            self._restart_in_place(worker)
+                return Stop(StopCause.FAILURE, f"parameter server rank {worker.rank} exited")
+            if attempt.restarts_in_place[worker.rank] >= self.job.max_restarts:
+                return Stop(StopCause.FAILURE, f"worker rank {worker.rank} exited again after "
+                                               f"{self.job.max_restarts} restarts in place (--max-restarts)")
+            self._restart_in_place(group, worker)
         return None
 
-    def _restart_in_place(self, worker: Worker) -> None:
+    def _restart_in_place(self, group: Group, worker: Worker) -> None:
         previous = worker.returncode
         worker.process = self.launcher.restart_in_place(worker.rank)
         worker.returncode = worker.exit_time = None
         worker.state = WorkerState.RUNNING
-        restarts = self._current_attempt.restarts_in_place
+        attempt = _under_way(group)
+        restarts = attempt.restarts_in_place
         restarts[worker.rank] += 1
         self.worker_restarts += 1
         address = self.launcher.describe(worker.process).get("address")
-        emit("worker_restarted", rank=worker.rank, role="worker", pid=worker.process.pid, attempt=self.attempt,
+        emit("worker_restarted", rank=worker.rank, role="worker", pid=worker.process.pid, attempt=attempt.number,
              address=address, previous_exit=previous, restarts=restarts[worker.rank])
 
     # ------------------------------------------------------------ STOPPING
-    def _tear_down(self) -> None:
+    def tear_down(self, group: Group, stop: Stop) -> None:
         """The coordinator first (SIGTERM and the grace period on our own stop, else SIGKILL),
         then the servers (SIGTERM, SIGKILL after the teardown grace)."""
-        coordinator = self.workers[0]
+        coordinator = group.workers[0]
         if coordinator.returncode is None:
-            if self.stop_signal is not None:
-                self._signal(coordinator, signal.SIGTERM)
-                self._wait(lambda: coordinator.returncode is not None, self.job.grace_period)
+            if group.stop.source is not None:
+                group.send_signal(coordinator, signal.SIGTERM)
+                group.wait(lambda: coordinator.returncode is not None, self.job.grace_period)
             if coordinator.returncode is None:
-                self._kill(coordinator)
-                self._wait(lambda: coordinator.returncode is not None, None)
-        servers = [w for w in self.workers[1:] if w.returncode is None]
+                group.kill(coordinator)
+                group.wait(lambda: coordinator.returncode is not None, None)
+        servers = [w for w in group.workers[1:] if w.returncode is None]
         for server in servers:
-            self._signal(server, signal.SIGTERM)
-        self._wait(lambda: not self._alive(), self.teardown_grace_s)
-        for server in self._alive():
-            self._kill(server)
-        self._wait(lambda: not self._alive(), None)
+            group.send_signal(server, signal.SIGTERM)
+        group.wait(lambda: not group.alive(), group.teardown_grace_s)
+        for server in group.alive():
+            group.kill(server)
+        group.wait(lambda: not group.alive(), None)
+
+
+def _under_way(group: Group) -> Attempt:
+    """The attempt RUNNING watches (started: the loop is past STARTING)."""
+    attempt = group.current
+    if attempt is None:
+        raise RuntimeError("no attempt has been started yet")
+    return attempt
+
+
+class ParameterServerSupervisor(Supervisor):
+    """The supervisor loop with the parameter-server topology and its launcher (tests and the
+    ``run`` command construct it as they construct a :class:`Supervisor`)."""
+
+    def __init__(self, job: JobConfig, *, launcher: ParameterServerLauncher | None = None, **kwargs: Any) -> None:
+        launcher = launcher or ParameterServerLauncher(job)
+        super().__init__(job, launcher=launcher, topology=ParameterServerTopology(job, launcher), **kwargs)

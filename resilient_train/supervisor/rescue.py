@@ -13,18 +13,26 @@ named stuck may not be able to answer (SIGSTOPped, frozen host): the lowest-rank
 other than it is asked, with the same bounded wait, before the group is killed. Its
 training thread is blocked in a collective; the rescue runs on its listener thread.
 
-Pure (no processes, no clock): the supervisor drives it from its poll loop.
+The choices and :class:`RescueWait` are pure (no processes, no clock); :func:`ask_for_rescue`
+makes the request and waits through the loop's control of the group (supervisor/topology.py
+``Group``), whose polls feed the wait the events the console's tail reads.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from resilient_train.errors import EXIT_FATAL, EXIT_OK, EXIT_PREEMPTED
-from resilient_train.rundir.rescue_signal import RESCUE_COMMITTED, RESCUE_SKIPPED
-from resilient_train.supervisor.attempt import Worker
+from resilient_train.rundir.events import emit
+from resilient_train.rundir.rescue_signal import (RESCUE_ABANDONED, RESCUE_COMMITTED, RESCUE_REQUESTED, RESCUE_SIGNAL,
+                                                  RESCUE_SKIPPED)
+from resilient_train.supervisor.attempt import Attempt, Worker
 
-__all__ = ["choose_rescuer", "choose_hang_rescuer", "failed_ranks", "nothing_left_to_commit", "RescueWait"]
+if TYPE_CHECKING:  # supervisor/topology.py imports nothing_left_to_commit from here
+    from resilient_train.supervisor.topology import Group
+
+__all__ = ["choose_rescuer", "choose_hang_rescuer", "failed_ranks", "nothing_left_to_commit", "RescueWait",
+           "ask_for_rescue"]
 
 
 def failed_ranks(workers: Sequence[Worker]) -> list[int]:
@@ -73,3 +81,24 @@ class RescueWait:
             if (self.answer is None and record.get("event") in (RESCUE_COMMITTED, RESCUE_SKIPPED)
                     and record.get("rank") == self.rank and record.get("attempt") == self.attempt):
                 self.answer = record
+
+
+def ask_for_rescue(group: Group, attempt: Attempt, rescuer: Worker, *, deadline_s: float,
+                   pump: Callable[[], list[dict[str, Any]]], **why: Any) -> dict[str, Any] | None:
+    """Ask ``rescuer`` to commit its snapshot; wait (bounded) for its answer, and return it
+    (None: abandoned, ``rescue_abandoned``). ``pump()``: the tail's new events."""
+    emit(RESCUE_REQUESTED, rank=rescuer.rank, attempt=attempt.number, deadline_s=deadline_s, **why)
+    rescue = attempt.rescue = RescueWait(rank=rescuer.rank, attempt=attempt.number)
+    started = group.clock()
+    group.send_signal(rescuer, RESCUE_SIGNAL)
+    try:
+        group.wait(lambda: rescue.answer is not None or rescuer.returncode is not None, deadline_s)
+        rescue.observe(pump())  # an answer written just as the rescuer exited
+        if rescue.answer is None:
+            reason = (f"rank {rescuer.rank} exited without answering" if rescuer.returncode is not None
+                      else f"no answer within {deadline_s:g} s")
+            emit(RESCUE_ABANDONED, rank=rescuer.rank, attempt=attempt.number, reason=reason,
+                 waited_s=round(group.clock() - started, 3))
+        return rescue.answer
+    finally:
+        attempt.rescue = None

@@ -25,9 +25,31 @@ import signal
 import time
 from typing import Any, Callable, Protocol, Sequence
 
-__all__ = ["SignalInstaller", "ProcessSignals", "NoSignals", "STOP_SIGNALS"]
+__all__ = ["SignalInstaller", "ProcessSignals", "NoSignals", "StopRequest", "STOP_SIGNALS"]
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+    """The run's request to stop, from whichever source came first: the installed handler's
+    signal name (``SIGTERM``), the launcher (``launcher:<name>``), a preemption notice
+    (``notice:<provider>``, or this host's doomed node).
+
+    The one input that can arrive in any state of the loop (a signal handler sets it between
+    two polls), so it is not carried by a transition (supervisor/attempt.py): the loop reads
+    it where it matters, and a request that comes while the group is already stopping is
+    still honoured (forwarded, and the run ends PREEMPTED).
+    """
+
+    def __init__(self) -> None:
+        self.source: str | None = None
+
+    def request(self, source: str) -> bool:
+        """Record ``source`` unless a request came first; True when this one is the request."""
+        if self.source is not None:
+            return False
+        self.source = source
+        return True
 
 
 class SignalInstaller(Protocol):

@@ -6,8 +6,9 @@ does not list and emits one ``run_state`` event per move (``from``, ``to``, ``at
 and ``reason`` where there is one). So ``events.jsonl`` holds the run's exact path through
 the table, and a new behaviour (the hang watchdog's HUNG, an elastic resize) is a new state and new
 rows here, never a new flag in the loop. A transition may carry what the entered state acts on
-(HUNG: the stall; RESIZING: the resize; RESTARTING: the restart; supervisor/attempt.py lists
-them): the machine holds it as ``carried`` until the next transition, and never emits it.
+(STARTING: the attempt to start; HUNG: the stall; RESIZING: the resize; STOPPING: why it stops;
+RESTARTING: the restart; FAILED: whether fatally; supervisor/attempt.py lists them): the machine
+holds it as ``carried`` until the next transition, and never emits it.
 
 An illegal transition is a bug in the supervisor, not a condition of the run: it raises
 ``RuntimeError`` naming both states, and nothing is emitted.

@@ -6,13 +6,16 @@ stop every worker, wait a backoff, start a new *attempt* with fresh ports, and l
 workers restore the last committed checkpoint.
 
 # Implementation:
-# run() = _prepare() (lock, run id, events, storage checks), _loop(), _finish() (lost steps,
-# summary.json, exit code). The loop is a state machine (supervisor/state.py): one _step_*
+# run() = _prepare() (lock, run id, events, storage checks), _loop(), then supervisor/finish.py
+# (lost steps, summary.json, exit code). The loop is a state machine (supervisor/state.py): one _step_*
 # method per RunState, each ending in exactly one checked, announced transition, and each
-# handed what that transition carried (supervisor/attempt.py: HUNG the Stall, RESIZING the
-# Resize, RESTARTING the Restart, STARTING the Resize a membership change decided). What the
-# loop knows of the attempt under way is one Attempt (supervisor/attempt.py), replaced by
-# the next STARTING.
+# handed what that transition carried (supervisor/attempt.py: STARTING a Start, HUNG the
+# Stall, RESIZING the Resize, STOPPING a Stop that says why, RESTARTING the Restart, FAILED
+# a Failed). What the loop knows of the attempt under way is one Attempt (supervisor/attempt.py),
+# replaced by the next STARTING. What differs between tiers is a Topology's hooks
+# (supervisor/topology.py: GangTopology here, the parameter-server tier's in ps_supervisor.py);
+# the elastic decisions are an ElasticPolicy's (supervisor/elastic.py), the restart decisions
+# the RestartTracker's (supervisor/policy.py).
 #   PREPARING  storage already holds the completed run -> SUCCEEDED at once, else STARTING.
 #   STARTING   pick free loopback ports, write attempt-<n>/job.json (credentials as ***),
 #              start N workers with TF_CONFIG and the WorkerEnvironment (attempt, run id,
@@ -36,8 +39,8 @@ workers restore the last committed checkpoint.
 #              the attempt trains, ask capacity(); room for more workers -> RESIZING.
 #              A preemption notice on a worker's node that is not this host's (Ray, Slurm):
 #              the launcher avoids that node; elastic with MIN placeable without it ->
-#              RESIZING (a planned shrink), fewer -> stop with 143 (_notice_elsewhere).
-#              (_running_ends decides the first two; the parameter-server tier overrides it.)
+#              RESIZING (a planned shrink), fewer -> stop with 143 (ElasticPolicy.notice_elsewhere).
+#              (The topology's running_ends decides the first two.)
 #   RESIZING   SIGTERM the group (the same agreed save as a preemption) -> STOPPING, which
 #              gives it grace_period to save and exit 143; settled as a membership change.
 #   HUNG       send SIGUSR1 through the launcher's handles (workers dump their stacks,
@@ -47,7 +50,7 @@ workers restore the last committed checkpoint.
 #              which SIGKILLs the group at once (a hung group cannot save at an agreed
 #              step) and settles it like a crash: it spends the
 #              failure budget, and a hang at the same step twice in a row is a crash loop.
-#   STOPPING   _tear_down (the parameter-server tier overrides it), then _settle:
+#   STOPPING   the topology's tear_down (GangTopology's here), then _settle:
 #              the group hung -> SIGKILL everyone at once (no SIGTERM: nobody can save);
 #              a worker exited abnormally -> SIGTERM the rest, SIGKILL after
 #              teardown_grace_s, or at once when the chief is gone (only the chief commits
@@ -72,83 +75,47 @@ workers restore the last committed checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import os
 import signal
 import sys
 import time
 from typing import Any, Callable, TextIO
 
 from resilient_train.checkpoint import CheckpointStore, Manifest, RetryPolicy
-from resilient_train.cluster.environment import WorkerEnvironment
-from resilient_train.errors import (
-    EXIT_FAILURE,
-    EXIT_FATAL,
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    RestartNotPlacedError,
-)
+from resilient_train.errors import RestartNotPlacedError
 from resilient_train.job.config import JobConfig
 from resilient_train.job.fingerprint import fingerprint_for_supervisor, guard_job
 from resilient_train.job.recipe import recipe_name
 from resilient_train.rundir import events
-from resilient_train.rundir.atomic import write_atomic
-from resilient_train.rundir.errorfile import choose_root_cause, log_tail, read_errors
-from resilient_train.rundir.events import emit, read_events
-from resilient_train.rundir.layout import AttemptDir, RunDir
+from resilient_train.rundir.events import emit
 from resilient_train.rundir.lock import RunDirLock
-from resilient_train.rundir.permissions import current_umask, run_dir_umask
+from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.permissions import run_dir_umask
 from resilient_train.rundir.redact import RedactingWriter, register_secrets, secret_values
 from resilient_train.rundir.run_record import load_or_create_run_id
-from resilient_train.rundir.stacks import (
-    STACKS_SIGNAL,
-    ThreadStack,
-    dump_size,
-    read_dump,
-)
-from resilient_train.rundir.rescue_signal import RESCUE_ABANDONED, RESCUE_REQUESTED, RESCUE_SIGNAL, rescue_deadline_s
+from resilient_train.rundir.rescue_signal import rescue_deadline_s
 from resilient_train.rundir.stepmarker import read_phase, read_step
-from resilient_train.supervisor.attempt import Attempt, Carried, Resize, Restart, Worker
-from resilient_train.supervisor.console import Console, EventTail, hang_line, inexact_text
-from resilient_train.supervisor.launchers import Launcher, WorkerSpec, make_launcher
-from resilient_train.supervisor.launchers.api import read_notices
-from resilient_train.supervisor.ownership import claim_storage, generation_for
-from resilient_train.supervisor.rescue import (RescueWait, choose_hang_rescuer, choose_rescuer, failed_ranks,
-                                               nothing_left_to_commit)
-from resilient_train.supervisor.policy import (
-    AttemptOutcome,
-    ExitClass,
-    RestartPolicy,
-    RestartTracker,
-    classify,
-)
-from resilient_train.supervisor.signals import ProcessSignals, SignalInstaller
+from resilient_train.supervisor.attempt import (Attempt, Carried, Failed, Resize, Restart, Start, Stop, StopCause, Worker,
+                                                expect_carried)
+from resilient_train.supervisor.console import Console, EventTail, isatty
+from resilient_train.supervisor.elastic import ElasticPolicy
+from resilient_train.supervisor.finish import RunEnd
+from resilient_train.supervisor.group import WorkerGroup
+from resilient_train.supervisor.hang import collect_hang
+from resilient_train.supervisor.launchers import Launcher, make_launcher
+from resilient_train.supervisor.outcome import OutcomeJudge
+from resilient_train.supervisor.ownership import claim_storage
+from resilient_train.supervisor.rescue import ask_for_rescue, choose_hang_rescuer, choose_rescuer, failed_ranks
+from resilient_train.supervisor.policy import ExitClass, RestartPolicy, RestartTracker
+from resilient_train.supervisor.starting import AttemptStarter
+from resilient_train.supervisor.signals import ProcessSignals, SignalInstaller, StopRequest
 from resilient_train.supervisor.state import RunState, RunStateMachine, WorkerState
-from resilient_train.supervisor.summary import (
-    RootCauseRecord,
-    RunTotals,
-    build_summary,
-    count_lost_steps,
-    reached_step,
-    write_summary,
-)
-from resilient_train.supervisor.watchdog import (
-    HangPolicy,
-    ProgressWatchdog,
-    Stall,
-    choose_stuck_rank,
-    describe_where,
-)
+from resilient_train.supervisor.summary import RunTotals
+from resilient_train.supervisor.topology import POLL_S, GangTopology, Topology
+from resilient_train.supervisor.watchdog import HangPolicy, ProgressWatchdog, Stall
 
 __all__ = ["Supervisor", "RunState", "WorkerState"]
 
-POLL_S = 0.05
 WATCH_EVERY_S = 0.25  # how often the watchdog reads the step and phase markers
-STACKS_WAIT_S = 2.0  # how long a hung group gets to dump its stacks before it is killed
-CAPACITY_EVERY_S = 1.0  # how often an elastic run below MAX asks the launcher for room
-
-# What each terminal state reports as summary.json's / run_finished's ``status``.
-_STATUS = {RunState.SUCCEEDED: "completed", RunState.PREEMPTED: "preempted", RunState.FAILED: "failed"}
 
 
 def default_tracker(job: JobConfig, backoff_initial_s: float = 0.25) -> RestartTracker:
@@ -167,7 +134,8 @@ def default_tracker(job: JobConfig, backoff_initial_s: float = 0.25) -> RestartT
 
 
 class Supervisor:
-    """Runs one job to completion; where its workers run is the launcher's business."""
+    """Runs one job to completion; where its workers run is the launcher's business, how its
+    processes form a group the topology's (supervisor/topology.py; default: a gang)."""
 
     def __init__(
         self,
@@ -184,6 +152,7 @@ class Supervisor:
         backoff_initial_s: float = 0.25,
         accept_changes: bool = False,
         verbose: bool = False,
+        topology: Topology | None = None,
     ) -> None:
         """``backoff_initial_s`` shapes the default tracker only; a given ``tracker`` brings its own policy.
 
@@ -194,46 +163,51 @@ class Supervisor:
         self.accept_changes = accept_changes
         self.verbose = verbose
         register_secrets(secret_values(job.secrets()))  # no event, file or line of ours shows them
-        self.out = Console(RedactingWriter(out), tty=_isatty(out))
+        self.out = Console(RedactingWriter(out), tty=isatty(out))
         self.launcher = launcher or make_launcher(job)
+        self.topology = topology if topology is not None else GangTopology()
         self.tail: EventTail | None = None  # the console's view of events.jsonl, from _prepare on
         self.store = store if store is not None else CheckpointStore(
             job.storage, job.storage_options, emit=self._emit_shown,
             retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         self.tracker = tracker if tracker is not None else default_tracker(job, backoff_initial_s)
         self.signals = signals if signals is not None else ProcessSignals()
-        self.clock = clock
-        # Between polls: the installer's pause (a child's exit ends it early), unless a test gives its own.
-        self.sleep = sleep if sleep is not None else self.signals.pause
-        self.teardown_grace_s = teardown_grace_s
         self.run_dir = RunDir(job.run_dir)
         self.machine = RunStateMachine(emit)
-        self.stop_signal: str | None = None
+        self.stop = StopRequest()  # set by a signal handler, the launcher or a notice, in any state
         self.totals = RunTotals()
-        self.attempt = 0  # the number of the attempt being started or run, once STARTING
-        self.current: Attempt | None = None  # the attempt started last; the next one replaces it
-        self._fatal = False  # the run FAILED on a fatal error (EXIT_FATAL, not EXIT_FAILURE)
+        # Between polls: the installer's pause (a child's exit ends it early), unless a test gives its own.
+        self.group = WorkerGroup(job, self.launcher, self.run_dir, self.stop, clock=clock,
+                                 sleep=sleep if sleep is not None else self.signals.pause,
+                                 teardown_grace_s=teardown_grace_s, pump=lambda: self._tail.pump(),
+                                 completed=lambda: self._completed_manifest() is not None)
         self.watchdog = ProgressWatchdog(HangPolicy.from_setting(job.hang_timeout, job.startup_timeout))
-        self._asked_capacity_at = 0.0  # an elastic run below MAX asks for room at most every CAPACITY_EVERY_S
-        self._markers: tuple[tuple[int, list[int]], list[tuple[int, str, str]]] | None = None  # _marker_paths
-        # Each step takes what its state was entered with (``Carried``, one type per state: supervisor/attempt.py).
-        self._steps: dict[RunState, Callable[[Any], None]] = {
-            RunState.STARTING: self._step_starting,
-            RunState.RUNNING: self._step_running,
-            RunState.HUNG: self._step_hung,
-            RunState.RESIZING: self._step_resizing,
-            RunState.STOPPING: self._step_stopping,
-            RunState.RESTARTING: self._step_restarting,
-        }
+        self.elastic = ElasticPolicy(job, self.launcher, clock)
+        self._starter = AttemptStarter(job, self.launcher, self.store, self.run_dir, self.topology, self.elastic,
+                                       self.out, pump=lambda: self._tail.pump())
+        self._end = RunEnd(job, self.run_dir, self.store, self.totals, self.topology, self.out,
+                           pump=lambda: self._tail.pump(), clock=clock)
+        self._judge = OutcomeJudge(self.run_dir, self.totals, self.out, self.store.url, self.topology, self.group.completed)
 
     @property
     def state(self) -> RunState:
         return self.machine.state
 
     @property
+    def attempt(self) -> int:
+        """The number of the attempt being started (STARTING's Start) or run (``current``'s)."""
+        carried = self.machine.carried
+        return carried.number if isinstance(carried, Start) else self._current_attempt.number
+
+    @property
+    def current(self) -> Attempt | None:
+        """The attempt started last (the group's); the next STARTING replaces it."""
+        return self.group.current
+
+    @property
     def workers(self) -> list[Worker]:
         """The workers of the attempt started last (none before the first)."""
-        return self.current.workers if self.current is not None else []
+        return self.group.workers
 
     @property
     def _current_attempt(self) -> Attempt:
@@ -262,7 +236,7 @@ class Supervisor:
                 return self._run_locked(lock)
 
     def _run_locked(self, lock: RunDirLock) -> int:
-        self._started = self.clock()
+        self._end.begin()
         self._prepare(lock)
         done = self._completed_manifest()
         if done is not None:
@@ -280,10 +254,9 @@ class Supervisor:
         self.signals.install(self._on_stop_signal)
         try:
             self.launcher.prepare()
-            self.attempt = self.run_dir.next_attempt_number()
-            self._to(RunState.STARTING)
+            self._to(RunState.STARTING, carrying=Start(self.run_dir.next_attempt_number()))
             self._loop()
-            return self._finish()
+            return self._end.finish(self.machine.state, self.machine.carried, run_id=self.run_id)
         finally:
             self.launcher.close()
             self.signals.restore()
@@ -312,335 +285,164 @@ class Supervisor:
 
     def _already_complete(self, done: Manifest) -> int:
         self.machine.transition(RunState.SUCCEEDED, attempt=None, reason="storage holds the completed checkpoint")
-        emit("run_already_complete", global_step=done.global_step, weights_sha256=done.weights_sha256)
-        self._tail.pump()
-        self.out.write(
-            f"Run {self.run_dir.path} already completed{_not_exact(done.inexact)} at global step {done.global_step} "
-            f"(weights_sha256 {done.weights_sha256[:16]}...){_not_exact_why(done.inexact)}; nothing to do.\n"
-        )
-        self._write_summary("completed", done)
-        return EXIT_OK
+        return self._end.already_complete(done, run_id=self.run_id)
 
     # ------------------------------------------------------------ loop
     def _loop(self) -> None:
         """One step per state until a terminal one; each step makes exactly one transition and
         is handed what the transition into its state carried (supervisor/attempt.py)."""
+        # Each step takes what its state was entered with (``Carried``, one type per state: supervisor/attempt.py).
+        steps: dict[RunState, Callable[[Any], None]] = {
+            RunState.STARTING: self._step_starting,
+            RunState.RUNNING: self._step_running,
+            RunState.HUNG: self._step_hung,
+            RunState.RESIZING: self._step_resizing,
+            RunState.STOPPING: self._step_stopping,
+            RunState.RESTARTING: self._step_restarting,
+        }
         while not self.machine.is_terminal:
-            self._steps[self.machine.state](self.machine.carried)
+            steps[self.machine.state](self.machine.carried)
 
     def _to(self, state: RunState, *, reason: str | None = None, carrying: Carried = None) -> None:
-        self.machine.transition(state, attempt=self.attempt, reason=reason, carrying=carrying)
+        expect_carried(state, carrying)
+        attempt = carrying.number if isinstance(carrying, Start) else self.attempt
+        self.machine.transition(state, attempt=attempt, reason=reason, carrying=carrying)
 
-    def _step_starting(self, resize: Resize | None) -> None:
-        """Start the attempt (at ``resize``'s size after a membership change) -> RUNNING."""
+    def _step_starting(self, start: Start) -> None:
+        """Start the attempt (at its Resize's size after a membership change) -> RUNNING."""
         try:
-            size, workers = self._start_at_placeable_size(self.attempt, resize)
+            previous = self.current.size if self.current is not None else None
+            size, workers = self._starter.start(start.number, start.resize, previous=previous, run_id=self.run_id)
         except RestartNotPlacedError as exc:
-            self._not_started(self.attempt, exc)
+            self._judge.not_started(start.number, exc, launcher=self.launcher.name, pump=self._tail.pump)
+            self._to(RunState.FAILED, reason=f"attempt {start.number} could not start: {exc}", carrying=Failed())
             return
-        now = self.clock()
-        self.current = Attempt(self.attempt, size, workers, watched_at=now)
-        self.watchdog.start_attempt(now, [w.rank for w in self._watched()])
+        now = self.group.clock()
+        attempt_dir = self.run_dir.attempt(start.number)
+        watched = [w.rank for w in self.topology.watched(workers)]
+        markers = [(rank, str(attempt_dir.step_marker(rank)), str(attempt_dir.phase_marker(rank))) for rank in watched]
+        self.group.current = Attempt(start.number, size, workers, watched_at=now, markers=markers)
+        self.watchdog.start_attempt(now, watched)
         self._to(RunState.RUNNING)
 
-    # What the HUNG reason says nobody did (the parameter-server tier watches its coordinator only).
-    _NO_PROGRESS = "no worker made progress"
-
     def _step_running(self, _: None) -> None:
-        """Watch until the attempt ends or must be stopped (``_running_ends``), can grow
-        (-> RESIZING with the Resize) or made no progress (-> HUNG with the Stall)."""
+        """Watch until the attempt ends or must be stopped (the topology's ``running_ends``:
+        -> STOPPING with the Stop), can grow or must move (-> RESIZING with the Resize) or made
+        no progress (-> HUNG with the Stall)."""
         while True:
-            self._poll()
+            self.group.poll()
             move = self._notice_elsewhere()
-            if move is not None:  # before _running_ends: the noticing group may already have exited 143
+            if move is not None:  # before running_ends: the noticing group may already have exited 143
                 self._to(RunState.RESIZING, reason=move.reason, carrying=move)
                 return
-            ends = self._running_ends()
-            if ends is not None:
-                state, reason = ends
-                if state is RunState.STOPPING and self.job.memory_tier:
-                    self._ask_for_rescue()
-                self._to(state, reason=reason)
+            ends = self.topology.running_ends(self.group)
+            if ends is RunState.SUCCEEDED:
+                self._tail.pump()
+                self._to(RunState.SUCCEEDED)
                 return
-            grow = self._room_to_grow()
+            if ends is not None:
+                if self.job.memory_tier:
+                    ends = dataclasses.replace(ends, rescue_answer=self._ask_for_rescue())
+                self._to(RunState.STOPPING, reason=ends.reason, carrying=ends)
+                return
+            grow = self.elastic.room_to_grow(self._current_attempt.size, self.group.training)
             if grow is not None:
                 self._to(RunState.RESIZING, reason=grow.reason, carrying=grow)
                 return
             stall = self._watch_progress()
             if stall is not None:
-                self._to(RunState.HUNG, reason=f"{self._NO_PROGRESS} for {stall.seconds:.0f} s "
+                self._to(RunState.HUNG, reason=f"{self.topology.no_progress} for {stall.seconds:.0f} s "
                          f"(allowed {stall.allowed_s:.0f} s in phase {stall.phase})", carrying=stall)
                 return
-            self.sleep(POLL_S)
+            self.group.sleep(POLL_S)
 
-    def _running_ends(self) -> tuple[RunState, str | None] | None:
-        """After a poll: the state RUNNING goes to and why, or None while the attempt goes on.
-
-        Here: everyone exited (SUCCEEDED when the run is complete), a stop was requested, or
-        a worker failed -> STOPPING. The parameter-server tier decides by role and restarts
-        a lost worker in place (supervisor/ps_supervisor.py).
-        """
-        if not self._alive():
-            if all(w.returncode == EXIT_OK for w in self.workers) and self._completed_manifest() is not None:
-                self._tail.pump()
-                return RunState.SUCCEEDED, None
-            return RunState.STOPPING, "every worker exited"
-        self._check_launcher_stop()
-        if self.stop_signal is not None:
-            return RunState.STOPPING, f"stop requested ({self.stop_signal})"
-        failed = [w.rank for w in self.workers if w.returncode not in (None, EXIT_OK)]
-        if failed:
-            return RunState.STOPPING, f"worker {failed[0]} exited abnormally"
-        return None
-
-    def _ask_for_rescue(self) -> None:
+    def _ask_for_rescue(self) -> dict[str, Any] | None:
         """The memory tier is on and RUNNING is about to stop: when a worker failed, ask the
         lowest-ranked survivor to commit its in-memory snapshot, and wait (bounded) for its
-        answer, so the restart restores it (supervisor/rescue.py)."""
-        rescuer = choose_rescuer(self.workers) if self.stop_signal is None else None
+        answer, so the restart restores it (supervisor/rescue.py). Returns the answer."""
+        rescuer = choose_rescuer(self.workers) if self.stop.source is None else None
         if rescuer is not None:
-            self._rescue_from(rescuer, dead_ranks=failed_ranks(self.workers))
+            return self._rescue_from(rescuer, dead_ranks=failed_ranks(self.workers))
+        return None
 
-    def _rescue_from(self, rescuer: Worker, **why: Any) -> None:
-        """Ask ``rescuer`` to commit its snapshot; wait (bounded) for its answer."""
-        deadline_s = rescue_deadline_s(self.job.storage_timeout)
-        emit(RESCUE_REQUESTED, rank=rescuer.rank, attempt=self.attempt, deadline_s=deadline_s, **why)
-        rescue = self._current_attempt.rescue = RescueWait(rank=rescuer.rank, attempt=self.attempt)
-        started = self.clock()
-        self._signal(rescuer, RESCUE_SIGNAL)
-        try:
-            self._wait(lambda: rescue.answer is not None or rescuer.returncode is not None, deadline_s)
-            rescue.observe(self._tail.pump())  # an answer written just as the rescuer exited
-            if rescue.answer is None:
-                reason = (f"rank {rescuer.rank} exited without answering" if rescuer.returncode is not None
-                          else f"no answer within {deadline_s:g} s")
-                emit(RESCUE_ABANDONED, rank=rescuer.rank, attempt=self.attempt, reason=reason,
-                     waited_s=round(self.clock() - started, 3))
-            self._current_attempt.rescue_answer = rescue.answer
-        finally:
-            self._current_attempt.rescue = None
-
-    def _room_to_grow(self) -> Resize | None:
-        """Elastic, below MAX and training: a resize to the larger size the launcher can place
-        now, if any (asked every CAPACITY_EVERY_S)."""
-        size = self._current_attempt.size
-        if not self.job.elastic or size >= self.job.workers:
-            return None
-        now = self.clock()
-        if now - self._asked_capacity_at < CAPACITY_EVERY_S or not self._training():
-            return None
-        self._asked_capacity_at = now
-        placeable = self._placeable()
-        if placeable <= size:
-            return None
-        return Resize(placeable, f"capacity returned: the launcher can place {placeable} workers")
+    def _rescue_from(self, rescuer: Worker, **why: Any) -> dict[str, Any] | None:
+        """Ask ``rescuer`` to commit its snapshot; wait (bounded) for its answer, and return it."""
+        return ask_for_rescue(self.group, self._current_attempt, rescuer, pump=self._tail.pump,
+                              deadline_s=rescue_deadline_s(self.job.storage_timeout), **why)
 
     def _notice_elsewhere(self) -> Resize | None:
-        """A worker's node announced its end (``notice-<rank>.json``) and it is not the
-        supervisor's (Ray, Slurm: launchers/api.py ``avoid_noticed``): the launcher places
-        nothing there again. The group is already saving the step it agreed on. Then:
-        fewer than MIN (a fixed-size run: its size) placeable without that node -> stop with
-        143 as on a notice for this host; elastic -> a planned resize to what can be placed
-        (the Resize: RESIZING, settled as a membership change, no budget spent); a fixed-size
-        run that still fits -> None: the attempt ends 143 and restarts elsewhere as a
-        preemption. None too while nothing was noticed, on a doomed host (``_settle`` stops
-        the run) and where the launcher cannot avoid a node."""
-        attempt_dir = self.run_dir.attempt(self.attempt)
-        if self.stop_signal is not None or self._current_attempt.resize is not None or not attempt_dir.notices():
+        """A worker's node announced its end and the launcher avoids it from now on
+        (ElasticPolicy.notice_elsewhere decides; ``node_avoided`` says what): stop with 143
+        (the run's stop request), or the Resize the group goes through (-> RESIZING), or None
+        (nothing noticed; a fixed-size run that still fits restarts elsewhere as a preemption)."""
+        attempt = self._current_attempt
+        if self.stop.source is not None:
             return None
-        if self.launcher.host_doomed(attempt_dir) is not None:
+        avoided = self.elastic.notice_elsewhere(self.run_dir.attempt(attempt.number), attempt.size)
+        if avoided is None:
             return None
-        nodes = self.launcher.avoid_noticed(attempt_dir)
-        if not nodes:
-            return None
-        providers = sorted({str(f.get("provider") or "unknown") for f in read_notices(attempt_dir).values()})
-        size = min(self._placeable(), self._current_attempt.size)
-        why = f"preemption notice ({', '.join(providers)}) on node {', '.join(nodes)}"
-        if size < self.job.world_sizes.start:
-            action = "stop"
-        elif not self.job.elastic:
-            action = "restart"
-        else:
-            action = "shrink" if size < self._current_attempt.size else "move"
-        emit("node_avoided", attempt=self.attempt, nodes=nodes, providers=providers, placeable=size, action=action)
-        if action == "stop":
-            self.stop_signal = f"notice:{providers[0]}"
-            emit("preemption_requested", source=self.stop_signal)
-            return None
-        if not self.job.elastic:
-            return None
-        return Resize(size, f"{why}: the group continues without it at {size} workers")
-
-    def _placeable(self) -> int:
-        """min(MAX, the launcher's capacity): the size to start an attempt at."""
-        capacity = self.launcher.capacity()
-        return self.job.workers if capacity is None else min(self.job.workers, capacity)
+        emit("node_avoided", attempt=attempt.number, nodes=avoided.nodes, providers=avoided.providers,
+             placeable=avoided.placeable, action=avoided.action)
+        if avoided.stop_source is not None:
+            self.stop.request(avoided.stop_source)
+            emit("preemption_requested", source=avoided.stop_source)
+        return avoided.resize
 
     def _step_resizing(self, resize: Resize) -> None:
         """Ask the group to stop at an agreed, saved step (as on a preemption) -> STOPPING,
         which settles the attempt as the membership change ``resize``."""
-        self._current_attempt.resize = resize
-        for worker in self._alive():
-            self._signal(worker, signal.SIGTERM)
-        self._to(RunState.STOPPING, reason="resize: the group saves at an agreed step")
+        for worker in self.group.alive():
+            self.group.send_signal(worker, signal.SIGTERM)
+        reason = "resize: the group saves at an agreed step"
+        self._to(RunState.STOPPING, reason=reason, carrying=Stop(StopCause.RESIZE, reason, resize=resize))
 
     def _watch_progress(self) -> Stall | None:
         """Feed the watchdog what the markers say (every WATCH_EVERY_S); a Stall when hung."""
-        now = self.clock()
-        if now - self._current_attempt.watched_at < WATCH_EVERY_S:
+        now = self.group.clock()
+        attempt = self._current_attempt
+        if now - attempt.watched_at < WATCH_EVERY_S:
             return None
-        self._current_attempt.watched_at = now
-        for rank, step_marker, phase_marker in self._marker_paths():
+        attempt.watched_at = now
+        for rank, step_marker, phase_marker in attempt.markers:
             self.watchdog.observe(now, rank, read_step(step_marker), read_phase(phase_marker))
         return self.watchdog.check(now)
 
-    def _marker_paths(self) -> list[tuple[int, str, str]]:
-        """(rank, step marker, phase marker) of each watched worker, built once per attempt
-        and group: the watchdog reads them every WATCH_EVERY_S (benchmarks/supervisor_scaling.py)."""
-        key = (self.attempt, [w.rank for w in self._watched()])
-        if self._markers is None or self._markers[0] != key:
-            attempt_dir = self.run_dir.attempt(self.attempt)
-            self._markers = key, [(rank, str(attempt_dir.step_marker(rank)), str(attempt_dir.phase_marker(rank)))
-                                  for rank in key[1]]
-        return self._markers[1]
-
-    def _watched(self) -> list[Worker]:
-        """The workers whose step and phase markers the hang watchdog reads: all of them
-        here; the parameter-server tier's coordinator only (supervisor/ps_supervisor.py)."""
-        return self.workers
-
     def _step_hung(self, stall: Stall) -> None:
         """Ask every watched worker for its stacks, name the stuck rank, announce it -> STOPPING."""
-        attempt_dir = self.run_dir.attempt(self.attempt)
-        watched = {w.rank for w in self._watched()}
-        alive = [w for w in self._alive() if w.rank in watched]
-        offsets = {w.rank: dump_size(attempt_dir.stacks(w.rank)) for w in alive}
-        for worker in alive:
-            self._signal(worker, STACKS_SIGNAL)
-        deadline = self.clock() + STACKS_WAIT_S
-        while self.clock() < deadline:
-            self.sleep(POLL_S)
-            self._poll()  # a launcher brings the dumps back; a worker may exit meanwhile
-            if all(dump_size(attempt_dir.stacks(rank)) > offset for rank, offset in offsets.items()):
-                self._sleep_fully(POLL_S)  # let a dump that has begun finish
-                self._poll()
-                break
-        stacks: dict[int, list[ThreadStack]] = {
-            rank: read_dump(attempt_dir.stacks(rank), offset) for rank, offset in offsets.items()
-        }
-        rank, why = choose_stuck_rank(stall.steps, stacks)
-        step = stall.steps.get(rank)
-        phase = stall.phases.get(rank)
-        hang: dict[str, Any] = {
-            "rank": rank,
-            "pid": next((w.process.pid for w in self.workers if w.rank == rank), None),
-            "global_step": step,
-            "epoch": phase.epoch if phase is not None else None,
-            "step_in_epoch": phase.step_in_epoch(step) if phase is not None else None,
-            "seconds": round(stall.seconds, 1),
-            "timeout_s": round(stall.allowed_s, 1),
-            "phase": stall.phase,
-            "where": describe_where(stacks.get(rank, [])),
-            "stacks": str(attempt_dir.stacks(rank)),
-            "chosen_by": why,
-            "steps": {str(r): s for r, s in sorted(stall.steps.items())},
-        }
-        # A rank that never finished a step never joined training (a peer it cannot reach,
-        # a slow restore): name each with its address, the first thing to check.
-        never = {str(w.rank): w.address for w in self._watched() if stall.steps.get(w.rank) is None}
-        if never:
-            hang["never_trained"] = never
-        self._current_attempt.hang = hang
+        watched = self.topology.watched(self.workers)
+        hang = collect_hang(self.run_dir.attempt(self.attempt), stall, watched, self.group)
         emit("hang_detected", attempt=self.attempt, **hang)
         self._tail.pump()
-        if self.job.memory_tier and self.stop_signal is None:  # a peer of the stuck rank commits its snapshot
-            rescuer = choose_hang_rescuer(self._alive(), stuck=rank)
+        rank, answer = hang["rank"], None
+        if self.job.memory_tier and self.stop.source is None:  # a peer of the stuck rank commits its snapshot
+            rescuer = choose_hang_rescuer(self.group.alive(), stuck=rank)
             if rescuer is not None:
-                self._rescue_from(rescuer, dead_ranks=[], stuck_rank=rank)
-        self._to(RunState.STOPPING, reason=f"hang: rank {rank} made no progress for {stall.seconds:.0f} s")
+                answer = self._rescue_from(rescuer, dead_ranks=[], stuck_rank=rank)
+        reason = f"hang: rank {rank} made no progress for {stall.seconds:.0f} s"
+        self._to(RunState.STOPPING, reason=reason, carrying=Stop(StopCause.HANG, reason, hang=hang, rescue_answer=answer))
 
-    def _step_stopping(self, _: None) -> None:
-        """Tear the attempt down, then settle it: root cause and the policy's decision."""
-        self._tear_down()
-        self._settle()
+    def _step_stopping(self, stop: Stop) -> None:
+        """Tear the attempt down (the topology's way), then settle it: root cause and the policy's decision."""
+        self.topology.tear_down(self.group, stop)
+        self._settle(stop)
 
-    def _tear_down(self) -> None:
-        """Stop every worker of the attempt (the poll that saw the reason to stop is this
-        step's first); the parameter-server tier stops its coordinator first (ps_supervisor.py)."""
-        attempt = self._current_attempt
-        kill_at: float | None = None
-        forwarded = False
-        while True:
-            alive = self._alive()
-            if not alive:
-                break
-            now = self.clock()
-            self._check_launcher_stop()
-            if attempt.resize is not None and kill_at is None:
-                kill_at = now + self.job.grace_period  # RESIZING asked for the agreed save
-            if self.stop_signal is not None and not forwarded:
-                forwarded = True
-                for worker in alive:
-                    self._signal(worker, signal.SIGTERM)
-                kill_at = now + self.job.grace_period
-            elif kill_at is None:  # a worker failed, or the group hung
-                if attempt.hang is not None:
-                    kill_at = now  # a hung group can save nothing: waiting is pure recovery time
-                elif self._preempting():
-                    # The peers agreed on the same step and are saving it; a second SIGTERM
-                    # would only race their exit. They get the grace period, then SIGKILL.
-                    kill_at = now + self.job.grace_period
-                else:
-                    for worker in alive:
-                        self._signal(worker, signal.SIGTERM)
-                    settled = self._chief_failed() or nothing_left_to_commit(attempt.rescue_answer)
-                    kill_at = now if settled else now + self.teardown_grace_s
-            if kill_at is not None and now >= kill_at:
-                for worker in alive:
-                    worker.frozen = worker.frozen or _is_frozen(worker.process.pid)
-                    self._kill(worker)
-            self.sleep(POLL_S)
-            self._poll()
-
-    def _sleep_fully(self, seconds: float) -> None:
-        """Sleep ``seconds`` even where a pause ends early (a child's exit, signals.py)."""
-        deadline = self.clock() + seconds
-        while (left := deadline - self.clock()) > 0:
-            self.sleep(left)
-
-    def _wait(self, done: Callable[[], bool], timeout_s: float | None) -> None:
-        """Poll until ``done()`` or ``timeout_s`` passed (None: until ``done()``)."""
-        deadline = None if timeout_s is None else self.clock() + timeout_s
-        while not done() and (deadline is None or self.clock() < deadline):
-            self.sleep(POLL_S)
-            self._poll()
-
-    def _kill(self, worker: Worker) -> None:
-        worker.state = WorkerState.KILLED
-        self._signal(worker, signal.SIGKILL)
-
-    def _signal(self, worker: Worker, sig: int) -> None:
-        """Send ``sig`` to ``worker``; one that is already gone is no error."""
-        try:
-            worker.process.send_signal(sig)
-        except ProcessLookupError:
-            pass
-
-    def _settle(self) -> None:
+    def _settle(self, stop: Stop) -> None:
         """Every worker of the attempt is gone: decide where the run goes."""
-        outcome = self._outcome(self.attempt, self.workers)
+        outcome = self._judge.outcome(self.attempt, self.workers, stop, stop_requested=self.stop.source is not None)
         self._tail.pump()
         if outcome is None:
             self._to(RunState.SUCCEEDED)
             return
-        if self.stop_signal is None and (doomed := self.launcher.host_doomed(self.run_dir.attempt(self.attempt))):
-            self.stop_signal = doomed  # a preemption notice for this host (launchers/api.py host_doomed)
+        if self.stop.source is None and (doomed := self.launcher.host_doomed(self.run_dir.attempt(self.attempt))):
+            self.stop.request(doomed)  # a preemption notice for this host (launchers/api.py host_doomed)
             emit("preemption_requested", source=doomed)
-        if self.stop_signal is not None:
+        if self.stop.source is not None:
             self.totals.preemptions += 1
-            self._to(RunState.PREEMPTED, reason=f"stop requested ({self.stop_signal})")
+            self._to(RunState.PREEMPTED, reason=f"stop requested ({self.stop.source})")
             return
-        outcome, resize = self._as_membership_change(outcome)
+        resize = self.elastic.membership_change(outcome, stop, self._current_attempt.size)
+        if resize is not None:
+            outcome = dataclasses.replace(outcome, membership_change=True)
         decision = self.tracker.record(outcome)
         self.totals.restarts = self.tracker.restarts
         self.totals.preemptions = self.tracker.preemptions
@@ -650,32 +452,10 @@ class Supervisor:
                 emit(decision.event, reason=decision.reason, attempt=self.attempt)
             self._tail.pump()
             self.out.write(f"Stopping: {decision.reason}\n")
-            self._fatal = outcome.exit_class is ExitClass.FATAL
-            self._to(RunState.FAILED, reason=decision.reason)
+            fatal = Failed(fatal=outcome.exit_class is ExitClass.FATAL)
+            self._to(RunState.FAILED, reason=decision.reason, carrying=fatal)
             return
         self._to(RunState.RESTARTING, reason=decision.reason, carrying=Restart(decision, resize))
-
-    def _as_membership_change(self, outcome: AttemptOutcome) -> tuple[AttemptOutcome, Resize | None]:
-        """An elastic run's attempt that ended because membership changed, marked as such,
-        and the resize the next attempt starts at (None: any other ending).
-
-        Two cases, neither a failure: the group stopped cleanly for a resize (RESIZING), or
-        it broke and the launcher can now place fewer workers than it had but at least MIN
-        (a node lost, no spare; the lost worker is why it broke). Anything else, and any
-        fatal error, stays what it was.
-        """
-        if not self.job.elastic or outcome.exit_class is ExitClass.FATAL:
-            return outcome, None
-        attempt = self._current_attempt
-        if attempt.resize is not None:
-            if outcome.exit_class is ExitClass.PREEMPTED:
-                return dataclasses.replace(outcome, membership_change=True), attempt.resize
-            return outcome, None  # the resize stop went wrong: settle it as what it was
-        placeable = self._placeable()
-        if self.job.world_sizes.start <= placeable < attempt.size:
-            resize = Resize(placeable, f"capacity fell: the launcher can place {placeable} of {attempt.size} workers")
-            return dataclasses.replace(outcome, membership_change=True), resize
-        return outcome, None
 
     def _step_restarting(self, restart: Restart) -> None:
         """Announce the gang restart, wait the backoff -> STARTING the next attempt."""
@@ -689,282 +469,14 @@ class Supervisor:
             backoff_s=round(decision.backoff_s, 3),
         )
         self._tail.pump()
-        self._sleep_fully(decision.backoff_s)
-        self.attempt += 1
-        self._to(RunState.STARTING, carrying=restart.resize)
+        self.group.sleep_fully(decision.backoff_s)
+        self._to(RunState.STARTING, carrying=Start(self.attempt + 1, restart.resize))
 
-    # ------------------------------------------------------------ attempt
-    def _start_at_placeable_size(self, attempt: int, resize: Resize | None) -> tuple[int, list[Worker]]:
-        """Start ``attempt`` at the job's size or, elastic, at the largest size that can be
-        placed; returns the size and the workers.
-
-        Elastic: start at min(MAX, capacity) (or ``resize``'s size); when the launcher cannot
-        place that many after all, ask again and retry smaller, down to MIN.
-        ``world_size_changed`` announces a size other than the previous attempt's.
-        """
-        if not self.job.elastic:
-            return self.job.workers, self._start(attempt, self.job.workers)
-        size, reason = (resize.size, resize.reason) if resize is not None else (self._placeable(), "")
-        low = self.job.world_sizes.start
-        previous = self.current.size if self.current is not None else self.job.workers
-        while True:
-            if size < low:
-                raise RestartNotPlacedError(
-                    f"the launcher can place {size} workers; --workers {low}:{self.job.workers} needs at least {low}")
-            if size != previous:
-                changed_from: dict[str, Any] = {"from": previous}  # a keyword Python reserves
-                emit("world_size_changed", attempt=attempt, **changed_from,
-                     to=size, reason=reason or f"the launcher can place {size} workers")
-                self._tail.pump()
-                self.out.write(f"Attempt {attempt}: {previous} -> {size} workers ({reason or 'capacity'})\n")
-            try:
-                return size, self._start(attempt, size)
-            except RestartNotPlacedError:
-                smaller = min(self._placeable(), size - 1)
-                if smaller < low:
-                    raise
-                size, reason = smaller, f"no placement for {size} workers"
-
-    def _start(self, attempt: int, size: int) -> list[Worker]:
-        attempt_dir = self.run_dir.attempt(attempt)
-        attempt_dir.path.mkdir(parents=True, exist_ok=True)
-        generation = generation_for(self.store, attempt)  # the chief claims it
-        # Credentials travel in the environment only; job.json shows them as *** (job/config.py).
-        # The umask travels too: a worker on another node (Ray) does not inherit ours.
-        env = WorkerEnvironment(attempt, self.run_id, generation, storage_secrets=self.job.secrets(),
-                                umask=current_umask()).to_environ()
-        env["PYTHONUNBUFFERED"] = "1"
-        env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-        specs = [WorkerSpec(rank, attempt, self.job, env, attempt_dir.path) for rank in self._ranks(size)]
-        write_atomic(attempt_dir.job, self.job.to_json())
-        handles = self.launcher.start(specs)
-        workers = []
-        for spec, handle in zip(specs, handles):
-            described: dict[str, Any] = self.launcher.describe(handle)
-            address = described.get("address") or described.get("node_ip")
-            workers.append(Worker(spec.rank, attempt, handle, spec.log_path, address=str(address) if address else None))
-            emit("worker_started", rank=spec.rank, pid=handle.pid, attempt=attempt, log=str(spec.log_path),
-                 **self._rank_fields(spec.rank), **described)
-        return workers
-
-    def _ranks(self, size: int) -> range:
-        """The ranks an attempt of ``size`` workers starts (a tier with other processes says more)."""
-        return range(size)
-
-    def _rank_fields(self, rank: int) -> dict[str, Any]:
-        """Extra ``worker_started`` fields for ``rank`` (the parameter-server tier adds its role)."""
-        return {}
-
-    def _not_started(self, attempt: int, exc: RestartNotPlacedError) -> None:
-        """The launcher could not start a restart (e.g. no node for a lost slot): the run fails.
-
-        Like an exhausted budget: root cause, ``launch_failed``, ``summary.json`` naming the
-        last commit, ``EXIT_FAILURE``; a re-run (once the cluster can place it) resumes there.
-        """
-        self.totals.root_cause = RootCauseRecord(
-            rank=None, pid=None, exit="not started", type=type(exc).__name__,
-            message=str(exc), global_step=self._reached(attempt - 1), attempt=attempt,
-        )
-        emit("launch_failed", attempt=attempt, launcher=self.launcher.name, reason=str(exc))
-        self._tail.pump()
-        self.out.write(f"Stopping: attempt {attempt} could not start: {exc}\n")
-        self._to(RunState.FAILED, reason=f"attempt {attempt} could not start: {exc}")
-
-    def _poll(self) -> None:
-        """One poll of the attempt: print new events, let the launcher work, reap exits."""
-        records = self._tail.pump()
-        if self.current is not None and self.current.rescue is not None:
-            self.current.rescue.observe(records)
-        self.launcher.maintain(training=self._training())
-        for worker in self.workers:
-            if worker.returncode is None:
-                code = worker.process.poll()
-                if code is not None:
-                    self._exited(worker, code)
-
-    def _alive(self) -> list[Worker]:
-        return [w for w in self.workers if w.returncode is None]
-
-    def _check_launcher_stop(self) -> None:
-        if self.stop_signal is None and self.launcher.stop_requested():
-            self.stop_signal = f"launcher:{self.launcher.name}"
-            emit("preemption_requested", source=self.stop_signal)
-
+    # ------------------------------------------------------------ signals
     def _on_stop_signal(self, name: str) -> None:
         """The installed SIGTERM/SIGINT callback: record the first request; the loop acts on it."""
-        if self.stop_signal is None:
-            self.stop_signal = name
+        if self.stop.request(name):
             emit("preemption_requested", source=f"supervisor:{name}")
-
-    def _training(self) -> bool:
-        """The chief finished a step of this attempt (its step marker is written)."""
-        if not any(w.rank == 0 for w in self.workers):
-            return False
-        try:
-            return self.run_dir.attempt(self.attempt).step_marker(0).stat().st_size > 0
-        except OSError:
-            return False
-
-    def _chief_failed(self) -> bool:
-        """The chief exited abnormally: nobody left can commit, so nothing is worth waiting for."""
-        return any(w.rank == 0 and w.returncode not in (None, EXIT_OK) for w in self.workers)
-
-    def _preempting(self) -> bool:
-        """A worker exited 'preempted': its peers are saving at the agreed step; let them."""
-        return any(w.returncode == EXIT_PREEMPTED for w in self.workers)
-
-    def _exited(self, worker: Worker, code: int) -> None:
-        worker.returncode = code
-        worker.exit_time = self.clock()
-        if worker.state is WorkerState.RUNNING:
-            worker.state = WorkerState.EXITED
-        fields: dict[str, Any] = {"rank": worker.rank, "pid": worker.process.pid, "attempt": worker.attempt}
-        if code < 0:
-            fields["signal"] = signal.Signals(-code).name
-        else:
-            fields["exit_code"] = code
-        lost = self.launcher.lost_reason(worker.process)
-        if lost is not None:  # e.g. "node lost": the launcher knows better than the exit code
-            fields["reason"] = lost
-        emit("worker_exited", **fields, state=worker.state.value)
-        if code not in (EXIT_OK,):
-            emit(
-                "worker_failed" if code != EXIT_PREEMPTED else "worker_preempted",
-                **fields,
-                classification=classify(code).value,
-            )
-
-    def _outcome(self, attempt: int, workers: list[Worker]) -> AttemptOutcome | None:
-        """None when every worker exited 0 and the run's final checkpoint is committed;
-        otherwise what ended the attempt."""
-        attempt_dir: AttemptDir = self.run_dir.attempt(attempt)
-        if all(w.returncode == EXIT_OK for w in workers):
-            if self._completed_manifest() is not None:
-                return None
-            return self._exited_without_completing(attempt)
-        hang = self.current.hang if self.current is not None else None
-        if hang is not None and self.stop_signal is None:
-            return self._hung_outcome(attempt, hang)
-        exits = {w.rank: (w.process.pid, w.returncode, w.exit_time) for w in workers  # those that exited
-                 if w.returncode is not None and w.exit_time is not None}
-        reached = self._reached(attempt)
-        root = choose_root_cause(
-            exits, read_errors(attempt_dir.path), lambda rank: log_tail(attempt_dir.log(rank), 15),
-            exit_notes={w.rank: _FROZEN_NOTE for w in workers if w.frozen},
-            torn_down={w.rank for w in workers if w.state is WorkerState.KILLED and not w.frozen},
-            reached=reached,
-        )
-        if reached is not None:
-            emit("attempt_reached", attempt=attempt, global_step=reached)
-        preempted = self.stop_signal is not None or any(w.returncode == EXIT_PREEMPTED for w in workers)
-        if root is None:  # everyone exited 0 or 143: a clean preemption
-            return AttemptOutcome(attempt, ExitClass.PREEMPTED, "preempted", reached, preempted=True)
-        self.totals.root_cause = RootCauseRecord(
-            rank=root.rank,
-            pid=root.pid,
-            exit=root.exit_description,
-            type=root.error.type if root.error else None,
-            message=root.error.message if root.error else None,
-            global_step=root.global_step,
-            attempt=attempt,
-        )
-        if not preempted:
-            self.out.write(root.render() + "\n")
-        exit_class = classify(root.returncode) if root.returncode is not None else ExitClass.FAILED
-        if preempted and exit_class is not ExitClass.FATAL:
-            exit_class = ExitClass.PREEMPTED
-        return AttemptOutcome(attempt, exit_class, root.signature, root.global_step, preempted=preempted)
-
-    def _hung_outcome(self, attempt: int, hang: dict[str, Any]) -> AttemptOutcome:
-        """The attempt hung (``hang``: hang_detected's fields) and was killed: the stuck rank
-        is the root cause.
-
-        Its signature names the rank, so a hang at the same step on the same rank in two
-        attempts in a row is a crash loop (policy.py); each hang spends the failure budget.
-        """
-        reached = self._reached(attempt)
-        if reached is not None:
-            emit("attempt_reached", attempt=attempt, global_step=reached)
-        self.totals.root_cause = RootCauseRecord(
-            rank=hang["rank"], pid=hang["pid"], exit="hung (no progress; the supervisor SIGKILLed the group)",
-            type="Hang", message=hang_line(hang), global_step=hang["global_step"], attempt=attempt,
-            seconds=hang["seconds"], stacks=hang["stacks"], where=hang["where"],
-        )
-        return AttemptOutcome(attempt, ExitClass.FAILED, f"hang on rank {hang['rank']}", hang["global_step"])
-
-    def _exited_without_completing(self, attempt: int) -> AttemptOutcome:
-        """Every worker exited 0, yet storage holds no completed checkpoint.
-
-        A worker only exits 0 after the chief committed the final, ``completed`` manifest,
-        so this is never success: the checkpoints went where the supervisor cannot see
-        them (a per-process ``memory://`` filesystem) or a worker quit early. Reporting
-        "completed" here would hand the user a digest of nothing.
-        """
-        reached = self._reached(attempt)
-        signature = "workers exited 0 but no completed checkpoint is in storage"
-        self.totals.root_cause = RootCauseRecord(
-            rank=None, pid=None, exit="exit code 0", type="IncompleteRun",
-            message=f"{signature} ({self.store.url})", global_step=reached, attempt=attempt,
-        )
-        emit("attempt_incomplete", attempt=attempt, global_step=reached, storage=self.store.url)
-        self.out.write(f"Attempt {attempt}: {signature} ({self.store.url}).\n")
-        return AttemptOutcome(attempt, ExitClass.FAILED, signature, reached)
-
-    def _reached(self, attempt: int) -> int | None:
-        """The highest global step any worker of ``attempt`` finished (from its step marker)."""
-        return reached_step(self.run_dir, attempt)
-
-    # ------------------------------------------------------------ finish
-    def _finish(self) -> int:
-        """The run reached a terminal state: count lost steps, write summary.json, exit code."""
-        status = _STATUS[self.machine.state]
-        manifest = self.store.latest_manifest()
-        self.totals.lost_steps = count_lost_steps(self.run_dir, read_events(self.run_dir.events))
-        summary = self._write_summary(status, manifest)
-        emit(
-            "run_finished",
-            status=status,
-            global_step=summary["global_step"],
-            weights_sha256=summary["weights_sha256"],
-            restarts=self.totals.restarts,
-            preemptions=self.totals.preemptions,
-            lost_steps=self.totals.lost_steps,
-            exact=summary["exact"],
-            inexact=summary["inexact"],
-        )
-        self._tail.pump()
-        self.out.write(
-            f"Run {status}{_not_exact(summary['inexact'])}: global step {summary['global_step']}, weights_sha256 "
-            f"{summary['weights_sha256']}{_not_exact_why(summary['inexact'])}\nSummary: {self.run_dir.summary}  "
-            f"Events: {self.run_dir.events}  Logs: {self.run_dir.worker_logs_glob}\n"
-        )  # the run command writes the page next and prints its path (commands/run.py)
-        if status == "completed":
-            return EXIT_OK
-        if status == "preempted":
-            return EXIT_PREEMPTED
-        return EXIT_FATAL if self._fatal else EXIT_FAILURE
-
-    def _write_summary(self, status: str, manifest: Manifest | None) -> dict[str, Any]:
-        summary = build_summary(
-            status=status,
-            run_id=self.run_id,
-            recipe=self.job.recipe,
-            workers=self.job.workers,
-            run_dir=self.run_dir,
-            storage_url=self.store.url,
-            manifest=manifest,
-            totals=self.totals,
-            records=read_events(self.run_dir.events),
-            wall_time_s=self.clock() - self._started,
-            finished_at=dt.datetime.now(dt.timezone.utc),
-        )
-        summary.update(self._summary_fields())
-        write_summary(self.run_dir, summary)
-        return summary
-
-    def _summary_fields(self) -> dict[str, Any]:
-        """Keys a tier adds at the end of ``summary.json`` (none for MultiWorkerMirroredStrategy)."""
-        return {}
 
     # ------------------------------------------------------------ helpers
     def _completed_manifest(self) -> Manifest | None:
@@ -978,38 +490,6 @@ class Supervisor:
         return manifest
 
 
-def _not_exact(inexact: list[dict[str, Any]]) -> str:
-    """``, NOT exact`` after the run's status when its newest checkpoint records inexact resumes."""
-    return ", NOT exact" if inexact else ""
-
-
-def _not_exact_why(inexact: list[dict[str, Any]]) -> str:
-    """Why, at the end of the final line (console.inexact_text's words)."""
-    return f"; not an uninterrupted run's weights: {inexact_text(inexact)}" if inexact else ""
-
-
-_FROZEN_NOTE = "stopped responding (process stopped, e.g. SIGSTOP; the supervisor SIGKILLed it)"
-
-
-def _isatty(stream: TextIO) -> bool:
-    """A terminal gets the progress line redrawn in place; a file or pipe gets periodic lines."""
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        return False
-
-
-def _is_frozen(pid: int) -> bool:
-    """Whether a local process is stopped by a signal (state T/t in /proc: SIGSTOP, a
-    debugger); False when unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(") ", 1)[1][:1] in ("T", "t")
-    except (OSError, IndexError):
-        return False
-
-
 def _newest_extra(store: CheckpointStore) -> dict[str, Any] | None:
     manifest = store.latest_manifest()
     return manifest.extra if manifest is not None else None
-

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pytest
 
 from resilient_train.checkpoint import CheckpointStore, Status
-from resilient_train.checkpoint import store as store_module
+from resilient_train.checkpoint import commit_path as store_module
 from resilient_train.checkpoint._files import write_create_only
 from resilient_train.errors import StaleWriterError, StorageError
 from tests.support.storage import WEIGHTS, Backend, write_ckpt_dir
@@ -116,8 +116,8 @@ def test_a_commit_without_a_pause_reads_the_fence_before_it_starts_and_before_it
     store = backend.store(url)
     store.claim_generation(1, run_id="run-1", attempt=1)
     reads: list[int | None] = []
-    newest = store._fence.newest
-    monkeypatch.setattr(store._fence, "newest", lambda: reads.append(newest()) or reads[-1])
+    newest = store._writer._fence.newest
+    monkeypatch.setattr(store._writer._fence, "newest", lambda: reads.append(newest()) or reads[-1])
     monkeypatch.setattr(store_module, "_monotonic", lambda: 0.0)  # no time passes between uploads
     commit(backend, store, 10)
     assert reads == [1, 1]  # not once per file: each read is a listing of the storage

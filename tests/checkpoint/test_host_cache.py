@@ -61,7 +61,7 @@ def test_a_restart_restores_from_the_host_cache_without_downloading(stores, monk
     def no_download(*args, **kwargs):
         raise AssertionError("downloaded from shared storage")
 
-    monkeypatch.setattr(reader, "_download", no_download)  # the bytes must come from the cache
+    monkeypatch.setattr(reader._reader, "_download", no_download)  # the bytes must come from the cache
     got, local = reader.restore_latest(tmp / "rank-1" / "cache")
     assert got == manifest and _fetched(events) == ["host_cache"]
     assert {rel: sha256_file(local / rel) for rel in manifest.files} == manifest.files

@@ -137,8 +137,8 @@ def test_retain_never_deletes_the_newest_good_one_nor_damaged_ones(backend: Back
 def test_retention_after_each_commit_reads_only_manifests_it_has_not_seen(backend: Backend, monkeypatch) -> None:
     store = backend.store()
     reads: list[int] = []
-    read_manifest = store._read_manifest
-    monkeypatch.setattr(store, "_read_manifest", lambda step: reads.append(step) or read_manifest(step))
+    read_manifest = store._reader._read_manifest
+    monkeypatch.setattr(store._reader, "_read_manifest", lambda step: reads.append(step) or read_manifest(step))
     deleted = []
     for gs in (1, 2, 3, 4):
         backend.commit(store, gs)
@@ -154,7 +154,7 @@ def test_retention_after_each_commit_reads_only_manifests_it_has_not_seen(backen
 
 
 def test_known_entries_are_linked_unread_on_local_disk_and_checked_when_streamed(backend: Backend, monkeypatch) -> None:
-    from resilient_train.checkpoint import store as store_module
+    from resilient_train.checkpoint import commit_path as store_module
     from resilient_train.checkpoint.manifest import FileEntry
 
     store = backend.store()

@@ -44,7 +44,7 @@ def test_returning_capacity_stops_the_group_at_an_agreed_save_and_restarts_it_la
         workers="1:2",
     )
     supervisor.launcher.capacity = lambda: 1 if clock.now < 1002.0 else 2
-    supervisor._training = lambda: True  # the chief's step marker, which no fake writes
+    supervisor.group.training = lambda: True  # the chief's step marker, which no fake writes
     assert supervisor.run() == EXIT_OK
     assert resizes(tmp_path) == [
         (1, 2, 1, "the launcher can place 1 workers"),  # started below MAX
@@ -120,8 +120,8 @@ class PlacesAtMost(object):
 
 
 def test_a_size_that_cannot_be_placed_after_all_is_tried_smaller_down_to_min(tmp_path):
-    supervisor, spawner, _, _ = make(tmp_path, [{"exit_at": 1.0}, {"exit_at": 1.0}], workers="1:3", global_batch_size=6)
-    supervisor.launcher = PlacesAtMost(supervisor.launcher, most=2, claims=3)
+    supervisor, spawner, _, _ = make(tmp_path, [{"exit_at": 1.0}, {"exit_at": 1.0}], workers="1:3", global_batch_size=6,
+                                     launcher_from=lambda launcher, **_: PlacesAtMost(launcher, most=2, claims=3))
     assert supervisor.run() == EXIT_OK
     assert resizes(tmp_path) == [(1, 3, 2, "no placement for 3 workers")]
     assert summary(tmp_path)["world_sizes"] == {"1": 2}

@@ -94,10 +94,10 @@ def test_sigterm_reaches_the_coordinator_first_and_the_servers_only_once_it_is_g
 
     def sleep_then_signal(seconds: float) -> None:
         original_sleep(seconds)
-        if clock.now - 1000.0 >= 1.0 and supervisor.stop_signal is None:
-            supervisor.stop_signal = "SIGTERM"
+        if clock.now - 1000.0 >= 1.0:
+            supervisor.stop.request("SIGTERM")
 
-    supervisor.sleep = sleep_then_signal
+    supervisor.group.sleep = sleep_then_signal
     assert supervisor.run() == EXIT_PREEMPTED
     (term, term_at), (kill, kill_at) = spawner.processes[0].signals
     assert (term, kill) == ("SIGTERM", "SIGKILL") and 2.0 <= kill_at - term_at <= 2.05 + 1e-6  # the grace period (one poll)
@@ -110,7 +110,7 @@ def test_the_watchdog_watches_the_coordinator_only(tmp_path):
     supervisor, _, _ = make(tmp_path, [{"exit_at": 2.0}, SERVER, SERVER, SERVER])
     assert supervisor.run() == EXIT_OK
     assert [w.rank for w in supervisor.workers] == [0, 1, 2, 3]
-    assert [w.rank for w in supervisor._watched()] == [0]
+    assert [w.rank for w in supervisor.topology.watched(supervisor.workers)] == [0]
 
 
 def test_a_coordinator_without_progress_is_hung_named_and_the_attempt_restarted(tmp_path):

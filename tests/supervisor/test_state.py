@@ -113,3 +113,28 @@ def test_a_transition_carries_its_payload_to_the_next_without_announcing_it():
     assert emit.events == [(EVENT_RUN_STATE, {"from": "running", "to": "hung", "attempt": 1, "reason": "no progress"})]
     machine.transition(RunState.STOPPING, attempt=1)
     assert machine.carried is None
+
+
+def test_each_state_is_entered_carrying_its_one_payload_type():
+    import dataclasses
+
+    from resilient_train.supervisor.attempt import CARRIED_BY, Failed, Resize, Start, Stop, StopCause, expect_carried
+
+    assert {state.value: kind.__name__ for state, kind in CARRIED_BY.items()} == {
+        "starting": "Start", "hung": "Stall", "resizing": "Resize", "stopping": "Stop", "restarting": "Restart",
+        "failed": "Failed"}
+    expect_carried(RunState.STARTING, Start(2, Resize(3, "capacity fell")))
+    expect_carried(RunState.RUNNING, None)
+    with pytest.raises(RuntimeError, match="stopping is entered carrying a Stop, not None"):
+        expect_carried(RunState.STOPPING, None)
+    with pytest.raises(RuntimeError, match="failed is entered carrying a Failed"):
+        expect_carried(RunState.FAILED, Start(1))
+    hang = Stop(StopCause.HANG, "hang: rank 1 made no progress for 30 s", hang={"rank": 1})
+    assert (hang.cause, hang.hang, hang.resize, hang.rescue_answer) == (StopCause.HANG, {"rank": 1}, None, None)
+    with pytest.raises(ValueError, match="Received cause=failure with hang="):
+        Stop(StopCause.FAILURE, "worker 1 exited abnormally", hang={"rank": 1})
+    with pytest.raises(ValueError, match="Received cause=resize with resize=None"):
+        Stop(StopCause.RESIZE, "resize")
+    assert dataclasses.replace(hang, rescue_answer={"event": "rescue_committed"}).rescue_answer == {
+        "event": "rescue_committed"}
+    assert Failed().fatal is False

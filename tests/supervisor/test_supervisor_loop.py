@@ -17,6 +17,7 @@ from resilient_train.checkpoint import CheckpointStore
 from resilient_train.job.config import JobConfig
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED, RestartNotPlacedError
 from resilient_train.job.recipe import recipe_name
+from resilient_train.supervisor.launchers import Launcher
 from resilient_train.supervisor.launchers.local import LocalLauncher
 from resilient_train.supervisor.policy import RestartPolicy, RestartTracker
 from resilient_train.supervisor.signals import NoSignals
@@ -105,7 +106,10 @@ class FakeSpawner:
         return process
 
 
-def make(tmp_path: Path, scripts: list[dict], **job_kwargs) -> tuple[Supervisor, FakeSpawner, FakeClock, io.StringIO]:
+def make(tmp_path: Path, scripts: list[dict], *, launcher_from: Callable[..., Launcher] | None = None,
+         **job_kwargs) -> tuple[Supervisor, FakeSpawner, FakeClock, io.StringIO]:
+    """``launcher_from(launcher, job=, spawner=, clock=)``: the launcher the supervisor gets instead
+    of the LocalLauncher over the fake spawner (a wrapper, or one of the test's own)."""
     clock = FakeClock()
     out = io.StringIO()
     job = JobConfig(
@@ -115,7 +119,9 @@ def make(tmp_path: Path, scripts: list[dict], **job_kwargs) -> tuple[Supervisor,
         **job_kwargs,
     )
     spawner = FakeSpawner(clock, scripts, storage=tmp_path / "run" / "checkpoints", recipe=job.recipe)
-    launcher = LocalLauncher(job, spawner=spawner)
+    launcher: Launcher = LocalLauncher(job, spawner=spawner)
+    if launcher_from is not None:
+        launcher = launcher_from(launcher, job=job, spawner=spawner, clock=clock)
     supervisor = Supervisor(job, out=out, launcher=launcher, clock=clock.time, sleep=clock.sleep, backoff_initial_s=0.25)
     return supervisor, spawner, clock, out
 
@@ -229,10 +235,10 @@ def test_supervisor_sigterm_is_forwarded_and_exit_code_is_143(tmp_path):
 
     def sleep_then_signal(seconds: float) -> None:
         original_sleep(seconds)
-        if clock.now - 1000.0 >= 1.0 and supervisor.stop_signal is None:
-            supervisor.stop_signal = "SIGTERM"  # what the signal handler records
+        if clock.now - 1000.0 >= 1.0:
+            supervisor.stop.request("SIGTERM")  # what the signal handler records
 
-    supervisor.sleep = sleep_then_signal
+    supervisor.group.sleep = sleep_then_signal
     assert supervisor.run() == EXIT_PREEMPTED
     assert [p.signals[0][0] for p in spawner.processes] == ["SIGTERM", "SIGTERM"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "preempted"
@@ -263,7 +269,7 @@ def test_a_frozen_worker_is_the_root_cause_that_stopped_responding(tmp_path, mon
     class UnavailableError(Exception):
         pass
 
-    monkeypatch.setattr("resilient_train.supervisor.supervisor._is_frozen", lambda pid: pid == 4001)
+    monkeypatch.setattr("resilient_train.supervisor.topology.is_frozen", lambda pid: pid == 4001)
     scripts = [{"exit_at": 0.5, "exit_code": EXIT_FAILURE}, {"exit_at": None}]
     supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=0)
     spawn = spawner.__call__

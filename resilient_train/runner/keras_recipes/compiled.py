@@ -37,11 +37,11 @@ What is honoured and why only this:
 
 Refused, with one line (``RecipeError``; the supervisor refuses the literal cases before
 workers start, job/recipe.py): ``weighted_metrics`` with several outputs, ``loss_weights``
-for one output, a
-metric with one result per class or threshold, a ``Metric`` class of the user's own (its
-state may not be a sum), a model class that overrides
-``train_step`` / ``test_step`` / ``compute_loss`` / ``compute_metrics`` (the runner's step would
-silently ignore it), ``run_eagerly=True``, ``jit_compile=True`` and
+for one output, a metric with one result per class or threshold, a ``Metric`` class of the
+user's own (its state may not be a sum), a model class that overrides ``test_step`` /
+``compute_loss`` / ``compute_metrics`` without ``train_step`` (the runner's step would
+silently ignore it; one that overrides ``train_step`` never gets here: its own step runs,
+runner/keras_recipes/own_step.py), ``run_eagerly=True``, ``jit_compile=True`` and
 ``steps_per_execution`` other than 1 (the runner's ``--steps-per-execution`` does that).
 """
 
@@ -59,7 +59,7 @@ from resilient_train.job.recipe import Recipe, is_fit_script
 from resilient_train.runner.keras_recipes.metric_states import ADDITIVE, MetricStates, StatefulMetric, built_for
 
 __all__ = ["is_compiled", "from_compiled", "same_rank", "per_sample", "per_example_loss", "resolved_metrics", "split_stateful", "refusal",
-           "TRAINER_OVERRIDES"]
+           "from_fit_script", "TRAINER_OVERRIDES"]
 
 TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 
@@ -75,12 +75,13 @@ def refusal(recipe: Recipe, what: str) -> RecipeRefused:
 
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
     """One line in the user's terms: a fit script has no build_model(), it compiled a model."""
-    if _from_fit_script(recipe):
+    if from_fit_script(recipe):
         return RecipeRefused(f"Script {Path(recipe.source).name}: its model was compiled with {what}")
     return RecipeRefused(f"recipe {recipe.name}: build_model() returned a compiled model with {what}")
 
 
-def _from_fit_script(recipe: Recipe) -> bool:
+def from_fit_script(recipe: Recipe) -> bool:
+    """Is ``recipe`` a model.fit script's (runner/keras_recipes/fitscript.py), not a recipe module?"""
     try:
         return bool(recipe.source) and is_fit_script(recipe.source)
     except (RecipeError, OSError):  # not a readable file: a recipe module

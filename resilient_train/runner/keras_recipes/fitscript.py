@@ -46,6 +46,12 @@ metrics stay unweighted, as Keras' ``metrics=`` are.
 It evaluates every N-th epoch and, unlike Keras when N does not divide the epochs, after
 the last one too.
 
+A model whose class overrides ``train_step`` trains with that step (runner/keras_recipes/own_step.py).
+Its twin for the asynchronous checkpoint (:func:`model_then_twins`) is a clone, or, for a
+subclass Keras cannot clone, its class called again with the arguments the script called it
+with (the ``keras.Model.__new__`` seam records them), each model among them copied.
+:func:`script_model` runs a script up to its ``fit`` call for ``resilient-train export``.
+
 When the loop completes, ``fit`` returns and the rest of the script runs (evaluate, save):
 once per completed run, on every worker. A stop agreed on SIGTERM saves and ends the
 script at ``fit`` (exit 143): the code after ``fit`` does not run then.
@@ -80,11 +86,12 @@ from resilient_train.job.recipe import (
 from resilient_train.runner.input.indexed import IndexPlan, indexed_dataset
 from resilient_train.runner.input.iterator_state import INDEXED
 from resilient_train.runner.keras_recipes.callbacks import refused_callback
+from resilient_train.runner.keras_recipes.own_step import has_own_step
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
 __all__ = ["FitScript", "ContinuousInput", "ArrayInput", "model_then_twins", "validation_split_at", "array_steps",
-           "sample_weights"]
+           "sample_weights", "script_model"]
 
 _HONOURED = ("x", "y", "batch_size", "epochs", "steps_per_epoch", "callbacks", "verbose", "shuffle", "validation_data",
              "validation_split", "validation_steps", "validation_freq", "validation_batch_size",
@@ -234,6 +241,9 @@ class FitScript:
         self.trainer: Any = None
         self.result: Any = None
         self._fit_calls = 0
+        # The arguments each script-defined keras.Model subclass was called with, by id of the
+        # instance: how a twin of a model Keras cannot clone is made (model_then_twins).
+        self._init_arguments: dict[int, tuple[tuple, dict]] = {}
 
     def run(self) -> Any:
         """Run the script; the TrainResult, or None when a stop was saved at ``fit``."""
@@ -264,15 +274,24 @@ class FitScript:
         def evaluate(model: Any, *args: Any, **kwargs: Any) -> Any:
             return script._evaluate(model, *args, **kwargs)
 
+        real_new = keras.Model.__new__
+
+        def new(cls: type, *args: Any, **kwargs: Any) -> Any:
+            instance = real_new(cls, *args, **kwargs)
+            if not cls.__module__.startswith("keras."):
+                script._init_arguments[id(instance)] = (args, kwargs)
+            return instance
+
         places = [(tf.distribute, "MultiWorkerMirroredStrategy"),
                   (tf.distribute.experimental, "MultiWorkerMirroredStrategy"), (keras.Model, "fit"),
-                  (keras.Model, "evaluate")]
+                  (keras.Model, "evaluate"), (keras.Model, "__new__")]
         saved = [(owner, name, owner.__dict__.get(name, getattr(owner, name))) for owner, name in places]
         tf.distribute.MultiWorkerMirroredStrategy = StrategySeam
         tf.distribute.experimental.MultiWorkerMirroredStrategy = StrategySeam
         defined = {name for owner, name in places if owner is keras.Model and name in vars(keras.Model)}
         keras.Model.fit = fit
         keras.Model.evaluate = evaluate
+        keras.Model.__new__ = staticmethod(new)
         try:
             yield
         finally:
@@ -341,7 +360,8 @@ class FitScript:
         history = keras.callbacks.History()
         callbacks = [*given, history]
         recipe = Recipe(
-            name=self.name, source=str(self.path), build_model=model_then_twins(model), build_optimizer=None,
+            name=self.name, source=str(self.path), build_optimizer=None,
+            build_model=model_then_twins(model, lambda m: self._init_arguments.get(id(m))),
             loss=None, dataset=_no_dataset, callbacks=lambda params: list(callbacks), eval_dataset=eval_dataset,
         )
         self.trainer = self._make_trainer(job, recipe, self.strategy, source)
@@ -436,6 +456,9 @@ class FitScript:
         steps, return_dict = kwargs.get("steps"), kwargs.get("return_dict", False)
         if self.trainer is None or self.strategy is None:
             raise self._refuse("evaluate() before fit() is not supported")
+        if has_own_step(model):
+            raise self._refuse("evaluate() of a model with its own train_step is not supported yet: the runner's "
+                               "evaluation does not run a model's own test_step")
         if not isinstance(dataset, tf.data.Dataset):
             raise self._refuse(f"evaluate() got {type(dataset).__name__}; expected a tf.data.Dataset")
         if steps is None and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
@@ -450,7 +473,55 @@ class FitScript:
         return values if return_dict else list(values.values())
 
 
-def model_then_twins(model: keras.Model) -> Callable[[dict], keras.Model]:
+class _ModelReached(BaseException):
+    """Ends a script at its ``fit`` call, carrying the model (:func:`script_model`)."""
+
+    def __init__(self, model: keras.Model) -> None:
+        super().__init__("fit() reached")
+        self.model = model
+
+
+def script_model(path: str | Path, *, seed: int) -> keras.Model:
+    """The model a fit script passes to ``fit``, built as a worker's run built it, untrained.
+
+    For ``resilient-train export`` of a script's checkpoint (commands/export.py): the script
+    runs in this process from the top, as a worker runs it (``runpy``, ``__main__``, the
+    run's ``--seed`` set first, Keras' layer numbering from a clear session), with
+    ``MultiWorkerMirroredStrategy()`` the default strategy, until its ``fit`` call, which
+    ends it: nothing is trained, nothing after ``fit`` runs. What the script prints goes to
+    stderr. Its relative paths mean what they mean where the command runs.
+    """
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    real = tf.distribute.MultiWorkerMirroredStrategy
+
+    class DefaultStrategy(real):  # a class, as the worker's seam: scripts and Keras test isinstance() with it
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            return tf.distribute.get_strategy()
+
+    def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _ModelReached(model)
+
+    saved = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.MultiWorkerMirroredStrategy,
+             keras.Model.__dict__["fit"] if "fit" in vars(keras.Model) else None)
+    tf.distribute.MultiWorkerMirroredStrategy = tf.distribute.experimental.MultiWorkerMirroredStrategy = DefaultStrategy
+    keras.Model.fit = fit
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            runpy.run_path(str(path), run_name="__main__")
+    except _ModelReached as reached:
+        return reached.model
+    finally:
+        tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.MultiWorkerMirroredStrategy = saved[:2]
+        if saved[2] is None:
+            del keras.Model.fit
+        else:
+            keras.Model.fit = saved[2]
+    raise RecipeError(f"Script {path} ended without calling model.fit(); there is no model to export")
+
+
+def model_then_twins(model: keras.Model, init_arguments: Callable[[Any], tuple[tuple, dict] | None] = lambda m: None
+                     ) -> Callable[[dict], keras.Model]:
     """The recipe's ``build_model`` for a script's compiled ``model``: the model itself on the
     first call (the Trainer's live model), a twin with its own variables on every later one.
 
@@ -459,8 +530,11 @@ def model_then_twins(model: keras.Model) -> Callable[[dict], keras.Model]:
     goes on. Handing it the live model made the snapshot a no-op and the write read
     variables the next steps were updating: a checkpoint torn across steps, so a kill and
     resume ended with other weights now and then (seen once in a suite run). The twin is
-    ``keras.models.clone_model`` compiled with an optimizer of the same class and config;
-    a model Keras cannot clone (a subclassed model) is refused with what to use instead.
+    ``keras.models.clone_model`` compiled with an optimizer of the same class and config.
+    A subclassed model Keras cannot clone (keras.io's VAE: ``VAE(encoder, decoder)``, no
+    ``get_config``) is made again from the arguments its class was called with in the script
+    (``init_arguments(model)``: recorded by the fit script's seam), each model among them
+    cloned the same way; one that cannot be made so either is refused with what to use instead.
     """
     calls = 0
 
@@ -469,16 +543,28 @@ def model_then_twins(model: keras.Model) -> Callable[[dict], keras.Model]:
         calls += 1
         if calls == 1:
             return model
-        try:
-            twin = keras.models.clone_model(model)
-        except Exception as exc:  # Keras' own refusal, e.g. a subclassed model
-            reason = (str(exc).splitlines() or [""])[0][:160]  # Keras' message runs to many lines
-            raise RecipeError(f"the fit() model cannot be copied for the asynchronous checkpoint ({type(exc).__name__}: "
-                              f"{reason}); pass --checkpoint-mode sync") from None
+        twin = _copy_model(model, init_arguments)
         twin.compile(optimizer=type(model.optimizer).from_config(model.optimizer.get_config()))
         return twin
 
     return build_model
+
+
+def _copy_model(model: keras.Model, init_arguments: Callable[[Any], tuple[tuple, dict] | None]) -> keras.Model:
+    """A copy of ``model`` with its own variables (see :func:`model_then_twins`)."""
+    try:
+        return keras.models.clone_model(model)
+    except Exception as exc:  # Keras' own refusal, e.g. a subclassed model
+        arguments = init_arguments(model)
+        if arguments is not None:
+            copy = lambda value: _copy_model(value, init_arguments) if isinstance(value, keras.Model) else value
+            args, kwargs = tf.nest.map_structure(copy, arguments)
+            twin = type(model)(*args, **kwargs)
+            if [v.shape for v in twin.weights] == [v.shape for v in model.weights]:
+                return twin
+        reason = (str(exc).splitlines() or [""])[0][:160]  # Keras' message runs to many lines
+        raise RecipeError(f"the fit() model cannot be copied for the asynchronous checkpoint ({type(exc).__name__}: "
+                          f"{reason}); pass --checkpoint-mode sync") from None
 
 
 def _global_batch_size(dataset: tf.data.Dataset) -> int:

@@ -18,6 +18,13 @@ The graph's top-level keys (TensorFlow sorts them):
                                        SeedGenerator states, e.g. a seeded Dropout), keyed
                                        by ``rng_key`` of the live model's variable path;
                                        ``{}`` for a model without any, the key is still there
+    metrics                            only for a model with its own ``train_step``
+                                       (runner/keras_recipes/own_step.py): its metric
+                                       trackers' variables (``keras.metrics.Mean`` totals
+                                       and counts), keyed by ``rng_key`` of the live path,
+                                       so a resumed epoch reports what an uninterrupted one
+                                       would; absent for every other model (their format
+                                       is unchanged)
 
 A writer builds the whole graph (``training_graph``: no part is optional). A reader may
 restore a part of it with ``partial=True``: ``weights_graph`` (the model alone) is what
@@ -47,6 +54,8 @@ __all__ = [
     "rng_state",
     "twin_rng_state",
     "training_graph",
+    "metric_state",
+    "twin_metric_state",
     "weights_graph",
     "restore",
 ]
@@ -86,15 +95,33 @@ def twin_rng_state(live_model: Any, twin_model: Any) -> dict[str, Any]:
 
 
 def training_graph(*, model: Any, optimizer: Any, counters: Mapping[str, Any],
-                   rng: Mapping[str, Any]) -> tf.train.Checkpoint:
+                   rng: Mapping[str, Any], metrics: Mapping[str, Any] | None = None) -> tf.train.Checkpoint:
     """The whole graph a checkpoint holds, from its parts (see the module docstring).
 
     ``counters``: ``new_counters()`` (or variables with exactly the ``COUNTERS`` keys);
-    ``rng``: ``rng_state(model)``, or for a twin ``twin_rng_state(live_model, model)``.
+    ``rng``: ``rng_state(model)``, or for a twin ``twin_rng_state(live_model, model)``;
+    ``metrics``: ``metric_state(model)`` (a twin's: ``twin_metric_state``) for a model with
+    its own ``train_step``, else None (no ``metrics`` key).
     """
     if sorted(counters) != sorted(COUNTERS):
         raise ValueError(f"Received counters {sorted(counters)}; expected exactly {sorted(COUNTERS)}")
-    return tf.train.Checkpoint(model=model, optimizer=optimizer, rng=rng, **counters)
+    extra = {} if metrics is None else {"metrics": dict(metrics)}
+    return tf.train.Checkpoint(model=model, optimizer=optimizer, rng=rng, **counters, **extra)
+
+
+def metric_state(model: Any) -> dict[str, Any]:
+    """The ``metrics`` entry of ``model``'s graph: the variables of ``model.metrics`` (a
+    model's own trackers), keyed by ``rng_key`` of their path."""
+    return {rng_key(v.path): v for v in model.metrics_variables}
+
+
+def twin_metric_state(live_model: Any, twin_model: Any) -> dict[str, Any]:
+    """The twin's ``metrics`` entry, keyed by the LIVE variables' paths, paired by position."""
+    live_vars, twin_vars = list(live_model.metrics_variables), list(twin_model.metrics_variables)
+    if len(live_vars) != len(twin_vars):
+        raise ValueError(f"twin checkpoint: the twin model has {len(twin_vars)} metric variables, the live one "
+                         f"{len(live_vars)}")
+    return {rng_key(v.path): t for v, t in zip(live_vars, twin_vars)}
 
 
 def weights_graph(model: Any) -> tf.train.Checkpoint:

@@ -194,8 +194,8 @@ class StoppingLauncher(LocalLauncher):
 
 def test_engine_stop_request_gives_save_and_exit_143_without_restart(tmp_path):
     scripts = [{"exit_at": None, "on_sigterm": EXIT_PREEMPTED}, {"exit_at": None, "on_sigterm": EXIT_PREEMPTED}]
-    supervisor, spawner, clock, _ = make(tmp_path, scripts)
-    supervisor.launcher = StoppingLauncher(supervisor.job, spawner=spawner, clock=clock, at=1001.0)
+    supervisor, spawner, clock, _ = make(tmp_path, scripts, launcher_from=lambda _, *, job, spawner, clock: (
+        StoppingLauncher(job, spawner=spawner, clock=clock, at=1001.0)))
     assert supervisor.run() == EXIT_PREEMPTED
     assert [e["source"] for e in events(tmp_path, "preemption_requested")] == ["launcher:local"]
     assert events(tmp_path, "gang_restart") == []

@@ -1,0 +1,111 @@
+"""A model with its own train_step (issue 46 item 5): keras.io's VAE runs unchanged and resumes exactly.
+
+examples/keras_vae.py is keras.io's "Variational AutoEncoder" on scikit-learn's digits: a
+``VAE(keras.Model)`` subclass whose ``train_step`` computes its own loss, applies its gradients
+with ``self.optimizer.apply_gradients`` and reports three ``keras.metrics.Mean`` trackers, with
+a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
+
+* One worker against plain Keras ``model.fit`` of the same script (tests/recipes/plain_keras.py:
+  the default strategy): the trained weights are bit-identical (the same weights_sha256), and
+  so are the epoch's ``reconstruction_loss`` and ``kl_loss``; ``loss`` (the total tracker) equals
+  Keras' to float32 rounding, relative 1e-6 (measured: equal or one ulp apart; the runner's call
+  is another graph, whose optimizer may add the tracker's terms in another order).
+* Two workers, the memory tier as a user gets it (every worker keeps a twin: the trackers are
+  sync-on-read variables, and the subclass is copied from the arguments it was made with), the
+  chief killed with -9 right after the commit of step 20 (mid-epoch 1): the run ends with the
+  uninterrupted run's weights digest, and every epoch's logs, the resumed epoch 1's included,
+  equal the uninterrupted run's to float32 rounding (the trackers restore as their sum over
+  replicas, each replica half: runner/keras_recipes/own_step.py).
+* (slow) A SIGTERM inside epoch 2 of the same script slowed by a batch-end sleep (a callback:
+  the arithmetic is the same) saves, exits 143, and the re-run ends with that digest too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from resilient_train.errors import EXIT_PREEMPTED
+from tests.integration.harness import REPO, environment, run_job, run_job_until
+
+SCRIPT = str(REPO / "examples/keras_vae.py")
+STEPS_PER_EPOCH, EPOCHS = 14, 4
+REL = 1e-6  # float32 rounding of the total tracker (see the module docstring)
+
+
+def epoch_logs(job):
+    return [{"loss": e["loss"], **e["metrics"]} for e in job.named("epoch_finished")]
+
+
+def close(a, b):
+    return a.keys() == b.keys() and all(math.isclose(a[k], b[k], rel_tol=REL) for k in a)
+
+
+@pytest.fixture(scope="module")
+def plain_keras(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vae_plain")
+    proc = subprocess.run([sys.executable, str(REPO / "tests/recipes/plain_keras.py"), SCRIPT, str(out / "fit.json")],
+                          cwd=out, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout
+    return json.loads((out / "fit.json").read_text())
+
+
+def test_one_worker_trains_as_plain_keras_fit(tmp_path, plain_keras):
+    job = run_job(SCRIPT, tmp_path / "run", "--workers", "1", "--no-warm-standby", cwd=tmp_path)
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == STEPS_PER_EPOCH * EPOCHS
+    assert job.summary["weights_sha256"] == plain_keras["weights_sha256"]
+    history, logs = plain_keras["history"], epoch_logs(job)
+    assert [e["reconstruction_loss"] for e in logs] == history["reconstruction_loss"]
+    assert [e["kl_loss"] for e in logs] == history["kl_loss"]
+    assert all(math.isclose(a, b, rel_tol=REL) for a, b in zip([e["loss"] for e in logs], history["loss"], strict=True))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vae_reference")
+    job = run_job(SCRIPT, root / "run", "--save-every-steps", "10", cwd=root, tier_default=True)
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == STEPS_PER_EPOCH * EPOCHS
+    return job
+
+
+def test_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_logs(tmp_path, reference):
+    killed = run_job(SCRIPT, tmp_path / "run", "--save-every-steps", "10", cwd=tmp_path, tier_default=True,
+                     faults=[{"point": "after_commit", "global_step": 20, "rank": 0}])
+    assert killed.returncode == 0, killed.output
+    assert killed.summary["restarts"] == 1
+    [restored] = killed.named("restored")
+    assert restored["global_step"] >= 20 and restored["global_step"] % STEPS_PER_EPOCH != 0  # mid-epoch
+    assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    # Epoch 1 was resumed mid-way: its logs hold the restored trackers' first steps.
+    assert [e["epoch"] for e in killed.named("epoch_finished")] == [0, 1, 2, 3]
+    assert all(close(a, b) for a, b in zip(epoch_logs(killed), epoch_logs(reference), strict=True))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_143_and_the_rerun_ends_with_the_uninterrupted_digest(tmp_path, reference):
+    source = (REPO / "examples/keras_vae.py").read_text()
+    fit = "vae.fit(dataset, epochs=4, steps_per_epoch=14)"
+    assert fit in source
+    slowed = tmp_path / "keras_vae_slowed.py"
+    slowed.write_text("import time\n" + source.replace(fit, fit[:-1] + ", callbacks=[keras.callbacks.LambdaCallback("
+                                                        "on_train_batch_end=lambda batch, logs: time.sleep(0.15))])"))
+    flags = ("--save-every-steps", "10", "--steps-per-execution", "1")
+    epoch_1_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 1 for e in events)  # noqa: E731
+    preempted = run_job_until(str(slowed), tmp_path / "run", *flags, when=epoch_1_done, cwd=tmp_path,
+                              tier_default=True, action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 2 * STEPS_PER_EPOCH <= stop["global_step"] < 4 * STEPS_PER_EPOCH
+    rerun = run_job(str(slowed), tmp_path / "run", *flags, cwd=tmp_path, tier_default=True)
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == reference.summary["weights_sha256"]

@@ -1,0 +1,126 @@
+"""A model's own train_step (runner/keras_recipes/own_step.py): its epoch logs as Keras picks
+them, its trackers in the checkpoint graph, and a twin of a subclass Keras cannot clone."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resilient_train.errors import RecipeError
+from resilient_train.job.recipe import Recipe
+from resilient_train.runner.keras_recipes.fitscript import model_then_twins
+from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
+from resilient_train.runner.state import ckpt_layout
+
+
+def vae_like(keras):
+    class Pair(keras.Model):  # keras.io's VAE shape: sub-models as arguments, no get_config, trackers
+        def __init__(self, encoder, decoder, **kwargs):
+            super().__init__(**kwargs)
+            self.encoder, self.decoder = encoder, decoder
+            self.total = keras.metrics.Mean(name="total")
+
+        @property
+        def metrics(self):
+            return [self.total]
+
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(self.decoder(self.encoder(data)) - data))
+            grads = tape.gradient(loss, self.trainable_weights)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+            self.total.update_state(loss)
+            return {"total": self.total.result()}
+
+    def dense(units, width=3):
+        inputs = keras.Input((width,))
+        return keras.Model(inputs, keras.layers.Dense(units)(inputs))
+
+    return Pair, dense
+
+
+def recipe():
+    return Recipe(name="s", source="/x/s.py", build_model=lambda p: None, build_optimizer=None, loss=None,
+                  dataset=None)
+
+
+def test_the_step_runs_train_step_and_the_epoch_logs_are_the_trackers_or_the_last_logs():
+    import keras
+
+    Pair, dense = vae_like(keras)
+    model = Pair(dense(2), dense(3, width=2))
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    assert has_own_step(model) and not has_own_step(dense(2))
+    own = OwnStep(model, tf.distribute.get_strategy(), from_own_step(recipe(), model))
+    data = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
+    own.step(data)
+    second = own.step(data)
+    assert float(model.total.count) == 2.0
+    assert float(second["total"]) == float(model.total.total) / 2  # the tracker's mean over both steps
+    # names that are model.metrics': their results; other names: the last step's logs (Keras' choice)
+    assert own.epoch_logs({"total": 0.0}) == {"total": float(model.total.result())}
+    assert own.epoch_logs({"loss": 1.5}) == {"loss": 1.5}
+    own.reset()
+    assert float(model.total.count) == 0.0
+    logs = LastLogs()
+    logs.add({"total": 1.0})
+    logs.add({"total": 2.0})
+    assert (logs.means(), logs.batches) == ({"total": 2.0}, 2)
+
+
+def test_the_trackers_are_in_the_graph_under_the_metrics_key_only_for_an_own_step():
+    import keras
+
+    Pair, dense = vae_like(keras)
+    model = Pair(dense(2), dense(3, width=2))
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    counters = ckpt_layout.new_counters()
+    graph = ckpt_layout.training_graph(model=model, optimizer=model.optimizer, counters=counters, rng={},
+                                       metrics=ckpt_layout.metric_state(model))
+    assert sorted(ckpt_layout.metric_state(model)) == ["total_count", "total_total"]
+    plain = ckpt_layout.training_graph(model=model, optimizer=model.optimizer, counters=counters, rng={})
+    assert "metrics" in dir(graph) and "metrics" not in dir(plain)
+
+
+def test_a_subclass_keras_cannot_clone_is_twinned_from_its_arguments():
+    import keras
+
+    Pair, dense = vae_like(keras)
+    encoder, decoder = dense(2), dense(3, width=2)
+    model = Pair(encoder, decoder)
+    model.compile(optimizer=keras.optimizers.Adam(0.01))
+    arguments = {id(model): ((encoder, decoder), {})}
+    build_model = model_then_twins(model, lambda m: arguments.get(id(m)))
+    assert build_model({}) is model
+    twin = build_model({})
+    assert type(twin) is Pair and twin is not model
+    assert [v.shape for v in twin.weights] == [v.shape for v in model.weights]
+    assert not {id(v) for v in twin.weights} & {id(v) for v in model.weights}  # its own variables
+    assert twin.encoder is not encoder and type(twin.optimizer) is keras.optimizers.Adam
+    assert len(ckpt_layout.twin_metric_state(model, twin)) == 2
+    unrecorded = model_then_twins(model)
+    assert unrecorded({}) is model
+    with pytest.raises(RecipeError, match=r"pass --checkpoint-mode sync$"):  # no recorded arguments
+        unrecorded({})
+
+
+def test_validation_and_run_eagerly_are_refused_in_the_users_terms():
+    import dataclasses
+
+    import keras
+
+    from resilient_train.errors import RecipeRefused
+
+    Pair, dense = vae_like(keras)
+    model = Pair(dense(2), dense(3, width=2))
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    script = dataclasses.replace(recipe(), source="examples/keras_vae.py", eval_dataset=lambda context, seed: None)
+    with pytest.raises(RecipeRefused) as caught:
+        from_own_step(script, model)
+    assert str(caught.value) == ("Script keras_vae.py: its model has its own train_step and validation; not supported "
+                                 "yet: the runner's evaluation does not run a model's own test_step")
+    eager = Pair(dense(2), dense(3, width=2))
+    eager.compile(optimizer="sgd", run_eagerly=True)
+    with pytest.raises(RecipeRefused) as caught:
+        from_own_step(recipe(), eager)
+    assert str(caught.value) == ("recipe s: build_model() returned a model with its own train_step and "
+                                 "run_eagerly=True; the runner compiles its step (leave run_eagerly unset)")
