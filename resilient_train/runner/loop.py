@@ -306,7 +306,8 @@ class Trainer:
                     f"recipe {self.recipe.name}: defines no {' or '.join(missing)} and build_model() returned a "
                     "model that is not compiled; define them or call model.compile(optimizer=..., loss=...)"
                 )
-            self.stats = _EpochStats(self.recipe.metric_states)
+            if not own_step:
+                self.stats = _EpochStats(self.recipe.metric_states)
             self.optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
             self.optimizer.build(self.model.trainable_variables)
             counters = ckpt_layout.new_counters()
