@@ -37,9 +37,10 @@ loss=..., metrics=[...])`` was called, ``build_optimizer``, ``loss`` and ``metri
 left out and taken from ``compile`` (runner/keras_recipes/compiled.py says what is honoured). Here,
 without importing the recipe, the supervisor refuses what the runner cannot honour when
 it is written literally: a missing ``build_optimizer`` / ``loss`` with no ``.compile(``
-call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1 |
-loss_weights=... | weighted_metrics=...)``, a class overriding ``train_step`` (a fit script's
-class may: its own step runs, runner/keras_recipes/own_step.py; not with validation in its
+call, ``compile(run_eagerly=True | jit_compile=True | steps_per_execution=N>1)``,
+``weighted_metrics`` beside several losses, a metric in ``compile(metrics=...)`` whose result is one number per
+class or threshold (``"f1_score"``, ``thresholds=[a, b]``), a class overriding ``train_step`` (a fit
+script's class may: its own step runs, runner/keras_recipes/own_step.py; not with validation in its
 ``fit``), and ``BackupAndRestore`` (the runner backs up and restores; runner/keras_recipes/callbacks.py).
 
 ``eval_dataset`` is the held-out split: sharded like ``dataset``, finite (no ``repeat()``),
@@ -72,7 +73,8 @@ A ``model.fit`` script: a file that defines neither ``build_model`` nor ``datase
 strategy and training loop behind ``MultiWorkerMirroredStrategy()`` and ``Model.fit``.
 :func:`check_fit_script` refuses here, before workers start, the ``fit`` calls the runner
 cannot honour (:data:`FIT_REFUSED`, and by what ``x`` is: a dataset without ``steps_per_epoch``,
-:data:`FIT_DATASET_REFUSED`, :data:`FIT_ARRAYS_REFUSED`; two calls, a call in a loop).
+:data:`FIT_DATASET_REFUSED`, :data:`FIT_ARRAYS_REFUSED`; :data:`FIT_PAIRS_REFUSED`; sample or
+class weights for a model compiled with several losses; two calls, a call in a loop).
 
 This module does not import TensorFlow: the supervisor checks a recipe's shape (it parses,
 defines the required functions) before it spends seconds starting workers.
@@ -93,6 +95,8 @@ from resilient_train.errors import RecipeError
 
 __all__ = ["Recipe", "load_recipe", "check_recipe_source", "recipe_name", "resolve_params", "REQUIRED", "DATASET_INPUT", "INDEXED_INPUT", "DEFAULT_KEYS",
            "is_fit_script", "check_fit_script", "FIT_REFUSED", "FIT_DATASET_REFUSED", "FIT_ARRAYS_REFUSED",
+           "FIT_PAIRS_REFUSED", "SEVERAL_OUTPUTS_WEIGHTS_REFUSED", "STATEFUL_METRICS", "STATEFUL_METRIC_NAMES",
+           "VECTOR_METRIC_NAMES",
            "CALLBACKS_REFUSED"]
 
 REQUIRED = ("build_model", "build_optimizer", "loss")
@@ -109,8 +113,7 @@ _SIGNATURES = {"metrics": "(labels, predictions)", "eval_dataset": "(input_conte
 _COMPILE_REFUSED = {
     "run_eagerly": "the runner compiles its own step",
     "jit_compile": "the runner's step is not XLA-compiled",
-    "loss_weights": "one output with one loss is supported",
-    "weighted_metrics": "only metrics=[...] is supported",
+    "weighted_metrics": "not yet with several outputs (sample weights with several outputs are not either)",
 }
 _TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 # Keras callbacks the runner refuses, and why: here, by name, before workers start when the
@@ -126,15 +129,44 @@ DEFAULT_KEYS = ("epochs", "steps_per_epoch", "global_batch_size", "save_every_st
 # fit() arguments a script may not pass, and why (runner/keras_recipes/fitscript.py honours the
 # others: x, y, batch_size, epochs, steps_per_epoch, callbacks, shuffle, validation_*; verbose is ignored).
 FIT_REFUSED = {
-    "class_weight": "not supported yet",
-    "sample_weight": "not supported: yield (x, y, sample_weight) from the dataset instead",
     "initial_epoch": "the runner resumes at the right epoch itself",
 }
 # Refused by what x is: a tf.data.Dataset (no y), or arrays (fit(x, y, ...)).
 FIT_DATASET_REFUSED = {
     "batch_size": "batch the tf.data.Dataset instead (at the global batch size), or pass arrays: fit(x, y, batch_size=...)",
     "validation_split": "Keras splits arrays, not a dataset: pass fit(x, y, validation_split=...) or validation_data=",
+    "sample_weight": "Keras takes it with arrays only: yield (x, y, sample_weight) from the dataset instead",
+    "class_weight": "not supported with a dataset yet: pass arrays, or yield (x, y, sample_weight) from the dataset",
 }
+# fit() weights refused for a model with several outputs (fitscript.py refuses them by the model's outputs).
+SEVERAL_OUTPUTS_WEIGHTS_REFUSED = {
+    "class_weight": "Keras supports class_weight only for a model with a single output",
+    "sample_weight": "not supported yet with several outputs: Keras weighs each <output>_loss by it, the runner's "
+                     "per-output losses are unweighted",
+}
+# Pairs of fit() arguments refused together, and why.
+FIT_PAIRS_REFUSED = {
+    ("sample_weight", "class_weight"): "Keras refuses both at once (pass one)",
+    ("sample_weight", "validation_split"): "not supported yet: Keras weighs the held-out loss by the split's sample "
+                                           "weights, the runner's validation is unweighted",
+}
+# compile() metrics whose state is not a mean of per-example values, but a sum the runner keeps
+# (runner/keras_recipes/metric_states.py; tests/runner/test_compiled.py checks this list against
+# Keras): class names and the names keras.metrics.get() resolves to them.
+STATEFUL_METRICS = (
+    "AUC", "BinaryIoU", "F1Score", "FBetaScore", "FalseNegatives", "FalsePositives", "IoU", "Mean", "MeanIoU",
+    "OneHotIoU", "OneHotMeanIoU", "Precision", "PrecisionAtRecall", "R2Score", "Recall", "RecallAtPrecision",
+    "RootMeanSquaredError", "SensitivityAtSpecificity", "SpecificityAtSensitivity", "Sum", "TrueNegatives",
+    "TruePositives",
+)
+# ... of which these names give one result per class (Keras' default average=None).
+VECTOR_METRIC_NAMES = ("f1_score", "f_beta_score")
+STATEFUL_METRIC_NAMES = (
+    "auc", "binary_io_u", "f1_score", "f_beta_score", "false_negatives", "false_positives", "io_u", "mean",
+    "mean_io_u", "one_hot_io_u", "one_hot_mean_io_u", "precision", "precision_at_recall", "r2_score", "recall",
+    "recall_at_precision", "root_mean_squared_error", "sensitivity_at_specificity", "specificity_at_sensitivity",
+    "sum", "true_negatives", "true_positives",
+)
 FIT_ARRAYS_REFUSED = {
     "steps_per_epoch": "not supported with arrays yet: an epoch is the arrays once over (n // batch_size steps)",
 }
@@ -156,6 +188,9 @@ class Recipe:
     num_examples: Callable[[dict], int] | None = None  # the indexed contract (runner/input/indexed.py)
     example: Callable[[Any, dict], Any] | None = None
     augment: Callable[[Any, Any], Any] | None = None
+    # A compiled model's metrics whose state is summed, not averaged (AUC, Precision...): a
+    # runner/keras_recipes/metric_states.py MetricStates, set by compiled.py; None: none.
+    metric_states: Any = None
 
     @property
     def indexed(self) -> bool:
@@ -320,6 +355,15 @@ def check_fit_script(path: Path, tree: ast.Module) -> None:
     for name, why in refused.items():
         if name in keywords:
             raise RecipeError(f"Script {path}: fit({name}=...) at line {call.lineno}: {why}")
+    given = {name for name, keyword in keywords.items() if not _maybe_none(keyword.value)}  # the worker checks the rest
+    for (first, second), why in FIT_PAIRS_REFUSED.items():
+        if first in given and second in given:
+            raise RecipeError(f"Script {path}: fit({first}=..., {second}=...) at line {call.lineno}: {why}")
+    weights = [name for name in ("sample_weight", "class_weight") if name in given]
+    several = _compiles_several_losses(tree)
+    if weights and several is not None:
+        raise RecipeError(f"Script {path}: fit({weights[0]}=...) at line {call.lineno} for the model compiled with "
+                          f"several losses at line {several}: {SEVERAL_OUTPUTS_WEIGHTS_REFUSED[weights[0]]}")
     freq = keywords.get("validation_freq")
     if freq is not None and isinstance(freq.value, (ast.List, ast.Tuple, ast.Set)):
         raise RecipeError(f"Script {path}: fit(validation_freq=[...]) at line {call.lineno}: a list is not supported "
@@ -381,13 +425,62 @@ def _check_keras_usage(path: Path, tree: ast.Module, *, fit_line: int | None = N
                     f"Recipe {path}: compile(steps_per_execution={literal!r}) at line {node.lineno} is not "
                     "supported; use resilient-train's --steps-per-execution instead"
                 )
-            if keyword.arg in ("run_eagerly", "jit_compile") and literal is True or (
-                    keyword.arg in ("loss_weights", "weighted_metrics") and literal is not None):
-                shown = repr(literal) if literal is not ... else "..."
+            if keyword.arg in ("metrics", "weighted_metrics"):
+                _check_metrics_literal(path, keyword.value, node.lineno)
+            if keyword.arg == "weighted_metrics" and literal is not None and _several_losses(node):
                 raise RecipeError(
-                    f"Recipe {path}: compile({keyword.arg}={shown}) at line {node.lineno} is not supported: "
+                    f"Recipe {path}: compile(weighted_metrics=...) at line {node.lineno} with several losses is not "
+                    f"supported: {_COMPILE_REFUSED['weighted_metrics']}"
+                )
+            if keyword.arg in ("run_eagerly", "jit_compile") and literal is True:
+                raise RecipeError(
+                    f"Recipe {path}: compile({keyword.arg}=True) at line {node.lineno} is not supported: "
                     f"{_COMPILE_REFUSED[keyword.arg]}"
                 )
+
+
+def _maybe_none(value: ast.AST) -> bool:
+    """``None``, or a conditional with a ``None`` branch (``class_weight=None if a else {...}``)."""
+    if isinstance(value, ast.Constant):
+        return value.value is None
+    return isinstance(value, ast.IfExp) and (_maybe_none(value.body) or _maybe_none(value.orelse))
+
+
+def _compiles_several_losses(tree: ast.Module) -> int | None:
+    """The line of a ``compile(loss={...} | [...], loss_weights=...)``: a model with several outputs."""
+    for node in ast.walk(tree):
+        if _is_compile_call(node) and _several_losses(node):
+            return node.lineno
+    return None
+
+
+def _several_losses(call: ast.Call) -> bool:
+    return any(keyword.arg == "loss_weights" or (
+        keyword.arg == "loss" and isinstance(keyword.value, (ast.Dict, ast.List, ast.Tuple))) for keyword in call.keywords)
+
+
+def _check_metrics_literal(path: Path, metrics: ast.AST, line: int) -> None:
+    """A metric written in ``compile(metrics=...)`` whose result is not one number (one per
+    class or threshold: ``"f1_score"``, ``F1Score()`` without ``average``, ``thresholds=[a, b]``),
+    refused before the workers start (the worker refuses the object: runner/keras_recipes/compiled.py)."""
+    for node in ast.walk(metrics):
+        named = node.value.lower() if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+        called = isinstance(node, ast.Call) and (
+            node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute)
+            else None)
+        keywords = {keyword.arg: keyword.value for keyword in node.keywords} if isinstance(node, ast.Call) else {}
+        average = keywords.get("average")
+        thresholds = keywords.get("thresholds")
+        per_class = named in VECTOR_METRIC_NAMES or called in ("F1Score", "FBetaScore") and (
+            average is None or isinstance(average, ast.Constant) and average.value is None)
+        per_threshold = isinstance(thresholds, (ast.List, ast.Tuple)) and len(thresholds.elts) > 1
+        if per_class or per_threshold:
+            shown = repr(named) if named else f"{called}()"
+            raise RecipeError(
+                f"Recipe {path}: compile(metrics=...) at line {line} uses {shown}, whose result is one number per "
+                f"{'class' if per_class else 'threshold'}: not supported (a log, a CSV column and a callback's "
+                "monitor need one number): pass average='macro' (or 'micro', 'weighted') or one threshold"
+            )
 
 
 def _own_train_step(node: ast.ClassDef) -> ast.FunctionDef | None:

@@ -94,6 +94,7 @@ from resilient_train.runner import control_row
 from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
+from resilient_train.runner.keras_recipes.metric_states import MetricStates, is_state_column
 from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
 from resilient_train.runner.outputs.epoch_results import EpochResults, already_reported
@@ -139,26 +140,43 @@ class TrainResult:
 
 
 class _EpochStats:
-    """Running sums of the per-step loss and metrics of the current epoch."""
+    """Running sums of the per-step loss and metrics of the current epoch, and of the summed
+    states of ``states``' metrics (AUC, Precision...: runner/keras_recipes/metric_states.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, states: MetricStates | None = None) -> None:
         self.sums: dict[str, float] = {}
         self.batches = 0
+        self.states = states
+        self.state_sums = np.zeros(0 if states is None else states.width, np.float32)
 
     def add(self, values: dict[str, float]) -> None:
         for key, value in values.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
         self.batches += 1
 
+    def add_states(self, shares: np.ndarray) -> None:
+        """One step's summed state shares: float32 sums, as the metric's own variables add."""
+        self.state_sums = self.state_sums + shares.astype(np.float32)
+
     def means(self) -> dict[str, float]:
-        return {key: total / self.batches for key, total in self.sums.items()} if self.batches else {}
+        if not self.batches:
+            return {}
+        means = {key: total / self.batches for key, total in self.sums.items()}
+        if self.states is not None:
+            means.update(self.states.results(self.state_sums))
+        return means
 
     def to_extra(self) -> dict[str, Any]:
-        return {"epoch_sums": dict(self.sums), "epoch_batches": self.batches}
+        extra: dict[str, Any] = {"epoch_sums": dict(self.sums), "epoch_batches": self.batches}
+        if self.states is not None:  # float32 values, exact as JSON floats
+            extra["epoch_metric_states"] = [float(v) for v in self.state_sums]
+        return extra
 
     def load_extra(self, extra: dict[str, Any]) -> None:
         self.sums = {k: float(v) for k, v in extra.get("epoch_sums", {}).items()}
         self.batches = int(extra.get("epoch_batches", 0))
+        if self.states is not None and "epoch_metric_states" in extra:
+            self.state_sums = np.asarray(extra["epoch_metric_states"], np.float32)
 
 
 class Trainer:
@@ -288,6 +306,8 @@ class Trainer:
                     f"recipe {self.recipe.name}: defines no {' or '.join(missing)} and build_model() returned a "
                     "model that is not compiled; define them or call model.compile(optimizer=..., loss=...)"
                 )
+            if not own_step:
+                self.stats = _EpochStats(self.recipe.metric_states)
             self.optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
             self.optimizer.build(self.model.trainable_variables)
             counters = ckpt_layout.new_counters()
@@ -476,6 +496,7 @@ class Trainer:
         # benchmarks/README.md), the largest phase of a warm restart.
         recipe_loss = with_autograph(recipe.loss)
         recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
+        states = recipe.metric_states  # summed metric states (AUC, Precision...): metric_states.py
 
         def runner_step(batch):
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
@@ -493,13 +514,17 @@ class Trainer:
                     values[name] = tf.nn.compute_average_loss(
                         tf.cast(metric, tf.float32), global_batch_size=global_batch_size
                     )
-            return values
+            # The summed metric states: this replica's batch's share, summed by the step's
+            # all-reduce (runner/keras_recipes/metric_states.py).
+            shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
+            return values, shares
 
         def step_fn(element, flags, fingerprint: bool):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
-            values = own_step.step(batch) if own_step is not None else runner_step(batch)
+            values, shares = (own_step.step(batch), tf.zeros([0], tf.float32)) if own_step is not None \
+                else runner_step(batch)
             # The memory tier's comparison of the may-differ variables, after this step's
             # update (runner/state/worker_agreement.py): the columns after the named ones,
             # only in the last step of a call that ends at a snapshot (``fingerprint``).
@@ -510,8 +535,9 @@ class Trainer:
                 agreement = self._tier.call_columns()
             else:
                 agreement = tf.zeros([0], tf.float32)
-            names[:] = control_row.layout(list(values))  # fixed at trace time
-            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]),
+            state_columns = [] if states is None else states.columns()
+            names[:] = control_row.layout(list(values) + state_columns)  # fixed at trace time
+            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
                                 control_row.in_replica(flags), agreement], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
@@ -792,8 +818,12 @@ class Trainer:
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         names = self._value_names
+        states = self.recipe.metric_states  # its columns follow the named values (_make_train_call)
         for row in rows:
-            self.stats.add(control_row.split(row, names)[0])
+            values, _ = control_row.split(row, names)
+            self.stats.add({name: value for name, value in values.items() if not is_state_column(name)})
+            if states is not None:
+                self.stats.add_states(row[len(values) - states.width:len(values)])
         if self._tier is not None:
             self._tier.saw_call(rows[-1], len(names), fingerprint=fingerprint)
         self._marker.write(global_step + steps)
@@ -931,7 +961,7 @@ class Trainer:
         validation, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
         self.epoch.assign_add(1)
         self.step_in_epoch.assign(0)
-        self.stats = LastLogs() if self._own_step is not None else _EpochStats()
+        self.stats = LastLogs() if self._own_step is not None else _EpochStats(self.recipe.metric_states)
         global_step = int(self.global_step.numpy())
         self._epoch_results = EpochResults(epoch=epoch, global_step=global_step, loss=means.pop("loss", None),
                                            metrics=means, validation=validation)

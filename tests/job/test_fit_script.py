@@ -74,7 +74,33 @@ def test_a_file_without_fit_and_recipe_functions_is_a_recipe_missing_functions(t
      r"fit\(validation_split=...\) at line 7: Keras splits arrays, not a dataset"),
     ("model.fit(dataset, epochs=3, steps_per_epoch=5, batch_size=64)",
      r"fit\(batch_size=...\) at line 7: batch the tf.data.Dataset instead"),
-    ("model.fit(x_train, y_train, epochs=3, class_weight={0: 1.0})", r"fit\(class_weight=...\) at line 7: not supported yet"),
+    ("model.fit(dataset, epochs=3, steps_per_epoch=5, class_weight={0: 1.0})",
+     r"fit\(class_weight=...\) at line 7: not supported with a dataset yet"),
+    ("model.fit(dataset, epochs=3, steps_per_epoch=5, sample_weight=w)",
+     r"fit\(sample_weight=...\) at line 7: Keras takes it with arrays only: yield \(x, y, sample_weight\)"),
+    ("model.fit(x_train, y_train, sample_weight=w, class_weight={0: 2.0})",
+     r"fit\(sample_weight=..., class_weight=...\) at line 7: Keras refuses both at once"),
+    ("model.fit(x_train, y_train, sample_weight=w, validation_split=0.2)",
+     r"fit\(sample_weight=..., validation_split=...\) at line 7: not supported yet: Keras weighs the held-out loss"),
+    ("model.compile(optimizer='sgd', loss={'a': 'mse', 'b': 'mae'})\nmodel.fit(x_train, y_train, sample_weight=w)",
+     r"fit\(sample_weight=...\) at line 8 for the model compiled with several losses at line 7: not supported yet "
+     r"with several outputs"),
+    ("model.compile(optimizer='sgd', loss='mse', loss_weights=[1, 2])\nmodel.fit(x_train, y_train, class_weight=c)",
+     r"fit\(class_weight=...\) at line 8 for the model compiled with several losses at line 7: Keras supports "
+     r"class_weight only for a model with a single output"),
+    ("model.compile(optimizer='sgd', loss='bce', metrics=['accuracy', tf.keras.metrics.F1Score(name='f1')])\n"
+     "model.fit(x_train, y_train)",
+     r"compile\(metrics=...\) at line 7 uses F1Score\(\), whose result is one number per class: not supported "
+     r"\(a log, a CSV column and a callback's monitor need one number\): pass average='macro'"),
+    ("model.compile(optimizer='sgd', loss='bce', metrics={'risk': ['f1_score']})\nmodel.fit(x_train, y_train)",
+     r"compile\(metrics=...\) at line 7 uses 'f1_score', whose result is one number per class"),
+    ("model.compile(optimizer='sgd', loss='bce', metrics=[tf.keras.metrics.Recall(thresholds=[0.3, 0.6])])\n"
+     "model.fit(x_train, y_train)",
+     r"compile\(metrics=...\) at line 7 uses Recall\(\), whose result is one number per threshold"),
+    ("model.compile(optimizer='sgd', loss=['mse', 'mae'], weighted_metrics=['mae'])\nmodel.fit(x_train, y_train)",
+     r"compile\(weighted_metrics=...\) at line 7 with several losses is not supported: not yet with several outputs"),
+    ("model.compile(optimizer='sgd', loss='bce', weighted_metrics=['f1_score'])\nmodel.fit(x_train, y_train)",
+     r"compile\(metrics=...\) at line 7 uses 'f1_score', whose result is one number per class"),
     ("model.fit(dataset, epochs=3, steps_per_epoch=5, initial_epoch=1)",
      r"fit\(initial_epoch=...\) at line 7: the runner resumes at the right epoch itself"),
     ("model.fit(dataset, **kwargs)", r"fit\(\*\*...\) at line 7; pass fit's arguments by name"),
@@ -100,6 +126,16 @@ def test_fit_calls_the_runner_cannot_honour_are_refused_in_one_line(tmp_path, ca
     "model.fit(x_train, y_train, batch_size=64, epochs=3, shuffle=True, validation_data=(x_val, y_val))",
     "model.fit(x={'a': xa, 'b': xb}, y=y_train, epochs=3, validation_split=0.2, validation_freq=2)",
     "model.fit(dataset, epochs=3, steps_per_epoch=5, validation_data=val, validation_steps=4)",
+    "model.fit(x_train, y_train, batch_size=64, sample_weight=w, validation_data=(x_val, y_val))",
+    "model.fit(x_train, y_train, class_weight={0: 1.0, 1: 3.0}, validation_split=0.2)",
+    "model.compile(optimizer='sgd', loss={'risk': 'bce', 'prog': 'mse'}, loss_weights={'risk': 1.0, 'prog': 0.2},\n"
+    "              metrics={'risk': ['accuracy'], 'prog': ['mae']})\n"
+    "model.fit({'a': xa, 'b': xb}, {'risk': yr, 'prog': yp}, batch_size=64, validation_split=0.2)",
+    "model.compile(optimizer='sgd', loss='bce', metrics=['auc', 'precision', tf.keras.metrics.Recall(thresholds=0.3),\n"
+    "              tf.keras.metrics.F1Score(average='macro'), tf.keras.metrics.MeanIoU(num_classes=2)])\n"
+    "model.fit(x_train, y_train, batch_size=64)",
+    "model.compile(optimizer='sgd', loss='bce', metrics=['accuracy'], weighted_metrics=['accuracy', 'auc'])\n"
+    "model.fit(x_train, y_train, batch_size=64, class_weight={0: 1.0, 1: 3.0})",
 ])
 def test_fit_on_arrays_and_with_validation_passes_the_source_check(tmp_path, call):
     head = SCRIPT.split("history = ")[0]

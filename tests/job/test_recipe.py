@@ -128,8 +128,10 @@ def test_a_build_model_taken_from_another_module_may_compile_there(tmp_path):
         (", run_eagerly=True", r"compile\(run_eagerly=True\) at line 5 is not supported: the runner compiles its own step"),
         (", jit_compile=True", r"compile\(jit_compile=True\) at line 5 is not supported"),
         (", steps_per_execution=8", r"compile\(steps_per_execution=8\) at line 5 is not supported; use resilient-train's --steps-per-execution"),
-        (", loss_weights=[1.0]", r"compile\(loss_weights=\.\.\.\) at line 5 is not supported: one output with one loss"),
-        (", weighted_metrics=['mae']", r"compile\(weighted_metrics=\.\.\.\) at line 5 is not supported"),
+        (", metrics=['f1_score']", r"compile\(metrics=...\) at line 5 uses 'f1_score', whose result is one number per "
+                                   r"class"),
+        (", loss_weights=[1.0, 2.0], weighted_metrics=['mae']",
+         r"compile\(weighted_metrics=\.\.\.\) at line 5 with several losses is not supported"),
     ],
 )
 def test_compile_arguments_the_runner_cannot_honour_are_refused_before_workers(tmp_path, extra, message):

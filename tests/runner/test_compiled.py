@@ -72,8 +72,8 @@ class OwnStep(keras.Sequential):
         (lambda: model(optimizer="sgd", loss="mse", steps_per_execution=4),
          r"steps_per_execution=4; use the runner's --steps-per-execution"),
         (lambda: model(optimizer="sgd", loss="mse", loss_weights=[0.5]), r"loss_weights"),
-        (lambda: model(optimizer="sgd", loss="mse", metrics=[keras.metrics.AUC()]),
-         r"metric 'auc' \(AUC\), whose state is not a mean of per-example values"),
+        (lambda: model(optimizer="sgd", loss="mse", metrics=[keras.metrics.F1Score(name="f1")]),
+         r"metric 'f1', whose result is not one number"),
         (lambda: model(optimizer="sgd", loss=["mse", "mae"]), r"a list of losses; one output with one loss"),
     ],
 )
@@ -242,11 +242,18 @@ def test_a_metric_that_fails_in_keras_fails_the_same_way_here():
         from_compiled(recipe(), m).metrics(labels, predictions)
 
 
-@pytest.mark.parametrize("name", ["auc", "precision", "recall", "true_positives", "f1_score", "r2_score",
+@pytest.mark.parametrize("name", ["auc", "precision", "recall", "true_positives", "r2_score",
                                   "root_mean_squared_error"])
-def test_a_named_metric_whose_state_is_not_a_mean_is_refused(name):
-    with pytest.raises(RecipeError, match=r"whose state is not a mean of per-example values"):
-        from_compiled(recipe(), _compiled(1, loss="mse", metrics=[name]))
+def test_a_named_metric_whose_state_is_not_a_mean_is_summed_under_its_name(name):
+    """Its state is summed (runner/keras_recipes/metric_states.py; tests/runner/test_metric_states.py)."""
+    derived = from_compiled(recipe(), _compiled(1, loss="mse", metrics=["mae", name]))
+    assert [entry.name for entry in derived.metric_states.metrics] == [name]
+    assert sorted(derived.metrics(tf.zeros([2, 1]), tf.zeros([2, 1]))) == ["mae"]
+
+
+def test_a_named_f1_score_has_one_result_per_class_and_is_refused():
+    with pytest.raises(RecipeError, match=r"metric 'f1_score', whose result is not one number"):
+        from_compiled(recipe(), _compiled(1, loss="mse", metrics=["f1_score"]))
 
 
 def test_docs_keras_lists_exactly_the_names_tested_here():
@@ -267,8 +274,26 @@ def test_a_fit_scripts_refusal_names_the_script_not_a_build_model(tmp_path):
     script.write_text("import keras\nmodel = keras.Sequential()\nmodel.fit(None, steps_per_epoch=1)\n")
     inputs = keras.Input((3,))
     model = keras.Model(inputs, [keras.layers.Dense(1)(inputs), keras.layers.Dense(1)(inputs)])
-    model.compile(optimizer="sgd", loss="mse")
+    model.compile(optimizer="sgd", loss="mse", weighted_metrics=["mae"])
     with pytest.raises(RecipeError) as raised:
         from_compiled(recipe(name="fit_twohead.py", source=str(script), loss=None), model)
-    assert str(raised.value) == ("Script fit_twohead.py: its model was compiled with 2 outputs; "
-                                 "one output with one loss is supported")
+    assert str(raised.value) == ("Script fit_twohead.py: its model was compiled with weighted_metrics and several "
+                                 "outputs; not supported yet (sample weights with several outputs are not either)")
+
+
+def test_the_metrics_refused_before_workers_start_are_kerass_stateful_ones():
+    """job/recipe.py refuses these by name in the source (it imports no Keras): the list is every
+    keras.metrics class, and every name keras.metrics.get() takes, whose state is not a mean."""
+    from keras.src.metrics import ALL_OBJECTS_DICT
+
+    from resilient_train.job.recipe import STATEFUL_METRIC_NAMES, STATEFUL_METRICS
+
+    wrapper = keras.metrics.MeanMetricWrapper
+
+    def stateful(obj):
+        return (isinstance(obj, type) and issubclass(obj, keras.metrics.Metric) and obj is not keras.metrics.Metric
+                and not (issubclass(obj, wrapper) and obj.update_state is wrapper.update_state))
+
+    assert sorted(STATEFUL_METRICS) == sorted(name for name, obj in vars(keras.metrics).items() if stateful(obj))
+    assert sorted(STATEFUL_METRIC_NAMES) == sorted(name for name, obj in ALL_OBJECTS_DICT.items()
+                                                   if name[0].islower() and name != "metric" and stateful(obj))

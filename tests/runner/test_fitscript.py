@@ -217,3 +217,35 @@ def test_validation_arrays_are_batched_at_the_validation_batch_each_worker_its_s
 def test_validation_data_the_runner_cannot_evaluate_is_refused(script, data, kwargs, message):
     with pytest.raises(RecipeError, match=message):
         script._validation(data, kwargs, 4)
+
+
+def test_class_weight_is_kerass_own_mapping_and_sample_weight_one_per_example():
+    from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+    from resilient_train.runner.keras_recipes.fitscript import sample_weights
+
+    labels = np.array([0, 2, 1, 2, 0], np.int64)
+    weights = sample_weights(labels, None, {0: 2.0, 2: 0.5}, 5)
+    assert weights.dtype == np.float32 and weights.tolist() == [2.0, 0.5, 1.0, 0.5, 2.0]
+    assert weights.tolist() == class_weight_to_sample_weights(labels, {0: 2.0, 2: 0.5}).tolist()
+    one_hot = np.eye(3, dtype=np.float32)[labels]  # the class is the argmax
+    assert sample_weights(one_hot, None, {2: 3.0}, 5).tolist() == [1.0, 3.0, 1.0, 3.0, 1.0]
+    assert sample_weights(labels, np.ones((5, 1)), None, 5).shape == (5,)
+    assert sample_weights(labels, None, None, 5) is None
+    with pytest.raises(ValueError, match=r"sample_weight has shape \(4,\) for 5 training examples"):
+        sample_weights(labels, np.ones(4), None, 5)
+    with pytest.raises(ValueError, match=r"class_weight is only supported for a single output's labels"):
+        sample_weights({"a": labels, "b": labels}, None, {0: 2.0}, 5)
+
+
+def test_weights_for_a_model_with_several_outputs_are_refused_at_run_time(script):
+    import keras
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, [keras.layers.Dense(1)(inputs), keras.layers.Dense(1)(inputs)])
+    with pytest.raises(RecipeError, match=r"fit\(sample_weight=...\) for a model with 2 outputs: not supported yet with "
+                                          r"several outputs: Keras weighs each <output>_loss by it"):
+        script._fit(model, np.zeros((4, 3)), [np.zeros(4), np.zeros(4)], sample_weight=np.ones(4))
+    script._fit_calls = 0  # a refused call, not a second fit()
+    with pytest.raises(RecipeError, match=r"fit\(sample_weight=..., class_weight=...\): Keras refuses both at once"):
+        script._fit(model, np.zeros((4, 3)), np.zeros(4), sample_weight=np.ones(4), class_weight={0: 1.0})

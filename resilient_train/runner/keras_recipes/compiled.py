@@ -29,10 +29,16 @@ What is honoured and why only this:
   docs/keras.md lists the losses and metrics tested against plain Keras
   (tests/runner/test_compiled.py).
 
+* several outputs: losses, ``loss_weights`` and metrics per output (multi_output.py).
+* Keras' metrics whose state is a sum, not a mean (``AUC``, ``Precision``, ``F1Score``,
+  ``MeanIoU``...): ``Recipe.metric_states`` (metric_states.py), summed over the workers in the
+  step's all-reduce; ``weighted_metrics`` (one output) the same way, updated with the
+  batch's sample weights.
+
 Refused, with one line (``RecipeError``; the supervisor refuses the literal cases before
-workers start, job/recipe.py): several outputs / a list or dict of losses,
-``loss_weights``, ``weighted_metrics``, metrics whose state is not a mean of per-example
-values (``AUC``, ``Precision``, ``F1Score``...), a model class that overrides ``test_step`` /
+workers start, job/recipe.py): ``weighted_metrics`` with several outputs, ``loss_weights``
+for one output, a metric with one result per class or threshold, a ``Metric`` class of the
+user's own (its state may not be a sum), a model class that overrides ``test_step`` /
 ``compute_loss`` / ``compute_metrics`` without ``train_step`` (the runner's step would
 silently ignore it; one that overrides ``train_step`` never gets here: its own step runs,
 runner/keras_recipes/own_step.py), ``run_eagerly=True``, ``jit_compile=True`` and
@@ -50,8 +56,10 @@ import tensorflow as tf
 
 from resilient_train.errors import RecipeError, RecipeRefused
 from resilient_train.job.recipe import Recipe, is_fit_script
+from resilient_train.runner.keras_recipes.metric_states import ADDITIVE, MetricStates, StatefulMetric, built_for
 
-__all__ = ["is_compiled", "from_compiled", "same_rank", "TRAINER_OVERRIDES"]
+__all__ = ["is_compiled", "from_compiled", "same_rank", "per_sample", "per_example_loss", "resolved_metrics", "split_stateful", "refusal",
+           "from_fit_script", "TRAINER_OVERRIDES"]
 
 TRAINER_OVERRIDES = ("train_step", "test_step", "compute_loss", "compute_metrics")
 
@@ -60,14 +68,20 @@ def is_compiled(model: Any) -> bool:
     return bool(getattr(model, "compiled", False))
 
 
+def refusal(recipe: Recipe, what: str) -> RecipeRefused:
+    """The refusal of what ``compile`` was given, in the user's terms (script or recipe)."""
+    return _refuse(recipe, what)
+
+
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
     """One line in the user's terms: a fit script has no build_model(), it compiled a model."""
-    if _from_fit_script(recipe):
+    if from_fit_script(recipe):
         return RecipeRefused(f"Script {Path(recipe.source).name}: its model was compiled with {what}")
     return RecipeRefused(f"recipe {recipe.name}: build_model() returned a compiled model with {what}")
 
 
-def _from_fit_script(recipe: Recipe) -> bool:
+def from_fit_script(recipe: Recipe) -> bool:
+    """Is ``recipe`` a model.fit script's (runner/keras_recipes/fitscript.py), not a recipe module?"""
     try:
         return bool(recipe.source) and is_fit_script(recipe.source)
     except (RecipeError, OSError):  # not a readable file: a recipe module
@@ -89,23 +103,37 @@ def from_compiled(recipe: Recipe, model: keras.Model) -> Recipe:
     if config.get("steps_per_execution", 1) != 1:
         raise _refuse(recipe, f"steps_per_execution={config['steps_per_execution']}; use the runner's "
                               "--steps-per-execution instead")
-    if config.get("loss_weights") is not None:
-        raise _refuse(recipe, "loss_weights; one output with one loss is supported")
-    if config.get("weighted_metrics"):
-        raise _refuse(recipe, "weighted_metrics; only metrics=[...] is supported")
-    if len(model.outputs or []) > 1:
-        raise _refuse(recipe, f"{len(model.outputs)} outputs; one output with one loss is supported")
+    several = len(model.outputs or []) > 1
+    if config.get("weighted_metrics") and several:
+        raise _refuse(recipe, "weighted_metrics and several outputs; not supported yet (sample weights with several "
+                              "outputs are not either)")
+    if config.get("loss_weights") is not None and not several:
+        raise _refuse(recipe, "loss_weights on a model with one output; give loss_weights with several outputs")
     if model.optimizer is None:
         raise _refuse(recipe, "no optimizer; pass optimizer=... to compile()")
     present = [name for name in ("build_optimizer", "loss", "metrics") if getattr(recipe, name) is not None]
     if present:
         raise _refuse(recipe, f"the recipe also defining {', '.join(present)}; take them from compile() "
                               "or from the recipe, not both")
-    loss = _per_example_loss(recipe, config.get("loss"))
-    metrics = _metrics(recipe, config.get("metrics"))
+    if several:
+        from resilient_train.runner.keras_recipes.multi_output import several_outputs  # it builds on this module
+
+        loss, metrics, states = several_outputs(recipe, model, config)
+    else:
+        loss = _per_example_loss(recipe, config.get("loss"))
+        metrics, states, names = _metrics(recipe, config.get("metrics"), tuple(model.outputs[0].shape))
+        weighted = _weighted_metrics(recipe, config.get("weighted_metrics"), tuple(model.outputs[0].shape),
+                                     taken=names)
+        if weighted:
+            states = MetricStates([*(states.metrics if states is not None else []), *weighted])
+    vectors = [] if states is None else states.not_scalar()
+    if vectors:
+        raise _refuse(recipe, f"metric {vectors[0]!r}, whose result is not one number (several thresholds or "
+                              "classes); a log, a CSV column and a callback's monitor need one: give one threshold, "
+                              "or an average")
     optimizer = model.optimizer
     return dataclasses.replace(
-        recipe, build_optimizer=lambda params: optimizer, loss=loss, metrics=metrics,
+        recipe, build_optimizer=lambda params: optimizer, loss=loss, metrics=metrics, metric_states=states,
     )
 
 
@@ -151,6 +179,11 @@ def _shape_kind(labels: Any, predictions: Any) -> str:
 
 _CROSSENTROPY = {"binary": "binary_crossentropy", "sparse": "sparse_categorical_crossentropy",
                  "categorical": "categorical_crossentropy"}
+
+
+def per_example_loss(recipe: Recipe, loss: Any) -> Callable[[Any, Any], Any]:
+    """One ``compile`` loss (a name, a function, a ``keras.losses.Loss``) as a per-example function."""
+    return _per_example_loss(recipe, loss)
 
 
 def _per_example_loss(recipe: Recipe, loss: Any) -> Callable[[Any, Any], Any]:
@@ -206,22 +239,91 @@ def _accuracy() -> Callable[[Any, Any], Any]:
     return accuracy
 
 
-def _metrics(recipe: Recipe, metrics: Any) -> Callable[[Any, Any], dict] | None:
+def _metrics(recipe: Recipe, metrics: Any, output_shape: tuple) -> tuple[Callable[[Any, Any], dict] | None,
+                                                                         MetricStates | None, set[str]]:
+    """The per-example metrics function (None: none), the summed-state metrics (None: none)
+    and every metric's name."""
     if not metrics:
-        return None
+        return None, None, set()
     if isinstance(metrics, dict) or not isinstance(metrics, (list, tuple)):
         raise _refuse(recipe, f"metrics of type {type(metrics).__name__}; expected a list")
-    resolved: dict[str, Callable[[Any, Any], Any]] = {}
-    for entry in metrics:
-        name, fn = _metric(recipe, entry)
-        if name in resolved:
-            raise _refuse(recipe, f"two metrics named {name!r}")
-        resolved[name] = fn
+    resolved, stateful = split_stateful(resolved_metrics(recipe, metrics))
 
     def per_example(labels, predictions):
         return {name: per_sample(fn(labels, predictions), predictions) for name, fn in resolved.items()}
 
-    return per_example
+    states = [StatefulMetric(name, built_for(metric, output_shape), _both) for name, metric in stateful.items()]
+    return (per_example if resolved else None), (MetricStates(states) if states else None), {*resolved, *stateful}
+
+
+def _weighted_metrics(recipe: Recipe, entries: Any, output_shape: tuple, taken: set[str]) -> list[StatefulMetric]:
+    """``compile(weighted_metrics=[...])`` as Keras' ``CompileMetrics`` builds them: each a
+    metric object updated with the batch's sample weights (a mean's state is ``sum(w * value)``
+    and ``sum(w)``: summed, metric_states.py), named as in ``metrics`` or, when that name is
+    taken, ``weighted_<name>``."""
+    if not entries:
+        return []
+    if isinstance(entries, dict) or not isinstance(entries, (list, tuple)):
+        raise _refuse(recipe, f"weighted_metrics of type {type(entries).__name__}; expected a list")
+    weighted: list[StatefulMetric] = []
+    for entry in entries:
+        metric = _metric_object(recipe, entry, output_shape)
+        name = metric.name if metric.name not in taken else f"weighted_{metric.name}"
+        if name in taken:
+            raise _refuse(recipe, f"two metrics named {name!r}")
+        taken.add(name)
+        weighted.append(StatefulMetric(name, built_for(metric, output_shape), _both, weighted=True))
+    return weighted
+
+
+def _metric_object(recipe: Recipe, entry: Any, output_shape: tuple) -> keras.metrics.Metric:
+    """A ``weighted_metrics`` entry as the Metric Keras' ``get_metric`` makes of it (named as given)."""
+    if isinstance(entry, str) and entry.lower() in ("accuracy", "acc"):
+        if output_shape[-1] != 1:  # Keras picks sparse or categorical from the labels' shape, unknown here
+            raise _refuse(recipe, f"weighted_metrics=[{entry!r}] for {output_shape[-1]} output units; name it "
+                                  "(sparse_categorical_accuracy or categorical_accuracy)")
+        return keras.metrics.BinaryAccuracy(name=entry)
+    found = entry
+    if isinstance(entry, str):
+        try:
+            found = keras.metrics.get(entry)
+        except ValueError as exc:
+            raise _refuse(recipe, f"weighted metric {entry!r}, which Keras does not know ({exc})") from None
+    found = found() if isinstance(found, type) else found
+    if not isinstance(found, keras.metrics.Metric):
+        if not callable(found):
+            raise _refuse(recipe, f"weighted metric {entry!r}; expected a name, a function or a keras metric")
+        found = keras.metrics.MeanMetricWrapper(found, name=entry if isinstance(entry, str) else found.__name__)
+    elif isinstance(entry, str):
+        found.name = entry  # Keras names it as written
+    mean_wrapper = keras.metrics.MeanMetricWrapper
+    summed = type(found).__name__ in ADDITIVE and type(found).__module__.startswith("keras.")
+    if not (summed or isinstance(found, mean_wrapper) and type(found).update_state is mean_wrapper.update_state):
+        raise _refuse(recipe, f"weighted metric {found.name!r} ({type(found).__name__}), not one of Keras' own "
+                              "(a class of your own may keep a state that is not a sum)")
+    return found
+
+
+def _both(labels: Any, predictions: Any) -> tuple[Any, Any]:
+    return labels, predictions
+
+
+def split_stateful(resolved: dict[str, Any]) -> tuple[dict[str, Callable[[Any, Any], Any]], dict[str, Any]]:
+    """``resolved_metrics`` split into per-example functions and summed-state metrics."""
+    stateful = {name: entry for name, entry in resolved.items() if isinstance(entry, keras.metrics.Metric)}
+    return {name: entry for name, entry in resolved.items() if name not in stateful}, stateful
+
+
+def resolved_metrics(recipe: Recipe, metrics: Any, prefix: str = "") -> dict[str, Callable[[Any, Any], Any]]:
+    """``{name: per-example function}`` of a list of metrics (or one), each named as Keras names
+    it, ``prefix`` first (``"<output>_"`` for one output of several)."""
+    resolved: dict[str, Callable[[Any, Any], Any]] = {}
+    for entry in metrics if isinstance(metrics, (list, tuple)) else [metrics]:
+        name, fn = _metric(recipe, entry)
+        if prefix + name in resolved:
+            raise _refuse(recipe, f"two metrics named {prefix + name!r}")
+        resolved[prefix + name] = fn
+    return resolved
 
 
 def _metric(recipe: Recipe, entry: Any) -> tuple[str, Callable[[Any, Any], Any]]:
@@ -244,8 +346,11 @@ def _metric(recipe: Recipe, entry: Any) -> tuple[str, Callable[[Any, Any], Any]]
         fn, kwargs = entry._fn, dict(entry._fn_kwargs)
         return name, lambda labels, predictions: fn(labels, predictions, **kwargs)
     if isinstance(entry, keras.metrics.Metric):
+        if type(entry).__name__ in ADDITIVE and type(entry).__module__.startswith("keras."):
+            return name, entry  # its state is summed instead (metric_states.py)
         raise _refuse(recipe, f"metric {entry.name!r} ({type(entry).__name__}), whose state is not a mean of "
-                              "per-example values; use mean metrics (accuracy, mae, ...) or recipe metrics()")
+                              "per-example values and not one of Keras' own summed states (a class of your own may "
+                              "keep a state that is not a sum); use Keras' metrics or recipe metrics()")
     if callable(entry):
         return name, entry
     raise _refuse(recipe, f"metric {entry!r}; expected a name, a function or a keras metric")

@@ -37,6 +37,9 @@ Keras reads them: every epoch is a new permutation of the ``n`` examples, a func
 are left out (Keras keeps a smaller last batch, which would not split over the workers).
 Re-entry at step ``s`` starts the epoch's index range there (O(1)). ``validation_split=f``
 holds out the last ``n - floor(n * (1 - f))`` examples before any shuffle, as Keras does.
+``sample_weight=w`` or ``class_weight={class: weight}`` (Keras' own mapping to per-example
+weights) rides with the arrays as ``(x, y, w)``: the step weighs each example's loss, the
+metrics stay unweighted, as Keras' ``metrics=`` are.
 ``validation_data`` (arrays, or a finite dataset batched at the global batch size),
 ``validation_steps`` and ``validation_freq=N`` feed the runner's evaluation
 (runner/outputs/evaluation.py): ``val_*`` in ``epoch_finished`` and in the callbacks' logs.
@@ -74,7 +77,9 @@ from resilient_train.job.config import JobConfig
 from resilient_train.job.recipe import (
     FIT_ARRAYS_REFUSED,
     FIT_DATASET_REFUSED,
+    FIT_PAIRS_REFUSED,
     FIT_REFUSED,
+    SEVERAL_OUTPUTS_WEIGHTS_REFUSED,
     Recipe,
     recipe_name,
 )
@@ -86,10 +91,11 @@ from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
 __all__ = ["FitScript", "ContinuousInput", "ArrayInput", "model_then_twins", "validation_split_at", "array_steps",
-           "script_model"]
+           "sample_weights", "script_model"]
 
 _HONOURED = ("x", "y", "batch_size", "epochs", "steps_per_epoch", "callbacks", "verbose", "shuffle", "validation_data",
-             "validation_split", "validation_steps", "validation_freq", "validation_batch_size")  # verbose: ignored
+             "validation_split", "validation_steps", "validation_freq", "validation_batch_size",
+             "sample_weight", "class_weight")  # verbose: ignored
 _KERAS_BATCH_SIZE = 32  # fit()'s default batch_size
 
 
@@ -319,6 +325,12 @@ class FitScript:
             if (name not in _HONOURED or name in refused) and value is not None:
                 why = refused.get(name, "not supported")
                 raise self._refuse(f"fit({name}=...): {why}")
+        for (first, second), why in FIT_PAIRS_REFUSED.items():
+            if kwargs.get(first) is not None and kwargs.get(second):
+                raise self._refuse(f"fit({first}=..., {second}=...): {why}")
+        for name, why in SEVERAL_OUTPUTS_WEIGHTS_REFUSED.items():
+            if kwargs.get(name) is not None and len(model.outputs or []) > 1:
+                raise self._refuse(f"fit({name}=...) for a model with {len(model.outputs)} outputs: {why}")
         epochs = kwargs.get("epochs", 1)
         if self.strategy is None:
             raise self._refuse("fit() was called without a tf.distribute.MultiWorkerMirroredStrategy(); create "
@@ -388,12 +400,14 @@ class FitScript:
             if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
                 raise ValueError(f"Received batch_size={batch!r}; expected a positive int")
             steps = array_steps(count, batch)
+            weights = sample_weights(y, kwargs.get("sample_weight"), kwargs.get("class_weight"), count)
         except ValueError as exc:
             raise self._refuse(f"fit() at line {self._fit_line()}: {exc}") from None
         shuffle = kwargs.get("shuffle", True)
         if shuffle not in (True, False):
             raise self._refuse(f"fit(shuffle={shuffle!r}): pass True (a new permutation every epoch) or False")
-        source = ArrayInput(self.strategy, (x, y), seed=self.job.seed, shuffle=bool(shuffle),
+        arrays = (x, y) if weights is None else (x, y, weights)  # (x, y, w): the step weighs each example's loss
+        source = ArrayInput(self.strategy, arrays, seed=self.job.seed, shuffle=bool(shuffle),
                             global_batch_size=batch, steps_per_epoch=steps)
         return batch, steps, source, held
 
@@ -559,6 +573,29 @@ def _global_batch_size(dataset: tf.data.Dataset) -> int:
     for element in dataset.take(1):
         return int(tf.nest.flatten(element)[0].shape[0])
     raise RecipeError("the fit() dataset is empty")
+
+
+def sample_weights(y: Any, sample_weight: Any, class_weight: Any, count: int) -> np.ndarray | None:
+    """The per-example weights of ``fit(x, y, sample_weight=w)`` or ``class_weight={class: weight}``
+    (None without either), float32 as Keras' loss reads them. ``class_weight`` is Keras' own
+    mapping (``class_weight_to_sample_weights``: the label, or its argmax for one-hot labels,
+    rounded to an int; classes not named weigh 1), over the training examples after any
+    ``validation_split``, as Keras computes it."""
+    if sample_weight is not None:
+        weights = np.asarray(_as_arrays(sample_weight, "sample_weight"), dtype=np.float32)
+        if weights.shape[0] != count or weights.size != count:  # (N,) or (N, 1): one weight per example
+            raise ValueError(f"sample_weight has shape {weights.shape} for {count} training examples; expected "
+                             f"({count},)")
+        return weights.reshape(count)
+    if not class_weight:
+        return None
+    if not isinstance(class_weight, dict):
+        raise ValueError(f"class_weight is a {type(class_weight).__name__}; expected a dict {{class: weight}}")
+    if isinstance(y, (dict, list, tuple)):
+        raise ValueError("class_weight is only supported for a single output's labels (as in Keras)")
+    from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+    return np.asarray(class_weight_to_sample_weights(y, class_weight), dtype=np.float32)
 
 
 def _as_arrays(value: Any, name: str) -> Any:

@@ -42,8 +42,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from resilient_train.errors import RecipeError, RecipeRefused
-from resilient_train.job.recipe import Recipe, is_fit_script
+from resilient_train.errors import RecipeRefused
+from resilient_train.job.recipe import Recipe
+from resilient_train.runner.keras_recipes.compiled import from_fit_script
 from resilient_train.runner.input.batches import with_autograph
 
 __all__ = ["has_own_step", "from_own_step", "OwnStep", "LastLogs"]
@@ -59,16 +60,9 @@ def has_own_step(model: Any) -> bool:
 
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
     """One line in the user's terms (a fit script compiled a model; a recipe's build_model returned one)."""
-    if _from_fit_script(recipe):
+    if from_fit_script(recipe):
         return RecipeRefused(f"Script {Path(recipe.source).name}: its model has its own train_step and {what}")
     return RecipeRefused(f"recipe {recipe.name}: build_model() returned a model with its own train_step and {what}")
-
-
-def _from_fit_script(recipe: Recipe) -> bool:
-    try:
-        return bool(recipe.source) and is_fit_script(recipe.source)
-    except (RecipeError, OSError):  # not a readable file: a recipe module
-        return False
 
 
 def from_own_step(recipe: Recipe, model: keras.Model) -> Recipe:

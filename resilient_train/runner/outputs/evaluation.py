@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from resilient_train.job.config import JobConfig
@@ -34,6 +35,7 @@ __all__ = ["Evaluator", "Validation", "eval_every_epochs"]
 
 _EXAMPLES = "__examples__"
 _LOSS = "__loss__"
+_STATES = "__metric_states__"  # the summed states of AUC, Precision... (runner/keras_recipes/metric_states.py)
 
 
 @dataclass(frozen=True)
@@ -119,17 +121,25 @@ class Evaluator:
     def evaluate(self) -> Validation:
         """One pass over the eval split on every worker (collective: all workers must call it)."""
         totals: dict[str, float] = {}
+        states = self.recipe.metric_states
+        state_sums = None if states is None else np.zeros(states.width, np.float32)
         iterator = iter(self._dataset())
         for features, labels in iterator:
             for name, value in self._step(features, labels).items():
-                totals[name] = totals.get(name, 0.0) + float(value)
+                if name == _STATES:  # float32 sums, as the metric's own variables add
+                    state_sums = state_sums + value.numpy()
+                else:
+                    totals[name] = totals.get(name, 0.0) + float(value)
         self.retire(iterator)
         del iterator
         examples = int(totals.pop(_EXAMPLES, 0.0))
         if examples == 0:
             raise RecipeError(f"recipe {self.recipe.name}: eval_dataset() yielded no examples")
         loss = totals.pop(_LOSS) / examples
-        return Validation(loss=loss, metrics={k: v / examples for k, v in totals.items()}, examples=examples)
+        metrics = {k: v / examples for k, v in totals.items()}
+        if states is not None:
+            metrics.update(states.results(state_sums))
+        return Validation(loss=loss, metrics=metrics, examples=examples)
 
     def _dataset(self):
         recipe, params, seed, max_steps = self.recipe, self.params, self.seed, self.max_steps
@@ -167,6 +177,8 @@ class Evaluator:
             if metrics is not None:
                 for name, values in metrics(labels, predictions).items():
                     sums[name] = tf.reduce_sum(tf.cast(values, tf.float64))
+            if recipe.metric_states is not None:  # summed states (runner/keras_recipes/metric_states.py)
+                sums[_STATES] = recipe.metric_states.shares(labels, predictions)
             return sums
 
         # A short last batch has another shape: let the function generalise, not retrace per shape.
