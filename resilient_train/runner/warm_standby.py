@@ -59,7 +59,7 @@ from typing import Any, Callable, TextIO
 from resilient_train.cluster.environment import STANDBY_READY_FD
 from resilient_train.rundir.rescue_signal import RESCUE_SIGNAL
 
-__all__ = ["main", "prewarm", "run_at_low_priority"]
+__all__ = ["main", "prewarm", "run_at_low_priority", "serve"]
 
 PREWARM_NICE = 19  # the import thread's nice value where SCHED_IDLE is not available
 _NEEDED_POLL_S = 0.05  # how often a standby still importing looks for its assignment
@@ -247,12 +247,22 @@ def main(argv: list[str]) -> int:
         print(f"resilient-train standby: unusable: {problem}", file=sys.stderr)
         _report(ready_fd, {"ok": False, "pid": os.getpid(), "reason": problem})
         return 0
-    _report(ready_fd, {"ok": True, "pid": os.getpid(), "prewarm_s": round(time.monotonic() - started, 3)})
     if assigned_at:  # handed over while importing: the rest of the import is the restart's
         from resilient_train.runner import startup_phases
 
         startup_phases.mark("assigned", at=assigned_at[0])
         startup_phases.mark("standby_import")
+    return serve(ready_fd, round(time.monotonic() - started, 3))
+
+
+def serve(ready_fd: int | None, prewarm_s: float) -> int:
+    """Say ready on ``ready_fd``, wait for the one assignment on stdin, become the worker.
+
+    The second half of every standby's life, spawned (``main``) or forked from the standby
+    template (runner/standby_template.py); the exit code of the worker it became, or 0 when
+    released unused.
+    """
+    _report(ready_fd, {"ok": True, "pid": os.getpid(), "prewarm_s": prewarm_s})
     stdin = sys.stdin
     line = stdin.readline()
     if not line.strip():

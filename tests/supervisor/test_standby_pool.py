@@ -12,6 +12,8 @@ from resilient_train.supervisor.standby_pool import MAX_LOST_PER_SLOT, StandbyPo
 
 
 class FakeStandby:
+    forked = False
+
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
