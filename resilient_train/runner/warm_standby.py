@@ -6,7 +6,9 @@ the supervisor keeps processes that have done it waiting (supervisor/standby_poo
 hands each one an assignment instead of spawning a cold process, and the process then runs
 the ordinary worker main (runner/worker_main.py) with the assignment's environment. The worker
 never knows the difference: same argv, same environment, same log file, same pid for its
-whole life.
+whole life. Standbys are normally forked from one template process that did the imports once
+(runner/standby_template.py), and run ``serve`` from there; this module's ``main``, a standby
+that imports for itself, is the fallback once the template is lost.
 
 What is safe to do before TF_CONFIG is known (measured with TF 2.21 / Keras 3, CPU; see
 ``prewarm`` and tests/supervisor/test_standby_process.py):

@@ -128,6 +128,7 @@ def test_standbys_die_with_a_killed_supervisor(tmp_path):
 
     def kill_supervisor(proc, events):
         pids["standby"] = {e["pid"] for e in events if e["event"] == "standby_started"}
+        pids["template"] = {e["pid"] for e in events if e["event"] == "standby_template_started"}
         pids["worker"] = set(worker_pids(events).values())
         proc.send_signal(signal.SIGKILL)
 
@@ -136,6 +137,6 @@ def test_standbys_die_with_a_killed_supervisor(tmp_path):
         when=lambda events: sum(e["event"] == "standby_started" for e in events) >= 2,
         action=kill_supervisor,
     )
-    everyone = pids["standby"] | pids["worker"]
-    assert len(pids["standby"]) == 2 and len(pids["worker"]) == 2
+    everyone = pids["standby"] | pids["worker"] | pids["template"]
+    assert len(pids["standby"]) == 2 and len(pids["worker"]) == 2 and len(pids["template"]) == 1
     assert survivors(everyone, within_s=30) == []
