@@ -40,9 +40,11 @@ from resilient_train.cluster import entry_points
 __all__ = ["LocalLauncher", "PopenSpawner", "Spawner", "TEMPLATE_PRIORITY"]
 
 # The standby template's import priority (runner/standby_template.py --priority): "normal"
-# imports beside the first attempt's workers; "idle" waits for CPU no worker wants and is
-# promoted when the pool first asks for a standby. Measured in docs/checkpointing.md.
-TEMPLATE_PRIORITY = os.environ.get("RT_STANDBY_TEMPLATE_PRIORITY", "normal")
+# imports beside the first attempt's workers, so the template is ready for a restart that comes
+# early; "idle" leaves the first attempt every core and is promoted when the pool first asks for a
+# standby (its first step), so a kill before then restarts cold. Measured on a loaded machine
+# without a clear difference (docs/checkpointing.md); normal is the one that never restarts cold.
+TEMPLATE_PRIORITY = "normal"
 
 
 class Spawner(Protocol):
