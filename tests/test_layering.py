@@ -106,7 +106,7 @@ def test_launched_modules_are_named_once_in_entry_points():
 
     assert [found for path in _modules() for found in _m_literals(path)] == []
     modules = {name: value for name, value in vars(entry_points).items() if name.isupper()}
-    assert set(modules) == {"CLI", "WORKER", "WARM_STANDBY", "PS_ROLE", "INPUT_PROBE", "SLURM_TASK"}
+    assert set(modules) == {"CLI", "WORKER", "WARM_STANDBY", "STANDBY_TEMPLATE", "PS_ROLE", "INPUT_PROBE", "SLURM_TASK"}
     for name, module in modules.items():
         target = PACKAGE.parent.joinpath(*module.split("."))
         runnable = (target / "__main__.py") if target.is_dir() else target.with_suffix(".py")

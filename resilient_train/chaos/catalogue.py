@@ -67,7 +67,8 @@ EVENTS = (
     "cache_rejected", "cache_write_failed", "garbage_collected", "storage_retry", "storage_claimed",
     "generation_claimed", "stale_writer_fenced",
     "gang_restart", "restart_budget_exhausted", "crash_loop_detected", "fatal_error", "launch_failed", "hang_detected",
-    "standby_started", "standby_ready", "standby_lost", "standby_disabled", "model_exported", "model_export_failed",
+    "standby_started", "standby_ready", "standby_lost", "standby_disabled", "standby_template_started",
+    "standby_template_ready", "standby_template_lost", "model_exported", "model_export_failed",
     "ray_connected", "placement_ready", "placement_lost", "node_lost", "slurm_step_started",
     "server_started", "server_stopped", "script_output", "attempt_incomplete", "chaos_fault_injected",
 )

@@ -16,6 +16,9 @@ WORKER = "resilient_train.runner"
 WARM_STANDBY = "resilient_train.runner.warm_standby"
 """A process with TensorFlow imported, waiting for a worker's argv (runner/warm_standby.py)."""
 
+STANDBY_TEMPLATE = "resilient_train.runner.standby_template"
+"""One process with TensorFlow imported that forks the warm standbys (runner/standby_template.py)."""
+
 PS_ROLE = "resilient_train.runner.ps_roles"
 """A parameter-server tier process: coordinator, parameter server or worker (runner/ps_roles.py)."""
 

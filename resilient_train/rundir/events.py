@@ -33,6 +33,7 @@ Vocabulary (``event`` field, stable snake_case names; docs/events.md):
 * supervisor policy: gang_restart, restart_budget_exhausted, crash_loop_detected, fatal_error,
   launch_failed, hang_detected (the progress watchdog, supervisor/watchdog.py)
 * warm standby: standby_started, standby_ready, standby_lost, standby_disabled
+  standby_template_started, standby_template_ready, standby_template_lost
 * outputs: model_exported, model_export_failed
 * Ray launcher: ray_connected, placement_ready, placement_lost, node_lost
 * script: script_output (a line the chief printed; runner/outputs/script_output.py)

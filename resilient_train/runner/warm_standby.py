@@ -6,7 +6,9 @@ the supervisor keeps processes that have done it waiting (supervisor/standby_poo
 hands each one an assignment instead of spawning a cold process, and the process then runs
 the ordinary worker main (runner/worker_main.py) with the assignment's environment. The worker
 never knows the difference: same argv, same environment, same log file, same pid for its
-whole life.
+whole life. Standbys are normally forked from one template process that did the imports once
+(runner/standby_template.py), and run ``serve`` from there; this module's ``main``, a standby
+that imports for itself, is the fallback once the template is lost.
 
 What is safe to do before TF_CONFIG is known (measured with TF 2.21 / Keras 3, CPU; see
 ``prewarm`` and tests/supervisor/test_standby_process.py):
@@ -59,7 +61,7 @@ from typing import Any, Callable, TextIO
 from resilient_train.cluster.environment import STANDBY_READY_FD
 from resilient_train.rundir.rescue_signal import RESCUE_SIGNAL
 
-__all__ = ["main", "prewarm", "run_at_low_priority"]
+__all__ = ["main", "prewarm", "run_at_low_priority", "serve"]
 
 PREWARM_NICE = 19  # the import thread's nice value where SCHED_IDLE is not available
 _NEEDED_POLL_S = 0.05  # how often a standby still importing looks for its assignment
@@ -247,12 +249,22 @@ def main(argv: list[str]) -> int:
         print(f"resilient-train standby: unusable: {problem}", file=sys.stderr)
         _report(ready_fd, {"ok": False, "pid": os.getpid(), "reason": problem})
         return 0
-    _report(ready_fd, {"ok": True, "pid": os.getpid(), "prewarm_s": round(time.monotonic() - started, 3)})
     if assigned_at:  # handed over while importing: the rest of the import is the restart's
         from resilient_train.runner import startup_phases
 
         startup_phases.mark("assigned", at=assigned_at[0])
         startup_phases.mark("standby_import")
+    return serve(ready_fd, round(time.monotonic() - started, 3))
+
+
+def serve(ready_fd: int | None, prewarm_s: float) -> int:
+    """Say ready on ``ready_fd``, wait for the one assignment on stdin, become the worker.
+
+    The second half of every standby's life, spawned (``main``) or forked from the standby
+    template (runner/standby_template.py); the exit code of the worker it became, or 0 when
+    released unused.
+    """
+    _report(ready_fd, {"ok": True, "pid": os.getpid(), "prewarm_s": prewarm_s})
     stdin = sys.stdin
     line = stdin.readline()
     if not line.strip():

@@ -393,6 +393,9 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "standby_ready": None,
     "standby_lost": None,
     "standby_disabled": None,
+    "standby_template_started": None,  # the one process the standbys are forked from
+    "standby_template_ready": None,
+    "standby_template_lost": None,  # standbys are spawned from then on: still an optimisation
     # outputs
     "model_exported": _model_exported,
     "model_export_failed": _model_export_failed,

@@ -50,7 +50,8 @@ from resilient_train.cluster.environment import STANDBY_READY_FD
 from resilient_train.rundir import events
 from resilient_train.supervisor._process import die_with_parent_hook
 
-__all__ = ["StandbyPool", "StandbyState", "PopenStandbySpawner", "MAX_LOST_PER_SLOT"]
+__all__ = ["StandbyPool", "StandbyState", "PopenStandby", "PopenStandbySpawner", "StatusPipe", "UnusableStandbyError",
+           "MAX_LOST_PER_SLOT"]
 
 MAX_LOST_PER_SLOT = 3
 
@@ -75,6 +76,7 @@ class StandbyState(str, Enum):
 
 class StandbyProcess(Protocol):
     pid: int
+    forked: bool  # forked from the standby template (supervisor/forked_standbys.py), not spawned
 
     def poll(self) -> int | None: ...
     def send_signal(self, sig: int) -> None: ...
@@ -84,44 +86,28 @@ class StandbyProcess(Protocol):
 
 
 class StandbySpawner(Protocol):
-    def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> StandbyProcess: ...
+    """Starts one standby (``argv``/``env``: a spawned standby's; a spawner may make it otherwise).
+
+    Returns None when it cannot start one yet (a fork template still importing: the pool asks
+    again at its next ``maintain``); raises UnusableStandbyError when no standby it could start
+    would be usable (the template's pre-warm initialized the eager context).
+    """
+
+    def __call__(self, argv: list[str], env: dict[str, str], log_path: Path) -> StandbyProcess | None: ...
 
 
-class PopenStandby:
-    """A real standby process: assignment pipe on its stdin, status pipe on a passed fd."""
+class UnusableStandbyError(RuntimeError):
+    """Every standby this spawner would start is unusable; the message says why."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
 
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        read_fd, write_fd = os.pipe()
-        env = {**env, STANDBY_READY_FD: str(write_fd)}
-        try:
-            with open(log_path, "ab") as log:
-                self.popen = subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdin=subprocess.PIPE,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(write_fd,),
-                    preexec_fn=die_with_parent_hook(),
-                )
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
+class StatusPipe:
+    """The read end of a standby's status pipe: its one status line, read without blocking."""
+
+    def __init__(self, read_fd: int) -> None:
         os.set_blocking(read_fd, False)
         self._status_fd: int | None = read_fd
         self._buffer = b""
         self._status: dict[str, Any] | None = None
-        self.pid = self.popen.pid
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    def send_signal(self, sig: int) -> None:
-        self.popen.send_signal(sig)
 
     def status(self) -> dict[str, Any] | None:
         """The standby's status line once it arrived (non-blocking)."""
@@ -145,6 +131,42 @@ class PopenStandby:
         if self._status_fd is not None:
             os.close(self._status_fd)
             self._status_fd = None
+
+
+class PopenStandby(StatusPipe):
+    """A real standby process: assignment pipe on its stdin, status pipe on a passed fd."""
+
+    forked = False
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        read_fd, write_fd = os.pipe()
+        env = {**env, STANDBY_READY_FD: str(write_fd)}
+        try:
+            with open(log_path, "ab") as log:
+                self.popen = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(write_fd,),
+                    preexec_fn=die_with_parent_hook(),
+                )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        super().__init__(read_fd)
+        self.pid = self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
 
     def assign(self, assignment: dict[str, Any]) -> bool:
         """Write the assignment; False when the process is already gone."""
@@ -233,8 +255,8 @@ class StandbyPool:
         if refill:
             self._hold_until = min(self._hold_until, self.clock())
         if self.disabled is None and self.clock() >= self._hold_until:
-            while len(self._waiting) < self.size:
-                self._spawn()
+            while self.disabled is None and len(self._waiting) < self.size and self._spawn():
+                pass
 
     def hand_over(self, worker_argv: list[str], env: dict[str, str], log_path: Path) -> StandbyProcess | None:
         """Make a live standby the worker (``worker_argv`` as runner.worker_main.main's argv).
@@ -269,12 +291,20 @@ class StandbyPool:
         self._waiting = []
 
     # ------------------------------------------------------------ internals
-    def _spawn(self) -> None:
+    def _spawn(self) -> bool:
+        """Start one standby; False when the spawner cannot now (or never: then disabled)."""
+        log_path = self.log_dir / f"standby-{self._seq + 1}.log"
+        try:
+            process = self.spawner(list(self.argv), dict(self.env), log_path)
+        except UnusableStandbyError as exc:
+            self._disable(str(exc))
+            return False
+        if process is None:
+            return False
         self._seq += 1
-        log_path = self.log_dir / f"standby-{self._seq}.log"
-        process = self.spawner(list(self.argv), dict(self.env), log_path)
         self._waiting.append(_Standby(self._seq, process, log_path, started=self.clock()))
-        self.emit("standby_started", pid=process.pid, log=str(log_path))
+        self.emit("standby_started", pid=process.pid, log=str(log_path), forked=process.forked)
+        return True
 
     def _reap(self) -> None:
         for standby in list(self._waiting):

@@ -1,6 +1,7 @@
 """The fast recovery path changes how fast a group restarts, never what it computes.
 
-Real supervisor, real MWMS workers, real standby processes (linear regression, 3 x 10 steps).
+Real supervisor, real MWMS workers, real standby processes forked from the standby template
+(linear regression, 3 x 10 steps).
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
     assert _started(warm, 2) == [(0, True), (1, True)]  # the restart took standbys ...
     standby_pids = {e["pid"] for e in warm.named("standby_started")}
     assert set(worker_pids(warm.events, 2).values()) <= standby_pids  # ... and reports their real pids
+    # ... each forked from the one template that imported TensorFlow (runner/standby_template.py)
+    [template] = warm.named("standby_template_started")
+    assert [e["pid"] for e in warm.named("standby_template_ready")] == [template["pid"]]
+    assert [e["forked"] for e in warm.named("standby_started")] == [True] * len(standby_pids)
+    assert not warm.named("standby_template_lost")
     # ... and whether each had finished importing when handed over: exactly those whose
     # standby_ready came before their worker_started (else the restart paid the rest of the import)
     ready_before, warmth = set(), []
@@ -122,6 +128,7 @@ def test_standbys_die_with_a_killed_supervisor(tmp_path):
 
     def kill_supervisor(proc, events):
         pids["standby"] = {e["pid"] for e in events if e["event"] == "standby_started"}
+        pids["template"] = {e["pid"] for e in events if e["event"] == "standby_template_started"}
         pids["worker"] = set(worker_pids(events).values())
         proc.send_signal(signal.SIGKILL)
 
@@ -130,6 +137,6 @@ def test_standbys_die_with_a_killed_supervisor(tmp_path):
         when=lambda events: sum(e["event"] == "standby_started" for e in events) >= 2,
         action=kill_supervisor,
     )
-    everyone = pids["standby"] | pids["worker"]
-    assert len(pids["standby"]) == 2 and len(pids["worker"]) == 2
+    everyone = pids["standby"] | pids["worker"] | pids["template"]
+    assert len(pids["standby"]) == 2 and len(pids["worker"]) == 2 and len(pids["template"]) == 1
     assert survivors(everyone, within_s=30) == []

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from resilient_train.supervisor.standby_pool import MAX_LOST_PER_SLOT, StandbyPool
+from resilient_train.supervisor.standby_pool import MAX_LOST_PER_SLOT, StandbyPool, UnusableStandbyError
 
 
 class FakeStandby:
+    forked = False
+
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
@@ -197,3 +199,32 @@ def test_a_standby_that_reports_ready_and_then_dies_is_lost_once_and_replaced(tm
     assert [e for e, _ in h.events] == ["standby_started", "standby_ready", "standby_lost", "standby_started"]
     assert h.named("standby_lost") == [{"pid": standby.pid, "log": str(tmp_path / "standby" / "standby-1.log"), "signal": "SIGKILL"}]
     assert h.pool.disabled is None
+
+
+def test_a_spawner_not_ready_yet_is_asked_again_and_one_that_says_unusable_disables_the_pool(tmp_path):
+    """The fork template's two answers besides a standby (supervisor/forked_standbys.py):
+    None while it imports (nothing started, no event), UnusableStandbyError once it found an op."""
+    h = Harness(tmp_path)
+    template = {"state": "importing"}
+    asked: list[str] = []
+
+    def spawn(argv, env, log_path):
+        asked.append(template["state"])
+        if template["state"] == "unusable":
+            raise UnusableStandbyError("the standby template 7 is unusable: an op ran")
+        return h.spawn(argv, env, log_path) if template["state"] == "ready" else None
+
+    h.pool.spawner = spawn
+    h.pool.maintain(refill=True)
+    h.pool.maintain()
+    assert (asked, h.spawned, h.events) == (["importing", "importing"], [], [])  # once per maintain
+    template["state"] = "ready"
+    h.pool.maintain()
+    assert [f["log"] for f in h.named("standby_started")] == [
+        str(tmp_path / "standby" / "standby-1.log"), str(tmp_path / "standby" / "standby-2.log")]
+    h.pool.hand_over(["--job", "j"], {}, tmp_path / "w0.log")
+    template["state"] = "unusable"
+    h.pool.maintain(refill=True)
+    assert h.pool.disabled == "the standby template 7 is unusable: an op ran"
+    assert [e for e, _ in h.events] == ["standby_started", "standby_started", "standby_disabled"]
+    assert h.spawned[1].released and h.pool.waiting == []

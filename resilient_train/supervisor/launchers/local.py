@@ -12,7 +12,9 @@ now. That file is the local stand-in for nodes that come and go, so elastic runs
 file counts as absent.
 
 Warm standbys (supervisor/standby_pool.py) live here: a restart hands each rank a process that
-has already imported TensorFlow and the recipe instead of spawning a cold one.
+has already imported TensorFlow and the recipe instead of spawning a cold one. They are forked
+from one template process (supervisor/forked_standbys.py), started with the first attempt,
+so a run imports TensorFlow for its standbys once.
 """
 
 from __future__ import annotations
@@ -31,10 +33,18 @@ from resilient_train.cluster.tf_config import build_tf_config
 from resilient_train.job.config import JobConfig
 from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec, read_notices
-from resilient_train.supervisor.standby_pool import PopenStandbySpawner, StandbyPool, StandbySpawner
+from resilient_train.supervisor.forked_standbys import ForkServerSpawner
+from resilient_train.supervisor.standby_pool import StandbyPool, StandbySpawner
 from resilient_train.cluster import entry_points
 
-__all__ = ["LocalLauncher", "PopenSpawner", "Spawner"]
+__all__ = ["LocalLauncher", "PopenSpawner", "Spawner", "TEMPLATE_PRIORITY"]
+
+# The standby template's import priority (runner/standby_template.py --priority): "normal"
+# imports beside the first attempt's workers, so the template is ready for a restart that comes
+# early; "idle" leaves the first attempt every core and is promoted when the pool first asks for a
+# standby (its first step), so a kill before then restarts cold. Measured on a loaded machine
+# without a clear difference (docs/checkpointing.md); normal is the one that never restarts cold.
+TEMPLATE_PRIORITY = "normal"
 
 
 class Spawner(Protocol):
@@ -72,7 +82,7 @@ class LocalLauncher(Launcher):
     ) -> None:
         self.job = job
         self.spawner = spawner or PopenSpawner()
-        self.standby_spawner = standby_spawner or PopenStandbySpawner()
+        self.standby_spawner = standby_spawner
         self.python = python
         self.replenish_delay_s = replenish_delay_s
         self.host = host
@@ -125,6 +135,8 @@ class LocalLauncher(Launcher):
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+        if isinstance(self.standby_spawner, ForkServerSpawner):
+            self.standby_spawner.close()
 
     def describe(self, handle: WorkerHandle) -> dict[str, object]:
         fields: dict[str, object] = {"standby": handle.pid in self._standby_pids, "address": self._addresses.get(handle.pid)}
@@ -142,11 +154,20 @@ class LocalLauncher(Launcher):
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        log_dir = Path(self.job.run_dir) / "standby"
+        if self.standby_spawner is None:
+            self.standby_spawner = ForkServerSpawner(
+                [self.python, "-m", entry_points.STANDBY_TEMPLATE, "--recipe", self.job.recipe,
+                 "--priority", TEMPLATE_PRIORITY],
+                env, log_dir / "template.log",
+            )
+        if isinstance(self.standby_spawner, ForkServerSpawner):
+            self.standby_spawner.start()  # with the first attempt: one import instead of the pool's N
         return StandbyPool(  # filled once attempt 1 trains (see StandbyPool.maintain)
             self.job.workers,
             argv=[self.python, "-m", entry_points.WARM_STANDBY, "--recipe", self.job.recipe],
             env=env,
-            log_dir=Path(self.job.run_dir) / "standby",
+            log_dir=log_dir,
             spawner=self.standby_spawner,
             replenish_delay_s=self.replenish_delay_s,
         )
