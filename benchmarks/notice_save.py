@@ -22,7 +22,7 @@ the benchmark posts the provider's notice and notes the time; the run must then 
 
 ``auto_startup``: what ``--preemption-notice auto`` costs a worker's start-up where no
 metadata server exists (every endpoint a refused loopback port): the time
-runner/preemption_notices.py's ``NoticeStop(...).start()`` takes on the calling thread, and
+runner/process/preemption_notices.py's ``NoticeStop(...).start()`` takes on the calling thread, and
 until its probes are done (off that thread), over ``--startup-repeats`` starts, next to
 ``off``.
 
@@ -119,7 +119,7 @@ def run_once(provider: str, timeout_s: float = 300.0) -> dict[str, Any]:
 def startup_cost(repeats: int) -> dict[str, Any]:
     """``NoticeStop.start()`` on this thread, and until its probes resolved, for off and auto (ms)."""
     from resilient_train.rundir.layout import RunDir
-    from resilient_train.runner.preemption_notices import NoticeStop
+    from resilient_train.runner.process.preemption_notices import NoticeStop
 
     environ = _nowhere()
     result: dict[str, Any] = {"repeats": repeats}

@@ -71,7 +71,7 @@ JOB_FLAGS = ["--epochs", "1", "--steps-per-epoch", "1000000", "--save-every-step
 RESULT_KEYS = ("detection_s_p50", "detection_s_p95", "kill_to_first_step_s", "breakdown_s", "baseline_tree",
                "baseline_tf_timeout_plus_cold_s", "restore_s", "warm_over_baseline", "details", "setup", "smoke")
 # The supervisor's share of a restart, from its events (kill -> the new chief's start), then the
-# new chief's own phases (its startup_phases event, runner/startup_phases.py), in order.
+# new chief's own phases (its startup_phases event, runner/process/startup_phases.py), in order.
 SUPERVISOR_PHASES = ("detection", "stop_old_group", "launch")
 
 

@@ -20,7 +20,7 @@ def _closed_loopback_port() -> int:
 
 
 # Every worker a test starts watches its node's preemption notices (--preemption-notice auto,
-# runner/preemption_notices.py). Its probes go to a loopback port nothing listens on (refused
+# runner/process/preemption_notices.py). Its probes go to a loopback port nothing listens on (refused
 # at once), never to 169.254.169.254: all traffic of the suite stays on loopback. A test that
 # wants a metadata server passes its own endpoints (tests/support/metadata_server.py).
 _NOWHERE = f"127.0.0.1:{_closed_loopback_port()}"

@@ -7,8 +7,8 @@
 * the README's quickstart block states exactly the commands ``make run`` and ``make test`` run;
 * every ``runner/x.py``-style path in the documents and in the code's docstrings and comments
   names a file of the repository (a module moved without its references fails here);
-* so does every dotted module reference there (``resilient_train.runner.worker_main``,
-  ``runner.worker_main.run``): its modules exist and the name after them is defined in the last one.
+* so does every dotted module reference there (``resilient_train.runner.process.worker_main``,
+  ``runner.process.worker_main.run``): its modules exist and the name after them is defined in the last one.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def test_the_path_check_catches_a_moved_module():
     assert _dangling(text, files, own) == ["runner/data.py"]
 
 
-# ``resilient_train.runner.worker_main``, ``runner.worker_main.run``: a module of the package, named from
+# ``resilient_train.runner.process.worker_main``, ``runner.process.worker_main.run``: a module of the package, named from
 # the package or from one of its sub-packages, maybe followed by a name it defines. Read in the documents
 # and in the comments and strings (docstrings) of the code and the tests. A bare reference needs three
 # parts and never starts at ``job`` (``cluster.rank``, ``job.workers``, ``supervisor.lock``: a variable's
@@ -312,7 +312,7 @@ def test_every_dotted_module_reference_names_a_module():
 def test_the_dotted_check_catches_a_renamed_module():
     old = "runner." + "worker"  # built here, so that this file's own strings do not hold it
     text = (f"the worker itself is ``{old}.run``; python -m {'resilient_train.' + old}; "
-            "see resilient_train.runner.worker_main.main, supervisor.launchers.local and job.workers")
+            "see resilient_train.runner.process.worker_main.main, supervisor.launchers.local and job.workers")
     assert [r for r in _dotted_references(text) if _dotted_dangling(r)] == [f"{old}.run", f"resilient_train.{old}"]
 
 

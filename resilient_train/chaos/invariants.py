@@ -619,7 +619,7 @@ def check_run(
     # may lose up to two intervals. Sync mode keeps the bound of one interval.
     mode = _job_value(run_dir, "checkpoint_mode") or "sync"
     if parameter_server:
-        mode = "sync"  # the coordinator's saves are synchronous (runner/ps_roles.py), whatever the job says
+        mode = "sync"  # the coordinator's saves are synchronous (runner/process/ps_roles.py), whatever the job says
     crash_allowance = save_every * (2 if mode == "async" else 1)
     reached_of: dict[int, int | None] = {}
     for attempt in RunDir(run_dir).attempts():

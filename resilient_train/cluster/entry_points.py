@@ -13,14 +13,14 @@ CLI = "resilient_train"
 WORKER = "resilient_train.runner"
 """One MultiWorkerMirroredStrategy worker (runner/__main__.py)."""
 
-WARM_STANDBY = "resilient_train.runner.warm_standby"
-"""A process with TensorFlow imported, waiting for a worker's argv (runner/warm_standby.py)."""
+WARM_STANDBY = "resilient_train.runner.process.warm_standby"
+"""A process with TensorFlow imported, waiting for a worker's argv (runner/process/warm_standby.py)."""
 
-STANDBY_TEMPLATE = "resilient_train.runner.standby_template"
-"""One process with TensorFlow imported that forks the warm standbys (runner/standby_template.py)."""
+STANDBY_TEMPLATE = "resilient_train.runner.process.standby_template"
+"""One process with TensorFlow imported that forks the warm standbys (runner/process/standby_template.py)."""
 
-PS_ROLE = "resilient_train.runner.ps_roles"
-"""A parameter-server tier process: coordinator, parameter server or worker (runner/ps_roles.py)."""
+PS_ROLE = "resilient_train.runner.process.ps_roles"
+"""A parameter-server tier process: coordinator, parameter server or worker (runner/process/ps_roles.py)."""
 
 INPUT_PROBE = "resilient_train.runner.input.check_input"
 """``resilient-train check``'s fresh process that builds a recipe's first batches (runner/input/check_input.py)."""

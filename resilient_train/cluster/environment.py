@@ -1,7 +1,7 @@
 """What a launcher tells a worker through its environment, beside ``TF_CONFIG``.
 
-The supervisor (any launcher) sets these; the worker (``runner/worker_main.py``) and a warm
-standby (``runner/warm_standby.py``) read them. Defined once here so neither side spells the
+The supervisor (any launcher) sets these; the worker (``runner/process/worker_main.py``) and a warm
+standby (``runner/process/warm_standby.py``) read them. Defined once here so neither side spells the
 other's names. A worker started by another engine without them is a standalone attempt 1.
 
 ``RT_STORAGE_SECRETS`` is how storage credentials reach a worker: ``job.json`` carries

@@ -1,7 +1,7 @@
 """The standby template's wire: messages between the supervisor and its fork server.
 
 The supervisor (supervisor/forked_standbys.py) and the template process
-(runner/standby_template.py) talk over one Unix ``SOCK_SEQPACKET`` socket pair: every message
+(runner/process/standby_template.py) talk over one Unix ``SOCK_SEQPACKET`` socket pair: every message
 is one datagram (one JSON object, at most ``MAX_MESSAGE`` bytes) with its file descriptors
 attached (SCM_RIGHTS), so a message and its fds can never be split or merged. Defined once
 here, below both sides, so neither spells the other's message kinds.

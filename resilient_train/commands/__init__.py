@@ -6,7 +6,7 @@ Each module has ``add_parser(subparsers)``, which adds its subcommand(s) and set
 ``--help`` and argument errors are fast.
 
     run.py     run       the supervisor on local workers
-    worker.py  worker    one worker under another launcher (runner.worker_main.run)
+    worker.py  worker    one worker under another launcher (runner.process.worker_main.run)
     check.py   check     input determinism (runner/input/check_input.py)
     verify.py  verify, ls   checkpoints under a storage URL (--deep: restored into the recipe)
     diff.py    diff      the first committed step where two runs diverge

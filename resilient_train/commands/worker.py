@@ -1,7 +1,7 @@
 """``resilient-train worker RECIPE``: one worker, for Kubernetes/Slurm/Ray.
 
 TF_CONFIG comes from the launcher's environment (or ``--tf-config-from slurm``). The
-arguments are parsed here, once; the worker itself is ``runner.worker_main.run``.
+arguments are parsed here, once; the worker itself is ``runner.process.worker_main.run``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from resilient_train.runner.worker_main import run
+    from resilient_train.runner.process.worker_main import run
 
     job = job_from_args(args)
     if job.strategy == "parameter-server":

@@ -291,7 +291,7 @@ class JobConfig:
         "files 0600; a stricter umask is kept)"))
     min_workers: int | None = field(default=None, metadata=_toml_only(  # None: ``workers`` (not elastic)
         "the fewest workers an elastic run goes on with; the flag is --workers MIN:MAX"))
-    strategy: str = field(default="mirrored", metadata=_flag(  # runner/ps_roles.py
+    strategy: str = field(default="mirrored", metadata=_flag(  # runner/process/ps_roles.py
         "--strategy", choices=STRATEGIES,
         help="mirrored (default): MultiWorkerMirroredStrategy; parameter-server: a coordinator, --ps parameter "
         "servers and --workers workers (docs/parameter_server.md)"))

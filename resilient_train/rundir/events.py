@@ -22,11 +22,11 @@ Vocabulary (``event`` field, stable snake_case names; docs/events.md):
 * run: run_started, run_finished, run_already_complete, attempt_reached, job_changed,
   run_state (supervisor state transitions; kept out of the console's human view)
 * workers: worker_started, worker_exited, worker_failed, worker_preempted, first_step,
-  startup_phases (where the start-up went; runner/startup_phases.py)
+  startup_phases (where the start-up went; runner/process/startup_phases.py)
 * training: fresh_start, restored, train_progress, epoch_finished, training_completed,
   world_size_changed, input_mismatch, preemption_requested, preempted
 * preemption notices: preemption_notice_watch, preemption_notice, preemption_notice_saved,
-  preemption_notice_error (runner/preemption_notices.py)
+  preemption_notice_error (runner/process/preemption_notices.py)
 * checkpoints: checkpoint_committed, checkpoint_rejected, checkpoint_waited,
   checkpoint_failed, checkpoint_fetched, cache_rejected, cache_write_failed,
   garbage_collected, storage_retry, storage_claimed, generation_claimed, stale_writer_fenced

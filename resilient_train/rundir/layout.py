@@ -21,7 +21,7 @@ launchers, the chaos checker, tests) names a file of a run. Nothing else spells
         stacks-<rank>.txt          .stacks(rank)     Python stacks dumped on SIGUSR1 (rundir/stacks.py)
         slurm-task-<rank>.json     .slurm_exit(rank) a Slurm task's exit (launchers/slurm_task.py)
         slurm-term-<rank>          .slurm_term(rank) that Slurm task got SIGTERM
-        notice-<rank>.json         .notice(rank)     that worker's node announced its end (runner/preemption_notices.py)
+        notice-<rank>.json         .notice(rank)     that worker's node announced its end (runner/process/preemption_notices.py)
       local/                       .local            per-host scratch, never shared
         host-cache/                .host_cache       verified checkpoint copies (checkpoint/cache.py)
         rank-<rank>/               .work_dir(rank)   worker staging and restore cache

@@ -2,7 +2,7 @@
 
 Why: TensorFlow's autograph writes every converted function as a
 ``__autograph_generated_file*.py`` into the system temp dir and deletes them in an
-``atexit`` handler. A worker leaves by ``os._exit`` (runner/bootstrap.py ``exit_process``:
+``atexit`` handler. A worker leaves by ``os._exit`` (runner/process/bootstrap.py ``exit_process``:
 TensorFlow's own teardown costs seconds), so that handler never runs: one run of the test
 suite left 3,364 such files in ``/tmp``, and a long-lived machine gathers more with every
 attempt. So each worker points Python's ``tempfile`` (and ``TMPDIR``, for anything it

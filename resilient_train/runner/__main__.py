@@ -9,7 +9,7 @@ RECIPE ...``) and TF_CONFIG in the environment. Reads:
 
 Exit codes and which exception ends a worker with which: resilient_train/errors.py.
 Every exception that ends a worker is recorded in ``<attempt_dir>/error-<rank>.json`` for
-the supervisor's root-cause report (runner/worker_main.py, rundir/errorfile.py ``recording``).
+the supervisor's root-cause report (runner/process/worker_main.py, rundir/errorfile.py ``recording``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
-from resilient_train.runner.bootstrap import exit_process
-from resilient_train.runner.worker_main import main
+from resilient_train.runner.process.bootstrap import exit_process
+from resilient_train.runner.process.worker_main import main
 
 if __name__ == "__main__":
     exit_process(main(sys.argv[1:], environ=os.environ))

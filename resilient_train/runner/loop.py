@@ -105,7 +105,7 @@ from resilient_train.runner.input.reentry import EpochInput
 from resilient_train.runner.state.memory_tier import RescueUnavailable
 from resilient_train.runner.state.tier import MemoryTier
 from resilient_train.runner.state.save_policy import SavePolicy
-from resilient_train.runner import startup_phases
+from resilient_train.runner.process import startup_phases
 from resilient_train.runner.strategy import make_strategy
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
@@ -205,9 +205,9 @@ class Trainer:
         ``input_source(epoch, start)``: the iterator to train epoch ``epoch`` from step
         ``start`` on, in place of the recipe's per-epoch ``dataset`` (runner/input/data.py).
         ``stop_requested()``: True once SIGTERM/SIGINT asked this worker to stop
-        (runner/worker_main.py); it is this worker's preemption vote in every call.
+        (runner/process/worker_main.py); it is this worker's preemption vote in every call.
         ``save_requested()``: True once per preemption notice the machine survives
-        (runner/preemption_notices.py): this worker's vote in the call's save column, beside
+        (runner/process/preemption_notices.py): this worker's vote in the call's save column, beside
         the chief's time-based one, so the group saves the same step and trains on.
         ``saved()``: the group took an agreed save (the notice watch drops a vote that arrives
         right after one: workers on one node see the same notice, not always in the same call)."""

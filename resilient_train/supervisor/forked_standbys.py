@@ -1,7 +1,7 @@
 """Warm standbys forked from one template process instead of each importing TensorFlow.
 
 The pool (supervisor/standby_pool.py) asks a ``StandbySpawner`` for each standby. This one
-starts one template (runner/standby_template.py, at the first attempt's start: it replaces
+starts one template (runner/process/standby_template.py, at the first attempt's start: it replaces
 the pool's N imports by one) and, once it is ready, has it fork each standby: a refill costs
 a fork (10-50 ms) instead of 3.5-5 CPU-s that, at idle priority on busy cores, often had not
 finished by the next restart (docs/checkpointing.md, "Fast recovery").
@@ -12,7 +12,7 @@ with the fork request (SCM_RIGHTS, cluster/template_wire.py). So the pipes, the 
 ownership and mode, and every error opening them stay on the supervisor's side, exactly as
 for ``subprocess.Popen``, and the template needs no access to the run dir.
 
-The template is the children's parent (runner/standby_template.py says why, rather than a
+The template is the children's parent (runner/process/standby_template.py says why, rather than a
 double fork under a subreaper): it reaps each one and reports its real exit code, which
 ``ForkedStandby.poll`` returns; signals go through the pidfd the template sent with the
 pid (a reaped pid may be reused, a pidfd never is). Nothing outlives the supervisor: the

@@ -2,7 +2,7 @@
 
 A gang restart used to spawn N cold processes, each paying the TensorFlow/Keras import
 (2.7-4 s on an idle 2-core machine) before its strategy could even start. The pool keeps N
-processes (runner/warm_standby.py) that have already done everything that does not depend on
+processes (runner/process/warm_standby.py) that have already done everything that does not depend on
 TF_CONFIG; ``hand_over`` gives one of them a worker's argv, environment and log path, and
 from then on it *is* that worker: the supervisor watches and signals it exactly like a cold
 one, and ``worker_started`` carries its real pid.
@@ -22,7 +22,7 @@ Invariants:
   hand-over (or since the pool was created), whichever comes first. The same rule keeps the
   first attempt cold: its N imports and the pool's N do not run at the same time.
 * A standby that reports itself unusable (its pre-warm initialized the eager context, see
-  runner/warm_standby.py) disables the pool for the run (``standby_disabled``): every later
+  runner/process/warm_standby.py) disables the pool for the run (``standby_disabled``): every later
   attempt is cold, which is always correct. So does a pool whose standbys keep dying before
   they are ready (``MAX_LOST_PER_SLOT`` per slot without one becoming ready).
 * Standbys get the parent-death signal like workers (same spawner code), and ``close``
@@ -259,7 +259,7 @@ class StandbyPool:
                 pass
 
     def hand_over(self, worker_argv: list[str], env: dict[str, str], log_path: Path) -> StandbyProcess | None:
-        """Make a live standby the worker (``worker_argv`` as runner.worker_main.main's argv).
+        """Make a live standby the worker (``worker_argv`` as runner.process.worker_main.main's argv).
 
         Returns its process, or None when the pool has no live standby (the caller starts
         a cold one). Ready standbys are preferred over ones still importing.

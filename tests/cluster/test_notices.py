@@ -263,7 +263,7 @@ def unused_tcp_address() -> str:
 def test_the_flag_is_in_the_option_table_and_checked():
     from resilient_train.errors import ConfigError
     from resilient_train.job.config import JobConfig, job_from_args
-    from resilient_train.runner.worker_main import argument_parser
+    from resilient_train.runner.process.worker_main import argument_parser
 
     assert JobConfig(recipe="r.py").preemption_notice == "auto"
     args = argument_parser().parse_args(["r.py", "--preemption-notice", "aws"])

@@ -113,7 +113,7 @@ def test_environ_with_tf_config():
 
 
 def test_worker_reports_slurm_config_error_in_one_line(capsys):
-    from resilient_train.runner.worker_main import main
+    from resilient_train.runner.process.worker_main import main
 
     code = main(["recipes/linear_regression.py", "--tf-config-from", "slurm"], environ={})
     assert code == 2

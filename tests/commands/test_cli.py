@@ -8,7 +8,7 @@ import pytest
 
 from resilient_train.cli import main
 from resilient_train.errors import EXIT_USAGE
-from resilient_train.runner.worker_main import main as worker_main
+from resilient_train.runner.process.worker_main import main as worker_main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""``resilient-train worker``: its arguments are parsed once, by the CLI, then runner.worker_main.run."""
+"""``resilient-train worker``: its arguments are parsed once, by the CLI, then runner.process.worker_main.run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from resilient_train.errors import EXIT_OK, EXIT_USAGE
 
 
 def test_worker_arguments_are_parsed_once_and_reach_run(monkeypatch, tmp_path) -> None:
-    import resilient_train.runner.worker_main as worker
+    import resilient_train.runner.process.worker_main as worker
 
     calls = []
 
@@ -44,7 +44,7 @@ def test_worker_job_flag_error_is_the_cli_one_line(capsys, tmp_path) -> None:
 
 
 def test_runner_main_reports_a_missing_job_file_in_one_line(capsys, tmp_path) -> None:
-    from resilient_train.runner.worker_main import main as runner_main
+    from resilient_train.runner.process.worker_main import main as runner_main
 
     code = runner_main(["--job", str(tmp_path / "missing.json")], environ={})
     assert code == EXIT_USAGE

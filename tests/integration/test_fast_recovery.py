@@ -54,7 +54,7 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
     assert _started(warm, 2) == [(0, True), (1, True)]  # the restart took standbys ...
     standby_pids = {e["pid"] for e in warm.named("standby_started")}
     assert set(worker_pids(warm.events, 2).values()) <= standby_pids  # ... and reports their real pids
-    # ... each forked from the one template that imported TensorFlow (runner/standby_template.py)
+    # ... each forked from the one template that imported TensorFlow (runner/process/standby_template.py)
     [template] = warm.named("standby_template_started")
     assert [e["pid"] for e in warm.named("standby_template_ready")] == [template["pid"]]
     assert [e["forked"] for e in warm.named("standby_started")] == [True] * len(standby_pids)
@@ -72,7 +72,7 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
         assert [(r["global_step"], r["attempt"]) for r in job.named("restored")] == [(10, 2)]
         assert _fetch_sources(job, 2) == [(0, "host_cache"), (1, "host_cache")]  # no download
     assert warm.summary["weights_sha256"] == cold_restart.summary["weights_sha256"]
-    # Where each attempt's start-up went (runner/startup_phases.py): one event per rank at its
+    # Where each attempt's start-up went (runner/process/startup_phases.py): one event per rank at its
     # first step, counted from a cold process's creation or a standby's assignment; one trace each.
     for job, starts in ((cold_restart, ["created", "created"]), (warm, ["created", "assigned"])):
         phases = sorted((e for e in job.named("startup_phases") if e["rank"] == 0), key=lambda e: e["attempt"])
@@ -81,7 +81,7 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
             (1, starts[0], 1, _first_step(job, 1)), (2, starts[1], 1, _first_step(job, 2))]
         def first(event):
             """A cold process's ``imports``, a standby's ``handover``; a standby handed over while
-            still importing (runner/warm_standby.py) has the rest of its import first, its own
+            still importing (runner/process/warm_standby.py) has the rest of its import first, its own
             phase, and the pool never saw it ready."""
             if starts[1] == "created":
                 return ["imports"]

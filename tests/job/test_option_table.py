@@ -18,7 +18,7 @@ from resilient_train.cli import _parser
 from resilient_train.errors import ConfigError
 from resilient_train.job import config
 from resilient_train.job.config import JOB_OPTIONS, TOML_KEYS, JobConfig, Option, job_from_args
-from resilient_train.runner.worker_main import argument_parser as runner_parser
+from resilient_train.runner.process.worker_main import argument_parser as runner_parser
 
 RECIPE = "r.py"
 # Flags of a command that are no job option: they steer the command itself (or name the TOML file).

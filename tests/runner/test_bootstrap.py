@@ -1,4 +1,4 @@
-"""The start-up every process of a run shares (runner/bootstrap.py ``worker_process``), in process.
+"""The start-up every process of a run shares (runner/process/bootstrap.py ``worker_process``), in process.
 
 The real processes (an MWMS worker, the parameter-server tier) are exercised end to end by
 tests/integration; here the start-up's own promises: where it writes, what it binds, that
@@ -21,7 +21,7 @@ from resilient_train.job.config import JobConfig
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import error_file_path, recording
 from resilient_train.rundir.scratch import remove_private_tempdir
-from resilient_train.runner.bootstrap import worker_process
+from resilient_train.runner.process.bootstrap import worker_process
 
 
 @pytest.fixture()

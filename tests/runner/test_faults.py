@@ -96,7 +96,7 @@ def test_hang_is_accepted_as_a_pseudo_signal_and_named_in_the_refusal():
 def test_a_before_join_fault_makes_its_rank_probe_closed_ports_and_fail_naming_the_address(monkeypatch):
     # The probe itself and its PeerUnreachableError: tests/integration/test_group_broken.py.
     from resilient_train.cluster.tf_config import build_tf_config, parse_tf_config
-    from resilient_train.runner import worker_main
+    from resilient_train.runner.process import worker_main
 
     fault = [{"point": "before_join", "global_step": 0, "rank": 1, "attempt": 1}]
     environ = {"RT_FAULTS": json.dumps(fault)}

@@ -1,4 +1,4 @@
-"""runner/preemption_notices.py: a notice the machine does not survive sets the worker's stop
+"""runner/process/preemption_notices.py: a notice the machine does not survive sets the worker's stop
 request (once) and leaves the supervisor's marker; one it survives is only recorded; the
 agreed save reports the time since the notice and acknowledges it."""
 
@@ -10,7 +10,7 @@ import threading
 
 from resilient_train.cluster.notices.notice_watch import Feed, Notice, NoticeSource
 from resilient_train.rundir.layout import RunDir
-from resilient_train.runner.preemption_notices import NoticeStop
+from resilient_train.runner.process.preemption_notices import NoticeStop
 
 WAIT = 30.0  # an upper bound for the watch's thread, never a measured time
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from resilient_train.runner.warm_standby import PREWARM_NICE, run_at_low_priority
+from resilient_train.runner.process.warm_standby import PREWARM_NICE, run_at_low_priority
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 

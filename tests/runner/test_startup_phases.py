@@ -1,9 +1,9 @@
-"""runner/startup_phases.py: marks in, durations out (pure; the event itself is checked in
+"""runner/process/startup_phases.py: marks in, durations out (pure; the event itself is checked in
 tests/integration through benchmarks/recovery.py's smoke run)."""
 
 import pytest
 
-from resilient_train.runner import startup_phases
+from resilient_train.runner.process import startup_phases
 
 
 @pytest.fixture(autouse=True)

@@ -40,7 +40,7 @@ def test_one_cluster_of_roles_and_servers_stopped_when_the_coordinator_is_done(t
     assert [c["task"] for c in configs] == [{"type": "chief", "index": 0}, {"type": "ps", "index": 0},
                                             {"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
     assert all(c["cluster"] == configs[0]["cluster"] for c in configs)
-    assert [call["argv"][1:3] for call in spawner.calls] == [["-m", "resilient_train.runner.ps_roles"]] * 4
+    assert [call["argv"][1:3] for call in spawner.calls] == [["-m", "resilient_train.runner.process.ps_roles"]] * 4
     assert [p.signals for p in spawner.processes[1:]] == [[("SIGTERM", 2.05)]] * 3  # the poll that saw the exit
     assert [e["role"] for e in events(tmp_path, "worker_started")] == ["chief", "ps", "worker", "worker"]
     assert (summary(tmp_path)["status"], summary(tmp_path)["worker_restarts"]) == ("completed", 0)

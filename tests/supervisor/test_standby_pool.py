@@ -50,7 +50,7 @@ class Harness:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.pool = StandbyPool(
             size,
-            argv=["python", "-m", "resilient_train.runner.warm_standby"],
+            argv=["python", "-m", "resilient_train.runner.process.warm_standby"],
             env={"A": "1"},
             log_dir=tmp_path / "standby",
             spawner=self.spawn,

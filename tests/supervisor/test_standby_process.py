@@ -61,7 +61,7 @@ def test_a_recipe_that_runs_an_op_at_import_makes_the_standby_unusable(tmp_path)
         (REPO / "recipes" / "linear_regression.py").read_text() + "\nSCALE = tf.constant(2.0)  # an op at import\n"
     )
     events: list[tuple[str, dict]] = []
-    pool = StandbyPool(1, argv=[sys.executable, "-m", "resilient_train.runner.warm_standby", "--recipe", str(recipe)],
+    pool = StandbyPool(1, argv=[sys.executable, "-m", "resilient_train.runner.process.warm_standby", "--recipe", str(recipe)],
                        env=_env(), log_dir=tmp_path / "standby", emit=lambda e, **f: events.append((e, f)))
     try:
         pool.maintain(refill=True)
@@ -79,7 +79,7 @@ def test_a_standby_that_preconverted_a_recipes_loss_and_metrics_is_still_usable(
     uninitialized and the standby reports itself ready."""
     events: list[tuple[str, dict]] = []
     recipe = REPO / "recipes" / "digits_cnn.py"  # defines loss and metrics
-    pool = StandbyPool(1, argv=[sys.executable, "-m", "resilient_train.runner.warm_standby", "--recipe", str(recipe)],
+    pool = StandbyPool(1, argv=[sys.executable, "-m", "resilient_train.runner.process.warm_standby", "--recipe", str(recipe)],
                        env=_env(), log_dir=tmp_path / "standby", emit=lambda e, **f: events.append((e, f)))
     try:
         pool.maintain(refill=True)
@@ -92,7 +92,7 @@ def test_a_standby_that_preconverted_a_recipes_loss_and_metrics_is_still_usable(
 
 def test_a_real_standby_killed_while_waiting_is_replaced_and_the_replacement_becomes_the_worker(tmp_path):
     events: list[tuple[str, dict]] = []
-    pool = StandbyPool(1, argv=[sys.executable, "-m", "resilient_train.runner.warm_standby"], env=_env(),
+    pool = StandbyPool(1, argv=[sys.executable, "-m", "resilient_train.runner.process.warm_standby"], env=_env(),
                        log_dir=tmp_path / "standby", emit=lambda e, **f: events.append((e, f)))
     try:
         pool.maintain(refill=True)

@@ -50,7 +50,7 @@ def test_the_local_launchers_worker_command_becomes_the_standins(tmp_path):
 def test_a_worker_command_that_is_not_the_runner_is_refused():
     spawner = StandinSpawner(popen=_Recorder())
     with pytest.raises(ValueError, match=f"expected \\[python, '-m', '{entry_points.WORKER}'"):
-        spawner(["python", "-m", "resilient_train.runner.warm_standby", "--recipe", "r.py"], {}, Path("log"))
+        spawner(["python", "-m", "resilient_train.runner.process.warm_standby", "--recipe", "r.py"], {}, Path("log"))
 
 
 def test_a_bad_die_at_names_the_value():

@@ -7,7 +7,7 @@ by the real local launcher in a real worker's place (:class:`StandinSpawner`, th
 launcher's ``spawner`` seam: the worker's argv with ``-m resilient_train.runner`` replaced
 by this script), and writes what a real worker writes, through the real worker's code:
 
-* the start-up and the exit of every worker process (runner/bootstrap.py
+* the start-up and the exit of every worker process (runner/process/bootstrap.py
   ``worker_process``, ``exit_process``): the error file (rundir/errorfile.py ``recording``),
   the events bound to run id, attempt, rank and role, the SIGUSR1 stack dumps, SIGTERM and
   SIGINT setting the stop request;
@@ -58,7 +58,7 @@ from resilient_train.job.recipe import recipe_name  # noqa: E402
 from resilient_train.rundir import events  # noqa: E402
 from resilient_train.rundir.errorfile import recording  # noqa: E402
 from resilient_train.rundir.stepmarker import PHASE_FINISH, PHASE_TRAIN, PhaseMarker, StepMarker  # noqa: E402
-from resilient_train.runner.bootstrap import exit_process, worker_process  # noqa: E402
+from resilient_train.runner.process.bootstrap import exit_process, worker_process  # noqa: E402
 from resilient_train.supervisor.launchers.local import PopenSpawner  # noqa: E402
 
 __all__ = ["StandinOptions", "StandinSpawner", "main", "SCRIPT"]

@@ -33,7 +33,7 @@ between two calls (its peers wait in the next collective); at ``input`` its inpu
 blocks (a stuck network read, a hung data loader).
 
 ``before_join`` kills nothing: the worker asks :meth:`FaultPlan.take` before it probes its
-peers (runner/worker_main.py), and when the fault is armed it probes a closed port on 127.0.0.1
+peers (runner/process/worker_main.py), and when the fault is armed it probes a closed port on 127.0.0.1
 for every peer instead of the peer's TF_CONFIG address, what a firewall or a wrong address
 between two nodes looks like from this rank. The probe and its PeerUnreachableError are
 production code (cluster/reach.py); the fault only decides what is unreachable.

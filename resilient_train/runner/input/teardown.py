@@ -22,7 +22,7 @@ group: its peers wait for it in the next collective.
 # to ``on_teardown`` (on the reaper thread, which runs in the retiring thread's contextvars,
 # so its events carry the worker's run id and rank).
 #
-# At exit nothing waits for the reaper: a worker leaves by ``os._exit`` (runner/worker_main.py),
+# At exit nothing waits for the reaper: a worker leaves by ``os._exit`` (runner/process/worker_main.py),
 # which abandons whatever is still queued, as it abandons every other TensorFlow teardown.
 # A preempted epoch's iterator is not retired at all (runner/input/reentry.py keeps it past
 # the preemption save, for the same reason).

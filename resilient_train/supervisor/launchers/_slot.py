@@ -28,7 +28,7 @@ the node is shared with the supervisor but the checkpoint storage, so:
   last slot of the run on a node (``final``) removes the node's run directory too.
 
 The worker is started exactly like a local one (``python -m resilient_train.runner --job``,
-or a warm standby that gets the same argv and environment, see runner/warm_standby.py), with
+or a warm standby that gets the same argv and environment, see runner/process/warm_standby.py), with
 the Linux parent-death signal: when the actor dies (``ray.kill``, a lost node, the
 supervisor's driver going away), its worker and standby die with it.
 

@@ -149,7 +149,7 @@ class Launcher(abc.ABC):
 
 
 def read_notices(attempt_dir: AttemptDir) -> dict[int, dict[str, Any]]:
-    """The attempt's preemption notice markers (runner/preemption_notices.py writes them):
+    """The attempt's preemption notice markers (runner/process/preemption_notices.py writes them):
     rank -> the marker's fields (``provider``, ``kind``, ``deadline``, ``host``); a marker
     that does not parse still says that its rank's node is going (then ``{}``)."""
     found: dict[int, dict[str, Any]] = {}

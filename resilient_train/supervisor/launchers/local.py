@@ -39,7 +39,7 @@ from resilient_train.cluster import entry_points
 
 __all__ = ["LocalLauncher", "PopenSpawner", "Spawner", "TEMPLATE_PRIORITY"]
 
-# The standby template's import priority (runner/standby_template.py --priority): "normal"
+# The standby template's import priority (runner/process/standby_template.py --priority): "normal"
 # imports beside the first attempt's workers, so the template is ready for a restart that comes
 # early; "idle" leaves the first attempt every core and is promoted when the pool first asks for a
 # standby (its first step), so a kill before then restarts cold. Measured on a loaded machine
@@ -148,7 +148,7 @@ class LocalLauncher(Launcher):
         """The warm pool for this run (None with --no-warm-standby or with GPUs), filling."""
         if not self.job.warm_standby:
             return None
-        if self.job.gpus_per_worker:  # CUDA_VISIBLE_DEVICES is per rank; see runner/warm_standby.py
+        if self.job.gpus_per_worker:  # CUDA_VISIBLE_DEVICES is per rank; see runner/process/warm_standby.py
             events.emit("standby_disabled", reason="--gpus-per-worker: standbys cannot take a per-rank CUDA_VISIBLE_DEVICES")
             return None
         env = dict(os.environ)

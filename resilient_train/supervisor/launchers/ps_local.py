@@ -4,7 +4,7 @@ It is the local launcher (launchers/local.py: child processes, the parent-death 
 in the run dir) with two differences:
 
 * ``start`` gives each rank a parameter-server TF_CONFIG (cluster/ps_cluster.py) and runs
-  ``python -m resilient_train.runner.ps_roles`` instead of the MultiWorkerMirroredStrategy runner;
+  ``python -m resilient_train.runner.process.ps_roles`` instead of the MultiWorkerMirroredStrategy runner;
 * ``restart_in_place(rank)`` starts a rank again with the environment it had, so the same
   TF_CONFIG, the same address and port: TensorFlow's ClusterCoordinator takes a worker back
   only there.

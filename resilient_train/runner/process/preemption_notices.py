@@ -2,7 +2,7 @@
 
 Each worker watches the node it runs on (cluster/notices/: GCE, AWS, Azure), whatever
 launched it. A notice that the machine does not survive sets the same stop request as
-SIGTERM (:attr:`WorkerProcess.stop`, runner/bootstrap.py): the group agrees on a step in the
+SIGTERM (:attr:`WorkerProcess.stop`, runner/process/bootstrap.py): the group agrees on a step in the
 next call's all-reduce, saves it, and every worker exits 143. A notice the machine survives
 (GCE's live migration, Azure's Freeze, AWS's rebalance recommendation) asks for one agreed
 save without stopping (:meth:`NoticeStop.save_requested`, this worker's vote in the call's

@@ -1,8 +1,8 @@
 """The start-up and the exit every process of a run shares, defined once.
 
 Two kinds of process run a job's training: a MultiWorkerMirroredStrategy worker
-(runner/worker_main.py) and the parameter-server tier's coordinator, parameter servers and
-workers (runner/ps_roles.py). Each first works out who it is (its own TF_CONFIG reading),
+(runner/process/worker_main.py) and the parameter-server tier's coordinator, parameter servers and
+workers (runner/process/ps_roles.py). Each first works out who it is (its own TF_CONFIG reading),
 then :func:`worker_process` makes it a process of the run, in this order:
 
 1. the job's real storage credentials from ``RT_STORAGE_SECRETS`` (job.json holds ``***``),
@@ -21,7 +21,7 @@ then :func:`worker_process` makes it a process of the run, in this order:
 8. with the memory tier on (``--snapshot-every``), SIGUSR2 (a rescue request) is received
    by a daemon thread (rundir/rescue_signal.py), before the supervisor can send it;
 9. with ``watch_notices`` (an MWMS worker), this node's cloud preemption notices set
-   ``stop`` too (runner/preemption_notices.py; ``--preemption-notice``): a background
+   ``stop`` too (runner/process/preemption_notices.py; ``--preemption-notice``): a background
    thread, started here, that never blocks this one.
 
 On leaving the block (by any path) what the body entered into ``until_exit`` is closed
@@ -53,7 +53,7 @@ from resilient_train.rundir.redact import register_secrets, secret_values
 from resilient_train.rundir.rescue_signal import install as install_rescue_listener
 from resilient_train.rundir.scratch import remove_private_tempdir, use_private_tempdir
 from resilient_train.rundir.stacks import register as register_stacks
-from resilient_train.runner.preemption_notices import NoticeStop
+from resilient_train.runner.process.preemption_notices import NoticeStop
 
 __all__ = ["WorkerProcess", "worker_process", "exit_process"]
 

@@ -1,6 +1,6 @@
 """The standby template: one process imports TensorFlow once, then forks every warm standby.
 
-A spawned standby (runner/warm_standby.py) imports TensorFlow, Keras, the loop and the recipe
+A spawned standby (runner/process/warm_standby.py) imports TensorFlow, Keras, the loop and the recipe
 itself: 3.5-5 CPU-seconds each. At idle priority on cores that the workers keep busy it gets
 almost none of them, so a restart soon after the previous one was handed standbys still
 importing (issue 45: kill -> first step ~2 s instead of ~0.8 s); at normal priority each
@@ -12,7 +12,7 @@ tests/integration/test_fast_recovery.py).
 
 Protocol (cluster/template_wire.py has the messages):
 
-    spawn   python -m resilient_train.runner.standby_template [--recipe R] [--priority idle|normal]
+    spawn   python -m resilient_train.runner.process.standby_template [--recipe R] [--priority idle|normal]
             RT_STANDBY_TEMPLATE_FD: its end of a SOCK_SEQPACKET socket pair with the supervisor
     warm    ``prewarm(R)`` (at idle priority: promoted to normal when a message arrives, the
             supervisor's ``hurry`` or a ``fork``); then ``ready`` (ok or the reason not).
@@ -23,7 +23,7 @@ Protocol (cluster/template_wire.py has the messages):
             once, as it does for its own children. EOF on the socket -> the template exits.
     child   the parent-death signal (SIGKILL when the template dies), the template's fds
             closed, fds 0/1/2 := stdin/log/log, then ``warm_standby.serve``: the same ready
-            line, the same one assignment on stdin, runner.worker_main.main. It never returns
+            line, the same one assignment on stdin, runner.process.worker_main.main. It never returns
             into the template's loop (``os._exit``).
 
 Why the template reaps its children and reports their exit codes, instead of a double fork
@@ -54,7 +54,7 @@ import traceback
 
 from resilient_train.cluster import template_wire
 from resilient_train.rundir.rescue_signal import RESCUE_SIGNAL
-from resilient_train.runner import warm_standby
+from resilient_train.runner.process import warm_standby
 
 __all__ = ["main"]
 
@@ -113,7 +113,7 @@ def _child(fds: list[int], template: int, own: list[int]) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
-        from resilient_train.runner.bootstrap import exit_process
+        from resilient_train.runner.process.bootstrap import exit_process
 
         exit_process(code)
 
@@ -187,7 +187,7 @@ def serve(sock: socket.socket) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.standby_template", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.process.standby_template", allow_abbrev=False)
     parser.add_argument("--recipe", help="recipe to import ahead (its imports only)")
     parser.add_argument("--priority", choices=("idle", "normal"), default="normal",
                         help="the import's priority (idle: promoted when the first request arrives)")
@@ -213,6 +213,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from resilient_train.runner.bootstrap import exit_process
+    from resilient_train.runner.process.bootstrap import exit_process
 
     exit_process(main(sys.argv[1:]))

@@ -4,10 +4,10 @@ A cold worker spends most of its start-up importing TensorFlow and Keras (2.7-4 
 idle 2-core machine, 8-12 s under load). None of that depends on who the worker will be, so
 the supervisor keeps processes that have done it waiting (supervisor/standby_pool.py); a restart
 hands each one an assignment instead of spawning a cold process, and the process then runs
-the ordinary worker main (runner/worker_main.py) with the assignment's environment. The worker
+the ordinary worker main (runner/process/worker_main.py) with the assignment's environment. The worker
 never knows the difference: same argv, same environment, same log file, same pid for its
 whole life. Standbys are normally forked from one template process that did the imports once
-(runner/standby_template.py), and run ``serve`` from there; this module's ``main``, a standby
+(runner/process/standby_template.py), and run ``serve`` from there; this module's ``main``, a standby
 that imports for itself, is the fallback once the template is lost.
 
 What is safe to do before TF_CONFIG is known (measured with TF 2.21 / Keras 3, CPU; see
@@ -31,7 +31,7 @@ What is safe to do before TF_CONFIG is known (measured with TF 2.21 / Keras 3, C
 
 Protocol (one process, one assignment):
 
-    spawn   python -m resilient_train.runner.warm_standby [--recipe R]
+    spawn   python -m resilient_train.runner.process.warm_standby [--recipe R]
             stdin: a pipe from the supervisor; stdout/stderr: the standby's own log;
             RT_STANDBY_READY_FD: the write end of a pipe for one status line
     warm    imports; then one JSON line on the status pipe:
@@ -40,7 +40,7 @@ Protocol (one process, one assignment):
             {"argv": [...worker argv...], "env": {...}, "log": "<worker log path>"}
             EOF instead (the supervisor closed the pipe or died) -> exit 0, nothing done
     run     os.environ := env, stdout/stderr := the worker log (dup2), stdin := /dev/null,
-            exit with runner.worker_main.main(argv)
+            exit with runner.process.worker_main.main(argv)
 
 The parent-death signal set by the supervisor's spawner survives all of this (it is a
 property of the process), so a standby never outlives the supervisor either.
@@ -78,7 +78,7 @@ def prewarm(recipe: str | None) -> str | None:
 
     import resilient_train.checkpoint  # noqa: F401
     import resilient_train.runner.loop  # noqa: F401  (the Trainer; imports TF and Keras)
-    import resilient_train.runner.worker_main  # noqa: F401
+    import resilient_train.runner.process.worker_main  # noqa: F401
 
     if recipe:
         from resilient_train.job.recipe import is_fit_script, load_recipe
@@ -199,7 +199,7 @@ def _report(fd: int | None, record: dict[str, Any]) -> None:
 
 
 def _become_worker(assignment: dict[str, Any], stdin: TextIO) -> int:
-    from resilient_train.runner import startup_phases
+    from resilient_train.runner.process import startup_phases
 
     startup_phases.mark("assigned")  # the restart's breakdown counts from here (startup_phases.py)
     argv = [str(a) for a in assignment["argv"]]
@@ -218,13 +218,13 @@ def _become_worker(assignment: dict[str, Any], stdin: TextIO) -> int:
     stdin.close()
     os.environ.clear()
     os.environ.update(env)
-    from resilient_train.runner.worker_main import main as worker_main
+    from resilient_train.runner.process.worker_main import main as worker_main
 
     return worker_main(argv, environ=os.environ)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.warm_standby", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.process.warm_standby", allow_abbrev=False)
     parser.add_argument("--recipe", help="recipe to import ahead (its imports only)")
     args = parser.parse_args(argv)
     # A rescue request (SIGUSR2, rundir/rescue_signal.py) that reaches a standby being handed
@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
         _report(ready_fd, {"ok": False, "pid": os.getpid(), "reason": problem})
         return 0
     if assigned_at:  # handed over while importing: the rest of the import is the restart's
-        from resilient_train.runner import startup_phases
+        from resilient_train.runner.process import startup_phases
 
         startup_phases.mark("assigned", at=assigned_at[0])
         startup_phases.mark("standby_import")
@@ -261,7 +261,7 @@ def serve(ready_fd: int | None, prewarm_s: float) -> int:
     """Say ready on ``ready_fd``, wait for the one assignment on stdin, become the worker.
 
     The second half of every standby's life, spawned (``main``) or forked from the standby
-    template (runner/standby_template.py); the exit code of the worker it became, or 0 when
+    template (runner/process/standby_template.py); the exit code of the worker it became, or 0 when
     released unused.
     """
     _report(ready_fd, {"ok": True, "pid": os.getpid(), "prewarm_s": prewarm_s})
@@ -273,6 +273,6 @@ def serve(ready_fd: int | None, prewarm_s: float) -> int:
 
 
 if __name__ == "__main__":
-    from resilient_train.runner.bootstrap import exit_process
+    from resilient_train.runner.process.bootstrap import exit_process
 
     exit_process(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """The parameter-server tier's processes: coordinator, parameter servers, workers.
 
-``python -m resilient_train.runner.ps_roles --job FILE`` with a parameter-server TF_CONFIG
+``python -m resilient_train.runner.process.ps_roles --job FILE`` with a parameter-server TF_CONFIG
 (cluster/ps_cluster.py). What the process does follows from its task:
 
 * ``ps`` and ``worker``: start ``tf.distribute.Server`` for the task and serve until
@@ -14,7 +14,7 @@
   rank that writes step and phase markers (rundir/stepmarker.py): the supervisor's hang
   watchdog watches it alone (supervisor/ps_supervisor.py).
 
-Every one of them starts as an MWMS worker does (runner/bootstrap.py ``worker_process``:
+Every one of them starts as an MWMS worker does (runner/process/bootstrap.py ``worker_process``:
 credentials, umask, attempt dir, TMPDIR, error file, stack dumps, events, SIGTERM).
 
 What this tier guarantees (docs/parameter_server.md says it for users):
@@ -56,7 +56,7 @@ from resilient_train.rundir.errorfile import recording
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.scratch import remove_private_tempdir
 from resilient_train.rundir.stepmarker import PHASE_FINISH, PHASE_FLUSH, PHASE_INPUT, PHASE_TRAIN, PhaseMarker
-from resilient_train.runner.bootstrap import exit_process, worker_process
+from resilient_train.runner.process.bootstrap import exit_process, worker_process
 
 __all__ = ["main"]
 
@@ -64,13 +64,13 @@ PREFIX = "resilient-train ps"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.ps_roles", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m resilient_train.runner.process.ps_roles", allow_abbrev=False)
     parser.add_argument("--job", required=True, help="job file written by the supervisor (job.json)")
     with recording(PREFIX) as state:
         args = parser.parse_args(argv)
         job = JobConfig.from_json(Path(args.job).read_text())
         task, cluster = parse_ps_tf_config(os.environ.get("TF_CONFIG"))
-        # The start-up an MWMS worker shares (runner/bootstrap.py); SIGUSR1's stack dumps too:
+        # The start-up an MWMS worker shares (runner/process/bootstrap.py); SIGUSR1's stack dumps too:
         # the hang watchdog asks the coordinator for them (and must not kill a server).
         with worker_process(state, job, rank=task.rank, role=task.role, writes_group_events=task.role == "chief",
                             environ=os.environ) as process:

@@ -8,8 +8,8 @@ first step reports them all as durations, in order, in one event (docs/events.md
 start is ``assigned`` (a standby read its assignment) or ``created`` (a cold process).
 
     standby_import (a standby handed over while still importing) the rest of its import, back at
-                 normal priority from the assignment on (runner/warm_standby.py)
-    handover     a warm standby's assignment read -> the worker's main (runner/warm_standby.py)
+                 normal priority from the assignment on (runner/process/warm_standby.py)
+    handover     a warm standby's assignment read -> the worker's main (runner/process/warm_standby.py)
     imports      (a cold worker) the process created -> the worker's main: Python, TensorFlow
     bootstrap    the worker's start-up: credentials, run dir, error file, events, signals
     reach_peers  every peer's TF_CONFIG address answers (waits for the slowest peer)

@@ -8,7 +8,7 @@ written to ``attempt-<n>/error-<rank>.json`` and becomes the exit code of
 ``errors.EXIT_RULES`` (exit codes: errors.py).
 
 The start-up a parameter-server process shares (credentials, umask, attempt dir, TMPDIR,
-error file, stack dumps, events, SIGTERM/SIGINT) is runner/bootstrap.py ``worker_process``;
+error file, stack dumps, events, SIGTERM/SIGINT) is runner/process/bootstrap.py ``worker_process``;
 what is a worker's own (TF_CONFIG, reaching the peers, the recipe, the store, the Trainer)
 is here. A worker leaves by ``bootstrap.exit_process``.
 
@@ -30,8 +30,8 @@ from resilient_train.errors import EXIT_OK, EXIT_PREEMPTED
 from resilient_train.job.config import JobConfig, add_job_arguments, job_from_args
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import Recording, recording
-from resilient_train.runner.bootstrap import WorkerProcess, worker_process
-from resilient_train.runner import startup_phases
+from resilient_train.runner.process.bootstrap import WorkerProcess, worker_process
+from resilient_train.runner.process import startup_phases
 from resilient_train.runner.outputs.script_output import EVENT as SCRIPT_OUTPUT, tee_stdout
 
 __all__ = ["main", "run", "argument_parser", "parse_args"]
@@ -89,7 +89,7 @@ def _work(state: Recording, job: JobConfig, tf_config_from: str, port_base: int,
     if tf_config_from != "env":  # MultiWorkerMirroredStrategy reads os.environ
         os.environ["TF_CONFIG"] = environ["TF_CONFIG"]
     cluster = parse_tf_config(environ.get("TF_CONFIG"))
-    # The shared start-up (runner/bootstrap.py): credentials, umask, attempt dir, TMPDIR, error
+    # The shared start-up (runner/process/bootstrap.py): credentials, umask, attempt dir, TMPDIR, error
     # file, stack dumps, events, SIGTERM/SIGINT; its until_exit (the chief's stdout tee) is
     # closed, its last line emitted, before an exception is recorded and before exit_process.
     with worker_process(state, job, rank=cluster.rank, role=cluster.role, writes_group_events=cluster.is_chief,
