@@ -151,7 +151,7 @@ FIT_PAIRS_REFUSED = {
                                            "weights, the runner's validation is unweighted",
 }
 # compile() metrics whose state is not a mean of per-example values, but a sum the runner keeps
-# (runner/keras_recipes/metric_states.py; tests/runner/test_compiled.py checks this list against
+# (runner/keras_recipes/metric_states.py; tests/runner/keras_recipes/test_compiled.py checks this list against
 # Keras): class names and the names keras.metrics.get() resolves to them.
 STATEFUL_METRICS = (
     "AUC", "BinaryIoU", "F1Score", "FBetaScore", "FalseNegatives", "FalsePositives", "IoU", "Mean", "MeanIoU",

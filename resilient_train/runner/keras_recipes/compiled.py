@@ -27,7 +27,7 @@ What is honoured and why only this:
   by their mean over the other axes, which is what Keras' ``sum_over_batch_size`` loss
   reduction and its ``Mean`` metrics amount to; a scalar counts as every example's value.
   docs/keras.md lists the losses and metrics tested against plain Keras
-  (tests/runner/test_compiled.py).
+  (tests/runner/keras_recipes/test_compiled.py).
 
 * several outputs: losses, ``loss_weights`` and metrics per output (multi_output.py).
 * Keras' metrics whose state is a sum, not a mean (``AUC``, ``Precision``, ``F1Score``,

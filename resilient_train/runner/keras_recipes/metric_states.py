@@ -36,7 +36,7 @@ __all__ = ["MetricStates", "StatefulMetric", "STATE_PREFIX", "ADDITIVE", "is_sta
 
 STATE_PREFIX = "__state__"
 # Keras' metrics whose every variable is a sum over examples (their update_state only adds):
-# job/recipe.py STATEFUL_METRICS lists every non-mean one, tests/runner/test_metric_states.py
+# job/recipe.py STATEFUL_METRICS lists every non-mean one, tests/runner/keras_recipes/test_metric_states.py
 # checks these against plain Keras.
 ADDITIVE = (
     "AUC", "BinaryIoU", "F1Score", "FBetaScore", "FalseNegatives", "FalsePositives", "IoU", "Mean", "MeanIoU",

@@ -7,7 +7,7 @@ copy of the saved state: at setup it builds a second model + optimizer from the 
 (outside the strategy scope, plain CPU variables) plus twin epoch / step / RNG variables,
 and a twin ``tf.train.Checkpoint`` with exactly the live one's structure (both graphs
 built by runner/state/ckpt_layout.py ``training_graph``). The files the
-twin writes therefore restore into the live graph (tests/runner/test_async_checkpoint.py
+twin writes therefore restore into the live graph (tests/runner/state/test_async_checkpoint.py
 proves it key by key). Live and twin variables are paired by walking both object graphs
 in parallel; setup refuses to continue if any name, shape or dtype differs.
 
@@ -312,7 +312,7 @@ class TwinState:
         # every save (~10 ms of Python per save for a small model, on the persist thread,
         # holding the GIL the training thread needs). Pinned to the twin's device so the
         # object-graph record lands in the same shard as the variables: the files are
-        # byte-identical to an eager write (tests/runner/test_async_checkpoint.py).
+        # byte-identical to an eager write (tests/runner/state/test_async_checkpoint.py).
         device = twin_vars[0].device
 
         @tf.function(input_signature=[tf.TensorSpec([], tf.string)], autograph=False)  # nothing to convert

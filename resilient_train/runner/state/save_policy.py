@@ -10,7 +10,7 @@ Checkpointer's job, runner/state/checkpointing.py).
 
 Time-based saves (``--save-every-seconds``) are decided on the chief's clock only; the
 chief's flag rides the call's packed all-reduce, so all workers save after the same call.
-Pure Python (no TensorFlow), clock injectable: tests/runner/test_save_policy.py.
+Pure Python (no TensorFlow), clock injectable: tests/runner/state/test_save_policy.py.
 """
 
 from __future__ import annotations

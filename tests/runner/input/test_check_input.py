@@ -6,7 +6,7 @@ from pathlib import Path
 from resilient_train.cli import main
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
-BASE = Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py"
+BASE = Path(__file__).resolve().parents[3] / "recipes" / "linear_regression.py"
 
 
 def variant(tmp_path: Path, old: str, new: str) -> str:

@@ -30,7 +30,7 @@ import pytest
 from resilient_train.checkpoint import CheckpointStore, Status
 from resilient_train.errors import EXIT_FATAL
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RECIPE = "recipes/linear_regression.py"
 FLAGS = ("--epochs", "3", "--steps-per-epoch", "10", "--global-batch-size", "4", "--save-every-steps", "5")
 TOTAL_STEPS = 30

@@ -245,7 +245,7 @@ def test_a_metric_that_fails_in_keras_fails_the_same_way_here():
 @pytest.mark.parametrize("name", ["auc", "precision", "recall", "true_positives", "r2_score",
                                   "root_mean_squared_error"])
 def test_a_named_metric_whose_state_is_not_a_mean_is_summed_under_its_name(name):
-    """Its state is summed (runner/keras_recipes/metric_states.py; tests/runner/test_metric_states.py)."""
+    """Its state is summed (runner/keras_recipes/metric_states.py; tests/runner/keras_recipes/test_metric_states.py)."""
     derived = from_compiled(recipe(), _compiled(1, loss="mse", metrics=["mae", name]))
     assert [entry.name for entry in derived.metric_states.metrics] == [name]
     assert sorted(derived.metrics(tf.zeros([2, 1]), tf.zeros([2, 1]))) == ["mae"]
@@ -261,7 +261,7 @@ def test_docs_keras_lists_exactly_the_names_tested_here():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "keras.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "keras.md").read_text()
     listed = {kind: re.search(rf"^\* {kind}: (.*?)(?=^\* )", text, re.MULTILINE | re.DOTALL).group(1)
               for kind in ("losses", "metrics")}
     assert sorted(re.findall(r"`(\w+)`", listed["losses"])) == sorted(LOSS_CASES)

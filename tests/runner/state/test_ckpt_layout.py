@@ -23,7 +23,7 @@ from resilient_train.job.recipe import load_recipe  # noqa: E402
 from resilient_train.runner.state import ckpt_layout  # noqa: E402
 from resilient_train.runner.state.model_state import weights_digest  # noqa: E402
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 
 TOP_LEVEL_KEYS = ["epoch", "global_step", "model", "optimizer", "rng", "step_in_epoch"]
 

@@ -38,7 +38,7 @@ from resilient_train.runner.state import ckpt_layout  # noqa: E402
 from resilient_train.runner.failures.faults import FaultPlan  # noqa: E402
 from resilient_train.runner.state.model_state import weights_digest  # noqa: E402
 
-RECIPE = load_recipe(str(Path(__file__).resolve().parents[2] / "recipes" / "digits_cnn.py"))
+RECIPE = load_recipe(str(Path(__file__).resolve().parents[3] / "recipes" / "digits_cnn.py"))
 PARAMS = dict(RECIPE.params)
 
 

@@ -12,7 +12,7 @@ from resilient_train.job.recipe import load_recipe
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
 from resilient_train.runner.input.determinism import InputCheck, batch_digest, first_batch_digest, seed_input_rng
 
-LINEAR = str(Path(__file__).resolve().parents[2] / "recipes" / "linear_regression.py")
+LINEAR = str(Path(__file__).resolve().parents[3] / "recipes" / "linear_regression.py")
 
 
 def unseeded_first_batch() -> str:
