@@ -2,6 +2,11 @@
 
 TF_CONFIG comes from the launcher's environment (or ``--tf-config-from slurm``). The
 arguments are parsed here, once; the worker itself is ``runner.process.worker_main.run``.
+Once it has run, this process leaves as every worker does, by ``exit_process``
+(runner/process/bootstrap.py: its ``local/rank-<rank>/tmp`` removed, no interpreter or TensorFlow
+teardown), never back through ``cli.main``: ``python -m resilient_train.runner`` and this command
+end a worker the same way. Only a refusal before the worker starts (a bad flag, the
+parameter-server strategy) returns to ``cli.main`` for its one line.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from resilient_train.runner.process.bootstrap import exit_process
     from resilient_train.runner.process.worker_main import run
 
     job = job_from_args(args)
@@ -34,4 +40,4 @@ def main(args: argparse.Namespace) -> int:
             "resilient-train worker runs MultiWorkerMirroredStrategy workers only; --strategy parameter-server "
             "runs under `resilient-train run` on one host (docs/parameter_server.md)"
         )
-    return run(job, tf_config_from=args.tf_config_from, port_base=args.port_base, environ=os.environ)
+    exit_process(run(job, tf_config_from=args.tf_config_from, port_base=args.port_base, environ=os.environ))

@@ -27,7 +27,7 @@ then :func:`worker_process` makes it a process of the run, in this order:
 On leaving the block (by any path) what the body entered into ``until_exit`` is closed
 (the chief's stdout tee, whose last line becomes an event): before ``recording`` records an
 exception, and before :func:`exit_process`. The temp dir is removed by :func:`exit_process`
-(or by the entry point that leaves without it), never here: an error's ``on_failure`` still
+(or, for the parameter-server coordinator, which leaves by ``sys.exit``, by ps_roles.py), never here: an error's ``on_failure`` still
 runs TensorFlow after the block.
 
 No TensorFlow here: a parameter server imports it only to serve.
@@ -41,7 +41,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import IO, Iterator, Mapping
+from typing import IO, Iterator, Mapping, NoReturn
 
 from resilient_train.cluster.environment import WorkerEnvironment
 from resilient_train.job.config import JobConfig
@@ -138,7 +138,7 @@ def worker_process(state: Recording, job: JobConfig, *, rank: int, role: str, wr
         yield process
 
 
-def exit_process(code: int) -> None:
+def exit_process(code: int) -> NoReturn:
     """Leave now with ``code``, skipping interpreter and TensorFlow teardown.
 
     Everything a worker promises is on disk before ``main`` returns (checkpoints committed
