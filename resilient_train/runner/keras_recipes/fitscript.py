@@ -568,11 +568,52 @@ def _copy_model(model: keras.Model, init_arguments: Callable[[Any], tuple[tuple,
 
 
 def _global_batch_size(dataset: tf.data.Dataset) -> int:
-    """The leading dimension of the first element (the peek is the same in every process,
-    so it moves a reshuffling shuffle's seeds the same way on every attempt)."""
-    for element in dataset.take(1):
+    """The global batch: read from the pipeline's last ``batch(n)`` when nothing after it can
+    change an element's shape, else the leading dimension of the first element.
+
+    Reading it without iterating matters: a ``shuffle(..., seed=7)`` reshuffles on every
+    iterator, so a peek with ``take(1)`` moved its seed generator and the training iterator
+    read the second order, not the first that plain Keras ``fit`` reads (issue 46)."""
+    static = _batch_of_graph(dataset)
+    if static is not None:
+        return static
+    for element in dataset.take(1):  # the same peek in every process: the same order on every attempt
         return int(tf.nest.flatten(element)[0].shape[0])
     raise RecipeError("the fit() dataset is empty")
+
+
+# Dataset ops that pass every element on unchanged in shape, between the batch and the output.
+_SHAPE_KEEPING_OPS = frozenset({
+    "PrefetchDataset", "RepeatDataset", "CacheDataset", "CacheDatasetV2", "TakeDataset", "SkipDataset",
+    "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
+    "ShuffleAndRepeatDatasetV2", "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset", "AssertCardinalityDataset", "Identity"})
+_BATCH_OPS = frozenset({"BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2",
+                        "ParallelBatchDataset"})
+
+
+def _batch_of_graph(dataset: tf.data.Dataset) -> int | None:
+    """The ``batch_size`` constant of the pipeline's last batch op, found in its serialized
+    graph (which creates no iterator), or None when another op may reshape after it."""
+    from tensorflow.core.framework import graph_pb2
+
+    try:
+        serialized = dataset._as_serialized_graph(  # noqa: SLF001 - tf.data has no public reader
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+        graph = graph_pb2.GraphDef.FromString(serialized.numpy())
+    except Exception:  # a pipeline TensorFlow cannot serialize: peek instead
+        return None
+    nodes = {node.name: node for node in graph.node}
+    output = [node for node in graph.node if node.op == "_Retval"]
+    node = nodes.get(output[0].input[0].split(":")[0]) if len(output) == 1 and output[0].input else None
+    while node is not None and node.op in _SHAPE_KEEPING_OPS:
+        node = nodes.get(node.input[0].split(":")[0]) if node.input else None
+    if node is None or node.op not in _BATCH_OPS or len(node.input) < 2:
+        return None
+    size = nodes.get(node.input[1].split(":")[0])
+    if size is None or size.op != "Const":
+        return None
+    return int(tf.make_ndarray(size.attr["value"].tensor))
 
 
 def sample_weights(y: Any, sample_weight: Any, class_weight: Any, count: int) -> np.ndarray | None:
