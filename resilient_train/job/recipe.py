@@ -507,16 +507,19 @@ def _check_trainer_overrides(path: Path, node: ast.ClassDef, *, script: bool) ->
 
 
 def _check_own_step_fit(path: Path, tree: ast.Module, call: ast.Call) -> None:
-    """A script whose model has its own ``train_step``: no validation in ``fit`` (yet)."""
+    """A script whose model has its own ``train_step``: validation in ``fit`` only with its own
+    ``test_step`` too (Keras' would evaluate compile()'s loss, which such a model does not have)."""
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef) or (step := _own_train_step(node)) is None:
+            continue
+        if any(isinstance(item, ast.FunctionDef) and item.name == "test_step" for item in node.body):
             continue
         for keyword in call.keywords:
             if keyword.arg in ("validation_data", "validation_split"):
                 raise RecipeError(
                     f"Script {path}: fit({keyword.arg}=...) at line {call.lineno} with class {node.name}'s own "
-                    f"train_step (line {step.lineno}): not supported yet: the runner's evaluation does not run a "
-                    "model's own test_step"
+                    f"train_step (line {step.lineno}) and Keras' test_step: not supported: it evaluates compile()'s "
+                    "loss, which this model does not have: override test_step too"
                 )
 
 

@@ -16,6 +16,11 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
   uninterrupted run's weights digest, and every epoch's logs, the resumed epoch 1's included,
   equal the uninterrupted run's to float32 rounding (the trackers restore as their sum over
   replicas, each replica half: runner/keras_recipes/own_step.py).
+* A model with its own ``train_step`` and ``test_step`` (tests/recipes/fit_own_test_step.py,
+  keras.io's "providing your own evaluation step"), validated in ``fit`` and evaluated after it,
+  on one worker: the trained weights are plain Keras' bit for bit, and every epoch's ``loss``,
+  ``mae``, ``val_loss`` and ``val_mae`` and ``evaluate()``'s dict equal Keras' to float32
+  rounding, relative 1e-6 (the runner's call is another graph).
 * (slow) A SIGTERM inside epoch 2 of the same script slowed by a batch-end sleep (a callback:
   the arithmetic is the same) saves, exits 143, and the re-run ends with that digest too.
 """
@@ -65,6 +70,29 @@ def test_one_worker_trains_as_plain_keras_fit(tmp_path, plain_keras):
     assert [e["reconstruction_loss"] for e in logs] == history["reconstruction_loss"]
     assert [e["kl_loss"] for e in logs] == history["kl_loss"]
     assert all(math.isclose(a, b, rel_tol=REL) for a, b in zip([e["loss"] for e in logs], history["loss"], strict=True))
+
+
+def test_own_test_step_validates_and_evaluates_as_plain_keras_on_one_worker(tmp_path):
+    script = str(REPO / "tests/recipes/fit_own_test_step.py")
+    (tmp_path / "plain").mkdir()
+    proc = subprocess.run([sys.executable, str(REPO / "tests/recipes/plain_keras.py"), script, str(tmp_path / "fit.json")],
+                          cwd=tmp_path, env=environment(FIT_SCRIPT_OUT=str(tmp_path / "plain")), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout
+    plain = json.loads((tmp_path / "fit.json").read_text())
+    job = run_job(script, tmp_path / "run", "--workers", "1", "--no-warm-standby", cwd=tmp_path,
+                  env={"FIT_SCRIPT_OUT": str(tmp_path)})
+    assert job.returncode == 0, job.output
+    assert job.summary["weights_sha256"] == plain["weights_sha256"]
+    epochs = job.named("epoch_finished")
+    ours = {"loss": [e["loss"] for e in epochs], "mae": [e["metrics"]["mae"] for e in epochs],
+            "val_loss": [e["val_loss"] for e in epochs], "val_mae": [e["val_metrics"]["mae"] for e in epochs]}
+    assert ours.keys() == plain["history"].keys()
+    for key, values in ours.items():
+        assert all(math.isclose(a, b, rel_tol=REL) for a, b in zip(values, plain["history"][key], strict=True)), key
+    assert [e["val_examples"] for e in epochs] == [90] * 3
+    assert close(json.loads((tmp_path / "evaluate.json").read_text()),
+                 json.loads((tmp_path / "plain" / "evaluate.json").read_text()))
 
 
 @pytest.fixture(scope="module")

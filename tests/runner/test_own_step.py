@@ -116,8 +116,9 @@ def test_validation_and_run_eagerly_are_refused_in_the_users_terms():
     script = dataclasses.replace(recipe(), source="examples/keras_vae.py", eval_dataset=lambda context, seed: None)
     with pytest.raises(RecipeRefused) as caught:
         from_own_step(script, model)
-    assert str(caught.value) == ("Script keras_vae.py: its model has its own train_step and validation; not supported "
-                                 "yet: the runner's evaluation does not run a model's own test_step")
+    assert str(caught.value) == ("Script keras_vae.py: its model has its own train_step and validation, but Keras' own "
+                                 "test_step; not supported: it evaluates compile()'s loss, which this model does not "
+                                 "have: override test_step too")
     eager = Pair(dense(2), dense(3, width=2))
     eager.compile(optimizer="sgd", run_eagerly=True)
     with pytest.raises(RecipeRefused) as caught:

@@ -86,7 +86,7 @@ from resilient_train.job.recipe import (
 from resilient_train.runner.input.indexed import IndexPlan, indexed_dataset
 from resilient_train.runner.input.iterator_state import INDEXED
 from resilient_train.runner.keras_recipes.callbacks import refused_callback
-from resilient_train.runner.keras_recipes.own_step import has_own_step
+from resilient_train.runner.keras_recipes.own_step import has_own_step, has_own_test_step
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
@@ -456,9 +456,9 @@ class FitScript:
         steps, return_dict = kwargs.get("steps"), kwargs.get("return_dict", False)
         if self.trainer is None or self.strategy is None:
             raise self._refuse("evaluate() before fit() is not supported")
-        if has_own_step(model):
-            raise self._refuse("evaluate() of a model with its own train_step is not supported yet: the runner's "
-                               "evaluation does not run a model's own test_step")
+        if has_own_step(model) and not has_own_test_step(model):
+            raise self._refuse("evaluate() of a model with its own train_step and Keras' test_step is not supported: "
+                               "it evaluates compile()'s loss, which this model does not have: override test_step too")
         if not isinstance(dataset, tf.data.Dataset):
             raise self._refuse(f"evaluate() got {type(dataset).__name__}; expected a tf.data.Dataset")
         if steps is None and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
