@@ -350,7 +350,9 @@ def check_fit_script(path: Path, tree: ast.Module) -> None:
     if len(call.args) > 2:
         raise RecipeError(f"Script {path}: fit() at line {call.lineno} gets {len(call.args)} positional arguments; "
                           "expected fit(x, y, batch_size=..., ...) or fit(dataset, ...): pass the others by name")
-    arrays = len(call.args) == 2 or "y" in keywords  # fit(x, y): arrays; fit(dataset): no y
+    # fit(x, y): arrays; fit(x, batch_size=...) without steps_per_epoch: arrays alone (keras.io's
+    # VAE; the worker refuses it for a model without its own train_step); fit(dataset): no y.
+    arrays = len(call.args) == 2 or "y" in keywords or ("batch_size" in keywords and "steps_per_epoch" not in keywords)
     refused = {**FIT_REFUSED, **(FIT_ARRAYS_REFUSED if arrays else FIT_DATASET_REFUSED)}
     for name, why in refused.items():
         if name in keywords:

@@ -9,7 +9,6 @@ import json
 import os
 
 import keras
-import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_diabetes
 

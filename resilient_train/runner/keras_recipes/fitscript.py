@@ -319,7 +319,14 @@ class FitScript:
             raise self._refuse(f"fit() got {len(args)} positional arguments; pass all but x and y by name")
         for name, value in zip(("x", "y"), args):
             kwargs[name] = value
-        arrays = kwargs.get("y") is not None
+        # Arrays: fit(x, y, ...), or x alone for a model with its own train_step (keras.io's VAE:
+        # vae.fit(digits, epochs=30, batch_size=128)); else a tf.data.Dataset.
+        x = kwargs.get("x")
+        arrays = kwargs.get("y") is not None or (
+            not isinstance(x, tf.data.Dataset) and (isinstance(x, (np.ndarray, dict, list, tuple)) or hasattr(x, "__array__")))
+        if arrays and kwargs.get("y") is None and not has_own_step(model):
+            raise self._refuse(f"fit(x) at line {self._fit_line()} without y: the model's compile() loss needs labels; "
+                               "pass fit(x, y, ...) (x alone trains a model with its own train_step)")
         refused = {**FIT_REFUSED, **(FIT_ARRAYS_REFUSED if arrays else FIT_DATASET_REFUSED)}
         for name, value in kwargs.items():
             if (name not in _HONOURED or name in refused) and value is not None:
@@ -388,6 +395,8 @@ class FitScript:
         """``fit(x, y, batch_size=B, shuffle=..., validation_split=f)``: B, the steps per epoch,
         the input source (the module docstring) and the held-out ``(x, y)`` (None without a split)."""
         try:
+            if kwargs.get("y") is None:  # x alone (the caller checked the model has its own train_step)
+                return self._x_input(kwargs)
             x, y = _as_arrays(kwargs["x"], "x"), _as_arrays(kwargs["y"], "y")
             count = _example_count((x, y))
             split, held = kwargs.get("validation_split"), None
@@ -410,6 +419,25 @@ class FitScript:
         source = ArrayInput(self.strategy, arrays, seed=self.job.seed, shuffle=bool(shuffle),
                             global_batch_size=batch, steps_per_epoch=steps)
         return batch, steps, source, held
+
+    def _x_input(self, kwargs: dict[str, Any]) -> tuple[int, int, ArrayInput, Any]:
+        """``fit(x, batch_size=B, shuffle=...)`` without labels: each batch is ``x``'s rows
+        alone, the ``data`` Keras hands a model's own ``train_step`` then."""
+        for name in ("sample_weight", "class_weight", "validation_split"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"{name} without y is not supported (pass fit(x, y, ...))")
+        x = _as_arrays(kwargs["x"], "x")
+        count = _example_count(x)
+        batch = kwargs.get("batch_size") or _KERAS_BATCH_SIZE
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"Received batch_size={batch!r}; expected a positive int")
+        steps = array_steps(count, batch)
+        shuffle = kwargs.get("shuffle", True)
+        if shuffle not in (True, False):
+            raise self._refuse(f"fit(shuffle={shuffle!r}): pass True (a new permutation every epoch) or False")
+        source = ArrayInput(self.strategy, x, seed=self.job.seed, shuffle=bool(shuffle), global_batch_size=batch,
+                            steps_per_epoch=steps)
+        return batch, steps, source, None
 
     def _validation(self, data: Any, kwargs: dict[str, Any], train_batch: int) -> Callable[[Any, int], tf.data.Dataset]:
         """The recipe's ``eval_dataset`` for ``validation_data`` (arrays or a finite dataset)."""
