@@ -10,6 +10,8 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
   so are the epoch's ``reconstruction_loss`` and ``kl_loss``; ``loss`` (the total tracker) equals
   Keras' to float32 rounding, relative 1e-6 (measured: equal or one ulp apart; the runner's call
   is another graph, whose optimizer may add the tracker's terms in another order).
+* The chief's export at completion: the VAE has no ``get_config`` (and no ``call``), so it is
+  exported as ``model.weights.h5``, with ``skipped`` saying what model.keras needs.
 * Two workers, the memory tier as a user gets it (every worker keeps a twin: the trackers are
   sync-on-read variables, and the subclass is copied from the arguments it was made with), the
   chief killed with -9 right after the commit of step 20 (mid-epoch 1): the run ends with the
@@ -77,6 +79,11 @@ def test_one_worker_trains_as_plain_keras_fit(tmp_path, plain_keras):
     assert [e["reconstruction_loss"] for e in logs] == history["reconstruction_loss"]
     assert [e["kl_loss"] for e in logs] == history["kl_loss"]
     assert all(math.isclose(a, b, rel_tol=REL) for a, b in zip([e["loss"] for e in logs], history["loss"], strict=True))
+    # No get_config and no call(): the chief exports the weights, and says what model.keras needs.
+    [exported] = job.named("model_exported")
+    assert exported["files"] == {"weights": "model.weights.h5"}
+    assert exported["skipped"]["keras"].startswith("VAE has no get_config(): add get_config() to VAE")
+    assert sorted(exported["skipped"]) == ["keras", "saved_model"]
 
 
 def test_own_test_step_validates_and_evaluates_as_plain_keras_on_one_worker(tmp_path):
