@@ -29,6 +29,9 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
   (measured: bit for bit) and every weight to float32 rounding (``allclose``, rtol 1e-5): not
   bit-identical, unlike the same digits fed as a dataset; the last bits of the weights differ
   (seen, cause not found: the batches and the logs are the same).
+* keras.io's GAN (tests/recipes/fit_gan.py: compile() overridden to take two optimizers) is
+  refused before any worker starts, exit 2, in one line naming why (the runner checkpoints
+  ``compile(optimizer=...)``'s state only: its own optimizers would not resume exactly).
 * (slow) A SIGTERM inside epoch 2 of the same script slowed by a batch-end sleep (a callback:
   the arithmetic is the same) saves, exits 143, and the re-run ends with that digest too.
 """
@@ -44,7 +47,7 @@ import sys
 import numpy as np
 import pytest
 
-from resilient_train.errors import EXIT_PREEMPTED
+from resilient_train.errors import EXIT_PREEMPTED, EXIT_USAGE
 from tests.integration.harness import REPO, environment, run_job, run_job_until
 
 SCRIPT = str(REPO / "examples/keras_vae.py")
@@ -134,6 +137,16 @@ def test_fit_x_without_y_trains_as_plain_keras_on_one_worker(tmp_path):
     theirs, ours = (np.load(tmp_path / name / "weights.npz") for name in ("plain", "ours"))
     assert len(ours.files) == len(theirs.files) == 14
     assert all(np.allclose(ours[k], theirs[k], rtol=1e-5, atol=1e-7) for k in theirs.files)
+
+
+def test_a_gan_with_two_optimizers_is_refused_before_the_workers_start(tmp_path):
+    script = REPO / "tests/recipes/fit_gan.py"
+    job = run_job(str(script), tmp_path / "run", "--workers", "2", cwd=tmp_path)
+    assert job.returncode == EXIT_USAGE, job.output
+    assert job.output == (f"resilient-train: error: Script {script}: class GAN overrides compile at line 23 beside its "
+                          "own train_step (line 35): not supported yet: the runner checkpoints compile(optimizer=...)'s "
+                          "state only, so the model's own optimizers would resume with fresh state (not exactly)\n")
+    assert not (tmp_path / "run" / "attempt-1").exists()  # no worker started
 
 
 @pytest.fixture(scope="module")

@@ -125,3 +125,20 @@ def test_validation_and_run_eagerly_are_refused_in_the_users_terms():
         from_own_step(recipe(), eager)
     assert str(caught.value) == ("recipe s: build_model() returned a model with its own train_step and "
                                  "run_eagerly=True; the runner compiles its step (leave run_eagerly unset)")
+
+
+def test_optimizers_of_its_own_are_refused_naming_them():
+    import keras
+
+    from resilient_train.errors import RecipeRefused
+
+    Pair, dense = vae_like(keras)
+    model = Pair(dense(2), dense(3, width=2))
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    model.d_optimizer, model.g_optimizer = keras.optimizers.Adam(), keras.optimizers.Adam()  # keras.io's GAN
+    with pytest.raises(RecipeRefused) as caught:
+        from_own_step(recipe(), model)
+    assert str(caught.value) == ("recipe s: build_model() returned a model with its own train_step and optimizers of "
+                                 "its own (d_optimizer, g_optimizer); not supported yet: the runner checkpoints "
+                                 "compile(optimizer=...)'s state only, so the model's own optimizers would resume with "
+                                 "fresh state (not exactly)")

@@ -52,7 +52,7 @@ import keras
 import tensorflow as tf
 
 from resilient_train.errors import RecipeRefused
-from resilient_train.job.recipe import Recipe
+from resilient_train.job.recipe import OWN_OPTIMIZERS_REFUSED, Recipe
 from resilient_train.runner.keras_recipes.compiled import from_fit_script
 from resilient_train.runner.input.batches import with_autograph
 
@@ -92,6 +92,10 @@ def from_own_step(recipe: Recipe, model: keras.Model) -> Recipe:
     if config.get("steps_per_execution", 1) != 1:
         raise _refuse(recipe, f"steps_per_execution={config['steps_per_execution']}; use the runner's "
                               "--steps-per-execution instead")
+    own = sorted(name for name, value in vars(model).items()
+                 if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer)
+    if own:
+        raise _refuse(recipe, f"optimizers of its own ({', '.join(own)}); {OWN_OPTIMIZERS_REFUSED}")
     if model.optimizer is None:
         raise _refuse(recipe, "no optimizer; pass optimizer=... to compile()")
     if recipe.eval_dataset is not None and not has_own_test_step(model):
