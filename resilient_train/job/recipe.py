@@ -144,6 +144,10 @@ SEVERAL_OUTPUTS_WEIGHTS_REFUSED = {
     "sample_weight": "not supported yet with several outputs: Keras weighs each <output>_loss by it, the runner's "
                      "per-output losses are unweighted",
 }
+# A model with its own train_step and optimizers of its own (keras.io's GAN: compile(d_optimizer=...,
+# g_optimizer=...)), refused here and by runner/keras_recipes/own_step.py.
+OWN_OPTIMIZERS_REFUSED = ("not supported yet: the runner checkpoints compile(optimizer=...)'s state only, so the "
+                          "model's own optimizers would resume with fresh state (not exactly)")
 # Pairs of fit() arguments refused together, and why.
 FIT_PAIRS_REFUSED = {
     ("sample_weight", "class_weight"): "Keras refuses both at once (pass one)",
@@ -350,7 +354,9 @@ def check_fit_script(path: Path, tree: ast.Module) -> None:
     if len(call.args) > 2:
         raise RecipeError(f"Script {path}: fit() at line {call.lineno} gets {len(call.args)} positional arguments; "
                           "expected fit(x, y, batch_size=..., ...) or fit(dataset, ...): pass the others by name")
-    arrays = len(call.args) == 2 or "y" in keywords  # fit(x, y): arrays; fit(dataset): no y
+    # fit(x, y): arrays; fit(x, batch_size=...) without steps_per_epoch: arrays alone (keras.io's
+    # VAE; the worker refuses it for a model without its own train_step); fit(dataset): no y.
+    arrays = len(call.args) == 2 or "y" in keywords or ("batch_size" in keywords and "steps_per_epoch" not in keywords)
     refused = {**FIT_REFUSED, **(FIT_ARRAYS_REFUSED if arrays else FIT_DATASET_REFUSED)}
     for name, why in refused.items():
         if name in keywords:
@@ -507,16 +513,24 @@ def _check_trainer_overrides(path: Path, node: ast.ClassDef, *, script: bool) ->
 
 
 def _check_own_step_fit(path: Path, tree: ast.Module, call: ast.Call) -> None:
-    """A script whose model has its own ``train_step``: no validation in ``fit`` (yet)."""
+    """A script whose model has its own ``train_step``: validation in ``fit`` only with its own
+    ``test_step`` too (Keras' would evaluate compile()'s loss, which such a model does not have)."""
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef) or (step := _own_train_step(node)) is None:
+            continue
+        own_compile = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "compile"),
+                           None)
+        if own_compile is not None:
+            raise RecipeError(f"Script {path}: class {node.name} overrides compile at line {own_compile.lineno} "
+                              f"beside its own train_step (line {step.lineno}): {OWN_OPTIMIZERS_REFUSED}")
+        if any(isinstance(item, ast.FunctionDef) and item.name == "test_step" for item in node.body):
             continue
         for keyword in call.keywords:
             if keyword.arg in ("validation_data", "validation_split"):
                 raise RecipeError(
                     f"Script {path}: fit({keyword.arg}=...) at line {call.lineno} with class {node.name}'s own "
-                    f"train_step (line {step.lineno}): not supported yet: the runner's evaluation does not run a "
-                    "model's own test_step"
+                    f"train_step (line {step.lineno}) and Keras' test_step: not supported: it evaluates compile()'s "
+                    "loss, which this model does not have: override test_step too"
                 )
 
 

@@ -209,7 +209,8 @@ def _training_stopped(r: Mapping[str, Any], _: Facts) -> str:
 
 
 def _model_exported(r: Mapping[str, Any], _: Facts) -> str:
-    return f"model of global step {r['global_step']} exported to {r['path']}"
+    skipped = "".join(f"; no {name}: {why}" for name, why in (r.get("skipped") or {}).items())
+    return f"model of global step {r['global_step']} exported to {r['path']}{skipped}"
 
 
 def _model_export_failed(r: Mapping[str, Any], _: Facts) -> str:

@@ -40,15 +40,27 @@ def test_a_script_class_overriding_train_step_and_test_step_passes(tmp_path):
     assert check_recipe_source(write(tmp_path, SCRIPT.format(call=DATASET))).name == "train.py"
 
 
-@pytest.mark.parametrize("name, call", [("validation_data", DATASET + ", validation_data=val"),
-                                        ("validation_split", "x, y, batch_size=64, validation_split=0.2")])
-def test_validation_with_an_own_train_step_is_refused_naming_the_class(tmp_path, name, call):
-    path = write(tmp_path, SCRIPT.format(call=call))
+VALIDATION = [("validation_data", DATASET + ", validation_data=val"),
+              ("validation_split", "x, y, batch_size=64, validation_split=0.2")]
+KERAS_TEST_STEP = SCRIPT.replace("""    def test_step(self, data):
+        return {{"loss": 0.0}}
+
+""", "")
+
+
+@pytest.mark.parametrize("name, call", VALIDATION)
+def test_validation_with_an_own_train_step_and_test_step_passes(tmp_path, name, call):
+    assert check_recipe_source(write(tmp_path, SCRIPT.format(call=call))).name == "train.py"
+
+
+@pytest.mark.parametrize("name, call", VALIDATION)
+def test_validation_with_an_own_train_step_and_keras_test_step_is_refused_naming_the_class(tmp_path, name, call):
+    path = write(tmp_path, KERAS_TEST_STEP.format(call=call))
     with pytest.raises(RecipeError) as caught:
         check_recipe_source(path)
     assert str(caught.value) == (
-        f"Script {path}: fit({name}=...) at line 15 with class Own's own train_step (line 6): not supported yet: "
-        "the runner's evaluation does not run a model's own test_step")
+        f"Script {path}: fit({name}=...) at line 12 with class Own's own train_step (line 6) and Keras' test_step: "
+        "not supported: it evaluates compile()'s loss, which this model does not have: override test_step too")
 
 
 def test_a_script_class_overriding_compute_loss_without_train_step_is_refused(tmp_path):
@@ -59,3 +71,15 @@ def test_a_script_class_overriding_compute_loss_without_train_step_is_refused(tm
     assert str(caught.value) == (
         f"Script {path}: class Own overrides compute_loss at line 6 but not train_step; the runner runs Keras' step "
         "or the model's own train_step, which would not call it")
+
+
+def test_a_class_with_its_own_compile_beside_its_train_step_is_refused(tmp_path):
+    text = SCRIPT.replace("    def test_step(self, data):", "    def compile(self, d_optimizer, g_optimizer):\n"
+                          "        super().compile()\n\n    def test_step(self, data):")
+    path = write(tmp_path, text.format(call=DATASET))
+    with pytest.raises(RecipeError) as caught:
+        check_recipe_source(path)
+    assert str(caught.value) == (
+        f"Script {path}: class Own overrides compile at line 9 beside its own train_step (line 6): not supported yet: "
+        "the runner checkpoints compile(optimizer=...)'s state only, so the model's own optimizers would resume with "
+        "fresh state (not exactly)")

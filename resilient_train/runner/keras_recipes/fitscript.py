@@ -86,7 +86,7 @@ from resilient_train.job.recipe import (
 from resilient_train.runner.input.indexed import IndexPlan, indexed_dataset
 from resilient_train.runner.input.iterator_state import INDEXED
 from resilient_train.runner.keras_recipes.callbacks import refused_callback
-from resilient_train.runner.keras_recipes.own_step import has_own_step
+from resilient_train.runner.keras_recipes.own_step import has_own_step, has_own_test_step
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.strategy import make_strategy
 
@@ -319,7 +319,14 @@ class FitScript:
             raise self._refuse(f"fit() got {len(args)} positional arguments; pass all but x and y by name")
         for name, value in zip(("x", "y"), args):
             kwargs[name] = value
-        arrays = kwargs.get("y") is not None
+        # Arrays: fit(x, y, ...), or x alone for a model with its own train_step (keras.io's VAE:
+        # vae.fit(digits, epochs=30, batch_size=128)); else a tf.data.Dataset.
+        x = kwargs.get("x")
+        arrays = kwargs.get("y") is not None or (
+            not isinstance(x, tf.data.Dataset) and (isinstance(x, (np.ndarray, dict, list, tuple)) or hasattr(x, "__array__")))
+        if arrays and kwargs.get("y") is None and not has_own_step(model):
+            raise self._refuse(f"fit(x) at line {self._fit_line()} without y: the model's compile() loss needs labels; "
+                               "pass fit(x, y, ...) (x alone trains a model with its own train_step)")
         refused = {**FIT_REFUSED, **(FIT_ARRAYS_REFUSED if arrays else FIT_DATASET_REFUSED)}
         for name, value in kwargs.items():
             if (name not in _HONOURED or name in refused) and value is not None:
@@ -388,6 +395,8 @@ class FitScript:
         """``fit(x, y, batch_size=B, shuffle=..., validation_split=f)``: B, the steps per epoch,
         the input source (the module docstring) and the held-out ``(x, y)`` (None without a split)."""
         try:
+            if kwargs.get("y") is None:  # x alone (the caller checked the model has its own train_step)
+                return self._x_input(kwargs)
             x, y = _as_arrays(kwargs["x"], "x"), _as_arrays(kwargs["y"], "y")
             count = _example_count((x, y))
             split, held = kwargs.get("validation_split"), None
@@ -410,6 +419,25 @@ class FitScript:
         source = ArrayInput(self.strategy, arrays, seed=self.job.seed, shuffle=bool(shuffle),
                             global_batch_size=batch, steps_per_epoch=steps)
         return batch, steps, source, held
+
+    def _x_input(self, kwargs: dict[str, Any]) -> tuple[int, int, ArrayInput, Any]:
+        """``fit(x, batch_size=B, shuffle=...)`` without labels: each batch is ``x``'s rows
+        alone, the ``data`` Keras hands a model's own ``train_step`` then."""
+        for name in ("sample_weight", "class_weight", "validation_split"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"{name} without y is not supported (pass fit(x, y, ...))")
+        x = _as_arrays(kwargs["x"], "x")
+        count = _example_count(x)
+        batch = kwargs.get("batch_size") or _KERAS_BATCH_SIZE
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"Received batch_size={batch!r}; expected a positive int")
+        steps = array_steps(count, batch)
+        shuffle = kwargs.get("shuffle", True)
+        if shuffle not in (True, False):
+            raise self._refuse(f"fit(shuffle={shuffle!r}): pass True (a new permutation every epoch) or False")
+        source = ArrayInput(self.strategy, x, seed=self.job.seed, shuffle=bool(shuffle), global_batch_size=batch,
+                            steps_per_epoch=steps)
+        return batch, steps, source, None
 
     def _validation(self, data: Any, kwargs: dict[str, Any], train_batch: int) -> Callable[[Any, int], tf.data.Dataset]:
         """The recipe's ``eval_dataset`` for ``validation_data`` (arrays or a finite dataset)."""
@@ -456,9 +484,9 @@ class FitScript:
         steps, return_dict = kwargs.get("steps"), kwargs.get("return_dict", False)
         if self.trainer is None or self.strategy is None:
             raise self._refuse("evaluate() before fit() is not supported")
-        if has_own_step(model):
-            raise self._refuse("evaluate() of a model with its own train_step is not supported yet: the runner's "
-                               "evaluation does not run a model's own test_step")
+        if has_own_step(model) and not has_own_test_step(model):
+            raise self._refuse("evaluate() of a model with its own train_step and Keras' test_step is not supported: "
+                               "it evaluates compile()'s loss, which this model does not have: override test_step too")
         if not isinstance(dataset, tf.data.Dataset):
             raise self._refuse(f"evaluate() got {type(dataset).__name__}; expected a tf.data.Dataset")
         if steps is None and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
@@ -568,11 +596,52 @@ def _copy_model(model: keras.Model, init_arguments: Callable[[Any], tuple[tuple,
 
 
 def _global_batch_size(dataset: tf.data.Dataset) -> int:
-    """The leading dimension of the first element (the peek is the same in every process,
-    so it moves a reshuffling shuffle's seeds the same way on every attempt)."""
-    for element in dataset.take(1):
+    """The global batch: read from the pipeline's last ``batch(n)`` when nothing after it can
+    change an element's shape, else the leading dimension of the first element.
+
+    Reading it without iterating matters: a ``shuffle(..., seed=7)`` reshuffles on every
+    iterator, so a peek with ``take(1)`` moved its seed generator and the training iterator
+    read the second order, not the first that plain Keras ``fit`` reads (issue 46)."""
+    static = _batch_of_graph(dataset)
+    if static is not None:
+        return static
+    for element in dataset.take(1):  # the same peek in every process: the same order on every attempt
         return int(tf.nest.flatten(element)[0].shape[0])
     raise RecipeError("the fit() dataset is empty")
+
+
+# Dataset ops that pass every element on unchanged in shape, between the batch and the output.
+_SHAPE_KEEPING_OPS = frozenset({
+    "PrefetchDataset", "RepeatDataset", "CacheDataset", "CacheDatasetV2", "TakeDataset", "SkipDataset",
+    "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
+    "ShuffleAndRepeatDatasetV2", "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset", "AssertCardinalityDataset", "Identity"})
+_BATCH_OPS = frozenset({"BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2",
+                        "ParallelBatchDataset"})
+
+
+def _batch_of_graph(dataset: tf.data.Dataset) -> int | None:
+    """The ``batch_size`` constant of the pipeline's last batch op, found in its serialized
+    graph (which creates no iterator), or None when another op may reshape after it."""
+    from tensorflow.core.framework import graph_pb2
+
+    try:
+        serialized = dataset._as_serialized_graph(  # noqa: SLF001 - tf.data has no public reader
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+        graph = graph_pb2.GraphDef.FromString(serialized.numpy())
+    except Exception:  # a pipeline TensorFlow cannot serialize: peek instead
+        return None
+    nodes = {node.name: node for node in graph.node}
+    output = [node for node in graph.node if node.op == "_Retval"]
+    node = nodes.get(output[0].input[0].split(":")[0]) if len(output) == 1 and output[0].input else None
+    while node is not None and node.op in _SHAPE_KEEPING_OPS:
+        node = nodes.get(node.input[0].split(":")[0]) if node.input else None
+    if node is None or node.op not in _BATCH_OPS or len(node.input) < 2:
+        return None
+    size = nodes.get(node.input[1].split(":")[0])
+    if size is None or size.op != "Const":
+        return None
+    return int(tf.make_ndarray(size.attr["value"].tensor))
 
 
 def sample_weights(y: Any, sample_weight: Any, class_weight: Any, count: int) -> np.ndarray | None:

@@ -26,11 +26,20 @@ What Keras does under a strategy, and so what is done here:
   uninterrupted run's to float32 rounding (the weights, which the logs do not feed, are
   bit-identical); with one replica, exactly.
 
+A model that also overrides ``test_step`` is evaluated with it (validation in ``fit``,
+``evaluate`` after it: runner/outputs/evaluation.py hands such a model to
+:class:`OwnTestStep`), as Keras' ``evaluate`` runs it: the trackers are reset first,
+``test_step`` runs per replica on each held-out batch, its logs are the replicas' MEAN,
+and the result is the trackers' results when the logs name exactly ``model.metrics``,
+else the last batch's logs; ``fit`` reports them as ``val_<name>``.
+
 Refused, one line each (``RecipeRefused``): ``run_eagerly`` / ``jit_compile`` /
 ``steps_per_execution`` as for any compiled model (runner/keras_recipes/compiled.py),
-no optimizer, logs that are not a dict of scalars, and validation in ``fit`` or
-``evaluate`` after it (a model's own ``test_step`` is not run by the runner's evaluation
-yet): job/recipe.py refuses the literal cases before workers start.
+no optimizer, logs that are not a dict of scalars, a ``test_step`` whose logs have no
+``loss`` (the runner's validation reports ``val_loss``), and validation in ``fit`` or
+``evaluate`` after it when the class keeps Keras' own ``test_step`` (it would evaluate
+``compile``'s loss, which such a model does not give the runner): job/recipe.py refuses the
+literal cases before workers start.
 """
 
 from __future__ import annotations
@@ -43,19 +52,26 @@ import keras
 import tensorflow as tf
 
 from resilient_train.errors import RecipeRefused
-from resilient_train.job.recipe import Recipe
+from resilient_train.job.recipe import OWN_OPTIMIZERS_REFUSED, Recipe
 from resilient_train.runner.keras_recipes.compiled import from_fit_script
 from resilient_train.runner.input.batches import with_autograph
 
-__all__ = ["has_own_step", "from_own_step", "OwnStep", "LastLogs"]
+__all__ = ["has_own_step", "has_own_test_step", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
+
+_EXAMPLES = "__examples__"  # the held-out examples a test step saw, beside its logs
 
 
-def has_own_step(model: Any) -> bool:
+def has_own_step(model: Any, method: str = "train_step") -> bool:
     """Does ``model``'s class override ``train_step`` (Keras' trainer then runs that)? A class
     that overrides only ``compute_loss`` / ``compute_metrics`` is refused by
-    runner/keras_recipes/compiled.py; ``test_step`` matters only to evaluation (refused)."""
-    owner = next((k for k in type(model).__mro__ if "train_step" in vars(k)), None)
+    runner/keras_recipes/compiled.py."""
+    owner = next((k for k in type(model).__mro__ if method in vars(k)), None)
     return owner is not None and not owner.__module__.startswith("keras.")
+
+
+def has_own_test_step(model: Any) -> bool:
+    """A model with its own ``train_step`` and ``test_step``: evaluated by :class:`OwnTestStep`."""
+    return isinstance(model, keras.Model) and has_own_step(model) and has_own_step(model, "test_step")
 
 
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
@@ -76,11 +92,15 @@ def from_own_step(recipe: Recipe, model: keras.Model) -> Recipe:
     if config.get("steps_per_execution", 1) != 1:
         raise _refuse(recipe, f"steps_per_execution={config['steps_per_execution']}; use the runner's "
                               "--steps-per-execution instead")
+    own = sorted(name for name, value in vars(model).items()
+                 if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer)
+    if own:
+        raise _refuse(recipe, f"optimizers of its own ({', '.join(own)}); {OWN_OPTIMIZERS_REFUSED}")
     if model.optimizer is None:
         raise _refuse(recipe, "no optimizer; pass optimizer=... to compile()")
-    if recipe.eval_dataset is not None:
-        raise _refuse(recipe, "validation; not supported yet: the runner's evaluation does not run a model's "
-                              "own test_step")
+    if recipe.eval_dataset is not None and not has_own_test_step(model):
+        raise _refuse(recipe, "validation, but Keras' own test_step; not supported: it evaluates compile()'s loss, "
+                              "which this model does not have: override test_step too")
     optimizer = model.optimizer
     return dataclasses.replace(recipe, build_optimizer=lambda params: optimizer, loss=_never_called, metrics=None)
 
@@ -103,18 +123,7 @@ class OwnStep:
     def step(self, data: Any) -> dict[str, tf.Tensor]:
         """One replica's step: ``train_step(data)``; its logs divided by the replicas (their
         SUM in the packed all-reduce is Keras' MEAN over replicas)."""
-        logs = self._train_step(data)
-        if not isinstance(logs, dict) or not logs:
-            raise _refuse(self.recipe, f"its train_step returned {type(logs).__name__}; expected a dict of "
-                                       "scalar logs, as Keras' fit() logs them")
-        values = {}
-        for name, value in logs.items():
-            value = tf.convert_to_tensor(value)
-            if value.shape.rank != 0:
-                raise _refuse(self.recipe, f"its train_step's log {name!r} has shape {value.shape}; expected a "
-                                           "scalar (Keras' fit() logs scalars)")
-            values[str(name)] = tf.cast(value, tf.float32) / self.replicas
-        return values
+        return _logs_of(self.recipe, "train_step", self._train_step(data), self.replicas)
 
     def reset(self) -> None:
         """An epoch starts: the trackers start over (Keras' fit resets them every epoch)."""
@@ -128,6 +137,64 @@ class OwnStep:
         if set(last) != set(names):
             return dict(last)
         return {name: float(value) for name, value in self._results().items()}
+
+
+def _logs_of(recipe: Recipe, method: str, logs: Any, replicas: int) -> dict[str, tf.Tensor]:
+    """A step's logs as float32 scalars divided by the replicas (their SUM over replicas is
+    Keras' MEAN), or the one-line refusal of logs Keras' fit() could not log either."""
+    if not isinstance(logs, dict) or not logs:
+        raise _refuse(recipe, f"its {method} returned {type(logs).__name__}; expected a dict of scalar logs, as "
+                              "Keras' fit() logs them")
+    values = {}
+    for name, value in logs.items():
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank != 0:
+            raise _refuse(recipe, f"its {method}'s log {name!r} has shape {value.shape}; expected a scalar (Keras' "
+                                  "fit() logs scalars)")
+        values[str(name)] = tf.cast(value, tf.float32) / replicas
+    return values
+
+
+class OwnTestStep:
+    """The model's ``test_step`` as the runner's evaluation (see the module docstring)."""
+
+    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, recipe: Recipe) -> None:
+        self.model = model
+        self.recipe = recipe
+        test_step = with_autograph(model.test_step)
+        replicas = strategy.num_replicas_in_sync
+
+        def replica_step(data: Any) -> dict[str, tf.Tensor]:
+            values = _logs_of(recipe, "test_step", test_step(data), replicas)
+            values[_EXAMPLES] = tf.cast(tf.shape(tf.nest.flatten(data)[0])[0], tf.float32)
+            return values
+
+        # A short last batch has another shape: let the function generalise, not retrace per shape.
+        @tf.function(reduce_retracing=True, autograph=False)
+        def step(data: Any) -> dict[str, tf.Tensor]:
+            per_replica = strategy.run(replica_step, args=(data,))
+            return {name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+                    for name, value in per_replica.items()}
+
+        self._step = step
+        self._results = tf.function(lambda: {m.name: m.result() for m in model.metrics}, autograph=False)
+
+    def evaluate(self, iterator: Any) -> tuple[dict[str, float], int]:
+        """Keras' ``evaluate`` over ``iterator`` (every worker: collective): the logs and the
+        examples seen. Its ``loss`` is required (the runner reports ``val_loss``)."""
+        self.model.reset_metrics()
+        last: dict[str, float] = {}
+        examples = 0
+        for data in iterator:
+            values = self._step(data)
+            examples += int(values.pop(_EXAMPLES))
+            last = {name: float(value) for name, value in values.items()}
+        names = [m.name for m in self.model.metrics]
+        logs = {n: float(v) for n, v in self._results().items()} if last and set(last) == set(names) else last
+        if "loss" not in logs:
+            raise _refuse(self.recipe, f"its test_step logs {sorted(logs)} and no 'loss'; the runner reports val_loss "
+                                       "(return a 'loss' log)")
+        return logs, examples
 
 
 class LastLogs:

@@ -90,7 +90,11 @@ class Evaluator:
         self.seed = seed
         self.global_batch_size = global_batch_size
         self.max_steps = max_steps
-        self._step = self._make_eval_step()
+        # A model with its own test_step is evaluated by it, as Keras' evaluate does (runner/keras_recipes/own_step.py).
+        from resilient_train.runner.keras_recipes.own_step import OwnTestStep, has_own_test_step
+
+        self._own_test = OwnTestStep(model, strategy, recipe) if has_own_test_step(model) else None
+        self._step = self._make_eval_step() if self._own_test is None else None
         # Where a finished evaluation's iterator goes: by default dropped here; the Trainer
         # hands it to its reaper thread (runner/input/teardown.py), as it does each epoch's input.
         self.retire: Callable[[Any], Any] = lambda iterator: None
@@ -120,6 +124,12 @@ class Evaluator:
 
     def evaluate(self) -> Validation:
         """One pass over the eval split on every worker (collective: all workers must call it)."""
+        if self._own_test is not None:
+            iterator = iter(self._dataset())
+            logs, examples = self._own_test.evaluate(iterator)
+            self.retire(iterator)
+            del iterator
+            return Validation(loss=logs.pop("loss"), metrics=logs, examples=examples)
         totals: dict[str, float] = {}
         states = self.recipe.metric_states
         state_sums = None if states is None else np.zeros(states.width, np.float32)

@@ -17,6 +17,12 @@ order. The export writes the training model's paths in ``model.weights`` order; 
 them with a reloaded model's weights by position (:func:`exported_weights_sha256`) gives
 back exactly the checkpoint's digest.
 
+A model Keras cannot write as ``model.keras`` (a subclass without ``get_config``, such as
+keras.io's ``VAE(encoder, decoder)``: Keras raises a bare ``NotImplementedError``) is exported
+as its weights, ``model.weights.h5`` (``save_weights`` needs no config; the user rebuilds the
+class in code and calls ``load_weights``), with the SavedModel if Keras can trace one; what was
+not written and why is ``skipped`` in export.json and in ``model_exported``.
+
 An export is written to a sibling temp directory and renamed into place, so ``DIR``
 holds a complete export or the previous one, never half of one.
 """
@@ -37,10 +43,11 @@ from resilient_train.runner.state.model_state import digest_with_paths, preserve
 from resilient_train.errors import CheckpointIncompatibleError
 from resilient_train.rundir.permissions import directory_mode
 
-__all__ = ["FORMATS", "EXPORT_FILE", "export_model", "export_completed", "exported_weights_sha256"]
+__all__ = ["FORMATS", "EXPORT_FILE", "WEIGHTS_FILE", "export_model", "export_completed", "exported_weights_sha256"]
 
 FORMATS = ("keras", "saved_model")
 EXPORT_FILE = "export.json"
+WEIGHTS_FILE = "model.weights.h5"  # instead of model.keras for a model without get_config
 
 
 def exported_weights_sha256(model: Any, export_dir: Path) -> str:
@@ -76,18 +83,36 @@ def export_model(
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     staging.chmod(directory_mode())  # mkdtemp makes it 0700; an export gets the run dir's mode (--run-dir-mode)
     try:
-        files = {}
+        files: dict[str, str] = {}
+        skipped: dict[str, str] = {}
         if "keras" in formats:
-            model.save(staging / "model.keras")
-            files["keras"] = "model.keras"
+            try:
+                model.save(staging / "model.keras")
+                files["keras"] = "model.keras"
+            except NotImplementedError:  # Keras cannot write its config: the weights, and say what to add
+                (staging / "model.keras").unlink(missing_ok=True)
+                if not model.built and model.weights:  # a VAE is never called: its parts hold every weight
+                    model.built = True
+                model.save_weights(staging / WEIGHTS_FILE)
+                files["weights"] = WEIGHTS_FILE
+                name = type(model).__name__
+                skipped["keras"] = (f"{name} has no get_config(): add get_config() to {name} for model.keras, or "
+                                    f"rebuild {name}(...) in code and call load_weights('{WEIGHTS_FILE}')")
         if "saved_model" in formats:
-            model.export(str(staging / "saved_model"), format="tf_saved_model", verbose=False)
-            files["saved_model"] = "saved_model"
+            try:
+                model.export(str(staging / "saved_model"), format="tf_saved_model", verbose=False)
+                files["saved_model"] = "saved_model"
+            except Exception as exc:  # only beside the weights fallback: a plain model's failure stays one
+                if "weights" not in files:
+                    raise
+                shutil.rmtree(staging / "saved_model", ignore_errors=True)
+                skipped["saved_model"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"
         record = {
             **(info or {}),
             "weights_sha256": digest,
             "weight_paths": list(paths),
             "files": files,
+            **({"skipped": skipped} if skipped else {}),
             "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
         (staging / EXPORT_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -135,5 +160,6 @@ def export_completed(trainer: Any, result: Any, out_dir: Path) -> dict[str, Any]
         emit("model_export_failed", group=True, path=str(out_dir), error=f"{type(exc).__name__}: {exc}")
         return None
     emit("model_exported", group=True, path=str(out_dir), global_step=result.global_step,
-         weights_sha256=record["weights_sha256"], files=record["files"])
+         weights_sha256=record["weights_sha256"], files=record["files"],
+         **({"skipped": record["skipped"]} if "skipped" in record else {}))
     return record

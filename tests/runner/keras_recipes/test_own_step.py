@@ -116,11 +116,29 @@ def test_validation_and_run_eagerly_are_refused_in_the_users_terms():
     script = dataclasses.replace(recipe(), source="examples/keras_vae.py", eval_dataset=lambda context, seed: None)
     with pytest.raises(RecipeRefused) as caught:
         from_own_step(script, model)
-    assert str(caught.value) == ("Script keras_vae.py: its model has its own train_step and validation; not supported "
-                                 "yet: the runner's evaluation does not run a model's own test_step")
+    assert str(caught.value) == ("Script keras_vae.py: its model has its own train_step and validation, but Keras' own "
+                                 "test_step; not supported: it evaluates compile()'s loss, which this model does not "
+                                 "have: override test_step too")
     eager = Pair(dense(2), dense(3, width=2))
     eager.compile(optimizer="sgd", run_eagerly=True)
     with pytest.raises(RecipeRefused) as caught:
         from_own_step(recipe(), eager)
     assert str(caught.value) == ("recipe s: build_model() returned a model with its own train_step and "
                                  "run_eagerly=True; the runner compiles its step (leave run_eagerly unset)")
+
+
+def test_optimizers_of_its_own_are_refused_naming_them():
+    import keras
+
+    from resilient_train.errors import RecipeRefused
+
+    Pair, dense = vae_like(keras)
+    model = Pair(dense(2), dense(3, width=2))
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    model.d_optimizer, model.g_optimizer = keras.optimizers.Adam(), keras.optimizers.Adam()  # keras.io's GAN
+    with pytest.raises(RecipeRefused) as caught:
+        from_own_step(recipe(), model)
+    assert str(caught.value) == ("recipe s: build_model() returned a model with its own train_step and optimizers of "
+                                 "its own (d_optimizer, g_optimizer); not supported yet: the runner checkpoints "
+                                 "compile(optimizer=...)'s state only, so the model's own optimizers would resume with "
+                                 "fresh state (not exactly)")

@@ -55,3 +55,44 @@ def test_weights_that_do_not_match_the_checkpoint_are_not_exported(tmp_path):
     assert not (tmp_path / "m").exists()
     with pytest.raises(ValueError, match=r"Received formats=\['onnx'\]; expected some of \['keras', 'saved_model'\]"):
         export_model(model, tmp_path / "m", paths=weight_paths(model), weights_sha256=weights_digest(model), formats=("onnx",))
+
+
+class Pair(keras.Model):
+    """keras.io's VAE shape: a subclass made of models, no get_config (Keras cannot write model.keras)."""
+
+    def __init__(self, inner, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = inner
+
+    def call(self, x):
+        return self.inner(x)
+
+
+def test_a_subclass_without_get_config_is_exported_as_its_weights_and_says_what_to_add(tmp_path):
+    model = Pair(small_model(1))
+    batch = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    expected = model(batch).numpy()
+    with pytest.raises(NotImplementedError):  # plain Keras' own, with no message
+        model.save(tmp_path / "plain.keras")
+    record = export_model(model, tmp_path / "m", paths=weight_paths(model), weights_sha256=weights_digest(model))
+    assert record["files"] == {"weights": "model.weights.h5", "saved_model": "saved_model"}
+    assert record["skipped"] == {"keras": "Pair has no get_config(): add get_config() to Pair for model.keras, or "
+                                          "rebuild Pair(...) in code and call load_weights('model.weights.h5')"}
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["export.json", "model.weights.h5", "saved_model"]
+    rebuilt = Pair(small_model(2))
+    rebuilt(batch)
+    rebuilt.load_weights(tmp_path / "m" / "model.weights.h5")
+    np.testing.assert_array_equal(rebuilt(batch).numpy(), expected)
+    assert exported_weights_sha256(rebuilt, tmp_path / "m") == weights_digest(model)
+
+
+def test_without_call_the_savedmodel_is_skipped_too_and_says_why(tmp_path):
+    class NoCall(Pair):  # keras.io's VAE: train_step only, no call()
+        call = keras.Model.call
+
+    model = NoCall(small_model(1))
+    model.inner(np.zeros((1, 3), np.float32))
+    record = export_model(model, tmp_path / "m", paths=weight_paths(model), weights_sha256=weights_digest(model))
+    assert record["files"] == {"weights": "model.weights.h5"}
+    assert sorted(record["skipped"]) == ["keras", "saved_model"]
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["export.json", "model.weights.h5"]

@@ -1,0 +1,68 @@
+# keras.io's "DCGAN to generate face images" / "GAN overriding train_step", made small: a GAN
+# subclass whose compile() takes two optimizers and a loss, and whose train_step trains the
+# discriminator then the generator, on scikit-learn's digits (8x8, Dense instead of Conv2D).
+# Refused before the workers start (tests/integration/test_own_train_step.py): the runner's
+# checkpoint holds compile(optimizer=...)'s state only.
+import keras
+import tensorflow as tf
+from keras import layers, ops
+from sklearn.datasets import load_digits
+
+keras.utils.set_random_seed(42)
+latent_dim = 8
+
+
+class GAN(keras.Model):
+    def __init__(self, discriminator, generator, latent_dim):
+        super().__init__()
+        self.discriminator = discriminator
+        self.generator = generator
+        self.latent_dim = latent_dim
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer = d_optimizer
+        self.g_optimizer = g_optimizer
+        self.loss_fn = loss_fn
+        self.d_loss_metric = keras.metrics.Mean(name="d_loss")
+        self.g_loss_metric = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self):
+        return [self.d_loss_metric, self.g_loss_metric]
+
+    def train_step(self, real_images):
+        batch_size = ops.shape(real_images)[0]
+        random_latent_vectors = keras.random.normal(shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        generated_images = self.generator(random_latent_vectors)
+        combined_images = ops.concatenate([generated_images, real_images], axis=0)
+        labels = ops.concatenate([ops.ones((batch_size, 1)), ops.zeros((batch_size, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(combined_images))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        random_latent_vectors = keras.random.normal(shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        misleading_labels = ops.zeros((batch_size, 1))
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(misleading_labels, self.discriminator(self.generator(random_latent_vectors)))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_metric.update_state(d_loss)
+        self.g_loss_metric.update_state(g_loss)
+        return {"d_loss": self.d_loss_metric.result(), "g_loss": self.g_loss_metric.result()}
+
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+digits = (load_digits().images / 16.0).astype("float32").reshape(-1, 64)
+dataset = tf.data.Dataset.from_tensor_slices(digits).shuffle(2048, seed=7).repeat().batch(64)
+with strategy.scope():
+    discriminator = keras.Sequential([keras.Input(shape=(64,)), layers.Dense(32), layers.LeakyReLU(0.2),
+                                      layers.Dense(1)], name="discriminator")
+    generator = keras.Sequential([keras.Input(shape=(latent_dim,)), layers.Dense(32), layers.LeakyReLU(0.2),
+                                  layers.Dense(64, activation="sigmoid")], name="generator")
+    gan = GAN(discriminator=discriminator, generator=generator, latent_dim=latent_dim)
+    gan.compile(d_optimizer=keras.optimizers.Adam(learning_rate=0.0003),
+                g_optimizer=keras.optimizers.Adam(learning_rate=0.0003),
+                loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+gan.fit(dataset, epochs=2, steps_per_epoch=10)
