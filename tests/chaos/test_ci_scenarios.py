@@ -57,6 +57,7 @@ def test_seeds_experiment_kill_chief_at_7_resumes_from_7(chaos_root: Path) -> No
     assert page.count('<line class="restore" data-step="7"') >= 1
 
 
+@pytest.mark.slow  # tests/integration/test_hang.py: a hung rank 1 is detected, named by the watchdog and healed
 def test_a_worker_hung_before_a_save_is_named_by_the_watchdog(chaos_root: Path) -> None:
     """hang-collective: rank 1 stops after the call that ends at the save point 15, so the chief
     waits for it in the save's iterator-state gather (linear_regression re-enters by iterator

@@ -102,6 +102,7 @@ def test_script_kill_chief_mid_epoch_resumes_exactly_and_runs_the_code_after_fit
     assert_ends_as(killed, tmp_path / "out", reference)
 
 
+@pytest.mark.slow  # test_keras.py's SIGTERM (save, exit 143, exact resume) and the kill test below (code after fit runs once) cover it
 def test_script_sigterm_saves_exits_143_without_the_code_after_fit_and_rerun_ends_exactly(
         tmp_path, reference, monkeypatch):
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"

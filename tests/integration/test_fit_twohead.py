@@ -68,7 +68,7 @@ def plain_keras(out_dir, heads):
     return out_dir
 
 
-@pytest.mark.parametrize("heads", ["2", "1"])
+@pytest.mark.parametrize("heads", ["2", pytest.param("1", marks=pytest.mark.slow)])  # "1": the one-head case test_fit_arrays.py covers
 def test_one_worker_gives_plain_keras_names_and_values(tmp_path, heads):
     reference = plain_keras(tmp_path / "plain", heads)
     job = run_script(tmp_path / "run", tmp_path / "out", "--workers", "1", "--no-warm-standby",

@@ -33,6 +33,7 @@ from tests.support.metadata_server import MetadataServer
 from tests.support.raycluster import joined_cluster
 
 
+@pytest.mark.slow  # test_preemption_notices.py (a notice saves the agreed step), test_elastic.py (shrink and grow) and test_ray.py (a lost node) cover its parts
 def test_a_notice_on_one_node_shrinks_the_elastic_run_without_a_lost_step(tmp_path, request, monkeypatch):
     monkeypatch.setenv("RT_RAY_PLACEMENT_TIMEOUT_S", "30")  # the job inherits it: a wrong wait is seen, not endless
     with MetadataServer("gce") as quiet, MetadataServer("gce") as doomed, \
