@@ -11,7 +11,8 @@ The entry points and the training loop sit here; everything they use is grouped 
     ps_roles                 the parameter-server tier's coordinator, servers and workers
     preemption_notices       this node's preemption notices, turned into the worker's stop request
     startup_phases           where a worker's start-up time goes, up to its first step
-    loop, strategy, call_size  the custom training loop under MultiWorkerMirroredStrategy
+    training/                the custom training loop under MultiWorkerMirroredStrategy: the
+                             Trainer, its training call, strategy, call sizing, control row
     input/                   per-epoch pipelines, re-entry, iterator state, batches, checks
     state/                   the checkpoint's object graph (its format), checkpointers, the
                              model's named state, the save schedule, the memory tier

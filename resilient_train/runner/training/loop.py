@@ -16,14 +16,14 @@
 #    so re-entering mid-epoch sees exactly the batches an uninterrupted run would have.
 #    EpochInput (runner/input/reentry.py) owns it: the iterator for epoch e at step s, the
 #    re-entry path of a restore, the iterator state a save records, the epoch end's retirement.
-# 5. Each tf.function call runs up to --steps-per-execution steps (_make_train_call; auto:
-#    the chief sizes calls to ~0.1 s, runner/call_size.py): per step ONE packed all-reduce
+# 5. Each tf.function call runs up to --steps-per-execution steps (train_call.py; auto:
+#    the chief sizes calls to ~0.1 s, runner/training/call_size.py): per step ONE packed all-reduce
 #    besides the gradients' carries loss, metrics, the stop flag, the chief's time-based
 #    save vote and its size of the next call; the counters advance in-graph; the host
 #    reads one [steps, values] tensor per call. Everything else happens between calls:
 #    SavePolicy (runner/state/save_policy.py) ends a call at every step-count save point and at
 #    the epoch end, so the committed steps are the same for every N; stop agreement,
-#    progress (_Progress), step markers and fault hooks see call ends only.
+#    progress (Progress), step markers and fault hooks see call ends only.
 # 6. Saving: the Checkpointer chosen once at setup (runner/state/checkpointing.py) says how.
 #    async (default): the chief snapshots into its twin and a background thread persists;
 #    other workers write nothing. sync: all workers write the tf.train.Checkpoint
@@ -37,7 +37,7 @@
 #    worker snapshots (_snapshot: the same request a save builds, nothing persisted); a
 #    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death
 #    or a hang. auto (the default): a snapshot after every call until the chief, having
-#    timed a few, proposes the interval in the packed all-reduce (runner/control_row.py) and
+#    timed a few, proposes the interval in the packed all-reduce (runner/training/control_row.py) and
 #    every worker adopts it at the same call (memory_tier.AutoInterval).
 # 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
 #    summed in the packed all-reduce, so every worker stops after the same call
@@ -89,12 +89,8 @@ from resilient_train.runner.state.checkpointing import (
     TwinState,
     persist_twin,
 )
-from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
-from resilient_train.runner import control_row
-from resilient_train.runner.call_size import CallSizer
 from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
-from resilient_train.runner.keras_recipes.metric_states import MetricStates, is_state_column
 from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
 from resilient_train.runner.outputs.epoch_results import EpochResults, already_reported
@@ -106,7 +102,10 @@ from resilient_train.runner.state.memory_tier import RescueUnavailable
 from resilient_train.runner.state.tier import MemoryTier
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.runner import startup_phases
-from resilient_train.runner.strategy import make_strategy
+from resilient_train.runner.training.epoch_end import EpochStats
+from resilient_train.runner.training.progress import Progress
+from resilient_train.runner.training.strategy import make_strategy
+from resilient_train.runner.training.train_call import TrainCall, hit_step_faults
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
     PHASE_FINISH,
@@ -137,46 +136,6 @@ class TrainResult:
     global_step: int
     epoch: int
     weights_sha256: str
-
-
-class _EpochStats:
-    """Running sums of the per-step loss and metrics of the current epoch, and of the summed
-    states of ``states``' metrics (AUC, Precision...: runner/keras_recipes/metric_states.py)."""
-
-    def __init__(self, states: MetricStates | None = None) -> None:
-        self.sums: dict[str, float] = {}
-        self.batches = 0
-        self.states = states
-        self.state_sums = np.zeros(0 if states is None else states.width, np.float32)
-
-    def add(self, values: dict[str, float]) -> None:
-        for key, value in values.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
-        self.batches += 1
-
-    def add_states(self, shares: np.ndarray) -> None:
-        """One step's summed state shares: float32 sums, as the metric's own variables add."""
-        self.state_sums = self.state_sums + shares.astype(np.float32)
-
-    def means(self) -> dict[str, float]:
-        if not self.batches:
-            return {}
-        means = {key: total / self.batches for key, total in self.sums.items()}
-        if self.states is not None:
-            means.update(self.states.results(self.state_sums))
-        return means
-
-    def to_extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"epoch_sums": dict(self.sums), "epoch_batches": self.batches}
-        if self.states is not None:  # float32 values, exact as JSON floats
-            extra["epoch_metric_states"] = [float(v) for v in self.state_sums]
-        return extra
-
-    def load_extra(self, extra: dict[str, Any]) -> None:
-        self.sums = {k: float(v) for k, v in extra.get("epoch_sums", {}).items()}
-        self.batches = int(extra.get("epoch_batches", 0))
-        if self.states is not None and "epoch_metric_states" in extra:
-            self.state_sums = np.asarray(extra["epoch_metric_states"], np.float32)
 
 
 class Trainer:
@@ -226,7 +185,7 @@ class Trainer:
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
         self._own_step: OwnStep | None = None  # a model's own train_step (runner/keras_recipes/own_step.py)
-        self.stats: _EpochStats | LastLogs = _EpochStats()
+        self.stats: EpochStats | LastLogs = EpochStats()
         self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
         # Once, at start: the recipe file read and hashed as this process imported it (not on
         # every save, and not an edit made to the file while the run goes on).
@@ -237,9 +196,7 @@ class Trainer:
         # The group agreed to stop: some worker's request reached the all-reduce, so every
         # worker stops after the same call, saves it (flushed) and returns None (exit 143).
         self._preemption_agreed = False
-        # True from a fresh start (no checkpoint) until this process's first call of steps
-        # finished: a failure in between is the job's bug, not a fault (runner/failures/diagnose.py).
-        self.untrained_fresh_start = False
+        self._fresh_start = False  # no checkpoint was restored (untrained_fresh_start)
         self._last_saved: int | None = None
         # A Keras callback (EarlyStopping, TerminateOnNaN...) set model.stop_training, agreed by
         # every worker: the run completes at this epoch's end (training_stopped; the manifest's
@@ -255,32 +212,29 @@ class Trainer:
             is_chief=cluster.is_chief,
             clock=clock,
         )
-        self.sizer = CallSizer(job.steps_per_execution)
         # The memory tier (--snapshot-every, runner/state/tier.py): None when off.
         self._tier_off = MemoryTier.off_reason(job, cluster)
         self._tier = MemoryTier(job, cluster) if self._tier_off is None else None
         self._input_state_s = 0.0  # the last _save_request's time in state_to_save (auto times captures)
         self._recipe_source: str | None = None  # the recipe's resolved path, for every save's manifest
-        self._call_steps = self.sizer.initial  # the agreed maximum of the next call
         self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
         # What the supervisor's hang watchdog reads besides the step: a phase that may take
         # long without a step (eval, a blocking save) gets the start-up allowance.
         self._phase = PhaseMarker(AttemptDir.at(attempt_dir).phase_marker(cluster.rank) if attempt_dir else None)
         # --record-indices (indexed recipes): every worker gathers, the chief writes.
-        self._record_indices = job.record_indices and recipe.indexed
-        self._step_indices = StepIndexLog(
-            AttemptDir.at(attempt_dir).step_indices if attempt_dir and cluster.is_chief and self._record_indices else None)
-        self._setup()
+        indices = (StepIndexLog(AttemptDir.at(attempt_dir).step_indices if attempt_dir and cluster.is_chief else None)
+                   if job.record_indices and recipe.indexed else None)
+        self._setup(indices)
 
     # ----------------------------------------------------------------- setup
-    def _setup(self) -> None:
+    def _setup(self, indices: StepIndexLog | None) -> None:
         # What is loaded by now (TensorFlow, Keras, the recipe: ~350k objects) lives as long
         # as the process: frozen out of the cyclic collector's sight, a full collection no
         # longer walks it. One such collection took 0.15-0.18 s of every restart (measured
         # in the restore phase on both ranks; benchmarks/README.md).
         gc.freeze()
         # The strategy must exist before any other op (collectives are configured at start);
-        # runner/strategy.py adds the heartbeat, registration and collective timeouts.
+        # runner/training/strategy.py adds the heartbeat, registration and collective timeouts.
         self.strategy = self._given_strategy or make_strategy(self.job, self.cluster)
         startup_phases.mark("strategy")
         keras.utils.set_random_seed(self.job.seed)
@@ -307,7 +261,7 @@ class Trainer:
                     "model that is not compiled; define them or call model.compile(optimizer=..., loss=...)"
                 )
             if not own_step:
-                self.stats = _EpochStats(self.recipe.metric_states)
+                self.stats = EpochStats(self.recipe.metric_states)
             self.optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
             self.optimizer.build(self.model.trainable_variables)
             counters = ckpt_layout.new_counters()
@@ -316,8 +270,13 @@ class Trainer:
             model=self.model, optimizer=self.optimizer, counters=counters, rng=ckpt_layout.rng_state(self.model),
             metrics=ckpt_layout.metric_state(self.model) if self._own_step else None)
         startup_phases.mark("model_build")
-        self._value_names: list[str] = []  # the packed row's layout, filled when traced
-        self._train_call = self._make_train_call()
+        self._call = TrainCall(
+            strategy=self.strategy, model=self.model, optimizer=self.optimizer, recipe=self.recipe,
+            own_step=self._own_step, counters=(self.global_step, self.step_in_epoch),
+            global_batch_size=self.job.global_batch_size, steps_per_execution=self.job.steps_per_execution,
+            tier=self._tier, is_chief=self.cluster.is_chief, stop_vote=self._preemption_flag,
+            save_vote=lambda: max(self.policy.time_flag(), float(self.save_requested())),
+            save_at=self.policy.counts_to, indices=indices)
         self._sum_over_workers = _make_sum_over_workers(self.strategy)
         self.checkpointer = self._make_checkpointer()
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
@@ -326,6 +285,12 @@ class Trainer:
         if self._evaluator is not None:  # its iterators are torn down by the same reaper
             self._evaluator.retire = self._input.retire_evaluation
         startup_phases.mark("setup")
+
+    @property
+    def untrained_fresh_start(self) -> bool:
+        """True from a fresh start (no checkpoint) until this process's first call of steps
+        finished: a failure in between is the job's bug, not a fault (runner/failures/diagnose.py)."""
+        return self._fresh_start and not self._call.trained
 
     def _make_epoch_input(self) -> EpochInput:
         """The epoch input (runner/input/reentry.py): each epoch's iterator, how a resumed
@@ -473,121 +438,6 @@ class Trainer:
             emit=emit,
         )
 
-    def _make_train_call(self):
-        """One compiled call: ``steps`` training steps, counters advanced in-graph.
-
-        Per step, besides the gradients' all-reduce, ONE packed all-reduce carries
-        [loss, metric means..., the control columns (runner/control_row.py: the stop and
-        save votes, the chief's next call size and memory-tier intervals), the memory tier's
-        comparison in a call's last step when a snapshot follows]. The call
-        returns the reduced rows stacked, shape [steps, values]: the
-        host reads one small tensor per call and sums the epoch's loss per step exactly as
-        a one-step-per-call loop would (bit-identical epoch means for every N).
-        """
-        model, optimizer, recipe, strategy = self.model, self.optimizer, self.recipe, self.strategy
-        global_batch_size = self.job.global_batch_size
-        names = self._value_names
-
-        indexed, record = recipe.indexed, self._record_indices
-        own_step = self._own_step
-        # The recipe's own functions keep AutoGraph (Python control flow on tensors works in
-        # them as in any tf.function); the runner's code around them is written for graph mode
-        # and is not converted: converting it was ~0.5 s of every attempt's trace (0.59 s;
-        # benchmarks/README.md), the largest phase of a warm restart.
-        recipe_loss = with_autograph(recipe.loss)
-        recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
-        states = recipe.metric_states  # summed metric states (AUC, Precision...): metric_states.py
-
-        def runner_step(batch):
-            features, labels, sample_weight = unpack_batch(batch, recipe.name)
-            with tf.GradientTape() as tape:
-                predictions = model(features, training=True)
-                per_example = per_example_loss(recipe, labels, predictions, loss=recipe_loss)
-                loss = average_loss(per_example, sample_weight, global_batch_size)
-                if model.losses:
-                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            values = {"loss": loss}
-            if recipe_metrics is not None:
-                for name, metric in recipe_metrics(labels, predictions).items():
-                    values[name] = tf.nn.compute_average_loss(
-                        tf.cast(metric, tf.float32), global_batch_size=global_batch_size
-                    )
-            # The summed metric states: this replica's batch's share, summed by the step's
-            # all-reduce (runner/keras_recipes/metric_states.py).
-            shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
-            return values, shares
-
-        def step_fn(element, flags, fingerprint: bool):
-            # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
-            batch, indices = element if indexed else (element, None)
-            # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
-            values, shares = (own_step.step(batch), tf.zeros([0], tf.float32)) if own_step is not None \
-                else runner_step(batch)
-            # The memory tier's comparison of the may-differ variables, after this step's
-            # update (runner/state/worker_agreement.py): the columns after the named ones,
-            # only in the last step of a call that ends at a snapshot (``fingerprint``).
-            # Reading the variables holds that step's all-reduce back until the update is
-            # done, and even zero columns cost 0.1-0.25 ms of a 4 ms step (digits_cnn): so
-            # no other step carries them (a tf.cond in every step cost ~5%).
-            if fingerprint and self._tier is not None and self._tier.agreement is not None:
-                agreement = self._tier.call_columns()
-            else:
-                agreement = tf.zeros([0], tf.float32)
-            state_columns = [] if states is None else states.columns()
-            names[:] = control_row.layout(list(values) + state_columns)  # fixed at trace time
-            packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
-                                control_row.in_replica(flags), agreement], axis=0)
-            context = tf.distribute.get_replica_context()
-            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
-            if not record:
-                return reduced
-            # The indices every replica was fed, in replica (= rank) order: the global batch.
-            # tf.identity places them on this replica's device (all_gather needs a device;
-            # the iterator's output has none).
-            return reduced, context.all_gather(tf.identity(indices), axis=0)
-
-        @tf.function(autograph=False)  # the loop below is a tf.while_loop; the recipe's code is converted (above)
-        def train_call(iterator, steps, flags, fingerprint: bool):
-            # ``fingerprint`` is a Python bool, so two variants: the second, whose last step
-            # also carries the comparison's columns, is traced at the first call that ends at
-            # a memory-tier snapshot (every worker at the same call). Its other rows are
-            # padded with zeros after their all-reduce (a local op), to stack with the last.
-            startup_phases.count_trace()  # the Python body runs only when tf.function traces
-            width = (self._tier.call_columns(width_only=True)
-                     if fingerprint and self._tier is not None and self._tier.agreement is not None else 0)
-
-            def one_step(i, rows, index_rows, with_fingerprint: bool):
-                result = strategy.run(step_fn, args=(next(iterator), flags), kwargs={"fingerprint": with_fingerprint})
-                if record:
-                    result, gathered = result
-                    index_rows = index_rows.write(i, strategy.experimental_local_results(gathered)[0])
-                row = strategy.experimental_local_results(result)[0]
-                rows = rows.write(i, tf.pad(row, [[0, width]]) if width and not with_fingerprint else row)
-                # Step by step, each after its step's result: a call that fails part-way
-                # (e.g. the dataset ran out) leaves the counters at the last finished step,
-                # which is what the failure report reads (runner/failures/diagnose.py).
-                with tf.control_dependencies([row]):
-                    self.global_step.assign_add(1)
-                    self.step_in_epoch.assign_add(1)
-                return rows, index_rows
-
-            def plain_step(i, rows, index_rows):
-                return (i + 1, *one_step(i, rows, index_rows, False))
-
-            rows = tf.TensorArray(tf.float32, size=steps)
-            index_rows = tf.TensorArray(tf.int64, size=steps)
-            plain = steps - 1 if fingerprint else steps
-            _, rows, index_rows = tf.while_loop(lambda i, rows, index_rows: i < plain, plain_step,
-                                                (tf.constant(0, steps.dtype), rows, index_rows))
-            if fingerprint:
-                rows, index_rows = one_step(steps - 1, rows, index_rows, True)
-            startup_phases.mark("trace")
-            return (rows.stack(), index_rows.stack()) if record else rows.stack()
-
-        return train_call
-
     def _gather(self, value: int) -> list[int]:
         """Every worker's ``value``, indexed by rank (one all-reduce)."""
         vector = np.zeros(self.cluster.num_workers, dtype=np.float64)
@@ -619,7 +469,7 @@ class Trainer:
         startup_phases.mark("agree")
         if agreed < 0:
             emit("fresh_start", group=True, epoch=0, step_in_epoch=0, global_step=0)
-            self.untrained_fresh_start = True
+            self._fresh_start = True
             return
         if found is None or mine != agreed:
             found = self.store.fetch(agreed, cache_dir)
@@ -788,59 +638,7 @@ class Trainer:
              step_in_epoch=int(self.step_in_epoch.numpy()))
         return None
 
-    def _run_call(self, iterator, steps: int, global_step: int) -> tuple[bool, bool]:
-        """Train ``steps`` steps after ``global_step``; returns the agreed (preempt, save) flags
-        and sets the agreed maximum steps of the next call."""
-        self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
-        chief = self.cluster.is_chief
-        snapshot_every, capture_every = (
-            self._tier.proposal(call_steps=self._call_steps, proposed_call_steps=self.sizer.proposal(),
-                                step_s=self.sizer.step_seconds)
-            if chief and self._tier is not None else (0.0, 0.0))
-        flags = control_row.encode(control_row.Votes(
-            stop=self._preemption_flag(), save=max(self.policy.time_flag(), float(self.save_requested())),
-            next_call=self.sizer.proposal() if chief else 0.0, snapshot_every=snapshot_every,
-            capture_every=capture_every))
-        started, traces = time.perf_counter(), startup_phases.traces()
-        # Does a snapshot follow this call? Then its last step fingerprints for the comparison
-        # (memory tier; a snapshot after a call without them compares with its own all-reduce).
-        fingerprint = self._tier is not None and self._tier.fingerprint_due(global_step + steps,
-                                                                             save_at=self.policy.counts_to)
-        result = self._train_call(iterator, tf.constant(steps, tf.int32), flags, bool(fingerprint))
-        if self._record_indices:
-            result, index_rows = result
-            for offset, indices in enumerate(index_rows.numpy(), 1):
-                self._step_indices.write(global_step + offset, indices.tolist())
-            self._step_indices.flush()
-        rows = result.numpy()
-        startup_phases.mark("first_call")
-        self.untrained_fresh_start = False  # a step finished: later failures may be faults
-        if chief:
-            self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
-        names = self._value_names
-        states = self.recipe.metric_states  # its columns follow the named values (_make_train_call)
-        for row in rows:
-            values, _ = control_row.split(row, names)
-            self.stats.add({name: value for name, value in values.items() if not is_state_column(name)})
-            if states is not None:
-                self.stats.add_states(row[len(values) - states.width:len(values)])
-        if self._tier is not None:
-            self._tier.saw_call(rows[-1], len(names), fingerprint=fingerprint)
-        self._marker.write(global_step + steps)
-        _, agreed = control_row.split(rows[-1], names)
-        self._call_steps = max(1, int(round(agreed.next_call)))
-        if self._tier is not None:
-            self._tier.adopt(agreed.snapshot_every, agreed.capture_every)
-        return agreed.stop > 0, agreed.save > 0
-
-    def _hit_step_faults(self, first: int, last: int) -> None:
-        """Faults address single steps; one inside a call fires at the call's end (the
-        first moment the host sees that step done), in step order."""
-        for step in range(first, last + 1):
-            self.faults.hit("raise", step)
-            self.faults.hit("after_step", step)
-
-    def _train_epoch(self, epoch: int, start: int, progress: "_Progress") -> bool:
+    def _train_epoch(self, epoch: int, start: int, progress: Progress) -> bool:
         """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
         self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
         iterator = self._input.iterator(epoch, start)
@@ -857,7 +655,7 @@ class Trainer:
         del iterator
         return ended
 
-    def _train_steps(self, iterator: Any, epoch: int, start: int, progress: "_Progress") -> bool:
+    def _train_steps(self, iterator: Any, epoch: int, start: int, progress: Progress) -> bool:
         """Train epoch ``epoch`` from ``start`` on ``iterator``; False if preempted mid-epoch."""
         job = self.job
         steps_per_epoch = job.steps_per_epoch
@@ -865,24 +663,26 @@ class Trainer:
         self._phase.enter(PHASE_TRAIN, epoch=epoch, epoch_start_step=global_step - start)
         while step_in_epoch < steps_per_epoch:
             steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
-                                            steps_per_epoch=steps_per_epoch, max_steps=self._call_steps)
+                                            steps_per_epoch=steps_per_epoch, max_steps=self._call.steps)
             if self._tier is not None:  # a call also ends at the memory tier's next snapshot
                 steps = self._tier.schedule.call_length(global_step=global_step, max_steps=steps)
             if self._callbacks:
                 self._callbacks.batch_begin(step_in_epoch)
-            preempt, save_due = self._run_call(iterator, steps, global_step)
+            self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
+            agreed = self._call.run(iterator, steps, global_step, self.stats)
+            self._marker.write(global_step + steps)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
-                              means=self.stats.means(), steps_per_call=self._call_steps)
-            self._hit_step_faults(global_step - steps + 1, global_step)
+                              means=self.stats.means(), steps_per_call=self._call.steps)
+            hit_step_faults(self.faults, global_step - steps + 1, global_step)
             if self._callbacks and self._batch_end_stops_early(step_in_epoch - 1):
                 return True  # Keras ends the epoch here: on_epoch_end, on_train_end, final save
-            if preempt:
+            if agreed.stop:
                 self._preemption_agreed = True
                 if step_in_epoch < steps_per_epoch:
                     return False
             elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
-                                        steps_per_epoch=steps_per_epoch, agreed_time_flag=save_due):
+                                        steps_per_epoch=steps_per_epoch, agreed_time_flag=agreed.save):
                 self.save(after_call=True)
             elif self._tier is not None and step_in_epoch < steps_per_epoch and self._tier.schedule.due(global_step):
                 self._snapshot()  # (the epoch end saves, which snapshots too)
@@ -961,7 +761,7 @@ class Trainer:
         validation, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
         self.epoch.assign_add(1)
         self.step_in_epoch.assign(0)
-        self.stats = LastLogs() if self._own_step is not None else _EpochStats(self.recipe.metric_states)
+        self.stats = LastLogs() if self._own_step is not None else EpochStats(self.recipe.metric_states)
         global_step = int(self.global_step.numpy())
         self._epoch_results = EpochResults(epoch=epoch, global_step=global_step, loss=means.pop("loss", None),
                                            metrics=means, validation=validation)
@@ -1028,7 +828,7 @@ class Trainer:
             self._callbacks.train_begin(resuming=self._callback_state is not None)
             if self._callback_state is not None:
                 self._stopped_early = self._callbacks.restore(self._callback_state)
-        progress = _Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
+        progress = Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
         while not self._stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
             if self._own_step is not None and start == 0:  # Keras' fit resets the trackers every epoch
@@ -1055,46 +855,6 @@ class Trainer:
             weights_sha256=result.weights_sha256,
         )
         return result
-
-
-class _Progress:
-    """``first_step`` once per attempt, then ``train_progress`` at most every ``every_s``
-    (with ``epochs``, the planned total: the console's percentage and ETA, a fit script's too)."""
-
-    def __init__(self, every_s: float, steps_per_epoch: int, epochs: int, clock: Callable[[], float]) -> None:
-        self.every_s = every_s
-        self.steps_per_epoch = steps_per_epoch
-        self.epochs = epochs
-        self.clock = clock
-        self.first_pending = True
-        self.last = self.window_start = clock()
-        self.window_steps = 0
-
-    def advanced(self, steps: int, *, epoch: int, step_in_epoch: int, global_step: int, means: dict[str, float],
-                 steps_per_call: int) -> None:
-        if self.first_pending:  # the recovery benchmark's "training again" moment
-            self.first_pending = False
-            emit("first_step", group=True, global_step=global_step)
-            # Every rank's: the chief's strategy/agree phases wait for the slowest peer's own start-up.
-            emit("startup_phases", global_step=global_step, **startup_phases.report())
-        self.window_steps += steps
-        now = self.clock()
-        if now - self.last < self.every_s:
-            return
-        emit(
-            "train_progress",
-            group=True,
-            epoch=epoch,
-            step_in_epoch=step_in_epoch,
-            steps_per_epoch=self.steps_per_epoch,
-            epochs=self.epochs,
-            global_step=global_step,
-            steps_per_s=round(self.window_steps / max(now - self.window_start, 1e-9), 2),
-            steps_per_call=steps_per_call,
-            **{k: round(v, 6) for k, v in means.items()},
-        )
-        self.last = self.window_start = now
-        self.window_steps = 0
 
 
 def _make_sum_over_workers(strategy: Any) -> Callable[[tf.Tensor], tf.Tensor]:
