@@ -1,7 +1,7 @@
 """The control columns of the packed all-reduce: one definition, read by everyone who votes.
 
-Every training step makes ONE all-reduce besides the gradients' (runner/training/loop.py,
-``_make_train_call``): a row of float32 values, SUMmed over every replica of every worker.
+Every training step makes ONE all-reduce besides the gradients' (runner/training/
+train_call.py ``TrainCall``): a row of float32 values, SUMmed over every replica of every worker.
 It starts with the step's loss and metric values (their names are known only when the step
 function is traced) and continues with the control columns below, through which the workers
 agree on things at the same call without a collective of their own. After those, a call

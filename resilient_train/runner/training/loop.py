@@ -24,7 +24,7 @@
 #    SavePolicy (runner/state/save_policy.py) ends a call at every step-count save point and at
 #    the epoch end, so the committed steps are the same for every N; stop agreement,
 #    progress (Progress), step markers and fault hooks see call ends only.
-# 6. Saving: the Checkpointer chosen once at setup (runner/state/checkpointing.py) says how.
+# 6. Saving (runner/state/saving.py): the Checkpointer chosen once at setup (checkpointing.py) says how.
 #    async (default): the chief snapshots into its twin and a background thread persists;
 #    other workers write nothing. sync: all workers write the tf.train.Checkpoint
 #    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
@@ -34,7 +34,7 @@
 #    (runner/outputs/epoch_results.py).
 #    The memory tier (--snapshot-every N, runner/state/memory_tier.py): every worker keeps
 #    a twin, calls also end N steps after the last snapshot or save, and there every
-#    worker snapshots (_snapshot: the same request a save builds, nothing persisted); a
+#    worker snapshots (Saving.snapshot, runner/state/saving.py: the same request a save builds, nothing persisted); a
 #    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death
 #    or a hang. auto (the default): a snapshot after every call until the chief, having
 #    timed a few, proposes the interval in the packed all-reduce (runner/training/control_row.py) and
@@ -61,7 +61,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import time
 from dataclasses import dataclass
@@ -74,22 +73,12 @@ import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.cluster.tf_config import ClusterInfo
-from resilient_train.job.config import SNAPSHOT_EVERY_AUTO, SNAPSHOT_EVERY_OFF, JobConfig
+from resilient_train.job.config import JobConfig
 from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
 from resilient_train.job.recipe import Recipe
-from resilient_train.runner.state.checkpointing import (
-    AsyncCheckpointer,
-    BackgroundCheckpointer,
-    Checkpointer,
-    NoCheckpointer,
-    SaveRequest,
-    SyncCheckpointer,
-    TwinState,
-    persist_twin,
-)
-from resilient_train.runner.keras_recipes.callbacks import STATE_FILE, CallbackRunner
+from resilient_train.runner.keras_recipes.callbacks import CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
 from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
@@ -98,9 +87,9 @@ from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.reentry import EpochInput
-from resilient_train.runner.state.memory_tier import RescueUnavailable
 from resilient_train.runner.state.tier import MemoryTier
 from resilient_train.runner.state.save_policy import SavePolicy
+from resilient_train.runner.state.saving import Saving
 from resilient_train.runner import startup_phases
 from resilient_train.runner.training.epoch_end import EpochStats
 from resilient_train.runner.training.progress import Progress
@@ -109,7 +98,6 @@ from resilient_train.runner.training.train_call import TrainCall, hit_step_fault
 from resilient_train.rundir.stepmarker import (
     PHASE_EVAL,
     PHASE_FINISH,
-    PHASE_FLUSH,
     PHASE_INPUT,
     PHASE_TRAIN,
     PhaseMarker,
@@ -122,14 +110,6 @@ from resilient_train.runner.state import ckpt_layout
 from resilient_train.runner.state.model_state import weights_digest
 
 __all__ = ["Trainer", "TrainResult"]
-
-# The world_size_changed event's note, by input contract (runner/input/indexed.py for the first).
-_RESIZE_NOTE_DATASET = ("resuming is sound but the input sharding differs, so weights will not be bit-identical "
-                        "to an uninterrupted run")
-_RESIZE_NOTE_INDEXED = ("every global step trains on the same examples as an uninterrupted run (indexed input); "
-                        "the weights differ from it only by floating-point reduction order")
-
-
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -181,7 +161,7 @@ class Trainer:
         self.work_dir = work_dir
         self.stop_requested = stop_requested
         self.save_requested = save_requested
-        self._saved = saved
+        self._saved_agreed = saved
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
         self._own_step: OwnStep | None = None  # a model's own train_step (runner/keras_recipes/own_step.py)
@@ -197,15 +177,12 @@ class Trainer:
         # worker stops after the same call, saves it (flushed) and returns None (exit 143).
         self._preemption_agreed = False
         self._fresh_start = False  # no checkpoint was restored (untrained_fresh_start)
-        self._last_saved: int | None = None
         # A Keras callback (EarlyStopping, TerminateOnNaN...) set model.stop_training, agreed by
         # every worker: the run completes at this epoch's end (training_stopped; the manifest's
         # stopped_early, callbacks.json's stopped). Not a preemption.
         self._stopped_early = False
-        self._callback_state: bytes | None = None  # the restored checkpoint's callbacks.json
         # The epoch just ended, carried by its epoch-end checkpoint (runner/outputs/epoch_results.py).
         self._epoch_results: EpochResults | None = None
-        self._async: AsyncCheckpointer | None = None
         self.policy = SavePolicy(
             every_steps=job.save_every_steps or 0,
             every_seconds=job.save_every_seconds,
@@ -213,10 +190,8 @@ class Trainer:
             clock=clock,
         )
         # The memory tier (--snapshot-every, runner/state/tier.py): None when off.
-        self._tier_off = MemoryTier.off_reason(job, cluster)
-        self._tier = MemoryTier(job, cluster) if self._tier_off is None else None
-        self._input_state_s = 0.0  # the last _save_request's time in state_to_save (auto times captures)
-        self._recipe_source: str | None = None  # the recipe's resolved path, for every save's manifest
+        tier_off = MemoryTier.off_reason(job, cluster)
+        self._tier = MemoryTier(job, cluster) if tier_off is None else None
         self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
         # What the supervisor's hang watchdog reads besides the step: a phase that may take
         # long without a step (eval, a blocking save) gets the start-up allowance.
@@ -224,10 +199,10 @@ class Trainer:
         # --record-indices (indexed recipes): every worker gathers, the chief writes.
         indices = (StepIndexLog(AttemptDir.at(attempt_dir).step_indices if attempt_dir and cluster.is_chief else None)
                    if job.record_indices and recipe.indexed else None)
-        self._setup(indices)
+        self._setup(indices, tier_off)
 
     # ----------------------------------------------------------------- setup
-    def _setup(self, indices: StepIndexLog | None) -> None:
+    def _setup(self, indices: StepIndexLog | None, tier_off: str | None) -> None:
         # What is loaded by now (TensorFlow, Keras, the recipe: ~350k objects) lives as long
         # as the process: frozen out of the cyclic collector's sight, a full collection no
         # longer walks it. One such collection took 0.15-0.18 s of every restart (measured
@@ -278,10 +253,17 @@ class Trainer:
             save_vote=lambda: max(self.policy.time_flag(), float(self.save_requested())),
             save_at=self.policy.counts_to, indices=indices)
         self._sum_over_workers = _make_sum_over_workers(self.strategy)
-        self.checkpointer = self._make_checkpointer()
+        self._saving = Saving(
+            self.job, self.cluster, store=self.store, run_id=self.run_id, work_dir=self.work_dir, faults=self.faults,
+            checkpoint=self.checkpoint, model=self.model, strategy=self.strategy,
+            counters=(self.epoch, self.step_in_epoch, self.global_step), tier=self._tier, tier_off=tier_off,
+            phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._sum_over_workers,
+            gather=self._gather, recipe=self.recipe, input_check=self.input_check, fingerprint=self._fingerprint,
+            epoch_extra=self._epoch_extra, stopped_early=lambda: self._stopped_early, saved=self._saved)
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
         self._callbacks = self._make_callbacks()
         self._input = self._make_epoch_input()
+        self._saving.wire(callbacks=self._callbacks, epoch_input=self._input)
         if self._evaluator is not None:  # its iterators are torn down by the same reaper
             self._evaluator.retire = self._input.retire_evaluation
         startup_phases.mark("setup")
@@ -338,78 +320,6 @@ class Trainer:
             add_listener(TensorBoardLog(log_dir))
         return runner
 
-    def _make_checkpointer(self) -> Checkpointer:
-        """HOW this worker saves, decided once. async: the chief (and every worker only if
-        the model has sync-on-read variables, whose read is a collective) keeps a twin of
-        the saved state (runner/state/checkpointing.py); other workers write nothing."""
-        if self._tier is None and self.job.snapshot_every == SNAPSHOT_EVERY_AUTO:  # auto resolved to off
-            emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=SNAPSHOT_EVERY_OFF, reason=self._tier_off,
-                 rank=self.cluster.rank)
-        if self.job.checkpoint_mode == "sync":
-            return SyncCheckpointer(
-                self.checkpoint,
-                weights_sha256=lambda: weights_digest(self.model),
-                store=self.store,
-                staging_root=self.work_dir / "staging",
-                is_chief=self.cluster.is_chief,
-                rank=self.cluster.rank,
-                run_id=self.run_id,
-                world_size=self.cluster.num_workers,
-                faults=self.faults,
-                keep=self.job.keep,
-            )
-        twin = TwinState.build(self.checkpoint, self.model, self._build_twin)
-        if not (self.cluster.is_chief or twin.sync_on_read or self._tier is not None):
-            return NoCheckpointer()
-        self._async = AsyncCheckpointer(twin, self._persist)
-        if self._tier is not None:
-            self._tier.start(self._async, model=self.model, strategy=self.strategy,
-                             sum_over_workers=self._sum_over_workers,
-                             counters=(self.epoch, self.step_in_epoch, self.global_step),
-                             commit=self._commit_rescue, last_committed=self._last_committed_step,
-                             unable=self._why_no_rescue_here)
-        return BackgroundCheckpointer(self._async, persist=self.cluster.is_chief)
-
-    def _last_committed_step(self) -> int | None:
-        manifest = self.store.latest_manifest()
-        return None if manifest is None else manifest.global_step
-
-    def _why_no_rescue_here(self) -> str | None:
-        """A non-chief does not run the chief-only callbacks (ModelCheckpoint, CSVLogger,
-        TensorBoard write files on the chief): their state changes only at epoch ends, which
-        always commit, so its rescue takes their entries from the newest commit
-        (_commit_rescue). Only a ModelCheckpoint saving at batch ends (an integer save_freq)
-        has state that lives on the chief alone between commits: then the rescue is the chief's or none."""
-        if self._tier is not None and self._tier.workers_differ is not None and not self.cluster.is_chief:
-            return self._tier.workers_differ
-        per_batch = [] if self._callbacks is None or self.cluster.is_chief else self._callbacks.chief_only_per_batch
-        if per_batch:
-            return f"the state of chief-only callbacks saving at batch ends ({', '.join(per_batch)}) lives on the chief"
-        return None
-
-    def _commit_rescue(self, request: SaveRequest) -> Manifest:
-        """A rescue's commit (on the rescue listener's thread): the twin, the ordinary way.
-        Its events are this rank's own (a non-chief's group events would be dropped)."""
-        assert self._tier is not None  # only the tier's Rescuer commits a rescue
-        self._tier.check_rescue(request)
-        if self._callbacks is not None and self._callbacks.chief_only and STATE_FILE in request.files:
-            request = dataclasses.replace(request, files={
-                **request.files, STATE_FILE: self._chief_callback_state(request)})
-        return self._persist(request, emit=lambda event, group=False, **fields: emit(event, **fields))
-
-    def _chief_callback_state(self, request: SaveRequest) -> bytes:
-        """The snapshot's callbacks.json with the chief-only callbacks' entries of the newest
-        commit, which must be of the snapshot's epoch (their state as of its start)."""
-        epoch_start = request.global_step - request.step_in_epoch
-        manifest = self.store.latest_manifest()
-        if manifest is None or manifest.global_step < epoch_start:
-            newest = "none" if manifest is None else f"step {manifest.global_step}"
-            raise RescueUnavailable(
-                f"the chief-only callbacks' state at step {epoch_start} (the start of the snapshot's epoch) "
-                f"was never committed (newest commit: {newest})")
-        return self._callbacks.with_chief_state(request.files[STATE_FILE],
-                                                self.store.read_committed_file(manifest, STATE_FILE))
-
     def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
         """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""
         model = _call_recipe(self.recipe, "build_model", self.params)
@@ -421,22 +331,6 @@ class Trainer:
                                                 metrics=(ckpt_layout.twin_metric_state(self.model, model)
                                                          if self._own_step else None))
         return checkpoint, model
-
-    def _persist(self, request: SaveRequest, *, emit: Callable[..., None] = emit) -> Manifest:
-        """The background half of an async save (runs on the persist thread), or a rescue's commit."""
-        assert self._async is not None  # only called by the AsyncCheckpointer and the Rescuer
-        return persist_twin(
-            self._async.twin,
-            request,
-            store=self.store,
-            staging_root=self.work_dir / "staging",
-            digest=weights_digest,
-            run_id=self.run_id,
-            world_size=self.cluster.num_workers,
-            faults=self.faults,
-            keep=self.job.keep,
-            emit=emit,
-        )
 
     def _gather(self, value: int) -> list[int]:
         """Every worker's ``value``, indexed by rank (one all-reduce)."""
@@ -457,170 +351,23 @@ class Trainer:
         packed = np.ascontiguousarray(summed.numpy()).view(np.uint8)
         return [packed[rank, :size].tobytes() for rank, size in enumerate(sizes)]
 
-    # --------------------------------------------------------------- restore
-    def _restore_or_start(self) -> None:
-        if self.cluster.is_chief:
-            self.store.collect_garbage()
-        cache_dir = self.work_dir / "cache"
-        found = self.store.restore_latest(cache_dir)
-        startup_phases.mark("fetch")
-        mine = found[0].global_step if found else -1
-        agreed = self._gather(mine)[0]
-        startup_phases.mark("agree")
-        if agreed < 0:
-            emit("fresh_start", group=True, epoch=0, step_in_epoch=0, global_step=0)
-            self._fresh_start = True
-            return
-        if found is None or mine != agreed:
-            found = self.store.fetch(agreed, cache_dir)
-        manifest, local_dir = found
-        ckpt_layout.restore(self.checkpoint, local_dir / "ckpt", recipe_name=self.recipe.name,
-                            where=f"Checkpoint {self.store.url}/{CheckpointStore.dir_name(agreed)}")
-        self.stats.load_extra(manifest.extra)
-        state_file = local_dir / STATE_FILE
-        self._callback_state = state_file.read_bytes() if state_file.is_file() else None
-        self.input_check.expect(manifest.extra, checkpoint=CheckpointStore.dir_name(agreed),
-                                same_world_size=manifest.world_size == self.cluster.num_workers)
-        self._last_saved = manifest.global_step
-        if self._tier is not None:
-            self._tier.schedule.taken(manifest.global_step)  # the interval counts from the restored step
-        reentry, reentry_reason = self._input.plan_reentry(manifest, local_dir)
-        if manifest.world_size != self.cluster.num_workers:
-            emit(
-                "world_size_changed",
-                group=True,
-                checkpoint_world_size=manifest.world_size,
-                world_size=self.cluster.num_workers,
-                input="indexed" if self.recipe.indexed else "dataset",
-                note=_RESIZE_NOTE_INDEXED if self.recipe.indexed else _RESIZE_NOTE_DATASET,
-            )
-        emit(
-            "restored",
-            group=True,
-            epoch=manifest.epoch,
-            step_in_epoch=manifest.step_in_epoch,
-            global_step=manifest.global_step,
-            checkpoint=f"{self.store.url}/{CheckpointStore.dir_name(manifest.global_step)}",
-            input_reentry=reentry,
-            input_reentry_reason=reentry_reason,
-        )
-        self._report_epoch_end_after_restore(manifest)
-
-    # ------------------------------------------------------------------ save
-    def save(self, *, completed: bool = False, flush: bool = False, after_call: bool = False) -> Manifest | None:
-        """Checkpoint the current step (once per step), the configured way.
-
-        ``completed`` or ``flush``: return only once the checkpoint is committed (the final
-        save and a preemption save: exit 0 / 143 promise a committed step). ``after_call``:
-        a mid-epoch save right after a call, whose packed all-reduce may have carried the
-        workers' comparison (then the save makes no all-reduce of its own for it).
-        """
-        self.policy.saved()
-        self._saved()
-        flush = flush or completed
-        global_step = int(self.global_step.numpy())
-        # The request first, still in the training phase: it may all-reduce (the iterator
-        # states), and a peer that hangs must meet the hang timeout there, not the start-up
-        # allowance of a save (found by benchmarks/hang_detection.py: the chief sat in that
-        # gather for 600 s while its peer hung).
-        capture = flush or self._save_captures(global_step)
-        request = None if global_step == self._last_saved else self._save_request(completed, capture=capture)
-        # Any save may block: a flush, a sync write, an async snapshot waiting for the
-        # previous upload. The hang watchdog gives the phase its start-up allowance.
-        previous = self._phase.enter(PHASE_FLUSH)
-        try:
-            if request is None:  # e.g. preempted right after a restore or an epoch-end save
-                return self.checkpointer.flush() if flush else None
-            self._last_saved = global_step
-            manifest = self.checkpointer.save(request, flush=flush)
-            if self._tier is not None:
-                self._tier.schedule.taken(global_step)  # a save is a snapshot too
-                if capture:
-                    self._tier.schedule.captured(global_step)
-                self._tier.compare(global_step, after_call=after_call)
-            return manifest
-        finally:
-            self._phase.restore(previous)
-
-    def _save_captures(self, global_step: int) -> bool:
-        """Does the mid-epoch save of ``global_step`` capture the input's iterator state?
-
-        The capture is the dear part of a save on the iterator_state path (digits_cnn: its
-        ~570 KB shuffle buffer serialized and all-reduced, 50-70 ms against ~5 ms for the rest
-        of a save, so a save every 20 steps cost ~30% of throughput). A restart needs the
-        state once, so saves capture on the memory tier's capture interval, which keeps the
-        captures' share of training time within its budget (memory_tier.py); the saves
-        between carry the newest capture, and a restore replays the batches since it (the
-        input pipeline only: at most the interval). A new iterator (an epoch, a restore) is
-        captured at its first save; without the tier (off, sync, one worker) every save
-        captures, as before. Every worker decides alike (the interval is agreed, the
-        iterator's history is the same everywhere): the capture is collective."""
-        if self._tier is None:
-            return True
-        return self._tier.save_captures(global_step, input_captured=self._input.captured)
-
-    def _snapshot(self) -> None:
-        """The memory tier: snapshot the current step into this worker's twin, persist
-        nothing (every worker at the same agreed step: the request may all-reduce)."""
-        tier = self._tier
-        assert self._async is not None and tier is not None
-        global_step = int(self.global_step.numpy())
-        capture = tier.snapshot_captures(global_step, input_captured=self._input.captured)
-        started = time.perf_counter()
-        request = self._save_request(completed=False, capture=capture)  # (it may all-reduce)
-        capture_s = self._input_state_s if capture else 0.0  # the capture alone (the rest is paid every snapshot)
-        if capture:
-            tier.schedule.captured(global_step)
-        previous = self._phase.enter(PHASE_FLUSH)  # it may wait for the chief's in-flight persist
-        try:
-            if tier.keeps_snapshot():
-                self._async.save(request, persist=False)
-        finally:
-            self._phase.restore(previous)
-        tier.compare(global_step, after_call=True)
-        tier.snapshot_timed(time.perf_counter() - started, capture_s=capture_s)
-        tier.schedule.taken(global_step)
-
-    def _save_request(self, completed: bool, *, capture: bool = True) -> SaveRequest:
-        # Only the chief's copy is ever committed; the others skip encoding (best_weights can be
-        # large), unless the memory tier is on: then any survivor may commit its own snapshot.
-        encodes = self.cluster.is_chief or self._tier is not None
-        files = ({STATE_FILE: self._callbacks.state(stopped=self._stopped_early)}
-                 if self._callbacks and encodes else {})
-        # Each counter read once (a distributed variable's read is ~0.1 ms: snapshots pay it every N steps).
-        epoch, step_in_epoch, global_step = (int(v.numpy()) for v in (self.epoch, self.step_in_epoch, self.global_step))
-        started = time.perf_counter()
-        iterator_files, iterator_extra = self._input.state_to_save(epoch, step_in_epoch, files_everywhere=encodes,
-                                                                  capture=capture)
-        self._input_state_s = time.perf_counter() - started
-        files.update(iterator_files)
-        if self._recipe_source is None:
-            self._recipe_source = str(Path(self.recipe.source).resolve())
-        return SaveRequest(
-            files=files,
-            global_step=global_step,
-            epoch=epoch,
-            step_in_epoch=step_in_epoch,
-            extra={
-                **self.stats.to_extra(),
-                **(self._epoch_results.to_extra()
-                   if self._epoch_results is not None and self._epoch_results.global_step == global_step else {}),
-                "completed": completed,
-                **({"stopped_early": True} if self._stopped_early else {}),
-                "epochs": self.job.epochs,
-                "steps_per_epoch": self.job.steps_per_epoch,
-                "recipe": self.recipe.name,
-                "recipe_source": self._recipe_source,  # verify --deep's default recipe
-                "fingerprint": self._fingerprint,
-                **self.input_check.to_extra(epoch),
-                **iterator_extra,
-            },
-        )
-
     # ----------------------------------------------------------------- train
     def drain_pending_checkpoint(self, timeout_s: float) -> None:
         """Before exiting on an error: let an in-flight background save commit (bounded)."""
-        self.checkpointer.drain(timeout_s)
+        self._saving.drain_pending_checkpoint(timeout_s)
+
+    def _saved(self) -> None:
+        """The group took an agreed save: the time-based save counts from it, and the notice
+        watch drops a vote that arrives right after it (runner/preemption_notices.py)."""
+        self.policy.saved()
+        self._saved_agreed()
+
+    def _epoch_extra(self, global_step: int) -> dict[str, Any]:
+        """What the epoch adds to the save of ``global_step``: its running sums, and its
+        results when the save is its epoch-end checkpoint (runner/outputs/epoch_results.py)."""
+        results = self._epoch_results
+        return {**self.stats.to_extra(),
+                **(results.to_extra() if results is not None and results.global_step == global_step else {})}
 
     def _preemption_flag(self) -> float:
         """This worker's vote in the call's stop column: 1.0 once it was asked to stop."""
@@ -633,7 +380,7 @@ class Trainer:
 
     def _preempt(self) -> None:
         """Everyone agreed to stop after this call: save it (zero lost steps) and return."""
-        self.save(flush=True)  # exit 143 only after the save committed
+        self._saving.save(flush=True)  # exit 143 only after the save committed
         emit("preempted", group=True, global_step=int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
              step_in_epoch=int(self.step_in_epoch.numpy()))
         return None
@@ -668,7 +415,7 @@ class Trainer:
                 steps = self._tier.schedule.call_length(global_step=global_step, max_steps=steps)
             if self._callbacks:
                 self._callbacks.batch_begin(step_in_epoch)
-            self.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
+            self._saving.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
             agreed = self._call.run(iterator, steps, global_step, self.stats)
             self._marker.write(global_step + steps)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
@@ -683,9 +430,9 @@ class Trainer:
                     return False
             elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
                                         steps_per_epoch=steps_per_epoch, agreed_time_flag=agreed.save):
-                self.save(after_call=True)
+                self._saving.save(after_call=True)
             elif self._tier is not None and step_in_epoch < steps_per_epoch and self._tier.schedule.due(global_step):
-                self._snapshot()  # (the epoch end saves, which snapshots too)
+                self._saving.snapshot()  # (the epoch end saves, which snapshots too)
         return True
 
     def _record_next_input(self, epoch: int) -> None:
@@ -770,10 +517,10 @@ class Trainer:
             self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
         if not completed:
             self._record_next_input(epoch + 1)
-        self.save(completed=completed)
+        self._saving.save(completed=completed)
         if validation is None:
             validation = self._after_epoch_saved(epoch)
-        self.checkpointer.flush()  # the epoch-end checkpoint is committed (the chief's wait; others have none)
+        self._saving.checkpointer.flush()  # the epoch-end checkpoint is committed (the chief's wait; others have none)
         self._report_epoch(self._epoch_results, validation, stopped_early=self._stopped_early)
         self.faults.hit("after_epoch_finished", global_step)
 
@@ -822,12 +569,18 @@ class Trainer:
 
     def run(self) -> TrainResult | None:
         """Train to the end (returns the result) or until preempted (returns None)."""
-        self._restore_or_start()
+        restored = self._saving.restore_or_start()
+        if restored is None:
+            self._fresh_start = True
+        else:
+            self.stats.load_extra(restored.manifest.extra)
+            self._report_epoch_end_after_restore(restored.manifest)
         startup_phases.mark("restore")
+        callback_state = None if restored is None else restored.callback_state
         if self._callbacks:
-            self._callbacks.train_begin(resuming=self._callback_state is not None)
-            if self._callback_state is not None:
-                self._stopped_early = self._callbacks.restore(self._callback_state)
+            self._callbacks.train_begin(resuming=callback_state is not None)
+            if callback_state is not None:
+                self._stopped_early = self._callbacks.restore(callback_state)
         progress = Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
         while not self._stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
@@ -841,7 +594,7 @@ class Trainer:
             if self._preemption_agreed:  # agreed in the epoch's last call: _preempt flushes the epoch-end save
                 return self._preempt()
         self._phase.enter(PHASE_FINISH)  # the final flush, then the export
-        self.checkpointer.flush()  # the completed checkpoint is committed before exit 0
+        self._saving.checkpointer.flush()  # the completed checkpoint is committed before exit 0
         result = TrainResult(
             global_step=int(self.global_step.numpy()),
             epoch=int(self.epoch.numpy()),
