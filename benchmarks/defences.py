@@ -5,7 +5,7 @@
 
 Writes benchmarks/results/defences.json.
 
-The defences (runner/strategy.py): the coordination service's heartbeat (pinned at
+The defences (runner/training/strategy.py): the coordination service's heartbeat (pinned at
 TensorFlow's 10 s default) and the registration timeout (``--startup-timeout``) are
 configuration: they cost nothing per step, so "on" and "off" differ only in
 ``--collective-timeout``. That one is measured here, side by side in one invocation:

@@ -11,7 +11,7 @@ measured):
   form on this host while the first trains? Its formation times (strategy + registration,
   model, trace + one warm-up step).
 * ``idle_then_restore``: does it survive sitting idle for ``--idle-s`` (longer than the
-  coordination service's 10 s heartbeat timeout, runner/strategy.py), then, after the
+  coordination service's 10 s heartbeat timeout, runner/training/strategy.py), then, after the
   training group's chief is killed with SIGKILL, restore that group's newest checkpoint into its
   already-built variables and train on to step ``--steps`` **without tracing again**
   (``traces_after_go`` = 0) and with the **same weights digest** as a group that was never
@@ -73,7 +73,7 @@ def _worker(spec: dict[str, Any]) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from resilient_train.runner.strategy import make_strategy
+    from resilient_train.runner.training.strategy import make_strategy
 
     class _Job:  # what make_strategy reads of a JobConfig
         startup_timeout, collective_timeout = 120.0, None

@@ -18,7 +18,7 @@ resets it, leaving nothing in TIME_WAIT on the port TensorFlow binds next.
 What it proves is TCP reachability of each ``host:port`` from this host, both ways once
 every worker has passed (each probes all others). It does not prove the gRPC handshake;
 TensorFlow's own registration wait, bounded by the start-up timeout
-(``runner/strategy.py``), covers what comes after.
+(``runner/training/strategy.py``), covers what comes after.
 
 Then, right before its strategy, a non-chief waits until the chief's TensorFlow server
 answers (:func:`wait_for_server`). A worker whose registration reaches the chief's port
@@ -147,7 +147,7 @@ def wait_for_server(
     """Return once ``address`` serves HTTP/2 (True), or when ``timeout_s`` passed (False).
 
     A timeout is not an error here: the caller goes on to the strategy, whose registration
-    waits and fails on its own terms (runner/strategy.py).
+    waits and fails on its own terms (runner/training/strategy.py).
     """
     host, port = split_address(address)
     deadline = clock() + timeout_s

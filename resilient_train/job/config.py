@@ -53,9 +53,9 @@ CHECKPOINT_MODES = ("async", "sync")
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
 
 
-STEPS_PER_EXECUTION_AUTO = "auto"  # the runner sizes calls by time (runner/call_size.py)
+STEPS_PER_EXECUTION_AUTO = "auto"  # the runner sizes calls by time (runner/training/call_size.py)
 HANG_TIMEOUT_AUTO = "auto"  # scaled from observed call times (supervisor/watchdog.py)
-COLLECTIVE_TIMEOUT_OFF = "off"  # no limit on one collective's wait (runner/strategy.py)
+COLLECTIVE_TIMEOUT_OFF = "off"  # no limit on one collective's wait (runner/training/strategy.py)
 SNAPSHOT_EVERY_OFF = "off"  # no memory tier: a crash loses the steps since the last commit (runner/state/memory_tier.py)
 SNAPSHOT_EVERY_AUTO = "auto"  # the default: an interval measured at start (runner/state/memory_tier.py, AutoInterval)
 
@@ -249,7 +249,7 @@ class JobConfig:
     storage_shared: bool = field(default=False, metadata=_flag(  # a local storage path is a mount every node shares
         "--storage-shared", action="store_true",
         help="--launcher ray: the local --storage path is a mount every node shares (otherwise refused)"))
-    steps_per_execution: int | str = field(default=STEPS_PER_EXECUTION_AUTO, metadata=_flag(  # runner/call_size.py
+    steps_per_execution: int | str = field(default=STEPS_PER_EXECUTION_AUTO, metadata=_flag(  # runner/training/call_size.py
         "--steps-per-execution", parse=_steps_per_execution, metavar="N",
         help="training steps per compiled call, or auto: as many as take ~0.1 s; saves, stop requests and "
         "progress happen between calls (default auto)"))
@@ -419,7 +419,7 @@ class JobConfig:
     @property
     def memory_tier_off_reason(self) -> str | None:
         """Why this job runs without the memory tier (None: it runs with it, at least where
-        a worker has a peer; runner/loop.py says when a single worker turns ``auto`` off)."""
+        a worker has a peer; runner/training/loop.py says when a single worker turns ``auto`` off)."""
         value = self.snapshot_every
         if value == SNAPSHOT_EVERY_OFF:
             return "--snapshot-every off"

@@ -260,7 +260,7 @@ def check_recipe_source(spec: str, *, eval_every_epochs: int | None = None, reco
         alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names
     }
     # A build_model taken from another module (assigned or imported) may compile there; the
-    # source cannot tell, so the worker checks the model it builds (runner/loop.py).
+    # source cannot tell, so the worker checks the model it builds (runner/training/loop.py).
     own_build_model = any(isinstance(node, ast.FunctionDef) and node.name == "build_model" for node in tree.body)
     compiles = _calls_compile(tree) or ("build_model" in defined and not own_build_model)
     # An indexed recipe (one that starts the other contract) is checked for its input below.

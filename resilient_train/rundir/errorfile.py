@@ -475,7 +475,7 @@ TF_NOISE_PATTERNS: dict[str, str] = {
                               r"compiler flags|cpu_feature_guard\.cc",
     "start-up: logging": r"All log messages before absl::InitializeLog|computation_placer\.cc"
                          r"|successful NUMA node read",
-    # An eager strategy.run (a recipe's own, or TensorFlow's; ours are tf.functions, runner/loop.py):
+    # An eager strategy.run (a recipe's own, or TensorFlow's; ours are tf.functions, runner/training/loop.py):
     "eager strategy advice": r"Using \w+Strategy eagerly has significant overhead",
 }
 _TF_NOISE = re.compile("|".join(f"(?:{pattern})" for pattern in TF_NOISE_PATTERNS.values()))

@@ -12,7 +12,7 @@ highest global step any of its workers finished. The step marker is written afte
 compiled call, so it lags a call that fails part-way (a peer killed mid-call: the survivors'
 collective breaks); the steps finished inside that call are in the worker's error file,
 whose ``global_step`` is read from the step counter that advances step by step inside the
-call (runner/loop.py ``train_call``), the same number the root cause reports. Both count.
+call (runner/training/loop.py ``train_call``), the same number the root cause reports. Both count.
 
 Beside it, ``phase-<rank>.txt`` says which phase the worker is in, rewritten only when the
 phase changes (a few writes per epoch): ``train <epoch> <epoch_start_step>`` while it

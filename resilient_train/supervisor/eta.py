@@ -3,7 +3,7 @@
 An attempt's first call traces the training function, and before it the workers started,
 met, restored and built their input; the first ``train_progress`` window holds all of it.
 The calls just after it are slow too: one step per call until the call size is measured
-(runner/call_size.py does not count the first call, so the second is one step as well).
+(runner/training/call_size.py does not count the first call, so the second is one step as well).
 At 50 steps/s a window of 1 step in 2.5 s makes an ETA 100x too long (issue 51: ``step
 2/300  0% ETA 12m25s`` on a run that finished 5 s later). So no event's own ``steps_per_s``
 feeds the ETA: :class:`SteadyRate` measures global steps over the events' clock from the

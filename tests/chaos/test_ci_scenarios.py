@@ -62,7 +62,7 @@ def test_a_worker_hung_before_a_save_is_named_by_the_watchdog(chaos_root: Path) 
     """hang-collective: rank 1 stops after the call that ends at the save point 15, so the chief
     waits for it in the save's iterator-state gather (linear_regression re-enters by iterator
     state). That wait counts as training (hang timeout), not as a save (the start-up
-    allowance, 600 s): before runner/loop.py built the save request outside its flush phase
+    allowance, 600 s): before runner/training/loop.py built the save request outside its flush phase
     the run sat there until the scenario timed out."""
     result = _run("hang-collective", SLOW_SPEC, chaos_root)
     assert result.passed, result.to_dict()

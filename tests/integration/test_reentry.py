@@ -165,7 +165,7 @@ def test_a_pipeline_that_cannot_be_saved_falls_back_to_skip_and_resumes_exactly(
 
 def test_a_save_between_input_captures_carries_the_newest_and_the_restore_replays_since(tmp_path, digits_reference):
     # A mid-epoch save captures the input's iterator state only on the memory tier's capture
-    # interval (runner/loop.py _save_captures: the capture was ~30% of throughput at a save
+    # interval (runner/state/saving.py _save_captures: the capture was ~30% of throughput at a save
     # every 20 steps). Snapshots every 2 steps, captures every 6: the snapshot of 2 captures
     # (the iterator's first), the save of 4 carries it. The chief dies after step 5: step 4 is
     # committed by its save, or (its async upload cut short) by rank 1's rescue of the same

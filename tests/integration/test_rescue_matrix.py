@@ -3,7 +3,7 @@ uninterrupted run's exact weights, and loses at most the snapshot interval.
 
 Default suite: the chief killed with several steps per call (digits_cnn: a seeded Dropout),
 the chief of a Keras-callbacks recipe killed (rank 1 commits the chief-only callbacks' state
-from the newest commit: runner/loop.py _commit_rescue), and a torn rescue (the rescuer
+from the newest commit: runner/state/saving.py _commit_rescue), and a torn rescue (the rescuer
 SIGKILLed between its first uploaded file and the manifest: never restored), and the
 supervisor SIGKILLed during a rescue, and BatchNormalization (whose moving statistics differ
 between workers) with the chief killed: rank 1's rescue is skipped, the last commit restored.

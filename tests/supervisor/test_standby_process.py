@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 _FINDING = r"""
 import json, os, socket
 import tensorflow as tf, keras
-import resilient_train.runner.loop
+import resilient_train.runner.training.loop
 tf.config.list_physical_devices()
 if os.environ["OP_FIRST"] == "1":
     tf.constant(1.0)  # any op initializes the eager context

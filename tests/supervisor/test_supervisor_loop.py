@@ -385,7 +385,7 @@ def test_a_run_already_complete_goes_from_preparing_to_succeeded(tmp_path):
 _MAIN_IN_TF = (
     'Current thread 0x0000000000000001 (most recent call first):\n'
     '  File "/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", line 53 in quick_execute\n'
-    '  File "/repo/resilient_train/runner/loop.py", line 430 in _run_call\n'
+    '  File "/repo/resilient_train/runner/training/loop.py", line 430 in _run_call\n'
     '  File "<frozen runpy>", line 88 in _run_code\n\n'
 )
 _READING = (

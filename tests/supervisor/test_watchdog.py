@@ -148,7 +148,7 @@ def test_policy_from_the_job_setting():
 
 # ------------------------------------------------------------------ who and where
 TF_EXECUTE = Frame("/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", 53, "quick_execute")
-LOOP = Frame("/repo/resilient_train/runner/loop.py", 430, "_run_call")
+LOOP = Frame("/repo/resilient_train/runner/training/loop.py", 430, "_run_call")
 MODULE = Frame("<frozen runpy>", 88, "_run_code")
 READ = Frame("/home/me/input_hang.py", 47, "_read")
 SLEEPING = Frame("/usr/lib/python3.11/threading.py", 320, "wait")

@@ -7,7 +7,7 @@ Four paths, chosen per recipe (``reentry_path``), best first:
 * ``iterator_state``: a ``dataset`` recipe without ``start_step``: every worker's tf.data
   iterator state is saved with mid-epoch checkpoints and restored on re-entry (a save
   between captures carries the newest capture, and the restore replays the batches since:
-  runner/loop.py ``_save_captures``). Only while the state is small: at the first mid-epoch save every
+  runner/state/saving.py ``_save_captures``). Only while the state is small: at the first mid-epoch save every
   worker measures its state and the run keeps the path only when the largest is at most
   ``--max-iterator-state-bytes`` (event ``iterator_state_sized``). The pipeline is saved
   with tf.data's symbolic checkpointing where TensorFlow allows it (runner/input/reentry.py

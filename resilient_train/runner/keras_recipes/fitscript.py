@@ -7,9 +7,9 @@ callbacks=[...])`` (job/recipe.py detects the form and refuses what cannot be ho
 before workers start). Each worker runs the whole script with ``runpy`` under two seams:
 
 * ``MultiWorkerMirroredStrategy(...)`` (``tf.distribute`` and ``tf.distribute.experimental``)
-  returns the runner's strategy (runner/strategy.py: heartbeat, registration and collective
+  returns the runner's strategy (runner/training/strategy.py: heartbeat, registration and collective
   timeouts), made at the script's first call; the script's own arguments are ignored.
-* ``keras.Model.fit`` enters the runner's training loop (runner/loop.py) with a recipe
+* ``keras.Model.fit`` enters the runner's training loop (runner/training/loop.py) with a recipe
   synthesised from the compiled model (runner/keras_recipes/compiled.py) and the callbacks
   (runner/keras_recipes/callbacks.py; a ``History`` is added last, and ``fit`` returns it). There is
   one loop: checkpoints, exact resume, SIGTERM and callback state are the recipe path's.
@@ -88,7 +88,7 @@ from resilient_train.runner.input.iterator_state import INDEXED
 from resilient_train.runner.keras_recipes.callbacks import refused_callback
 from resilient_train.runner.keras_recipes.own_step import has_own_step, has_own_test_step
 from resilient_train.runner.outputs.evaluation import Evaluator
-from resilient_train.runner.strategy import make_strategy
+from resilient_train.runner.training.strategy import make_strategy
 
 __all__ = ["FitScript", "ContinuousInput", "ArrayInput", "model_then_twins", "validation_split_at", "array_steps",
            "sample_weights", "script_model"]
@@ -554,7 +554,7 @@ def model_then_twins(model: keras.Model, init_arguments: Callable[[Any], tuple[t
     first call (the Trainer's live model), a twin with its own variables on every later one.
 
     The async checkpointer snapshots the live state into a twin built by calling
-    ``build_model`` again (runner/loop.py ``_build_twin``) and writes the twin while training
+    ``build_model`` again (runner/training/loop.py ``_build_twin``) and writes the twin while training
     goes on. Handing it the live model made the snapshot a no-op and the write read
     variables the next steps were updating: a checkpoint torn across steps, so a kill and
     resume ended with other weights now and then (seen once in a suite run). The twin is

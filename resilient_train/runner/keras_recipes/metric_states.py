@@ -5,11 +5,11 @@ Keras under a strategy keeps such a metric's variables per replica (sync-on-read
 read) and computes ``result()`` from the sums. Every built-in one's state is a sum over
 examples (confusion counts, totals, a confusion matrix), so a batch's share is its
 ``update_state`` from zeros (``stateless_update_state``). The training step computes each
-replica's share and adds it, flattened, to the packed all-reduce (runner/loop.py: the
+replica's share and adds it, flattened, to the packed all-reduce (runner/training/loop.py: the
 columns named :data:`STATE_PREFIX` ``<i>``), so the host gets the batch's share of all
 workers at once and adds it to float32 sums (float32 as the variables are: on one worker the
 same additions as Keras' ``assign_add``, so the same result). The sums are the epoch's
-running sums (runner/loop.py ``_EpochStats``), which travel in every checkpoint's ``extra``
+running sums (runner/training/epoch_end.py ``EpochStats``), which travel in every checkpoint's ``extra``
 (mid-epoch too) and restart at each epoch, as Keras resets metrics; a resumed epoch adds on
 to them. The value reported is the metric's own ``stateless_result`` of the sums.
 

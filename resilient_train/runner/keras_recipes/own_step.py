@@ -7,7 +7,7 @@ or a loss of its own, ``self.optimizer.apply`` / ``apply_gradients``, metric tra
 (GANs, VAEs and contrastive models are written that way). The runner's own step would
 silently ignore it, so such a model's step is its ``train_step``, called where Keras' TF
 trainer calls it: per replica under ``strategy.run``, inside the runner's call of N steps
-(runner/loop.py ``_make_train_call``), so steps per call, the packed all-reduce of the
+(runner/training/train_call.py ``TrainCall``), so steps per call, the packed all-reduce of the
 stop/save/size votes, saves, the memory tier and exact resume are unchanged.
 
 What Keras does under a strategy, and so what is done here:
@@ -199,7 +199,7 @@ class OwnTestStep:
 
 class LastLogs:
     """A model's own step logs running results, so an epoch's numbers are its last step's
-    (``_EpochStats``' means of per-step values would average averages)."""
+    (``EpochStats``' means of per-step values would average averages)."""
 
     def __init__(self) -> None:
         self.last: dict[str, float] = {}

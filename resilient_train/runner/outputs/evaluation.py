@@ -176,7 +176,7 @@ class Evaluator:
 
     def _make_eval_step(self):
         model, recipe, strategy = self.model, self.recipe, self.strategy
-        # As the training call (runner/loop.py): only the recipe's own functions are converted by AutoGraph.
+        # As the training call (runner/training/loop.py): only the recipe's own functions are converted by AutoGraph.
         loss = with_autograph(recipe.loss)
         metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
 

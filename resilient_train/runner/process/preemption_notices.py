@@ -6,7 +6,7 @@ SIGTERM (:attr:`WorkerProcess.stop`, runner/process/bootstrap.py): the group agr
 next call's all-reduce, saves it, and every worker exits 143. A notice the machine survives
 (GCE's live migration, Azure's Freeze, AWS's rebalance recommendation) asks for one agreed
 save without stopping (:meth:`NoticeStop.save_requested`, this worker's vote in the call's
-save column, runner/loop.py): a checkpoint taken before the risk, and training goes on.
+save column, runner/training/loop.py): a checkpoint taken before the risk, and training goes on.
 
 What it writes: a ``preemption_notice`` event per notice; for a stopping one also
 ``attempt-<n>/notice-<rank>.json`` with the notice and the node's name (``host``: Slurm's
@@ -51,7 +51,7 @@ class NoticeStop:
         self.host = environ.get("SLURMD_NODENAME") or socket.gethostname()  # the marker names the node
         self.noticed_at: float | None = None  # the first stopping notice, on ``clock``
         self.first: Notice | None = None
-        self._saves_asked = 0  # surviving notices not yet voted for (runner/loop.py asks once per call)
+        self._saves_asked = 0  # surviving notices not yet voted for (runner/training/loop.py asks once per call)
         self._asked_at: float | None = None  # when the newest of them came, on ``clock``
         self._group_saved_at: float | None = None  # the group's newest agreed save, on ``clock``
         self._lock = threading.Lock()

@@ -13,7 +13,7 @@ that imports for itself, is the fallback once the template is lost.
 What is safe to do before TF_CONFIG is known (measured with TF 2.21 / Keras 3, CPU; see
 ``prewarm`` and tests/supervisor/test_standby_process.py):
 
-* safe: ``import tensorflow, keras, numpy``, importing ``resilient_train.runner.loop`` (the
+* safe: ``import tensorflow, keras, numpy``, importing ``resilient_train.runner.training.loop`` (the
   Trainer) and the checkpoint store, loading the recipe module (its imports),
   ``tf.config.list_physical_devices()``. None of these creates the eager context, and a
   MultiWorkerMirroredStrategy created afterwards works.
@@ -77,7 +77,7 @@ def prewarm(recipe: str | None) -> str | None:
     import tensorflow as tf
 
     import resilient_train.checkpoint  # noqa: F401
-    import resilient_train.runner.loop  # noqa: F401  (the Trainer; imports TF and Keras)
+    import resilient_train.runner.training.loop  # noqa: F401  (the Trainer; imports TF and Keras)
     import resilient_train.runner.process.worker_main  # noqa: F401
 
     if recipe:

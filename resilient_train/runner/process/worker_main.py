@@ -160,7 +160,7 @@ class _Worker:
             recipe, params = self._load_recipe()
         self.store = self._open_store()
 
-        import resilient_train.runner.loop  # noqa: F401 (TensorFlow is imported here, after the store)
+        import resilient_train.runner.training.loop  # noqa: F401 (TensorFlow is imported here, after the store)
 
         startup_phases.mark("recipe_store")
 
@@ -212,7 +212,7 @@ class _Worker:
         return store
 
     def _make_trainer(self, job: JobConfig, recipe: Any, params: dict[str, Any], **seams: Any) -> Any:
-        from resilient_train.runner.loop import Trainer
+        from resilient_train.runner.training.loop import Trainer
 
         process = self.process
         self.trainer = Trainer(

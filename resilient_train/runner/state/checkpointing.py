@@ -547,7 +547,7 @@ def persist_twin(
 
 
 class Checkpointer(Protocol):
-    """HOW a worker saves; chosen once at setup (``Trainer._make_checkpointer``), so the
+    """HOW a worker saves; chosen once at setup (``Saving._make_checkpointer``, saving.py), so the
     training loop never asks which mode it is in. WHEN is runner/state/save_policy.py's."""
 
     def save(self, request: SaveRequest, *, flush: bool) -> Manifest | None:

@@ -3,7 +3,7 @@
 A committed checkpoint's ``ckpt.*`` files are a ``tf.train.Checkpoint`` of the graph built
 here, and its keys are the format: a checkpoint restores exactly when the reader's graph
 has the same keys, shapes and dtypes. So every writer and reader builds it through this
-module: the worker's live graph and its async twin (runner/loop.py), the parameter-server
+module: the worker's live graph and its async twin (runner/training/loop.py), the parameter-server
 coordinator (runner/process/ps_roles.py), ``export`` and ``verify --deep`` (commands/export.py).
 tests/runner/state/test_ckpt_layout.py pins the keys of saved checkpoints of two recipes: a
 format change is a deliberate change to that test, and it stops every existing checkpoint

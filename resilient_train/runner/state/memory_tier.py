@@ -33,13 +33,13 @@ after its assign returned; a snapshot interrupted mid-way is never committed.
 #   auto (the default, --snapshot-every auto; decided early in each attempt, revised as the step time moves)
 #     until decided, a snapshot (with a capture) is due after every call; the chief times
 #     the first AUTO_PROBES of them, the capture apart (the first includes tracing and is not
-#     counted), and knows its per-step time (runner/call_size.py); then it proposes
+#     counted), and knows its per-step time (runner/training/call_size.py); then it proposes
 #       every         = ceil(rest_s / ((1 - CAPTURE_SHARE) * SNAPSHOT_BUDGET * step_s)), rounded up
 #                       to a whole number of calls (a snapshot mid-call would cut the call in two)
 #                       (the whole budget where there is nothing to capture: other input paths)
 #       capture_every = every * ceil(capture_s / (CAPTURE_BUDGET * step_s) / every)
 #                       (the captures' own budget: mid-epoch saves capture on this interval too,
-#                       runner/loop.py _save_captures, so it also bounds what any restore replays)
+#                       runner/state/saving.py _save_captures, so it also bounds what any restore replays)
 #     in the call's packed all-reduce (two columns beside the next call's size: no extra
 #     collective), and every worker adopts the SUMs it reads (only the chief adds them), at
 #     the same call, so the intervals are the same everywhere. Early steps may be slow (the
@@ -77,7 +77,7 @@ RESCUE_EXTRA_KEY = "rescue"  # the manifest's extra: {rank, snapshot_age_s} of a
 SNAPSHOT_BUDGET = 0.02  # auto: the snapshots' share of training time, at most
 CAPTURE_SHARE = 0.25  # auto: the part of that budget kept for the input's captures (the rest: 1.5%)
 # auto: the input's captures' own share of training time, at most. A capture serves every
-# restore, not only a rescue: a save carries the newest one (runner/loop.py _save_captures),
+# restore, not only a rescue: a save carries the newest one (runner/state/saving.py _save_captures),
 # and a restore replays the batches since it, so this budget also bounds that replay
 # (digits_cnn, 2026-11-28: a capture every 252 steps; a restore at step 1180 of a 1200-step
 # epoch replayed 140 batches, its input phase 0.31 s against 0.11-0.15 s with nothing to

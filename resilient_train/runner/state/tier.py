@@ -87,7 +87,7 @@ class MemoryTier:
     def proposal(self, *, call_steps: int, proposed_call_steps: int, step_s: float | None) -> tuple[float, float]:
         """The chief's votes in the call's snapshot and capture interval columns (0: nothing
         to propose). ``call_steps``: the agreed size of the coming call; ``proposed_call_steps``:
-        the size the chief proposes next (runner/call_size.py)."""
+        the size the chief proposes next (runner/training/call_size.py)."""
         if self._auto is None:
             return 0.0, 0.0
         if not self.schedule.pending:  # decided: a revision when the step time moved (memory_tier.py)

@@ -87,7 +87,7 @@ def test_auto_revises_the_interval_once_the_step_time_stays_off_for_long_enough(
 
 def test_auto_captures_the_input_less_often_within_its_own_budget():
     """digits_cnn's shape: the iterator state is the dear part of a snapshot (and of a save,
-    which captures on the same interval: runner/loop.py _save_captures)."""
+    which captures on the same interval: runner/state/saving.py _save_captures)."""
     auto = AutoInterval()
     for seconds, capture_s in ((0.3, 0.2), (0.062, 0.06), (0.0635, 0.0615)):
         auto.snapshot_took(seconds, capture_s=capture_s)

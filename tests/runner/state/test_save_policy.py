@@ -94,7 +94,7 @@ def test_bad_settings_are_refused_with_the_value(kwargs, message):
 
 def test_step_count_save_points_are_known_before_the_call():
     # the call that reaches one fingerprints its last step, so the save's comparison of the
-    # workers rides the call's all-reduce (runner/loop.py _run_call)
+    # workers rides the call's all-reduce (runner/training/train_call.py TrainCall.run)
     p = policy(every_steps=20)
     assert [s for s in range(1, 61) if p.counts_to(s)] == [20, 40, 60]
     assert not any(policy(every_steps=0).counts_to(s) for s in range(1, 61))

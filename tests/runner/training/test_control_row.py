@@ -1,4 +1,4 @@
-"""The packed row's control columns (runner/control_row.py): one table, encoded on the host,
+"""The packed row's control columns (runner/training/control_row.py): one table, encoded on the host,
 summed in the step, decoded after the call. Run under a real 2-replica MirroredStrategy on
 two logical CPUs, so the first-replica rule is exercised as in a worker."""
 
@@ -11,15 +11,15 @@ import sys
 
 import numpy as np
 
-from resilient_train.runner import control_row
-from resilient_train.runner.control_row import CONTROL, Votes
+from resilient_train.runner.training import control_row
+from resilient_train.runner.training.control_row import CONTROL, Votes
 
 
 _TWO_REPLICAS = """
 import json
 import tensorflow as tf
-from resilient_train.runner import control_row
-from resilient_train.runner.control_row import Votes
+from resilient_train.runner.training import control_row
+from resilient_train.runner.training.control_row import Votes
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)

@@ -1,7 +1,7 @@
 """The control columns of the packed all-reduce: one definition, read by everyone who votes.
 
-Every training step makes ONE all-reduce besides the gradients' (runner/loop.py,
-``_make_train_call``): a row of float32 values, SUMmed over every replica of every worker.
+Every training step makes ONE all-reduce besides the gradients' (runner/training/
+train_call.py ``TrainCall``): a row of float32 values, SUMmed over every replica of every worker.
 It starts with the step's loss and metric values (their names are known only when the step
 function is traced) and continues with the control columns below, through which the workers
 agree on things at the same call without a collective of their own. After those, a call
@@ -51,7 +51,7 @@ class Votes:
 
     stop: float = 0.0  # a stop request (SIGTERM/SIGINT): the group stops after this call
     save: float = 0.0  # a save now: the chief's time-based vote, any worker's surviving notice
-    next_call: float = 0.0  # the next call's maximum steps (runner/call_size.py)
+    next_call: float = 0.0  # the next call's maximum steps (runner/training/call_size.py)
     snapshot_every: float = 0.0  # --snapshot-every auto: the proposed interval (0: not yet)
     capture_every: float = 0.0  # ... and the input's capture interval proposed with it
 

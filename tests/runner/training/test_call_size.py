@@ -2,7 +2,7 @@
 
 import pytest
 
-from resilient_train.runner.call_size import CallSizer
+from resilient_train.runner.training.call_size import CallSizer
 
 
 def test_a_fixed_size_is_proposed_whatever_the_calls_took():

@@ -17,7 +17,7 @@ call at every save point and epoch end, so results and committed steps are the s
 every size (tests/integration/test_steps_per_execution.py).
 
 A fixed ``N`` proposes ``N`` every time. Pure Python, clock-free (the loop passes the
-seconds it measured): tests/runner/test_call_size.py.
+seconds it measured): tests/runner/training/test_call_size.py.
 """
 
 from __future__ import annotations

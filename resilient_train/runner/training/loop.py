@@ -1,0 +1,636 @@
+"""The worker's custom training loop under MultiWorkerMirroredStrategy.
+
+# Implementation:
+# Every worker runs this same code; TF_CONFIG (already in the environment) tells the
+# strategy who is who, and rank 0 is the chief.
+#
+# 1. Create the strategy first (TF requires collectives to be configured before any op),
+#    seed everything and turn on op determinism.
+# 2. Build model and optimizer inside the strategy scope; build the optimizer's slots now
+#    so a restore has every variable to fill.
+# 3. The chief removes uncommitted leftovers, then every worker picks the newest
+#    restorable checkpoint; the workers agree on the chief's choice with one all-reduce
+#    (so a worker that saw a different listing never trains from another step).
+# 4. Train epoch by epoch. The input of epoch e is rebuilt from (seed, e, shard) and
+#    positioned at step_in_epoch (runner/input/data.py: the recipe's start_step, else skip()),
+#    so re-entering mid-epoch sees exactly the batches an uninterrupted run would have.
+#    EpochInput (runner/input/reentry.py) owns it: the iterator for epoch e at step s, the
+#    re-entry path of a restore, the iterator state a save records, the epoch end's retirement.
+# 5. Each tf.function call runs up to --steps-per-execution steps (train_call.py; auto:
+#    the chief sizes calls to ~0.1 s, runner/training/call_size.py): per step ONE packed all-reduce
+#    besides the gradients' carries loss, metrics, the stop flag, the chief's time-based
+#    save vote and its size of the next call; the counters advance in-graph; the host
+#    reads one [steps, values] tensor per call. Everything else happens between calls:
+#    SavePolicy (runner/state/save_policy.py) ends a call at every step-count save point and at
+#    the epoch end, so the committed steps are the same for every N; stop agreement,
+#    progress (Progress), step markers and fault hooks see call ends only.
+# 6. Saving (runner/state/saving.py): the Checkpointer chosen once at setup (checkpointing.py) says how.
+#    async (default): the chief snapshots into its twin and a background thread persists;
+#    other workers write nothing. sync: all workers write the tf.train.Checkpoint
+#    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
+#    last). Every epoch end is saved, carrying the epoch's results; then _after_epoch_saved
+#    (the epoch-end hook) runs and, once that checkpoint is committed, epoch_finished is
+#    emitted; a restore at an epoch end reports an epoch whose report a kill prevented
+#    (runner/outputs/epoch_results.py).
+#    The memory tier (--snapshot-every N, runner/state/memory_tier.py): every worker keeps
+#    a twin, calls also end N steps after the last snapshot or save, and there every
+#    worker snapshots (Saving.snapshot, runner/state/saving.py: the same request a save builds, nothing persisted); a
+#    survivor's Rescuer commits that snapshot when the supervisor reports a peer's death
+#    or a hang. auto (the default): a snapshot after every call until the chief, having
+#    timed a few, proposes the interval in the packed all-reduce (runner/training/control_row.py) and
+#    every worker adopts it at the same call (memory_tier.AutoInterval).
+# 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
+#    summed in the packed all-reduce, so every worker stops after the same call
+#    (_preemption_agreed), saves it (flushed) and returns None (the worker exits 143).
+#    Not to be confused with a Keras callback's model.stop_training (_stopped_early): the
+#    run then completes at the epoch's end.
+#
+# Keras: a compiled model supplies optimizer, loss and metrics (runner/keras_recipes/compiled.py); the
+# recipe's callbacks run at the points model.fit would call them (runner/keras_recipes/callbacks.py) and
+# their state is committed with every checkpoint as callbacks.json. With callbacks, an
+# epoch end evaluates first, then runs on_epoch_end (its logs carry val_*), agrees on
+# model.stop_training with one all-reduce, then saves (so the saved callback state has
+# seen the epoch); on_train_end runs before the final save.
+#
+# The checkpoint (its object graph: runner/state/ckpt_layout.py) holds model, optimizer
+# (iteration counter and slots), epoch, step_in_epoch, global_step and every RNG state the
+# model owns (Keras SeedGenerator states, e.g. a seeded Dropout). The running epoch
+# loss/metric sums travel in the manifest's ``extra`` so an epoch's reported loss is the
+# same whether or not it was interrupted.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from resilient_train.checkpoint import CheckpointStore, Manifest
+from resilient_train.cluster.tf_config import ClusterInfo
+from resilient_train.job.config import JobConfig
+from resilient_train.errors import RecipeError
+from resilient_train.rundir.events import add_listener, emit
+from resilient_train.job.fingerprint import fingerprint_for_worker
+from resilient_train.job.recipe import Recipe
+from resilient_train.runner.keras_recipes.callbacks import CallbackRunner
+from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
+from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
+from resilient_train.runner.input.data import epoch_dataset, record_first_batch
+from resilient_train.runner.outputs.epoch_results import EpochResults, already_reported
+from resilient_train.runner.outputs.evaluation import Evaluator
+from resilient_train.runner.input.determinism import InputCheck
+from resilient_train.runner.failures.faults import FaultPlan
+from resilient_train.runner.input.reentry import EpochInput
+from resilient_train.runner.state.tier import MemoryTier
+from resilient_train.runner.state.save_policy import SavePolicy
+from resilient_train.runner.state.saving import Saving
+from resilient_train.runner.process import startup_phases
+from resilient_train.runner.training.epoch_end import EpochStats
+from resilient_train.runner.training.progress import Progress
+from resilient_train.runner.training.strategy import make_strategy
+from resilient_train.runner.training.train_call import TrainCall, hit_step_faults
+from resilient_train.rundir.stepmarker import (
+    PHASE_EVAL,
+    PHASE_FINISH,
+    PHASE_INPUT,
+    PHASE_TRAIN,
+    PhaseMarker,
+    StepMarker,
+)
+from resilient_train.rundir.layout import AttemptDir, RunDir
+from resilient_train.runner.outputs.tensorboard import TensorBoardLog
+from resilient_train.rundir.stepindices import StepIndexLog
+from resilient_train.runner.state import ckpt_layout
+from resilient_train.runner.state.model_state import weights_digest
+
+__all__ = ["Trainer", "TrainResult"]
+
+@dataclass(frozen=True)
+class TrainResult:
+    global_step: int
+    epoch: int
+    weights_sha256: str
+
+
+class Trainer:
+    """One worker's training run: build, restore, train, checkpoint."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        recipe: Recipe,
+        params: dict[str, Any],
+        cluster: ClusterInfo,
+        *,
+        store: CheckpointStore,
+        run_id: str,
+        work_dir: Path,
+        attempt_dir: Path | None = None,
+        stop_requested: Callable[[], bool] = lambda: False,
+        save_requested: Callable[[], bool] = lambda: False,
+        saved: Callable[[], None] = lambda: None,
+        faults: FaultPlan | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        strategy: tf.distribute.Strategy | None = None,
+        input_source: Callable[[int, int], Any] | None = None,
+    ) -> None:
+        """``strategy``: one made already (a fit script's, runner/keras_recipes/fitscript.py), else made here.
+        ``input_source(epoch, start)``: the iterator to train epoch ``epoch`` from step
+        ``start`` on, in place of the recipe's per-epoch ``dataset`` (runner/input/data.py).
+        ``stop_requested()``: True once SIGTERM/SIGINT asked this worker to stop
+        (runner/process/worker_main.py); it is this worker's preemption vote in every call.
+        ``save_requested()``: True once per preemption notice the machine survives
+        (runner/process/preemption_notices.py): this worker's vote in the call's save column, beside
+        the chief's time-based one, so the group saves the same step and trains on.
+        ``saved()``: the group took an agreed save (the notice watch drops a vote that arrives
+        right after one: workers on one node see the same notice, not always in the same call)."""
+        self.job = job
+        self._given_strategy = strategy
+        self._input_source = input_source
+        self.recipe = recipe
+        self.params = params
+        self.cluster = cluster
+        self.store = store
+        self.run_id = run_id
+        self.work_dir = work_dir
+        self.stop_requested = stop_requested
+        self.save_requested = save_requested
+        self._saved_agreed = saved
+        self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
+        self.clock = clock
+        self._own_step: OwnStep | None = None  # a model's own train_step (runner/keras_recipes/own_step.py)
+        self.stats: EpochStats | LastLogs = EpochStats()
+        self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
+        # Once, at start: the recipe file read and hashed as this process imported it (not on
+        # every save, and not an edit made to the file while the run goes on).
+        self._fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
+        # This worker's own stop request (SIGTERM/SIGINT, ``stop_requested``) was seen:
+        # preemption_requested is reported once; the request rides every call's all-reduce.
+        self._preemption_requested = False
+        # The group agreed to stop: some worker's request reached the all-reduce, so every
+        # worker stops after the same call, saves it (flushed) and returns None (exit 143).
+        self._preemption_agreed = False
+        self._fresh_start = False  # no checkpoint was restored (untrained_fresh_start)
+        # A Keras callback (EarlyStopping, TerminateOnNaN...) set model.stop_training, agreed by
+        # every worker: the run completes at this epoch's end (training_stopped; the manifest's
+        # stopped_early, callbacks.json's stopped). Not a preemption.
+        self._stopped_early = False
+        # The epoch just ended, carried by its epoch-end checkpoint (runner/outputs/epoch_results.py).
+        self._epoch_results: EpochResults | None = None
+        self.policy = SavePolicy(
+            every_steps=job.save_every_steps or 0,
+            every_seconds=job.save_every_seconds,
+            is_chief=cluster.is_chief,
+            clock=clock,
+        )
+        # The memory tier (--snapshot-every, runner/state/tier.py): None when off.
+        tier_off = MemoryTier.off_reason(job, cluster)
+        self._tier = MemoryTier(job, cluster) if tier_off is None else None
+        self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
+        # What the supervisor's hang watchdog reads besides the step: a phase that may take
+        # long without a step (eval, a blocking save) gets the start-up allowance.
+        self._phase = PhaseMarker(AttemptDir.at(attempt_dir).phase_marker(cluster.rank) if attempt_dir else None)
+        # --record-indices (indexed recipes): every worker gathers, the chief writes.
+        indices = (StepIndexLog(AttemptDir.at(attempt_dir).step_indices if attempt_dir and cluster.is_chief else None)
+                   if job.record_indices and recipe.indexed else None)
+        self._setup(indices, tier_off)
+
+    # ----------------------------------------------------------------- setup
+    def _setup(self, indices: StepIndexLog | None, tier_off: str | None) -> None:
+        # What is loaded by now (TensorFlow, Keras, the recipe: ~350k objects) lives as long
+        # as the process: frozen out of the cyclic collector's sight, a full collection no
+        # longer walks it. One such collection took 0.15-0.18 s of every restart (measured
+        # in the restore phase on both ranks; benchmarks/README.md).
+        gc.freeze()
+        # The strategy must exist before any other op (collectives are configured at start);
+        # runner/training/strategy.py adds the heartbeat, registration and collective timeouts.
+        self.strategy = self._given_strategy or make_strategy(self.job, self.cluster)
+        startup_phases.mark("strategy")
+        keras.utils.set_random_seed(self.job.seed)
+        tf.config.experimental.enable_op_determinism()
+        with self.strategy.scope():
+            self.model = _call_recipe(self.recipe, "build_model", self.params)
+            own_step = isinstance(self.model, keras.Model) and is_compiled(self.model) and has_own_step(self.model)
+            if not isinstance(self.model, keras.Model) or not (self.model.built or own_step and self.model.weights):
+                raise RecipeError(
+                    f"recipe {self.recipe.name}: build_model() must return a built keras.Model "
+                    "(start it with keras.Input(shape=...))"
+                )
+            self._compiled = is_compiled(self.model)
+            if own_step:  # its train_step is the step; the optimizer comes from compile()
+                self.recipe = from_own_step(self.recipe, self.model)
+                self._own_step = OwnStep(self.model, self.strategy, self.recipe)
+                self.stats = LastLogs()
+            elif self._compiled:  # optimizer, loss and metrics come from compile()
+                self.recipe = from_compiled(self.recipe, self.model)
+            elif self.recipe.build_optimizer is None or self.recipe.loss is None:
+                missing = [n for n in ("build_optimizer", "loss") if getattr(self.recipe, n) is None]
+                raise RecipeError(
+                    f"recipe {self.recipe.name}: defines no {' or '.join(missing)} and build_model() returned a "
+                    "model that is not compiled; define them or call model.compile(optimizer=..., loss=...)"
+                )
+            if not own_step:
+                self.stats = EpochStats(self.recipe.metric_states)
+            self.optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
+            self.optimizer.build(self.model.trainable_variables)
+            counters = ckpt_layout.new_counters()
+        self.epoch, self.step_in_epoch, self.global_step = (counters[name] for name in ckpt_layout.COUNTERS)
+        self.checkpoint = ckpt_layout.training_graph(
+            model=self.model, optimizer=self.optimizer, counters=counters, rng=ckpt_layout.rng_state(self.model),
+            metrics=ckpt_layout.metric_state(self.model) if self._own_step else None)
+        startup_phases.mark("model_build")
+        self._call = TrainCall(
+            strategy=self.strategy, model=self.model, optimizer=self.optimizer, recipe=self.recipe,
+            own_step=self._own_step, counters=(self.global_step, self.step_in_epoch),
+            global_batch_size=self.job.global_batch_size, steps_per_execution=self.job.steps_per_execution,
+            tier=self._tier, is_chief=self.cluster.is_chief, stop_vote=self._preemption_flag,
+            save_vote=lambda: max(self.policy.time_flag(), float(self.save_requested())),
+            save_at=self.policy.counts_to, indices=indices)
+        self._sum_over_workers = _make_sum_over_workers(self.strategy)
+        self._saving = Saving(
+            self.job, self.cluster, store=self.store, run_id=self.run_id, work_dir=self.work_dir, faults=self.faults,
+            checkpoint=self.checkpoint, model=self.model, strategy=self.strategy,
+            counters=(self.epoch, self.step_in_epoch, self.global_step), tier=self._tier, tier_off=tier_off,
+            phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._sum_over_workers,
+            gather=self._gather, recipe=self.recipe, input_check=self.input_check, fingerprint=self._fingerprint,
+            epoch_extra=self._epoch_extra, stopped_early=lambda: self._stopped_early, saved=self._saved)
+        self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
+        self._callbacks = self._make_callbacks()
+        self._input = self._make_epoch_input()
+        self._saving.wire(callbacks=self._callbacks, epoch_input=self._input)
+        if self._evaluator is not None:  # its iterators are torn down by the same reaper
+            self._evaluator.retire = self._input.retire_evaluation
+        startup_phases.mark("setup")
+
+    @property
+    def untrained_fresh_start(self) -> bool:
+        """True from a fresh start (no checkpoint) until this process's first call of steps
+        finished: a failure in between is the job's bug, not a fault (runner/failures/diagnose.py)."""
+        return self._fresh_start and not self._call.trained
+
+    def _make_epoch_input(self) -> EpochInput:
+        """The epoch input (runner/input/reentry.py): each epoch's iterator, how a resumed
+        epoch is re-entered (iterator_state may turn into skip at the first mid-epoch save,
+        when the state is measured too large), what a save records of it, its retirement."""
+        common = dict(rank=self.cluster.rank, workers=self.cluster.num_workers, gather=self._gather,
+                      gather_bytes=self._gather_bytes, current_epoch=lambda: int(self.epoch.numpy()))
+        if self._input_source is not None:  # a fit script's one iterator (runner/keras_recipes/fitscript.py)
+            return EpochInput.for_fit_script(self._input_source, **common)
+        job = self.job
+
+        def dataset(epoch: int, start_step: int, worker: tuple[int, int] | None, symbolic: bool = False) -> Any:
+            return epoch_dataset(
+                self.strategy, self.recipe, epoch=epoch, seed=job.seed, start_step=start_step,
+                steps_per_epoch=job.steps_per_epoch, global_batch_size=job.global_batch_size, params=self.params,
+                input_check=self.input_check, worker=worker, symbolic=symbolic,
+            )
+
+        return EpochInput.for_recipe(
+            self.recipe, dataset=dataset, max_state_bytes=job.max_iterator_state_bytes,
+            replicas_per_worker=self.strategy.num_replicas_in_sync // self.cluster.num_workers, **common)
+
+    def _make_callbacks(self) -> CallbackRunner | None:
+        if self.recipe.callbacks is None:
+            return None
+        callbacks = _call_recipe(self.recipe, "callbacks", self.params)
+        if not isinstance(callbacks, (list, tuple)):
+            raise RecipeError(
+                f"recipe {self.recipe.name}: callbacks() returned {type(callbacks).__name__}; "
+                "expected a list of keras.callbacks.Callback"
+            )
+        if getattr(self.model, "optimizer", None) is None:
+            # Callbacks reach the optimizer as model.optimizer (ReduceLROnPlateau). Set
+            # without Keras' tracking so the checkpoint's object graph stays the twin's.
+            object.__setattr__(self.model, "optimizer", self.optimizer)
+        runner = CallbackRunner(
+            callbacks, self.model, recipe_name=self.recipe.name, is_chief=self.cluster.is_chief,
+            # A fit script's (it has an input_source) relative paths mean what they mean in plain
+            # Keras: the working directory; a recipe's land in the run directory.
+            output_dir=None if self._input_source is not None else Path(self.job.run_dir),
+            epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
+            validates=self._evaluator is not None,
+        )
+        for log_dir in runner.tensorboard_dirs:  # a TensorBoard callback: the runner's scalars there too
+            add_listener(TensorBoardLog(log_dir))
+        return runner
+
+    def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
+        """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""
+        model = _call_recipe(self.recipe, "build_model", self.params)
+        optimizer = model.optimizer if self._compiled else _call_recipe(self.recipe, "build_optimizer", self.params)
+        optimizer.build(model.trainable_variables)
+        checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer,
+                                                counters=ckpt_layout.new_counters(name_prefix="twin_"),
+                                                rng=ckpt_layout.twin_rng_state(self.model, model),
+                                                metrics=(ckpt_layout.twin_metric_state(self.model, model)
+                                                         if self._own_step else None))
+        return checkpoint, model
+
+    def _gather(self, value: int) -> list[int]:
+        """Every worker's ``value``, indexed by rank (one all-reduce)."""
+        vector = np.zeros(self.cluster.num_workers, dtype=np.float64)
+        vector[self.cluster.rank] = value
+        summed = self._sum_over_workers(tf.constant(vector))
+        return [int(v) for v in summed.numpy()]
+
+    def _gather_bytes(self, mine: bytes, sizes: list[int]) -> list[bytes]:
+        """Every worker's ``mine`` (of the given sizes), indexed by rank (one all-reduce)."""
+        # Four bytes to an int32: each row is one worker's and zero elsewhere, so the SUM is
+        # that worker's bits exactly (a byte to an int32 moved 4x the data: 20-35 ms of every
+        # capture of digits_cnn's ~580 KB states, against ~8 ms).
+        width = -(-max(sizes) // 4)
+        rows = np.zeros((self.cluster.num_workers, width * 4), dtype=np.uint8)
+        rows[self.cluster.rank, :len(mine)] = np.frombuffer(mine, dtype=np.uint8)
+        summed = self._sum_over_workers(tf.constant(rows.view(np.int32)))
+        packed = np.ascontiguousarray(summed.numpy()).view(np.uint8)
+        return [packed[rank, :size].tobytes() for rank, size in enumerate(sizes)]
+
+    # ----------------------------------------------------------------- train
+    def drain_pending_checkpoint(self, timeout_s: float) -> None:
+        """Before exiting on an error: let an in-flight background save commit (bounded)."""
+        self._saving.drain_pending_checkpoint(timeout_s)
+
+    def _saved(self) -> None:
+        """The group took an agreed save: the time-based save counts from it, and the notice
+        watch drops a vote that arrives right after it (runner/process/preemption_notices.py)."""
+        self.policy.saved()
+        self._saved_agreed()
+
+    def _epoch_extra(self, global_step: int) -> dict[str, Any]:
+        """What the epoch adds to the save of ``global_step``: its running sums, and its
+        results when the save is its epoch-end checkpoint (runner/outputs/epoch_results.py)."""
+        results = self._epoch_results
+        return {**self.stats.to_extra(),
+                **(results.to_extra() if results is not None and results.global_step == global_step else {})}
+
+    def _preemption_flag(self) -> float:
+        """This worker's vote in the call's stop column: 1.0 once it was asked to stop."""
+        if self.stop_requested():
+            if not self._preemption_requested:
+                self._preemption_requested = True
+                emit("preemption_requested", source=f"worker:{self.cluster.rank}")  # SIGTERM or SIGINT
+            return 1.0
+        return 0.0
+
+    def _preempt(self) -> None:
+        """Everyone agreed to stop after this call: save it (zero lost steps) and return."""
+        self._saving.save(flush=True)  # exit 143 only after the save committed
+        emit("preempted", group=True, global_step=int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
+             step_in_epoch=int(self.step_in_epoch.numpy()))
+        return None
+
+    def _train_epoch(self, epoch: int, start: int, progress: Progress) -> bool:
+        """Train epoch ``epoch`` from ``start`` to its end; False if preempted mid-epoch."""
+        self._phase.enter(PHASE_INPUT)  # a slow phase: a big input pipeline may take a while to build
+        iterator = self._input.iterator(epoch, start)
+        if self.input_check.agreement_pending and self._tier is not None:
+            # The chief checked the input a restore entered; with the memory tier a survivor may
+            # commit its own snapshot (a rescue), so every worker records the chief's verdict.
+            self.input_check.agreed(self._gather(int(self.input_check.restore_mismatched))[0] > 0)
+        startup_phases.mark("input")
+        ended = self._train_steps(iterator, epoch, start, progress)
+        if ended and not self._preemption_agreed:
+            self._input.retire(iterator, epoch)
+        else:
+            self._input.keep(iterator)  # past the preemption save: no teardown on the way out
+        del iterator
+        return ended
+
+    def _train_steps(self, iterator: Any, epoch: int, start: int, progress: Progress) -> bool:
+        """Train epoch ``epoch`` from ``start`` on ``iterator``; False if preempted mid-epoch."""
+        job = self.job
+        steps_per_epoch = job.steps_per_epoch
+        step_in_epoch, global_step = start, int(self.global_step.numpy())
+        self._phase.enter(PHASE_TRAIN, epoch=epoch, epoch_start_step=global_step - start)
+        while step_in_epoch < steps_per_epoch:
+            steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
+                                            steps_per_epoch=steps_per_epoch, max_steps=self._call.steps)
+            if self._tier is not None:  # a call also ends at the memory tier's next snapshot
+                steps = self._tier.schedule.call_length(global_step=global_step, max_steps=steps)
+            if self._callbacks:
+                self._callbacks.batch_begin(step_in_epoch)
+            self._saving.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
+            agreed = self._call.run(iterator, steps, global_step, self.stats)
+            self._marker.write(global_step + steps)
+            step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
+            progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
+                              means=self.stats.means(), steps_per_call=self._call.steps)
+            hit_step_faults(self.faults, global_step - steps + 1, global_step)
+            if self._callbacks and self._batch_end_stops_early(step_in_epoch - 1):
+                return True  # Keras ends the epoch here: on_epoch_end, on_train_end, final save
+            if agreed.stop:
+                self._preemption_agreed = True
+                if step_in_epoch < steps_per_epoch:
+                    return False
+            elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
+                                        steps_per_epoch=steps_per_epoch, agreed_time_flag=agreed.save):
+                self._saving.save(after_call=True)
+            elif self._tier is not None and step_in_epoch < steps_per_epoch and self._tier.schedule.due(global_step):
+                self._saving.snapshot()  # (the epoch end saves, which snapshots too)
+        return True
+
+    def _record_next_input(self, epoch: int) -> None:
+        """The chief hashes epoch ``epoch``'s first batch before the epoch-end save, so that
+        checkpoint (the one a resume at this boundary restores) carries it for the resume
+        check (runner/input/determinism.py). It replaces the hash :func:`epoch_dataset` would take
+        on entering the epoch: one first-batch build per epoch either way.
+
+        Not for a fit script's input (the runner does not build it), and not when a stop was
+        agreed: the preemption grace period is not spent on it (that boundary then resumes
+        unchecked, as before)."""
+        if self._input_source is not None or self._preemption_agreed or self.cluster.rank != 0:
+            return
+        previous = self._phase.enter(PHASE_INPUT)
+        try:
+            record_first_batch(
+                self.strategy, self.recipe, self.input_check, epoch=epoch, seed=self.job.seed,
+                steps_per_epoch=self.job.steps_per_epoch, global_batch_size=self.job.global_batch_size,
+                params=self.params, workers=self.cluster.num_workers, plain=self._input.plain,
+            )
+        finally:
+            self._phase.restore(previous)
+
+    def _batch_end_stops_early(self, batch: int) -> bool:
+        """``on_train_batch_end``; True when the callbacks stopped training (all agree)."""
+        assert self._callbacks is not None
+        self._callbacks.batch_end(batch, self.stats.means())
+        # One all-reduce per call, only when some callback has batch hooks (every worker
+        # decides this from the full list, so all take part or none).
+        if self._callbacks.has_batch_hooks and self._agree(self._callbacks.stop_training):
+            self._stopped_early = True
+        return self._stopped_early
+
+    def _agree(self, flag: bool) -> bool:
+        """True on every worker when ``flag`` is true on any (one all-reduce)."""
+        agreed = any(self._gather(int(flag)))
+        if self._callbacks:
+            self.model.stop_training = agreed
+        return agreed
+
+    def _after_epoch_saved(self, epoch: int) -> dict[str, Any]:
+        """Epoch-end hook: runs after epoch ``epoch``'s checkpoint is saved, before
+        ``epoch_finished`` is emitted; returns extra fields for that event: the held-out
+        evaluation's results. It reads the weights only, so an async commit overlaps it.
+        With callbacks it runs before the save instead (on_epoch_end needs val_*); after a
+        restore at an epoch end whose evaluation never finished, it runs then."""
+        if self._evaluator is None:
+            return {}
+        previous = self._phase.enter(PHASE_EVAL)
+        try:
+            fields = self._evaluator.after_epoch(epoch + 1)
+        finally:
+            self._phase.restore(previous)
+        self.faults.hit("after_evaluation", int(self.global_step.numpy()))
+        return fields
+
+    def _finish_epoch(self, epoch: int) -> None:
+        """Advance the counters past epoch ``epoch``, save, report ``epoch_finished``.
+
+        With callbacks, the evaluation comes first and ``on_epoch_end`` (its logs carry
+        ``val_*``) runs before the save, with the stop agreed by every worker, so the saved
+        callback state has seen the epoch; ``on_train_end`` runs before the final save.
+        Without, the evaluation follows the save (an async commit overlaps it).
+
+        The epoch-end checkpoint carries the epoch's numbers, and ``epoch_finished`` waits
+        for its commit (runner/outputs/epoch_results.py): a kill before the commit trains
+        the epoch again, which reports it then; a kill after it leaves the report to the
+        restore (``_report_epoch_end_after_restore``). Exactly once either way.
+        """
+        means = self.stats.means()
+        if self._own_step is not None:  # the trackers' results, or the last step's logs (Keras' choice)
+            means = self._own_step.epoch_logs(means)
+        validation, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
+        self.epoch.assign_add(1)
+        self.step_in_epoch.assign(0)
+        self.stats = LastLogs() if self._own_step is not None else EpochStats(self.recipe.metric_states)
+        global_step = int(self.global_step.numpy())
+        self._epoch_results = EpochResults(epoch=epoch, global_step=global_step, loss=means.pop("loss", None),
+                                           metrics=means, validation=validation)
+        completed = self._stopped_early or epoch + 1 >= self.job.epochs
+        if completed and self._callbacks:
+            self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
+        if not completed:
+            self._record_next_input(epoch + 1)
+        self._saving.save(completed=completed)
+        if validation is None:
+            validation = self._after_epoch_saved(epoch)
+        self._saving.checkpointer.flush()  # the epoch-end checkpoint is committed (the chief's wait; others have none)
+        self._report_epoch(self._epoch_results, validation, stopped_early=self._stopped_early)
+        self.faults.hit("after_epoch_finished", global_step)
+
+    @staticmethod
+    def _report_epoch(results: EpochResults, validation: dict[str, Any], *, stopped_early: bool,
+                      after_restore: bool = False) -> None:
+        """``epoch_finished`` (and ``training_stopped`` when a callback ended training there)."""
+        emit("epoch_finished", group=True, **results.event_fields(validation),
+             **({"after_restore": True} if after_restore else {}))
+        if stopped_early:
+            emit("training_stopped", group=True, epoch=results.epoch, global_step=results.global_step,
+                 reason="model.stop_training")
+
+    def _report_epoch_end_after_restore(self, manifest: Manifest) -> None:
+        """A restore exactly at an epoch end whose ``epoch_finished`` was never written (the
+        previous attempt died between the commit and the report): report it now, with the
+        numbers the checkpoint carries, evaluating first if the evaluation had not finished
+        before the save. The chief decides from this run's events.jsonl (it alone writes
+        group events there); every worker follows its answer (one all-reduce), since the
+        evaluation is collective."""
+        results = EpochResults.from_extra(manifest.extra) if manifest.step_in_epoch == 0 else None
+        if results is None or results.global_step != manifest.global_step:
+            return  # mid-epoch: the epoch before was reported before any step of this one
+        missing = self.cluster.is_chief and not already_reported(
+            RunDir(self.job.run_dir).events, run_id=self.run_id, epoch=results.epoch, global_step=results.global_step)
+        if not self._gather(int(missing))[0]:  # the chief's answer, on every worker
+            return
+        validation = results.validation
+        if validation is None:  # evaluated after the save: again now (deterministic, the same numbers)
+            validation = self._after_epoch_saved(results.epoch)
+        self._report_epoch(results, validation, stopped_early=bool(manifest.extra.get("stopped_early")),
+                           after_restore=True)
+
+    def _callbacks_epoch_end(self, epoch: int, means: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Evaluate, ``on_epoch_end``, agree on stopping; (the evaluation's event fields, the logs)."""
+        assert self._callbacks is not None
+        extra = self._after_epoch_saved(epoch)
+        logs = dict(means)
+        if "val_loss" in extra:
+            logs["val_loss"] = extra["val_loss"]
+            logs.update({f"val_{name}": value for name, value in extra["val_metrics"].items()})
+        logs = self._callbacks.epoch_end(epoch, logs)
+        self._stopped_early = self._agree(self._callbacks.stop_training) or self._stopped_early
+        self.faults.hit("after_epoch_end_callbacks", int(self.global_step.numpy()))
+        return extra, logs
+
+    def run(self) -> TrainResult | None:
+        """Train to the end (returns the result) or until preempted (returns None)."""
+        restored = self._saving.restore_or_start()
+        if restored is None:
+            self._fresh_start = True
+        else:
+            self.stats.load_extra(restored.manifest.extra)
+            self._report_epoch_end_after_restore(restored.manifest)
+        startup_phases.mark("restore")
+        callback_state = None if restored is None else restored.callback_state
+        if self._callbacks:
+            self._callbacks.train_begin(resuming=callback_state is not None)
+            if callback_state is not None:
+                self._stopped_early = self._callbacks.restore(callback_state)
+        progress = Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
+        while not self._stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
+            start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
+            if self._own_step is not None and start == 0:  # Keras' fit resets the trackers every epoch
+                self._own_step.reset()
+            if self._callbacks and start == 0:  # not again when re-entering the epoch mid-way
+                self._callbacks.epoch_begin(epoch)
+            if not self._train_epoch(epoch, start, progress):
+                return self._preempt()
+            self._finish_epoch(epoch)
+            if self._preemption_agreed:  # agreed in the epoch's last call: _preempt flushes the epoch-end save
+                return self._preempt()
+        self._phase.enter(PHASE_FINISH)  # the final flush, then the export
+        self._saving.checkpointer.flush()  # the completed checkpoint is committed before exit 0
+        result = TrainResult(
+            global_step=int(self.global_step.numpy()),
+            epoch=int(self.epoch.numpy()),
+            weights_sha256=weights_digest(self.model),
+        )
+        emit(
+            "training_completed",
+            group=True,
+            global_step=result.global_step,
+            epoch=result.epoch,
+            weights_sha256=result.weights_sha256,
+        )
+        return result
+
+
+def _make_sum_over_workers(strategy: Any) -> Callable[[tf.Tensor], tf.Tensor]:
+    """``sum(value)`` over every worker (one all-reduce), as a tf.function.
+
+    Called eagerly, ``strategy.run`` costs a per-call retrace and TensorFlow logs "Using
+    CollectiveAllReduceStrategy eagerly has significant overhead" (up to 5 times a process:
+    it crowded the root cause's log tail). Traced once per dtype; ``reduce_retracing`` lets
+    the iterator-state rows (their width varies with the states' size) share one trace.
+    Every worker calls it at the same points in the same order, as it did eagerly, so the
+    collectives still pair up.
+    """
+
+    @tf.function(reduce_retracing=True, autograph=False)  # nothing to convert: ~20 ms less of the agree phase
+    def sum_over_workers(value: tf.Tensor) -> tf.Tensor:
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(value,)), axis=None)
+
+    return sum_over_workers
+
+
+def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:
+    """Call a recipe builder; its failure is the recipe's (fatal: a restart cannot fix it)."""
+    try:
+        return getattr(recipe, name)(params)
+    except Exception as exc:
+        raise RecipeError(f"recipe {recipe.name}: {name}() failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,52 @@
+"""What a run reports while it trains: ``first_step`` once per attempt (the recovery
+benchmark's "training again" moment, with the start-up phases), then ``train_progress``
+at most every ``--progress-every-s`` (the console's percentage and ETA)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from resilient_train.rundir.events import emit
+from resilient_train.runner.process import startup_phases
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """``first_step`` once per attempt, then ``train_progress`` at most every ``every_s``
+    (with ``epochs``, the planned total: the console's percentage and ETA, a fit script's too)."""
+
+    def __init__(self, every_s: float, steps_per_epoch: int, epochs: int, clock: Callable[[], float]) -> None:
+        self.every_s = every_s
+        self.steps_per_epoch = steps_per_epoch
+        self.epochs = epochs
+        self.clock = clock
+        self.first_pending = True
+        self.last = self.window_start = clock()
+        self.window_steps = 0
+
+    def advanced(self, steps: int, *, epoch: int, step_in_epoch: int, global_step: int, means: dict[str, float],
+                 steps_per_call: int) -> None:
+        if self.first_pending:  # the recovery benchmark's "training again" moment
+            self.first_pending = False
+            emit("first_step", group=True, global_step=global_step)
+            # Every rank's: the chief's strategy/agree phases wait for the slowest peer's own start-up.
+            emit("startup_phases", global_step=global_step, **startup_phases.report())
+        self.window_steps += steps
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return
+        emit(
+            "train_progress",
+            group=True,
+            epoch=epoch,
+            step_in_epoch=step_in_epoch,
+            steps_per_epoch=self.steps_per_epoch,
+            epochs=self.epochs,
+            global_step=global_step,
+            steps_per_s=round(self.window_steps / max(now - self.window_start, 1e-9), 2),
+            steps_per_call=steps_per_call,
+            **{k: round(v, 6) for k, v in means.items()},
+        )
+        self.last = self.window_start = now
+        self.window_steps = 0
