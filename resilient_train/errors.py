@@ -72,6 +72,12 @@ class RecipeRefused(RecipeError):
     message is the whole story, so the supervisor shows that one line, no traceback."""
 
 
+class NumericalAnomalyError(ArithmeticError):
+    """A training step's loss or gradients were not finite, or a state about to be committed
+    holds a non-finite value (runner/health/). With ``--on-anomaly stop`` the worker exits
+    ``EXIT_FATAL``: a restart would replay the same batch. Its message is the whole story."""
+
+
 class StorageError(OSError):
     """Checkpoint storage cannot be used (bad URL, no bucket, no permission).
 
@@ -159,6 +165,7 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(ConfigError, EXIT_FATAL, "fatal"),
     ExitRule(CheckpointIncompatibleError, EXIT_FATAL, "fatal"),
     ExitRule(StaleWriterError, EXIT_FATAL, "fatal"),
+    ExitRule(NumericalAnomalyError, EXIT_FATAL, "numerical anomaly"),
     ExitRule(GroupBrokenError, EXIT_GROUP_BROKEN, "group broke"),
     ExitRule(PeerUnreachableError, EXIT_FAILURE, "peer unreachable"),
     ExitRule(StorageUnavailableError, EXIT_FAILURE, "storage unavailable"),  # before its base

@@ -101,6 +101,9 @@ from resilient_train.runner.outputs.epoch_results import EpochResults, already_r
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
+from resilient_train.runner.health import detector as health_detector  # issue 48 hook
+from resilient_train.runner.health.injection import NanInjection  # issue 48 hook
+from resilient_train.runner.health.anomaly_policy import HealthGuard  # issue 48 hook
 from resilient_train.runner.input.reentry import EpochInput
 from resilient_train.runner.state.memory_tier import RescueUnavailable
 from resilient_train.runner.state.tier import MemoryTier
@@ -317,6 +320,8 @@ class Trainer:
             metrics=ckpt_layout.metric_state(self.model) if self._own_step else None)
         startup_phases.mark("model_build")
         self._value_names: list[str] = []  # the packed row's layout, filled when traced
+        self._health = HealthGuard(self.job.on_anomaly, emit=emit)  # issue 48 hook: --on-anomaly
+        self._nan_injection = NanInjection.from_plan(self.faults)  # issue 48 hook: RT_FAULTS nan_loss
         self._train_call = self._make_train_call()
         self._sum_over_workers = _make_sum_over_workers(self.strategy)
         self.checkpointer = self._make_checkpointer()
@@ -471,6 +476,7 @@ class Trainer:
             faults=self.faults,
             keep=self.job.keep,
             emit=emit,
+            finite_only=self._health.requires_finite_commit,  # issue 48 hook: the commit's second guard
         )
 
     def _make_train_call(self):
@@ -497,6 +503,7 @@ class Trainer:
         recipe_loss = with_autograph(recipe.loss)
         recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
         states = recipe.metric_states  # summed metric states (AUC, Precision...): metric_states.py
+        nan_injection = self._nan_injection
 
         def runner_step(batch):
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
@@ -506,7 +513,9 @@ class Trainer:
                 loss = average_loss(per_example, sample_weight, global_batch_size)
                 if model.losses:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+                loss = nan_injection.poisoned(loss, self.global_step)  # issue 48 hook (no-op unless armed)
             gradients = tape.gradient(loss, model.trainable_variables)
+            nonfinite = health_detector.step_nonfinite(loss, gradients)  # issue 48 hook
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             values = {"loss": loss}
             if recipe_metrics is not None:
@@ -517,14 +526,17 @@ class Trainer:
             # The summed metric states: this replica's batch's share, summed by the step's
             # all-reduce (runner/keras_recipes/metric_states.py).
             shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
-            return values, shares
+            return values, shares, nonfinite
 
         def step_fn(element, flags, fingerprint: bool):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
-            values, shares = (own_step.step(batch), tf.zeros([0], tf.float32)) if own_step is not None \
-                else runner_step(batch)
+            if own_step is not None:  # its gradients are not visible: its logs are tested (issue 48 hook)
+                values = own_step.step(batch)
+                shares, nonfinite = tf.zeros([0], tf.float32), health_detector.logs_nonfinite(values)
+            else:
+                values, shares, nonfinite = runner_step(batch)
             # The memory tier's comparison of the may-differ variables, after this step's
             # update (runner/state/worker_agreement.py): the columns after the named ones,
             # only in the last step of a call that ends at a snapshot (``fingerprint``).
@@ -538,7 +550,7 @@ class Trainer:
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns)  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
-                                control_row.in_replica(flags), agreement], axis=0)
+                                control_row.in_replica(flags, nonfinite), agreement], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
             if not record:
@@ -815,6 +827,10 @@ class Trainer:
         rows = result.numpy()
         startup_phases.mark("first_call")
         self.untrained_fresh_start = False  # a step finished: later failures may be faults
+        # issue 48 hook: a non-finite step stops here (--on-anomaly stop), before any save or snapshot of it.
+        self._health.after_call(health_detector.first_anomaly(
+            rows, self._value_names, first_global_step=global_step + 1,
+            position=lambda: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps)))
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         names = self._value_names

@@ -1,0 +1,105 @@
+"""Numerical health (runner/health/): the in-graph test of a step, the host's reading of a
+call's rows, the policy, the commit's finiteness guard and the NaN injection."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resilient_train.errors import EXIT_FATAL, NumericalAnomalyError, exit_rule_for
+from resilient_train.runner import control_row
+from resilient_train.runner.failures.faults import FaultPlan
+from resilient_train.runner.health.anomaly_policy import HealthGuard, check_finite_state
+from resilient_train.runner.health.detector import Anomaly, first_anomaly, logs_nonfinite, step_nonfinite
+from resilient_train.runner.health.injection import NanInjection
+
+NAMES = control_row.layout(["loss", "accuracy"])
+
+
+def row(loss: float, nonfinite: float = 0.0) -> np.ndarray:
+    votes = control_row.Votes(nonfinite=nonfinite, next_call=4.0)
+    return np.concatenate([np.array([loss, 0.5], np.float32), control_row.encode(votes)])
+
+
+def test_a_nan_or_inf_in_the_loss_or_any_gradient_is_flagged_and_finite_steps_are_not():
+    finite = [tf.constant([1.0, 2.0]), tf.constant([[3.0]])]
+    assert float(step_nonfinite(tf.constant(0.5), finite)) == 0.0
+    assert float(step_nonfinite(tf.constant(float("nan")), finite)) == 1.0
+    assert float(step_nonfinite(tf.constant(0.5), [finite[0], tf.constant([[float("inf")]])])) == 1.0
+    assert float(step_nonfinite(tf.constant(0.5), [None, tf.constant([float("nan")])])) == 1.0  # None: no gradient
+    assert float(logs_nonfinite({"loss": tf.constant(0.5), "acc": tf.constant(float("nan"))})) == 1.0
+    assert float(logs_nonfinite({"loss": tf.constant(0.5)})) == 0.0
+
+
+def test_the_first_row_with_the_column_set_names_its_global_step_and_batch():
+    rows = [row(0.25), row(0.5), row(float("nan"), nonfinite=2.0), row(float("nan"), nonfinite=4.0)]
+    anomaly = first_anomaly(rows, NAMES, first_global_step=11, position=lambda: (1, 10))
+    assert anomaly == Anomaly(global_step=13, epoch=1, step_in_epoch=12, replicas=2,
+                              values={"loss": anomaly.values["loss"], "accuracy": 0.5})
+    assert np.isnan(anomaly.values["loss"])
+    assert "global step 13 (epoch 1, batch 12 of the epoch)" in anomaly.describe()
+
+
+def test_a_healthy_call_asks_nothing_of_the_position():
+    def position() -> tuple[int, int]:
+        raise AssertionError("read only when a row has an anomaly")
+
+    assert first_anomaly([row(0.25), row(0.5)], NAMES, first_global_step=1, position=position) is None
+
+
+def test_stop_reports_once_and_raises_a_fatal_error_naming_the_step():
+    events = []
+    guard = HealthGuard("stop", emit=lambda name, **fields: events.append((name, fields)))
+    guard.after_call(None)
+    assert events == []
+    anomaly = Anomaly(global_step=5, epoch=0, step_in_epoch=4, replicas=1, values={"loss": float("nan")})
+    with pytest.raises(NumericalAnomalyError, match="global step 5 .epoch 0, batch 4 of the epoch.*loss=nan"):
+        guard.after_call(anomaly)
+    assert exit_rule_for(NumericalAnomalyError("x")).code == EXIT_FATAL
+    assert events == [("anomaly_detected", {"group": True, "kind": "nonfinite", "global_step": 5, "epoch": 0,
+                                            "step_in_epoch": 4, "replicas": 1, "values": {"loss": "nan"},
+                                            "action": "stop"})]
+    json.dumps(events[0][1], allow_nan=False)  # the event's values are JSON (no NaN literal)
+    assert guard.requires_finite_commit
+
+
+def test_ignore_reports_the_first_anomaly_only_and_trains_on():
+    events = []
+    guard = HealthGuard("ignore", emit=lambda name, **fields: events.append(fields["global_step"]))
+    for step in (5, 6):
+        guard.after_call(Anomaly(global_step=step, epoch=0, step_in_epoch=step - 1, replicas=2,
+                                 values={"loss": float("inf")}))
+    assert events == [5]
+    assert not guard.requires_finite_commit
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="on_anomaly='rollbak'"):
+        HealthGuard("rollbak", emit=lambda *a, **k: None)
+
+
+def test_the_commit_guard_refuses_a_state_with_a_non_finite_float_and_names_it():
+    check_finite_state([("model/w", np.ones(3, np.float32)), ("step", np.int64(7))], global_step=7)
+    with pytest.raises(NumericalAnomalyError, match="global step 8 .* in model/b"):
+        check_finite_state([("model/w", np.ones(3, np.float32)), ("model/b", np.array([np.nan], np.float32))],
+                           global_step=8)
+
+
+def test_the_injection_poisons_exactly_the_armed_steps_of_this_rank_and_attempt(monkeypatch):
+    faults = json.dumps([{"point": "nan_loss", "global_step": 3, "rank": 1},
+                         {"point": "nan_loss", "global_step": 5, "rank": 0},
+                         {"point": "nan_loss", "global_step": 9, "rank": 1, "attempt": 2}])
+    plan = FaultPlan.from_env({"RT_FAULTS": faults}, rank=1, attempt=1)
+    injection = NanInjection.from_plan(plan)
+    assert injection.steps == (3,)
+    counter = tf.Variable(0, dtype=tf.int64)
+    seen = []
+    for _ in range(4):  # the step being trained is counter + 1
+        seen.append(bool(np.isnan(float(injection.poisoned(tf.constant(0.5), counter)))))
+        counter.assign_add(1)
+    assert seen == [False, False, True, False]
+    loss = tf.constant(0.5)
+    assert NanInjection.from_plan(FaultPlan([], rank=0, attempt=1)).poisoned(loss, counter) is loss  # nothing added
