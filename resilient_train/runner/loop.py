@@ -830,7 +830,8 @@ class Trainer:
         # issue 48 hook: a non-finite step stops here (--on-anomaly stop), before any save or snapshot of it.
         self._health.after_call(health_detector.first_anomaly(
             rows, self._value_names, first_global_step=global_step + 1,
-            position=lambda: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps)))
+            position=lambda: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps)),
+            settle=self.checkpointer.flush)
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         names = self._value_names

@@ -57,9 +57,10 @@ def test_stop_reports_once_and_raises_a_fatal_error_naming_the_step():
     assert events == []
     anomaly = Anomaly(global_step=5, epoch=0, step_in_epoch=4, replicas=1, values={"loss": float("nan")})
     with pytest.raises(NumericalAnomalyError, match="global step 5 .epoch 0, batch 4 of the epoch.*loss=nan"):
-        guard.after_call(anomaly)
+        guard.after_call(anomaly, settle=lambda: events.append(("settled", {})))
     assert exit_rule_for(NumericalAnomalyError("x")).code == EXIT_FATAL
-    assert events == [("anomaly_detected", {"group": True, "kind": "nonfinite", "global_step": 5, "epoch": 0,
+    assert events[1] == ("settled", {})  # the earlier save's commit is waited for, then the stop
+    assert events[:1] == [("anomaly_detected", {"group": True, "kind": "nonfinite", "global_step": 5, "epoch": 0,
                                             "step_in_epoch": 4, "replicas": 1, "values": {"loss": "nan"},
                                             "action": "stop"})]
     json.dumps(events[0][1], allow_nan=False)  # the event's values are JSON (no NaN literal)

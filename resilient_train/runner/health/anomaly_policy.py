@@ -47,8 +47,10 @@ class HealthGuard:
         """Does the commit path refuse a non-finite state (the second guard)?"""
         return self.on_anomaly != ON_ANOMALY_IGNORE
 
-    def after_call(self, anomaly: Anomaly | None) -> None:
-        """Raise (stop) or report and go on (ignore); nothing when the call was healthy."""
+    def after_call(self, anomaly: Anomaly | None, *, settle: Callable[[], Any] = lambda: None) -> None:
+        """Raise (stop) or report and go on (ignore); nothing when the call was healthy.
+        ``settle``: called before the stop raises, to let the in-flight commit of an earlier,
+        healthy save finish (the checkpointer's flush): a fatal exit does not wait for it."""
         if anomaly is None or self._reported:
             return
         self._reported = True
@@ -56,6 +58,7 @@ class HealthGuard:
                    epoch=anomaly.epoch, step_in_epoch=anomaly.step_in_epoch, replicas=anomaly.replicas,
                    values={name: event_value(v) for name, v in anomaly.values.items()}, action=self.on_anomaly)
         if self.on_anomaly == ON_ANOMALY_STOP:
+            settle()
             raise NumericalAnomalyError(f"{anomaly.describe()}; stopped (--on-anomaly stop), its state is not "
                                         "saved and the newest commit is the run's last healthy state")
 

@@ -1,0 +1,51 @@
+"""A NaN loss at a fixed step (RT_FAULTS ``nan_loss``, runner/health/injection.py) with real
+workers: detected at that step, the run stops (--on-anomaly stop, the default) with one line
+naming the step, the batch and the values, nothing non-finite is ever committed, and a re-run
+without the poisoned batch resumes from the newest (healthy) commit and ends exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from resilient_train.errors import EXIT_FATAL
+from tests.integration.conftest import DIGITS, DIGITS_FLAGS
+from tests.integration.harness import run_job
+
+NO_TIER = ("--snapshot-every", "off")
+
+
+def committed_tensors_are_finite(storage) -> list[int]:
+    """The global steps of every committed checkpoint, after checking each one's tensors."""
+    steps = []
+    for manifest in sorted(storage.glob("ckpt-*/MANIFEST.json")):
+        reader = tf.train.load_checkpoint(str(manifest.parent / "ckpt"))
+        for name, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype.is_floating:
+                assert np.isfinite(reader.get_tensor(name)).all(), f"{manifest.parent.name}: {name} is not finite"
+        steps.append(int(manifest.parent.name.split("-")[1]))
+    return steps
+
+
+def test_a_nan_at_step_6_stops_the_run_there_commits_nothing_unhealthy_and_a_rerun_is_exact(
+        tmp_path, digits_reference):
+    run_dir = tmp_path / "run"
+    # Rank 1 only: the other worker's loss is finite, the agreed column still stops both.
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER,
+                  faults=[{"point": "nan_loss", "global_step": 6, "rank": 1}])
+    assert job.returncode == EXIT_FATAL, job.output
+    detected = job.named("anomaly_detected")
+    assert [(e["global_step"], e["epoch"], e["step_in_epoch"], e["replicas"], e["action"], e["values"]["loss"])
+            for e in detected] == [(6, 0, 5, 1, "stop", "nan")]
+    assert "non-finite loss or gradients at global step 6 (epoch 0, batch 5 of the epoch)" in job.output
+    assert "Traceback" not in job.output  # one line, no traceback
+    assert [e["global_step"] for e in job.named("checkpoint_committed")] == [4]
+    assert committed_tensors_are_finite(run_dir / "checkpoints") == [4]
+    assert job.summary["status"] == "failed"
+
+    rerun = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER)
+    assert rerun.returncode == 0, rerun.output
+    restored = [e for e in rerun.named("restored") if e["run_id"] != detected[0]["run_id"]]
+    assert [e["global_step"] for e in restored] == [4]
+    assert [e["run_id"] for e in rerun.named("anomaly_detected")] == [detected[0]["run_id"]]  # the first run's only
+    assert rerun.summary["weights_sha256"] == digits_reference
