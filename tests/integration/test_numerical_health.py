@@ -45,7 +45,6 @@ def test_a_nan_at_step_6_stops_the_run_there_commits_nothing_unhealthy_and_a_rer
 
     rerun = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER)
     assert rerun.returncode == 0, rerun.output
-    restored = [e for e in rerun.named("restored") if e["run_id"] != detected[0]["run_id"]]
-    assert [e["global_step"] for e in restored] == [4]
-    assert [e["run_id"] for e in rerun.named("anomaly_detected")] == [detected[0]["run_id"]]  # the first run's only
+    assert [e["global_step"] for e in rerun.named("restored")] == [4]  # (events.jsonl holds both runs)
+    assert rerun.named("anomaly_detected") == detected  # the first run's only
     assert rerun.summary["weights_sha256"] == digits_reference
