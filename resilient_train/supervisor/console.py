@@ -208,6 +208,14 @@ def _training_stopped(r: Mapping[str, Any], _: Facts) -> str:
             f"a recipe callback set {r.get('reason')}")
 
 
+def _anomaly_detected(r: Mapping[str, Any], _: Facts) -> str:
+    values = ", ".join(f"{name}={value}" for name, value in (r.get("values") or {}).items())
+    then = ("the run stops; its state is not saved" if r.get("action") == "stop"
+            else "training goes on (--on-anomaly ignore)")
+    return (f"non-finite loss or gradients at global step {r['global_step']} (epoch {r['epoch']}, batch "
+            f"{r['step_in_epoch']} of the epoch) on {r['replicas']} replica(s): {values}; {then}")
+
+
 def _model_exported(r: Mapping[str, Any], _: Facts) -> str:
     return f"model of global step {r['global_step']} exported to {r['path']}"
 
@@ -348,6 +356,7 @@ CONSOLE: Mapping[str, Sentence | None] = {
     _PROGRESS: None,  # not a line: the progress display (EventTail)
     "epoch_finished": _epoch_finished,
     "training_stopped": _training_stopped,
+    "anomaly_detected": _anomaly_detected,  # runner/health/
     "training_completed": None,  # the supervisor's "Run completed: ..." line
     "input_torn_down": None,  # a finished epoch's input took long to tear down, off the training thread
     "input_teardown_waited": None,  # an epoch end waited for a retired input's teardown: a timing

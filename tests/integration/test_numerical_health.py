@@ -6,6 +6,7 @@ without the poisoned batch resumes from the newest (healthy) commit and ends exa
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from resilient_train.errors import EXIT_FATAL
@@ -27,10 +28,9 @@ def committed_tensors_are_finite(storage) -> list[int]:
     return steps
 
 
-def test_a_nan_at_step_6_stops_the_run_there_commits_nothing_unhealthy_and_a_rerun_is_exact(
-        tmp_path, digits_reference):
-    run_dir = tmp_path / "run"
-    # Rank 1 only: the other worker's loss is finite, the agreed column still stops both.
+def stopped_at_step_6(run_dir):
+    """The job with a NaN loss at global step 6 on rank 1 (its other worker's loss is finite:
+    the agreed column still stops both), checked; a save every 4 steps commits step 4 first."""
     job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER,
                   faults=[{"point": "nan_loss", "global_step": 6, "rank": 1}])
     assert job.returncode == EXIT_FATAL, job.output
@@ -39,10 +39,21 @@ def test_a_nan_at_step_6_stops_the_run_there_commits_nothing_unhealthy_and_a_rer
             for e in detected] == [(6, 0, 5, 1, "stop", "nan")]
     assert "non-finite loss or gradients at global step 6 (epoch 0, batch 5 of the epoch)" in job.output
     assert "Traceback" not in job.output  # one line, no traceback
-    assert [e["global_step"] for e in job.named("checkpoint_committed")] == [4]
+    assert [e["global_step"] for e in job.named("checkpoint_committed")] == [4]  # the save before it, waited for
     assert committed_tensors_are_finite(run_dir / "checkpoints") == [4]
     assert job.summary["status"] == "failed"
+    return job
 
+
+def test_a_nan_at_step_6_stops_the_run_there_and_commits_nothing_unhealthy(tmp_path):
+    stopped_at_step_6(tmp_path / "run")
+
+
+@pytest.mark.slow  # the stop above, then a re-run (~2 x 40 s)
+def test_after_a_stop_a_rerun_without_the_poisoned_batch_resumes_from_the_healthy_commit_and_is_exact(
+        tmp_path, digits_reference):
+    run_dir = tmp_path / "run"
+    detected = stopped_at_step_6(run_dir).named("anomaly_detected")
     rerun = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER)
     assert rerun.returncode == 0, rerun.output
     assert [e["global_step"] for e in rerun.named("restored")] == [4]  # (events.jsonl holds both runs)
