@@ -78,6 +78,11 @@ class NumericalAnomalyError(ArithmeticError):
     ``EXIT_FATAL``: a restart would replay the same batch. Its message is the whole story."""
 
 
+class AnomalyRollbackError(NumericalAnomalyError):
+    """``--on-anomaly rollback``: the workers leave after a non-finite step so that the gang
+    restart restores the newest (healthy) commit and replays up to it. Restartable."""
+
+
 class StorageError(OSError):
     """Checkpoint storage cannot be used (bad URL, no bucket, no permission).
 
@@ -165,6 +170,7 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(ConfigError, EXIT_FATAL, "fatal"),
     ExitRule(CheckpointIncompatibleError, EXIT_FATAL, "fatal"),
     ExitRule(StaleWriterError, EXIT_FATAL, "fatal"),
+    ExitRule(AnomalyRollbackError, EXIT_FAILURE, "numerical anomaly"),  # before its base
     ExitRule(NumericalAnomalyError, EXIT_FATAL, "numerical anomaly"),
     ExitRule(GroupBrokenError, EXIT_GROUP_BROKEN, "group broke"),
     ExitRule(PeerUnreachableError, EXIT_FAILURE, "peer unreachable"),

@@ -103,7 +103,7 @@ from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.health import detector as health_detector  # issue 48 hook
 from resilient_train.runner.health.injection import NanInjection  # issue 48 hook
-from resilient_train.runner.health.anomaly_policy import HealthGuard  # issue 48 hook
+from resilient_train.runner.health.anomaly_policy import HealthGuard, arm_replay  # issue 48 hook
 from resilient_train.runner.input.reentry import EpochInput
 from resilient_train.runner.state.memory_tier import RescueUnavailable
 from resilient_train.runner.state.tier import MemoryTier
@@ -831,7 +831,7 @@ class Trainer:
         self._health.after_call(health_detector.first_anomaly(
             rows, self._value_names, first_global_step=global_step + 1,
             position=lambda: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps)),
-            settle=self.checkpointer.flush)
+            last_global_step=global_step + steps, settle=self.checkpointer.flush)
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         names = self._value_names
@@ -1040,6 +1040,9 @@ class Trainer:
     def run(self) -> TrainResult | None:
         """Train to the end (returns the result) or until preempted (returns None)."""
         self._restore_or_start()
+        if self._health.rolls_back:  # issue 48 hook: a replay after a rollback? (the chief's answer, one all-reduce)
+            arm_replay(self._health, is_chief=self.cluster.is_chief, events_path=RunDir(self.job.run_dir).events,
+                       run_id=self.run_id, restored_step=int(self.global_step.numpy()), gather=self._gather)
         startup_phases.mark("restore")
         if self._callbacks:
             self._callbacks.train_begin(resuming=self._callback_state is not None)

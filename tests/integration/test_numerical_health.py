@@ -1,7 +1,9 @@
 """A NaN loss at a fixed step (RT_FAULTS ``nan_loss``, runner/health/injection.py) with real
-workers: detected at that step, the run stops (--on-anomaly stop, the default) with one line
-naming the step, the batch and the values, nothing non-finite is ever committed, and a re-run
-without the poisoned batch resumes from the newest (healthy) commit and ends exact."""
+workers: detected at that step, nothing non-finite ever committed (every committed checkpoint's
+tensors are read). ``--on-anomaly stop``: the run stops with one line naming the step, the batch
+and the values, and a re-run resumes from the newest (healthy) commit and ends exact.
+``rollback`` (the default): a NaN of attempt 1 only is judged transient by the replay and the run
+ends exact; a NaN at the same step in every attempt is judged deterministic and the run stops."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def committed_tensors_are_finite(storage) -> list[int]:
 def stopped_at_step_6(run_dir):
     """The job with a NaN loss at global step 6 on rank 1 (its other worker's loss is finite:
     the agreed column still stops both), checked; a save every 4 steps commits step 4 first."""
-    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER,
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER, "--on-anomaly", "stop",
                   faults=[{"point": "nan_loss", "global_step": 6, "rank": 1}])
     assert job.returncode == EXIT_FATAL, job.output
     detected = job.named("anomaly_detected")
@@ -59,3 +61,31 @@ def test_after_a_stop_a_rerun_without_the_poisoned_batch_resumes_from_the_health
     assert [e["global_step"] for e in rerun.named("restored")] == [4]  # (events.jsonl holds both runs)
     assert rerun.named("anomaly_detected") == detected  # the first run's only
     assert rerun.summary["weights_sha256"] == digits_reference
+
+
+def test_a_nan_once_is_rolled_back_judged_transient_and_the_run_ends_exact(tmp_path, digits_reference):
+    run_dir = tmp_path / "run"
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER,
+                  faults=[{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": 1}])
+    assert job.returncode == 0, job.output
+    assert [(e["global_step"], e["action"], e["attempt"]) for e in job.named("anomaly_detected")] == [
+        (6, "rollback", 1)]
+    assert [(e["global_step"], e["anomaly_step"], e["attempt"]) for e in job.named("rolled_back")] == [(4, 6, 2)]
+    assert [(e["global_step"], e["verdict"], e["attempt"]) for e in job.named("replay_verdict")] == [
+        (6, "transient", 2)]
+    committed = committed_tensors_are_finite(run_dir / "checkpoints")
+    assert committed[-1] == 20
+    assert job.summary["weights_sha256"] == digits_reference
+    assert job.summary["restarts"] == 1
+
+
+def test_a_nan_at_the_same_step_in_every_attempt_is_judged_deterministic_and_stops(tmp_path):
+    run_dir = tmp_path / "run"
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER,
+                  faults=[{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": attempt}
+                          for attempt in (1, 2)])
+    assert job.returncode == EXIT_FATAL, job.output
+    assert [(e["global_step"], e["verdict"], e["values"]["loss"], e["values_before"]["loss"])
+            for e in job.named("replay_verdict")] == [(6, "deterministic", "nan", "nan")]
+    assert "came back when replayed from the newest commit (deterministic" in job.output
+    assert committed_tensors_are_finite(run_dir / "checkpoints") == [4]
