@@ -108,9 +108,13 @@ def final_validation(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def anomalies(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every ``anomaly_detected`` (runner/health/): the step, the batch, the kind, what was done."""
+    """Every ``anomaly_detected`` (runner/health/): the step, the batch, the kind, what was done, and
+    the replay's ``verdict`` (``transient`` / ``deterministic``; None without a replay)."""
     keys = ("global_step", "epoch", "step_in_epoch", "kind", "replicas", "values", "action")
-    return [{k: record.get(k) for k in keys} for record in records if record.get("event") == "anomaly_detected"]
+    records = list(records)
+    verdicts = {r.get("global_step"): r.get("verdict") for r in records if r.get("event") == "replay_verdict"}
+    return [{**{k: record.get(k) for k in keys}, "verdict": verdicts.get(record.get("global_step"))}
+            for record in records if record.get("event") == "anomaly_detected"]
 
 
 def attempt_world_sizes(records: Iterable[dict[str, Any]]) -> dict[str, int]:
