@@ -827,7 +827,7 @@ class Trainer:
         rows = result.numpy()
         startup_phases.mark("first_call")
         self.untrained_fresh_start = False  # a step finished: later failures may be faults
-        # issue 48 hook: a non-finite step stops here (--on-anomaly stop), before any save or snapshot of it.
+        # issue 48 hook: a non-finite step is acted on here (--on-anomaly), before any save or snapshot of it.
         self._health.after_call(health_detector.first_anomaly(
             rows, self._value_names, first_global_step=global_step + 1,
             position=lambda: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps)),

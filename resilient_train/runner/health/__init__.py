@@ -8,10 +8,11 @@ the last healthy checkpoint out. What it owns:
   global gradient norm), whose 0/1 rides the packed all-reduce's ``__nonfinite__`` column
   (runner/control_row.py): every worker learns it at the same step, with no collective of its
   own; and the host's reading of a call's rows (the first step that had it).
-* ``policy``: what the run does about it (``--on-anomaly``).
+* ``anomaly_policy``: what the run does about it (``--on-anomaly``: rollback and the replay's
+  verdict, stop, ignore) and the commit's finiteness check.
 * ``injection``: a NaN loss at a chosen global step (``RT_FAULTS`` point ``nan_loss``), for the
   chaos catalogue and for users' own recipes.
 
-The guard before a commit (a twin holding a non-finite tensor is never committed) is the
-commit path's: runner/state/checkpointing.py ``persist_twin``.
+The guard before a commit (a twin holding a non-finite tensor is never committed) is called
+by the commit path: runner/state/checkpointing.py ``persist_twin``.
 """
