@@ -72,6 +72,17 @@ class RecipeRefused(RecipeError):
     message is the whole story, so the supervisor shows that one line, no traceback."""
 
 
+class NumericalAnomalyError(ArithmeticError):
+    """A training step's loss or gradients were not finite, or a state about to be committed
+    holds a non-finite value (runner/health/). With ``--on-anomaly stop`` the worker exits
+    ``EXIT_FATAL``: a restart would replay the same batch. Its message is the whole story."""
+
+
+class AnomalyRollbackError(NumericalAnomalyError):
+    """``--on-anomaly rollback``: the workers leave after a non-finite step so that the gang
+    restart restores the newest (healthy) commit and replays up to it. Restartable."""
+
+
 class StorageError(OSError):
     """Checkpoint storage cannot be used (bad URL, no bucket, no permission).
 
@@ -159,6 +170,8 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(ConfigError, EXIT_FATAL, "fatal"),
     ExitRule(CheckpointIncompatibleError, EXIT_FATAL, "fatal"),
     ExitRule(StaleWriterError, EXIT_FATAL, "fatal"),
+    ExitRule(AnomalyRollbackError, EXIT_FAILURE, "numerical anomaly"),  # before its base
+    ExitRule(NumericalAnomalyError, EXIT_FATAL, "numerical anomaly"),
     ExitRule(GroupBrokenError, EXIT_GROUP_BROKEN, "group broke"),
     ExitRule(PeerUnreachableError, EXIT_FAILURE, "peer unreachable"),
     ExitRule(StorageUnavailableError, EXIT_FAILURE, "storage unavailable"),  # before its base

@@ -71,6 +71,7 @@ EVENTS = (
     "standby_template_ready", "standby_template_lost", "model_exported", "model_export_failed",
     "ray_connected", "placement_ready", "placement_lost", "node_lost", "slurm_step_started",
     "server_started", "server_stopped", "script_output", "attempt_incomplete", "chaos_fault_injected",
+    "anomaly_detected", "rolled_back", "replay_verdict",
 )
 
 

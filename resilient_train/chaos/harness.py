@@ -268,7 +268,10 @@ def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> di
     pid = next((r["pid"] for r in records if r.get("event") == "worker_started"
                 and r.get("attempt") == fault.attempt and r.get("rank") == fault.rank), None)
     exit_record = next((r for r in records if r.get("event") == "worker_exited" and r.get("pid") == pid), None)
-    if fault.point == "before_join":  # it exits by the reachability check: EXIT_FAILURE, not a signal
+    if fault.point == "nan_loss":  # the group saw it at that step of that attempt (runner/health/)
+        fired = any(r.get("event") == "anomaly_detected" and r.get("attempt") == fault.attempt
+                    and r.get("global_step") == fault.global_step for r in records)
+    elif fault.point == "before_join":  # it exits by the reachability check: EXIT_FAILURE, not a signal
         fired = exit_record is not None and exit_record.get("exit_code") == 1
     elif fault.hangs:  # it never exits by itself: it fired when the watchdog found the group hung
         fired = any(r.get("event") == "hang_detected" and r.get("attempt") == fault.attempt for r in records)

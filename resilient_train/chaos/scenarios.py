@@ -47,6 +47,9 @@ KILL_POINTS = ("after_step", "before_commit", "after_commit", "raise")
 WORKER_POINTS = KILL_POINTS + ("input",)
 # before_join: at start-up the rank probes a closed port on 127.0.0.1 for each peer (global_step 0)
 WORKER_POINTS = WORKER_POINTS + ("before_join",)
+# nan_loss: the rank's loss is NaN at that global step (runner/health/injection.py); the default
+# --on-anomaly rollback replays it from the newest commit (no signal: the worker exits 1 itself)
+WORKER_POINTS = WORKER_POINTS + ("nan_loss",)
 EXTERNAL_OPS = (
     "sigkill_worker",       # kill -9 one worker (rank given, "chief" = 0, or "random")
     "sigterm_worker",       # graceful preemption of one worker
@@ -111,6 +114,8 @@ class WorkerFault:
             return f"rank {self.rank} cannot reach its peers at start-up (attempt {self.attempt})"
         if self.point == "input":
             return f"hang rank {self.rank}'s input at batch {self.global_step} (attempt {self.attempt})"
+        if self.point == "nan_loss":
+            return f"NaN loss on rank {self.rank} at step {self.global_step} (attempt {self.attempt})"
         what = "raise" if self.point == "raise" else "hang" if self.hangs else self.signal
         return f"{what} rank {self.rank} at {self.point} step {self.global_step} (attempt {self.attempt})"
 

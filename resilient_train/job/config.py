@@ -49,6 +49,11 @@ LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers
 STRATEGIES = ("mirrored", "parameter-server")  # MultiWorkerMirroredStrategy | its own tier (docs/parameter_server.md)
 RAY_STRATEGIES = ("spread", "pack")
 CHECKPOINT_MODES = ("async", "sync")
+# --on-anomaly (runner/health/anomaly_policy.py): what a non-finite step does to the run.
+ON_ANOMALY_ROLLBACK = "rollback"
+ON_ANOMALY_STOP = "stop"
+ON_ANOMALY_IGNORE = "ignore"
+ON_ANOMALY_CHOICES = (ON_ANOMALY_ROLLBACK, ON_ANOMALY_STOP, ON_ANOMALY_IGNORE)
 
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
 
@@ -202,6 +207,12 @@ class JobConfig:
         "--set", pairs=parse_set_pairs, metavar="KEY=VALUE", help="recipe parameter"))
     keep: int = field(default=3, metadata=_flag(
         "--keep", parse=_integer, help="committed checkpoints to keep (default 3)"))
+    on_anomaly: str = field(default=ON_ANOMALY_ROLLBACK, metadata=_flag(  # runner/health/anomaly_policy.py
+        "--on-anomaly", choices=ON_ANOMALY_CHOICES,
+        help="a step whose loss or gradients are not finite (its state is never saved): rollback (default) restarts "
+        "from the newest commit and replays; the anomaly gone, training goes on (transient), back at the same step, "
+        "the run stops (deterministic); stop ends the run at once with one line naming the step, the batch and the "
+        "values; ignore: report it and train on, committing whatever the state is (docs/failures.md)"))
     max_restarts: int = field(default=3, metadata=_flag(
         "--max-restarts", parse=_integer, help="gang restarts after failures (default 3)"))
     max_preemptions: int | None = field(default=None, metadata=_flag(

@@ -78,6 +78,9 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+# Errors whose message is the whole story: rendered as that one line (WorkerFailure.render).
+_ONE_LINE_ERRORS = frozenset({"RecipeRefused", "NumericalAnomalyError"})
+
 # Exception types that TensorFlow raises in a survivor when a peer disappears, and ours
 # for the same (errors.GroupBrokenError: what the worker records them as).
 _SECONDARY_TYPES = frozenset(
@@ -350,9 +353,10 @@ class RootCause:
 
     def render(self) -> str:
         """A short block for humans: cause, traceback tail, log tail, secondary failures; for
-        a refusal (errors.py ``RecipeRefused``: the job asks for what the runner refuses),
+        a refusal (errors.py ``RecipeRefused``: the job asks for what the runner refuses) and
+        a stop on a numerical anomaly (``NumericalAnomalyError``: the step, the batch, the values),
         its one line in the user's terms and nothing else (the worker's log keeps the rest)."""
-        if self.error is not None and self.error.short_type == "RecipeRefused":
+        if self.error is not None and self.error.short_type in _ONE_LINE_ERRORS:
             return _first_line(self.error.message)
         at_step = f" at global_step {self.global_step}" if self.global_step is not None else ""
         lines = [

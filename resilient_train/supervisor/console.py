@@ -208,6 +208,27 @@ def _training_stopped(r: Mapping[str, Any], _: Facts) -> str:
             f"a recipe callback set {r.get('reason')}")
 
 
+def _anomaly_detected(r: Mapping[str, Any], _: Facts) -> str:
+    values = ", ".join(f"{name}={value}" for name, value in (r.get("values") or {}).items())
+    then = {"stop": "the run stops; its state is not saved",
+            "rollback": "its state is not saved; rolling back to the newest commit to replay it"}.get(
+        str(r.get("action")), "training goes on (--on-anomaly ignore)")
+    return (f"non-finite loss or gradients at global step {r['global_step']} (epoch {r['epoch']}, batch "
+            f"{r['step_in_epoch']} of the epoch) on {r['replicas']} replica(s): {values}; {then}")
+
+
+def _rolled_back(r: Mapping[str, Any], _: Facts) -> str:
+    return f"rolled back to global step {r['global_step']}: replaying up to step {r['anomaly_step']}"
+
+
+def _replay_verdict(r: Mapping[str, Any], _: Facts) -> str:
+    if r.get("verdict") == "transient":
+        return (f"replayed step {r['global_step']} with finite values: the anomaly was transient (not the data); "
+                "training goes on")
+    return (f"the anomaly came back at step {r['global_step']} when replayed: deterministic (the data or the "
+            "model); the run stops")
+
+
 def _model_exported(r: Mapping[str, Any], _: Facts) -> str:
     skipped = "".join(f"; no {name}: {why}" for name, why in (r.get("skipped") or {}).items())
     return f"model of global step {r['global_step']} exported to {r['path']}{skipped}"
@@ -349,6 +370,9 @@ CONSOLE: Mapping[str, Sentence | None] = {
     _PROGRESS: None,  # not a line: the progress display (EventTail)
     "epoch_finished": _epoch_finished,
     "training_stopped": _training_stopped,
+    "anomaly_detected": _anomaly_detected,  # runner/health/
+    "rolled_back": _rolled_back,
+    "replay_verdict": _replay_verdict,
     "training_completed": None,  # the supervisor's "Run completed: ..." line
     "input_torn_down": None,  # a finished epoch's input took long to tear down, off the training thread
     "input_teardown_waited": None,  # an epoch end waited for a retired input's teardown: a timing

@@ -20,7 +20,7 @@ from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.redact import redact
 from resilient_train.rundir import stepmarker
 
-__all__ = ["RootCauseRecord", "RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "build_summary", "write_summary"]
+__all__ = ["RootCauseRecord", "RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "anomalies", "build_summary", "write_summary"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,16 @@ def final_validation(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"val_epoch": last["epoch"] + 1, **{k: last.get(k) for k in ("val_loss", "val_metrics", "val_examples")}}
 
 
+def anomalies(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every ``anomaly_detected`` (runner/health/): the step, the batch, the kind, what was done, and
+    the replay's ``verdict`` (``transient`` / ``deterministic``; None without a replay)."""
+    keys = ("global_step", "epoch", "step_in_epoch", "kind", "replicas", "values", "action")
+    records = list(records)
+    verdicts = {r.get("global_step"): r.get("verdict") for r in records if r.get("event") == "replay_verdict"}
+    return [{**{k: record.get(k) for k in keys}, "verdict": verdicts.get(record.get("global_step"))}
+            for record in records if record.get("event") == "anomaly_detected"]
+
+
 def attempt_world_sizes(records: Iterable[dict[str, Any]]) -> dict[str, int]:
     """``{attempt: workers it ran at}`` (as strings, JSON's keys), from ``worker_started``."""
     ranks: dict[int, set[int | None]] = {}  # a record without a rank still counts once
@@ -150,6 +160,7 @@ def build_summary(
         "preemptions": totals.preemptions,
         "membership_changes": totals.membership_changes,
         "lost_steps": totals.lost_steps,
+        "anomalies": anomalies(records),
         "root_cause": totals.root_cause.to_json() if totals.root_cause is not None else None,
         "workers": workers,
         "world_sizes": attempt_world_sizes(records),

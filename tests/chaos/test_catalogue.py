@@ -164,7 +164,8 @@ def test_the_toml_catalogue_is_exactly_the_python_catalogue_it_replaced() -> Non
     before = {RENAMED.get(s.name, s.name): s for s in BEFORE}
     assert len(before) == 20 and set(before) <= set(loaded)
     assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6)
-        "rescue-chief-killed-between-saves", "rescue-hang-between-saves", "rescue-rank-killed-between-saves"]
+        "nan-once", "rescue-chief-killed-between-saves", "rescue-hang-between-saves",
+        "rescue-rank-killed-between-saves"]
     for name, scenario in before.items():
         renamed = Scenario(name, scenario.summary, scenario.faults, scenario.job, scenario.expect_restored, scenario.ci)
         assert loaded[name] == renamed, name  # every field: summary, faults (in order), job, expectations, ci
@@ -212,7 +213,7 @@ def test_the_ci_scenarios_are_the_catalogues() -> None:
 def test_the_catalogue_is_a_plain_directory_of_toml_files_not_a_package() -> None:
     assert not (REPO / "chaos" / "__init__.py").exists() and not (CATALOGUE_DIR / "__init__.py").exists()
     assert [p.name for p in (REPO / "chaos").rglob("*.py")] == ["__main__.py"]  # `python -m chaos`, nothing else
-    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 23
+    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 24
 
 
 def test_run_by_path_loads_the_same_scenario_as_run_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,7 +252,7 @@ def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
     monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (23 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (24 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert re.fullmatch(r"kill-chief-at-7 +\[ci\] the seeds' experiment: .*resumes from 7",
                         next(line for line in lines if line.startswith("kill-chief-at-7")))
@@ -270,7 +271,7 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "resilient_train.chaos", "list"], cwd=elsewhere, capture_output=True,
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (23 scenarios; run one by name or by its file's path)"
+    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (24 scenarios; run one by name or by its file's path)"
 
 
 def _at_the_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -284,7 +285,7 @@ def test_python_m_chaos_at_the_checkout_is_the_packages_command(tmp_path: Path) 
     listed = _at_the_checkout("chaos", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (23 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (24 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert listed.stdout == _at_the_checkout("resilient_train.chaos", "list").stdout
     bad = tmp_path / "kill-once.toml"
@@ -353,7 +354,7 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
         f"{f}: job.save_every_steps: received 0; expected an integer >= 1",
         f"{f}: expect.restored: received [7, '8']; expected an array of integers >= 0 (global steps)",
         f"{f}: faults[1].point: received 'after_comit'; expected one of after_step, before_commit, after_commit, "
-        "raise, input, before_join; did you mean 'after_commit'?",
+        "raise, input, before_join, nan_loss; did you mean 'after_commit'?",
         f"{f}: faults[1].global_step: received '7' (a string); expected an integer >= 0",
         f"{f}: faults[2].op: received 'sigkill_workr'; expected one of sigkill_worker, sigterm_worker, "
         "sigkill_supervisor, sigterm_supervisor, corrupt_newest, sigkill_during_upload; did you mean 'sigkill_worker'?",
@@ -438,7 +439,7 @@ def test_a_broken_file_in_a_catalogue_fails_list_with_its_lines_and_run_all_too(
     assert main(["list", "--catalogue", str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"chaos: error: {tmp_path / 'bad.toml'}: faults[1].point: received 'rise'; expected one of after_step, "
-        "before_commit, after_commit, raise, input, before_join; did you mean 'raise'?"]
+        "before_commit, after_commit, raise, input, before_join, nan_loss; did you mean 'raise'?"]
     assert main(["run", "--all", "--catalogue", str(tmp_path), "--recipe", RECIPE, "--root", str(tmp_path / "r")]) == 2
     assert "bad.toml: faults[1].point" in capsys.readouterr().err and not (tmp_path / "r").exists()
 

@@ -47,7 +47,7 @@ def documented_events():
 
 SHOWN = {
     "run_started", "run_finished", "job_changed", "worker_restarted", "fresh_start", "restored", "epoch_finished",
-    "training_stopped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
+    "training_stopped", "anomaly_detected", "rolled_back", "replay_verdict", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
     "checkpoint_committed", "checkpoint_rejected", "checkpoint_failed", "storage_retry", "storage_claimed",
     "stale_writer_fenced", "gang_restart", "hang_detected", "model_exported", "model_export_failed",
     "ray_connected", "node_lost", "chaos_fault_injected", "script_output",
@@ -58,7 +58,7 @@ SHOWN = {
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 74
+    assert len(documented) == 77
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN
@@ -115,6 +115,14 @@ SENTENCES = [
      "epoch 1 finished  loss 1.3215  val_loss 0.2500  (reported after the restart)"),
     ({"event": "training_stopped", "epoch": 2, "global_step": 120, "reason": "model.stop_training"},
      "training stopped early after epoch 3 at global step 120: a recipe callback set model.stop_training"),
+    ({"event": "anomaly_detected", "kind": "nonfinite", "global_step": 6, "epoch": 0, "step_in_epoch": 5,
+      "replicas": 1, "values": {"loss": "nan", "accuracy": 0.09375}, "action": "stop"},
+     "non-finite loss or gradients at global step 6 (epoch 0, batch 5 of the epoch) on 1 replica(s): loss=nan, "
+     "accuracy=0.09375; the run stops; its state is not saved"),
+    ({"event": "rolled_back", "global_step": 4, "anomaly_step": 6},
+     "rolled back to global step 4: replaying up to step 6"),
+    ({"event": "replay_verdict", "global_step": 6, "verdict": "transient", "values_before": {"loss": "nan"}},
+     "replayed step 6 with finite values: the anomaly was transient (not the data); training goes on"),
     ({"event": "input_mismatch", "epoch": 1, "checkpoint": "s/ckpt-000000000040", "expected_sha256": "a" * 64,
       "found_sha256": "b" * 64, "strict": False},
      "epoch 2's input differs from the one recorded with s/ckpt-000000000040, so the resumed run will not match "

@@ -75,6 +75,7 @@ def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomica
         "status": "completed", "run_id": "r", "recipe": "recipes/x.py",
         "epochs": 2, "global_step": 20, "weights_sha256": "a" * 64, "checkpoint": "file:///s/ckpt-000000000020",
         "exact": True, "inexact": [], "attempts": 2, "restarts": 1, "preemptions": 2, "membership_changes": 0, "lost_steps": 3,
+        "anomalies": [],
         "root_cause": {"rank": 1, "pid": 42, "exit": "exit code 1", "type": "ValueError", "message": "bad",
                        "global_step": 7, "attempt": 2},
         "workers": 2, "world_sizes": {"1": 2, "2": 1}, "run_dir": str(run_dir.path), "storage": "file:///s", "events": str(run_dir.events),

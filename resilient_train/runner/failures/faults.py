@@ -52,7 +52,7 @@ from typing import Mapping
 __all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
 
 POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join",
-          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished")
+          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss")
 HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
 
 
@@ -89,6 +89,10 @@ class FaultPlan:
                 raise ValueError(f"RT_FAULTS signal {fault.signal!r}; expected a signal name such as SIGKILL "
                                  f"or SIGSTOP, or {HANG!r}")
         return cls(faults, rank=rank, attempt=attempt)
+
+    def armed_steps(self, point: str) -> list[int]:
+        """The global steps armed at ``point`` (for a fault the traced step makes: ``nan_loss``)."""
+        return sorted(step for (p, step) in self._armed if p == point)
 
     def take(self, point: str, global_step: int) -> bool:
         """Whether a fault is armed here (once), for a point whose effect the caller makes."""

@@ -75,6 +75,7 @@ import tensorflow as tf
 
 from resilient_train.runner.state.memory_tier import Snapshot
 from resilient_train.runner.state.model_state import preserved_rng
+from resilient_train.runner.health.anomaly_policy import check_finite_state
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.checkpoint.manifest import FileEntry
 from resilient_train.rundir.events import emit as _default_emit
@@ -325,6 +326,10 @@ class TwinState:
     def snapshot(self) -> None:
         self._snapshot()
 
+    def named_values(self) -> list[tuple[str, np.ndarray]]:
+        """Every twin variable's value, by its checkpoint path (the commit's finiteness check)."""
+        return [(path, twin.numpy()) for path, _, twin in self.pairs]
+
     def write(self, prefix: str) -> None:
         """Write the twin's state as a tf.train.Checkpoint at ``prefix`` (its directory exists)."""
         self._write(tf.constant(prefix))
@@ -527,8 +532,14 @@ def persist_twin(
     faults: Any,
     keep: int,
     emit: Callable[..., None] = _default_emit,
+    finite_only: bool = False,
 ) -> Manifest:
-    """The background half of an async save: write the twin, hash it, commit it."""
+    """The background half of an async save: write the twin, hash it, commit it.
+    ``finite_only`` (--on-anomaly stop): a twin holding a non-finite value is never committed
+    (runner/health/anomaly_policy.py; the step's own check stops the run before such a save, this is
+    the second guard)."""
+    if finite_only:
+        check_finite_state(twin.named_values(), global_step=request.global_step)
     local_dir = Path(staging_root) / CheckpointStore.dir_name(request.global_step)
     shutil.rmtree(local_dir, ignore_errors=True)
     local_dir.mkdir(parents=True)

@@ -76,6 +76,8 @@ class Saving:
     ``epoch_extra(global_step)``: what the epoch adds to a save's manifest ``extra``.
     ``saved()``: the group took an agreed save (the save policy's clock restarts, the preemption
     notice watch drops a vote that arrives right after it: runner/process/preemption_notices.py).
+    ``finite_only`` (--on-anomaly stop/rollback): a state holding a non-finite value is never
+    committed (persist_twin's check: the second guard behind runner/health/).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class Saving:
         epoch_extra: Callable[[int], dict[str, Any]],
         stopped_early: Callable[[], bool],
         saved: Callable[[], None],
+        finite_only: bool = False,
     ) -> None:
         self._job, self._cluster, self._store, self._work_dir = job, cluster, store, work_dir
         self._checkpoint, self._counters, self._tier, self._phase = checkpoint, counters, tier, phase
@@ -119,7 +122,7 @@ class Saving:
         # The background half of an async save (persist thread), or a rescue's commit: _persist.
         self._persist_twin = functools.partial(
             persist_twin, store=store, staging_root=work_dir / "staging", digest=weights_digest, run_id=run_id,
-            world_size=cluster.num_workers, faults=faults, keep=job.keep)
+            world_size=cluster.num_workers, faults=faults, keep=job.keep, finite_only=finite_only)
         self.checkpointer = self._make_checkpointer(model, strategy, tier_off, build_twin, sum_over_workers,
                                                     run_id=run_id, faults=faults)
 

@@ -51,6 +51,7 @@ class Votes:
 
     stop: float = 0.0  # a stop request (SIGTERM/SIGINT): the group stops after this call
     save: float = 0.0  # a save now: the chief's time-based vote, any worker's surviving notice
+    nonfinite: float = 0.0  # set in the step, never by the host: a replica's loss or gradient norm was not finite
     next_call: float = 0.0  # the next call's maximum steps (runner/training/call_size.py)
     snapshot_every: float = 0.0  # --snapshot-every auto: the proposed interval (0: not yet)
     capture_every: float = 0.0  # ... and the input's capture interval proposed with it
@@ -59,14 +60,18 @@ class Votes:
 CONTROL: tuple[Column, ...] = (
     Column("__stop_requested__", Adds.EVERY_WORKER, "the sum of the workers' stop requests"),
     Column("__save_due__", Adds.EVERY_WORKER, "the sum of the workers' save votes"),
+    Column("__nonfinite__", Adds.EVERY_WORKER,
+           "the number of replicas whose loss or gradient norm was not finite at this step (runner/health/)"),
     Column("__next_call_steps__", Adds.CHIEF, "the chief's size of the next call"),
     Column("__snapshot_every__", Adds.CHIEF, "the chief's proposed snapshot interval (0: none)"),
     Column("__capture_every__", Adds.CHIEF, "the chief's proposed capture interval (0: none)"),
 )
-assert [f.name for f in fields(Votes)] == ["stop", "save", "next_call", "snapshot_every", "capture_every"]
+assert [f.name for f in fields(Votes)] == ["stop", "save", "nonfinite", "next_call", "snapshot_every",
+                                          "capture_every"]
 assert len(CONTROL) == len(fields(Votes))
 _CHIEF_FROM = next(i for i, column in enumerate(CONTROL) if column.adds is Adds.CHIEF)
 assert all(column.adds is Adds.CHIEF for column in CONTROL[_CHIEF_FROM:])  # one slice: cheap in the graph
+_NONFINITE = next(i for i, column in enumerate(CONTROL) if column.name == "__nonfinite__")
 
 
 def encode(votes: Votes) -> np.ndarray:
@@ -74,10 +79,14 @@ def encode(votes: Votes) -> np.ndarray:
     return np.array(astuple(votes), dtype=np.float32)
 
 
-def in_replica(flags: tf.Tensor) -> tf.Tensor:
-    """Inside the step, per replica: the control columns this replica adds to the SUM."""
+def in_replica(flags: tf.Tensor, nonfinite: tf.Tensor | None = None) -> tf.Tensor:
+    """Inside the step, per replica: the control columns this replica adds to the SUM.
+    ``nonfinite``: this replica's 0/1 float32 (runner/health/detector.py), in its column."""
     first_replica = tf.cast(tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0), tf.float32)
-    return tf.concat([flags[:_CHIEF_FROM], flags[_CHIEF_FROM:] * first_replica], axis=0)
+    every_worker = flags[:_CHIEF_FROM]
+    if nonfinite is not None:
+        every_worker = every_worker + tf.one_hot(_NONFINITE, _CHIEF_FROM, dtype=tf.float32) * nonfinite
+    return tf.concat([every_worker, flags[_CHIEF_FROM:] * first_replica], axis=0)
 
 
 def layout(value_names: Sequence[str]) -> list[str]:

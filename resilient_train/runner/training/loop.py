@@ -91,6 +91,8 @@ from resilient_train.runner.state.tier import MemoryTier
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.runner.state.saving import Saving
 from resilient_train.runner.process import startup_phases
+from resilient_train.runner.health.anomaly_policy import HealthGuard, arm_replay
+from resilient_train.runner.health.injection import NanInjection
 from resilient_train.runner.training.epoch_end import EpochStats
 from resilient_train.runner.training.progress import Progress
 from resilient_train.runner.training.strategy import make_strategy
@@ -245,13 +247,17 @@ class Trainer:
             model=self.model, optimizer=self.optimizer, counters=counters, rng=ckpt_layout.rng_state(self.model),
             metrics=ckpt_layout.metric_state(self.model) if self._own_step else None)
         startup_phases.mark("model_build")
+        self._health = HealthGuard(self.job.on_anomaly, emit=emit)  # --on-anomaly (runner/health/)
         self._call = TrainCall(
             strategy=self.strategy, model=self.model, optimizer=self.optimizer, recipe=self.recipe,
             own_step=self._own_step, counters=(self.global_step, self.step_in_epoch),
             global_batch_size=self.job.global_batch_size, steps_per_execution=self.job.steps_per_execution,
             tier=self._tier, is_chief=self.cluster.is_chief, stop_vote=self._preemption_flag,
             save_vote=lambda: max(self.policy.time_flag(), float(self.save_requested())),
-            save_at=self.policy.counts_to, indices=indices)
+            save_at=self.policy.counts_to, indices=indices, health=self._health,
+            settle=lambda: self._saving.checkpointer.flush(),
+            position=lambda steps: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps),
+            nan_injection=NanInjection.from_plan(self.faults))
         self._sum_over_workers = _make_sum_over_workers(self.strategy)
         self._saving = Saving(
             self.job, self.cluster, store=self.store, run_id=self.run_id, work_dir=self.work_dir, faults=self.faults,
@@ -259,7 +265,8 @@ class Trainer:
             counters=(self.epoch, self.step_in_epoch, self.global_step), tier=self._tier, tier_off=tier_off,
             phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._sum_over_workers,
             gather=self._gather, recipe=self.recipe, input_check=self.input_check, fingerprint=self._fingerprint,
-            epoch_extra=self._epoch_extra, stopped_early=lambda: self._stopped_early, saved=self._saved)
+            epoch_extra=self._epoch_extra, stopped_early=lambda: self._stopped_early, saved=self._saved,
+            finite_only=self._health.requires_finite_commit)
         self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
         self._callbacks = self._make_callbacks()
         self._input = self._make_epoch_input()
@@ -575,6 +582,9 @@ class Trainer:
         else:
             self.stats.load_extra(restored.manifest.extra)
             self._report_epoch_end_after_restore(restored.manifest)
+        if self._health.rolls_back:  # a replay after a rollback? (the chief's answer, one all-reduce)
+            arm_replay(self._health, is_chief=self.cluster.is_chief, events_path=RunDir(self.job.run_dir).events,
+                       run_id=self.run_id, restored_step=int(self.global_step.numpy()), gather=self._gather)
         startup_phases.mark("restore")
         callback_state = None if restored is None else restored.callback_state
         if self._callbacks:

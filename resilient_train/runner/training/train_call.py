@@ -32,6 +32,9 @@ import tensorflow as tf
 
 from resilient_train.job.recipe import Recipe
 from resilient_train.rundir.stepindices import StepIndexLog
+from resilient_train.runner.health import detector as health_detector
+from resilient_train.runner.health.anomaly_policy import HealthGuard
+from resilient_train.runner.health.injection import NanInjection
 from resilient_train.runner.process import startup_phases
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
@@ -61,6 +64,10 @@ class TrainCall:
     save columns, asked once per call. ``save_at(step)``: is ``step`` a step-count save
     point (a snapshot's comparison then rides the call that reaches it). ``indices``: the
     ``--record-indices`` log (None: not recording; every worker gathers, the chief's log writes).
+    ``health``: acts on a call's first non-finite step (--on-anomaly, runner/health/) before
+    anything of that call is saved; ``settle()`` first lands the earlier, healthy save in flight;
+    ``position(steps)``: (epoch, step in the epoch) of the call's first step, after it.
+    ``nan_injection``: RT_FAULTS ``nan_loss`` (compiled in only when armed).
     """
 
     def __init__(
@@ -80,8 +87,14 @@ class TrainCall:
         save_vote: Callable[[], float],
         save_at: Callable[[int], bool],
         indices: StepIndexLog | None,
+        health: HealthGuard,
+        settle: Callable[[], Any],
+        position: Callable[[int], tuple[int, int]],
+        nan_injection: NanInjection,
     ) -> None:
         self._recipe = recipe
+        self._health, self._settle, self._position = health, settle, position
+        self._nan_injection = nan_injection
         self._tier = tier
         self._is_chief = is_chief
         self._stop_vote, self._save_vote, self._save_at = stop_vote, save_vote, save_at
@@ -112,6 +125,7 @@ class TrainCall:
         recipe_loss = with_autograph(recipe.loss)
         recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
         states = recipe.metric_states  # summed metric states (AUC, Precision...): metric_states.py
+        nan_injection = self._nan_injection
 
         def runner_step(batch):
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
@@ -121,7 +135,9 @@ class TrainCall:
                 loss = average_loss(per_example, sample_weight, global_batch_size)
                 if model.losses:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+                loss = nan_injection.poisoned(loss, global_step)  # RT_FAULTS nan_loss (no-op unless armed)
             gradients = tape.gradient(loss, model.trainable_variables)
+            nonfinite = health_detector.step_nonfinite(loss, gradients)  # the __nonfinite__ column
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             values = {"loss": loss}
             if recipe_metrics is not None:
@@ -132,14 +148,17 @@ class TrainCall:
             # The summed metric states: this replica's batch's share, summed by the step's
             # all-reduce (runner/keras_recipes/metric_states.py).
             shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
-            return values, shares
+            return values, shares, nonfinite
 
         def step_fn(element, flags, fingerprint: bool):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
-            values, shares = (own_step.step(batch), tf.zeros([0], tf.float32)) if own_step is not None \
-                else runner_step(batch)
+            if own_step is not None:  # its gradients are not visible: its logs are tested
+                values = own_step.step(batch)
+                shares, nonfinite = tf.zeros([0], tf.float32), health_detector.logs_nonfinite(values)
+            else:
+                values, shares, nonfinite = runner_step(batch)
             # The memory tier's comparison of the may-differ variables, after this step's
             # update (runner/state/worker_agreement.py): the columns after the named ones,
             # only in the last step of a call that ends at a snapshot (``fingerprint``).
@@ -153,7 +172,7 @@ class TrainCall:
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns)  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
-                                control_row.in_replica(flags), agreement], axis=0)
+                                control_row.in_replica(flags, nonfinite), agreement], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
             if not record:
@@ -228,6 +247,10 @@ class TrainCall:
         rows = result.numpy()
         startup_phases.mark("first_call")
         self.trained = True
+        # A non-finite step is acted on here (--on-anomaly), before any save or snapshot of it.
+        self._health.after_call(health_detector.first_anomaly(
+            rows, self._value_names, first_global_step=global_step + 1, position=lambda: self._position(steps)),
+            last_global_step=global_step + steps, settle=self._settle)
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         self._add_rows(rows, stats)

@@ -29,7 +29,9 @@ flags = control_row.encode(Votes(stop=1.0, save=0.0, next_call=12.0, snapshot_ev
 @tf.function
 def step():
     def replica():
-        packed = tf.concat([tf.constant([0.5]), control_row.in_replica(tf.constant(flags))], axis=0)
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        nonfinite = tf.cast(tf.equal(replica, 1), tf.float32)  # the second replica saw a NaN
+        packed = tf.concat([tf.constant([0.5]), control_row.in_replica(tf.constant(flags), nonfinite)], axis=0)
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, packed)
     return strategy.experimental_local_results(strategy.run(replica))[0]
 
@@ -44,7 +46,8 @@ def test_every_worker_columns_count_each_replica_and_chief_columns_only_the_firs
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}).stdout
     values, summed = json.loads(out.strip().splitlines()[-1])
     assert values == {"loss": 1.0}  # 0.5 from each replica
-    assert summed == [2.0, 0.0, 12.0, 252.0, 742.0]  # stop counted per replica, the chief's numbers once
+    # stop counted per replica, the step's non-finite flag of the one replica, the chief's numbers once
+    assert summed == [2.0, 0.0, 1.0, 12.0, 252.0, 742.0]
 
 
 def test_the_layout_is_the_values_then_the_control_table():
@@ -53,7 +56,7 @@ def test_the_layout_is_the_values_then_the_control_table():
 
 def test_split_ignores_the_columns_after_the_named_ones():
     names = control_row.layout(["loss", "accuracy"])
-    row = np.array([0.25, 0.75, 0.0, 1.0, 7.0, 0.0, 0.0, 123.0, 456.0], dtype=np.float32)  # + 2 comparison columns
+    row = np.array([0.25, 0.75, 0.0, 1.0, 0.0, 7.0, 0.0, 0.0, 123.0, 456.0], dtype=np.float32)  # + 2 comparison columns
     values, summed = control_row.split(row, names)
     assert values == {"loss": 0.25, "accuracy": 0.75}
     assert summed == Votes(stop=0.0, save=1.0, next_call=7.0)

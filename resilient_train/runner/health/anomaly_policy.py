@@ -1,0 +1,161 @@
+"""What the run does about a non-finite step: ``--on-anomaly`` (job/config.py).
+
+Every worker reads the same reduced rows, so every worker finds the same anomaly after the
+same call and acts alike, before any save or snapshot of that call: the step's state is never
+saved. Before a worker leaves on one, it waits for the in-flight commit of the save before it
+(``settle``), so nothing committed is lost and the newest commit is healthy.
+
+``stop``: the worker exits ``EXIT_FATAL`` with one line naming the step, the batch and the
+values (a restart would replay the same batch and meet the same NaN).
+
+``rollback`` (the default): the workers exit ``EXIT_FAILURE`` (:class:`AnomalyRollbackError`),
+the supervisor's ordinary gang restart restores the newest commit, and the restarted attempt
+replays up to the anomaly's step; this run's events.jsonl tells it which step that was
+(:func:`pending_rollback`, read by the chief and agreed by every worker). The replay decides:
+
+* the anomaly comes back at the same step: ``deterministic`` (the data or the model): the
+  run stops as with ``stop``; skipping the batch is not done yet (issue 48);
+* the replay passes that step with finite values: ``transient`` (a flipped bit, a bad
+  read): training goes on from the replay, which is exact.
+
+An anomaly at another step during a replay is a new one: rolled back again. The restart
+budget (``--max-restarts``) bounds the rollbacks like any restart.
+
+``ignore``: the old behaviour (train on, commit whatever the state is), the first anomaly
+reported. For a user who knows the NaN is harmless.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from resilient_train.errors import AnomalyRollbackError, NumericalAnomalyError
+from resilient_train.job.config import (
+    ON_ANOMALY_CHOICES as ON_ANOMALY, ON_ANOMALY_IGNORE, ON_ANOMALY_ROLLBACK, ON_ANOMALY_STOP,
+)
+from resilient_train.runner.health.detector import Anomaly
+
+__all__ = ["HealthGuard", "check_finite_state", "event_value", "pending_rollback"]
+
+DETERMINISTIC = "deterministic"
+TRANSIENT = "transient"
+
+
+def event_value(value: float) -> float | str:
+    """A value for events.jsonl: JSON has no NaN or Infinity, so those are written as text."""
+    return value if math.isfinite(value) else repr(value)
+
+
+def pending_rollback(records: Iterable[dict[str, Any]], *, run_id: str) -> dict[str, Any] | None:
+    """This run's newest ``anomaly_detected`` that was rolled back and has no verdict yet."""
+    pending = None
+    for record in records:
+        if record.get("run_id") != run_id:
+            continue
+        if record.get("event") == "anomaly_detected" and record.get("action") == ON_ANOMALY_ROLLBACK:
+            pending = record
+        elif record.get("event") == "replay_verdict" and pending is not None \
+                and record.get("global_step") == pending.get("global_step"):
+            pending = None
+    return pending
+
+
+class HealthGuard:
+    """Acts on a call's first anomaly by policy, and judges a replay (rollback)."""
+
+    def __init__(self, on_anomaly: str, *, emit: Callable[..., None]) -> None:
+        if on_anomaly not in ON_ANOMALY:
+            raise ValueError(f"Received on_anomaly={on_anomaly!r}; expected one of {ON_ANOMALY}")
+        self.on_anomaly = on_anomaly
+        self._emit = emit
+        self._reported = False  # ignore: the first anomaly is reported, the NaNs after it are its consequence
+        self._replaying: int | None = None  # rollback: the anomaly's global step this attempt replays to
+        self._before: dict[str, Any] = {}  # ... and its values as first seen
+
+    @property
+    def requires_finite_commit(self) -> bool:
+        """Does the commit path refuse a non-finite state (the second guard)?"""
+        return self.on_anomaly != ON_ANOMALY_IGNORE
+
+    @property
+    def rolls_back(self) -> bool:
+        return self.on_anomaly == ON_ANOMALY_ROLLBACK
+
+    def replay_to(self, anomaly_step: int, *, restored_step: int, values: dict[str, Any]) -> None:
+        """This attempt restored ``restored_step`` after a rollback from ``anomaly_step`` (every
+        worker, with the step the chief read: :func:`pending_rollback`)."""
+        if anomaly_step <= restored_step:  # the rollback never reached a commit before it: nothing to replay
+            return
+        self._replaying, self._before = anomaly_step, dict(values)
+        self._emit("rolled_back", group=True, global_step=restored_step, anomaly_step=anomaly_step)
+
+    def after_call(self, anomaly: Anomaly | None, *, last_global_step: int,
+                   settle: Callable[[], Any] = lambda: None) -> None:
+        """Judge the call: nothing when healthy, else report and act by policy.
+
+        ``last_global_step``: the call's last step (a replay that passed its anomaly's step
+        cleanly is transient). ``settle``: called before a raise, to let the in-flight commit
+        of an earlier, healthy save finish (a worker's failed exit does not wait for it)."""
+        if self._replaying is not None:
+            if anomaly is not None and anomaly.global_step == self._replaying:
+                self._verdict(DETERMINISTIC, anomaly)
+                settle()
+                raise NumericalAnomalyError(
+                    f"{anomaly.describe()}; it came back when replayed from the newest commit (deterministic: "
+                    "the data or the model), so the run stops; skipping that batch is not supported yet")
+            if anomaly is None or anomaly.global_step > self._replaying:
+                if last_global_step >= self._replaying:
+                    self._verdict(TRANSIENT, None)
+        if anomaly is None or self._reported:
+            return
+        if self.on_anomaly == ON_ANOMALY_IGNORE:
+            self._reported = True
+        self._emit("anomaly_detected", group=True, kind="nonfinite", global_step=anomaly.global_step,
+                   epoch=anomaly.epoch, step_in_epoch=anomaly.step_in_epoch, replicas=anomaly.replicas,
+                   values={name: event_value(v) for name, v in anomaly.values.items()}, action=self.on_anomaly)
+        if self.on_anomaly == ON_ANOMALY_STOP:
+            settle()
+            raise NumericalAnomalyError(f"{anomaly.describe()}; stopped (--on-anomaly stop), its state is not "
+                                        "saved and the newest commit is the run's last healthy state")
+        if self.on_anomaly == ON_ANOMALY_ROLLBACK:
+            settle()
+            raise AnomalyRollbackError(f"{anomaly.describe()}; rolling back to the newest commit to replay it "
+                                       "(--on-anomaly rollback)")
+
+    def _verdict(self, verdict: str, anomaly: Anomaly | None) -> None:
+        assert self._replaying is not None
+        fields: dict[str, Any] = {"global_step": self._replaying, "verdict": verdict, "values_before": self._before}
+        if anomaly is not None:
+            fields["values"] = {name: event_value(v) for name, v in anomaly.values.items()}
+        self._emit("replay_verdict", group=True, **fields)
+        self._replaying = None
+
+
+def check_finite_state(named_values: list[tuple[str, Any]], *, global_step: int) -> None:
+    """The commit path's second guard: raise if any floating tensor of the state is not finite."""
+    for name, value in named_values:
+        array = np.asarray(value)
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            raise NumericalAnomalyError(f"the state of global step {global_step} holds a non-finite value in "
+                                        f"{name}; it is not committed")
+
+
+def read_pending(events_path: Path, *, run_id: str) -> dict[str, Any] | None:
+    """:func:`pending_rollback` of a run dir's events.jsonl (the chief's read)."""
+    from resilient_train.rundir.events import read_events
+
+    return pending_rollback(read_events(events_path) if events_path.exists() else [], run_id=run_id)
+
+
+def arm_replay(guard: HealthGuard, *, is_chief: bool, events_path: Path, run_id: str, restored_step: int,
+               gather: Callable[[int], list[int]]) -> None:
+    """After the restore, with ``rollback``: the chief reads whether this attempt replays a
+    rolled-back anomaly and every worker adopts its answer (one all-reduce, every worker)."""
+    pending = read_pending(events_path, run_id=run_id) if is_chief else None
+    step = gather(int(pending["global_step"]) if pending else 0)[0]
+    if step > 0:
+        guard.replay_to(step, restored_step=restored_step, values=(pending or {}).get("values") or {})

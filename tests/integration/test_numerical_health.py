@@ -1,0 +1,96 @@
+"""A NaN loss at a fixed step (RT_FAULTS ``nan_loss``, runner/health/injection.py) with real
+workers: detected at that step, nothing non-finite ever committed (every committed checkpoint's
+tensors are read). ``--on-anomaly stop``: the run stops with one line naming the step, the batch
+and the values, and a re-run resumes from the newest (healthy) commit and ends exact.
+``rollback`` (the default): a NaN of attempt 1 only is judged transient by the replay and the run
+ends exact; a NaN at the same step in every attempt is judged deterministic and the run stops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resilient_train.errors import EXIT_FATAL
+from tests.integration.conftest import DIGITS, DIGITS_FLAGS
+from tests.integration.harness import run_job
+
+NO_TIER = ("--snapshot-every", "off")
+
+
+def committed_tensors_are_finite(storage) -> list[int]:
+    """The global steps of every committed checkpoint, after checking each one's tensors."""
+    steps = []
+    for manifest in sorted(storage.glob("ckpt-*/MANIFEST.json")):
+        reader = tf.train.load_checkpoint(str(manifest.parent / "ckpt"))
+        for name, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype.is_floating:
+                assert np.isfinite(reader.get_tensor(name)).all(), f"{manifest.parent.name}: {name} is not finite"
+        steps.append(int(manifest.parent.name.split("-")[1]))
+    return steps
+
+
+def stopped_at_step_6(run_dir):
+    """The job with a NaN loss at global step 6 on rank 1 (its other worker's loss is finite:
+    the agreed column still stops both), checked; a save every 4 steps commits step 4 first."""
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER, "--on-anomaly", "stop",
+                  faults=[{"point": "nan_loss", "global_step": 6, "rank": 1}])
+    assert job.returncode == EXIT_FATAL, job.output
+    detected = job.named("anomaly_detected")
+    assert [(e["global_step"], e["epoch"], e["step_in_epoch"], e["replicas"], e["action"], e["values"]["loss"])
+            for e in detected] == [(6, 0, 5, 1, "stop", "nan")]
+    assert "non-finite loss or gradients at global step 6 (epoch 0, batch 5 of the epoch)" in job.output
+    assert "Traceback" not in job.output  # one line, no traceback
+    assert [e["global_step"] for e in job.named("checkpoint_committed")] == [4]  # the save before it, waited for
+    assert committed_tensors_are_finite(run_dir / "checkpoints") == [4]
+    assert job.summary["status"] == "failed"
+    return job
+
+
+def test_a_nan_at_step_6_stops_the_run_there_and_commits_nothing_unhealthy(tmp_path):
+    stopped_at_step_6(tmp_path / "run")
+
+
+@pytest.mark.slow  # the stop above, then a re-run (~2 x 40 s)
+def test_after_a_stop_a_rerun_without_the_poisoned_batch_resumes_from_the_healthy_commit_and_is_exact(
+        tmp_path, digits_reference):
+    run_dir = tmp_path / "run"
+    detected = stopped_at_step_6(run_dir).named("anomaly_detected")
+    rerun = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER)
+    assert rerun.returncode == 0, rerun.output
+    assert [e["global_step"] for e in rerun.named("restored")] == [4]  # (events.jsonl holds both runs)
+    assert rerun.named("anomaly_detected") == detected  # the first run's only
+    assert rerun.summary["weights_sha256"] == digits_reference
+
+
+@pytest.mark.parametrize("tier", [NO_TIER, pytest.param((), marks=pytest.mark.slow)], ids=["no-tier", "tier-default"])
+def test_a_nan_once_is_rolled_back_judged_transient_and_the_run_ends_exact(tmp_path, digits_reference, tier):
+    # With the memory tier as users get it, the workers' exit must not have a survivor commit
+    # a snapshot of the anomalous step: the rollback restores the same healthy commit.
+    run_dir = tmp_path / "run"
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *tier, tier_default=not tier,
+                  faults=[{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": 1}])
+    assert job.returncode == 0, job.output
+    assert [(e["global_step"], e["action"], e["attempt"]) for e in job.named("anomaly_detected")] == [
+        (6, "rollback", 1)]
+    rolled_back = [(e["global_step"], e["anomaly_step"], e["attempt"]) for e in job.named("rolled_back")]
+    # (with the tier, a survivor may rescue-commit its healthy snapshot of step 5 as the workers leave)
+    assert rolled_back in ([[(4, 6, 2)]] if tier else [[(4, 6, 2)], [(5, 6, 2)]])
+    assert [(e["global_step"], e["verdict"], e["attempt"]) for e in job.named("replay_verdict")] == [
+        (6, "transient", 2)]
+    committed = committed_tensors_are_finite(run_dir / "checkpoints")
+    assert committed[-1] == 20
+    assert job.summary["weights_sha256"] == digits_reference
+    assert job.summary["restarts"] == 1
+
+
+def test_a_nan_at_the_same_step_in_every_attempt_is_judged_deterministic_and_stops(tmp_path):
+    run_dir = tmp_path / "run"
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER,
+                  faults=[{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": attempt}
+                          for attempt in (1, 2)])
+    assert job.returncode == EXIT_FATAL, job.output
+    assert [(e["global_step"], e["verdict"], e["values"]["loss"], e["values_before"]["loss"])
+            for e in job.named("replay_verdict")] == [(6, "deterministic", "nan", "nan")]
+    assert "came back when replayed from the newest commit (deterministic" in job.output
+    assert committed_tensors_are_finite(run_dir / "checkpoints") == [4]

@@ -1,0 +1,171 @@
+"""Numerical health (runner/health/): the in-graph test of a step, the host's reading of a
+call's rows, the policy, the commit's finiteness guard and the NaN injection."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resilient_train.errors import EXIT_FAILURE, EXIT_FATAL, AnomalyRollbackError, NumericalAnomalyError, exit_rule_for
+from resilient_train.runner.training import control_row
+from resilient_train.runner.failures.faults import FaultPlan
+from resilient_train.runner.health.anomaly_policy import HealthGuard, check_finite_state, pending_rollback
+from resilient_train.runner.health.detector import Anomaly, first_anomaly, logs_nonfinite, step_nonfinite
+from resilient_train.runner.health.injection import NanInjection
+
+NAMES = control_row.layout(["loss", "accuracy"])
+
+
+def row(loss: float, nonfinite: float = 0.0) -> np.ndarray:
+    votes = control_row.Votes(nonfinite=nonfinite, next_call=4.0)
+    return np.concatenate([np.array([loss, 0.5], np.float32), control_row.encode(votes)])
+
+
+def test_a_nan_or_inf_in_the_loss_or_any_gradient_is_flagged_and_finite_steps_are_not():
+    finite = [tf.constant([1.0, 2.0]), tf.constant([[3.0]])]
+    assert float(step_nonfinite(tf.constant(0.5), finite)) == 0.0
+    assert float(step_nonfinite(tf.constant(float("nan")), finite)) == 1.0
+    assert float(step_nonfinite(tf.constant(0.5), [finite[0], tf.constant([[float("inf")]])])) == 1.0
+    assert float(step_nonfinite(tf.constant(0.5), [None, tf.constant([float("nan")])])) == 1.0  # None: no gradient
+    assert float(logs_nonfinite({"loss": tf.constant(0.5), "acc": tf.constant(float("nan"))})) == 1.0
+    assert float(logs_nonfinite({"loss": tf.constant(0.5)})) == 0.0
+
+
+def test_the_first_row_with_the_column_set_names_its_global_step_and_batch():
+    rows = [row(0.25), row(0.5), row(float("nan"), nonfinite=2.0), row(float("nan"), nonfinite=4.0)]
+    anomaly = first_anomaly(rows, NAMES, first_global_step=11, position=lambda: (1, 10))
+    assert anomaly == Anomaly(global_step=13, epoch=1, step_in_epoch=12, replicas=2,
+                              values={"loss": anomaly.values["loss"], "accuracy": 0.5})
+    assert np.isnan(anomaly.values["loss"])
+    assert "global step 13 (epoch 1, batch 12 of the epoch)" in anomaly.describe()
+
+
+def test_a_healthy_call_asks_nothing_of_the_position():
+    def position() -> tuple[int, int]:
+        raise AssertionError("read only when a row has an anomaly")
+
+    assert first_anomaly([row(0.25), row(0.5)], NAMES, first_global_step=1, position=position) is None
+
+
+def test_stop_reports_once_and_raises_a_fatal_error_naming_the_step():
+    events = []
+    guard = HealthGuard("stop", emit=lambda name, **fields: events.append((name, fields)))
+    guard.after_call(None, last_global_step=4)
+    assert events == []
+    anomaly = Anomaly(global_step=5, epoch=0, step_in_epoch=4, replicas=1, values={"loss": float("nan")})
+    with pytest.raises(NumericalAnomalyError, match="global step 5 .epoch 0, batch 4 of the epoch.*loss=nan"):
+        guard.after_call(anomaly, last_global_step=8, settle=lambda: events.append(("settled", {})))
+    assert exit_rule_for(NumericalAnomalyError("x")).code == EXIT_FATAL
+    assert events[1] == ("settled", {})  # the earlier save's commit is waited for, then the stop
+    assert events[:1] == [("anomaly_detected", {"group": True, "kind": "nonfinite", "global_step": 5, "epoch": 0,
+                                            "step_in_epoch": 4, "replicas": 1, "values": {"loss": "nan"},
+                                            "action": "stop"})]
+    json.dumps(events[0][1], allow_nan=False)  # the event's values are JSON (no NaN literal)
+    assert guard.requires_finite_commit
+
+
+def test_ignore_reports_the_first_anomaly_only_and_trains_on():
+    events = []
+    guard = HealthGuard("ignore", emit=lambda name, **fields: events.append(fields["global_step"]))
+    for step in (5, 6):
+        guard.after_call(Anomaly(global_step=step, epoch=0, step_in_epoch=step - 1, replicas=2,
+                                 values={"loss": float("inf")}), last_global_step=step)
+    assert events == [5]
+    assert not guard.requires_finite_commit
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="on_anomaly='rollbak'"):
+        HealthGuard("rollbak", emit=lambda *a, **k: None)
+
+
+def test_the_commit_guard_refuses_a_state_with_a_non_finite_float_and_names_it():
+    check_finite_state([("model/w", np.ones(3, np.float32)), ("step", np.int64(7))], global_step=7)
+    with pytest.raises(NumericalAnomalyError, match="global step 8 .* in model/b"):
+        check_finite_state([("model/w", np.ones(3, np.float32)), ("model/b", np.array([np.nan], np.float32))],
+                           global_step=8)
+
+
+def test_the_injection_poisons_exactly_the_armed_steps_of_this_rank_and_attempt(monkeypatch):
+    faults = json.dumps([{"point": "nan_loss", "global_step": 3, "rank": 1},
+                         {"point": "nan_loss", "global_step": 5, "rank": 0},
+                         {"point": "nan_loss", "global_step": 9, "rank": 1, "attempt": 2}])
+    plan = FaultPlan.from_env({"RT_FAULTS": faults}, rank=1, attempt=1)
+    injection = NanInjection.from_plan(plan)
+    assert injection.steps == (3,)
+    counter = tf.Variable(0, dtype=tf.int64)
+    seen = []
+    for _ in range(4):  # the step being trained is counter + 1
+        seen.append(bool(np.isnan(float(injection.poisoned(tf.constant(0.5), counter)))))
+        counter.assign_add(1)
+    assert seen == [False, False, True, False]
+    loss = tf.constant(0.5)
+    assert NanInjection.from_plan(FaultPlan([], rank=0, attempt=1)).poisoned(loss, counter) is loss  # nothing added
+
+
+def anomaly_at(step: int, loss: float = float("nan")) -> Anomaly:
+    return Anomaly(global_step=step, epoch=0, step_in_epoch=step - 1, replicas=1, values={"loss": loss})
+
+
+def recorder():
+    events = []
+    return events, lambda name, **fields: events.append({"event": name, "run_id": "r", **fields})
+
+
+def test_rollback_leaves_restartably_after_the_earlier_commit_and_the_events_say_what_to_replay():
+    events, emit = recorder()
+    guard = HealthGuard("rollback", emit=emit)
+    settled = []
+    with pytest.raises(AnomalyRollbackError, match="global step 6 .*rolling back"):
+        guard.after_call(anomaly_at(6), last_global_step=8, settle=lambda: settled.append(True))
+    assert settled == [True]
+    assert exit_rule_for(AnomalyRollbackError("x")).code == EXIT_FAILURE  # the gang restart is the rollback
+    assert pending_rollback(events, run_id="r")["global_step"] == 6
+    assert pending_rollback(events, run_id="another run") is None
+
+
+def test_a_replay_that_passes_the_step_cleanly_is_transient_and_trains_on():
+    events, emit = recorder()
+    guard = HealthGuard("rollback", emit=emit)
+    guard.replay_to(6, restored_step=4, values={"loss": "nan"})
+    guard.after_call(None, last_global_step=5)  # not there yet: no verdict
+    assert [e["event"] for e in events] == ["rolled_back"]
+    guard.after_call(None, last_global_step=8)
+    assert events[1] == {"event": "replay_verdict", "run_id": "r", "group": True, "global_step": 6,
+                         "verdict": "transient", "values_before": {"loss": "nan"}}
+    assert pending_rollback([{"event": "anomaly_detected", "run_id": "r", "action": "rollback", "global_step": 6},
+                             *events], run_id="r") is None  # judged: a later attempt replays nothing
+    guard.after_call(None, last_global_step=12)
+    assert len(events) == 2
+
+
+def test_an_anomaly_back_at_the_same_step_is_deterministic_and_stops():
+    events, emit = recorder()
+    guard = HealthGuard("rollback", emit=emit)
+    guard.replay_to(6, restored_step=4, values={"loss": "nan"})
+    with pytest.raises(NumericalAnomalyError, match="global step 6 .*came back when replayed") as raised:
+        guard.after_call(anomaly_at(6), last_global_step=8)
+    assert not isinstance(raised.value, AnomalyRollbackError)  # fatal: no further restart
+    assert [(e["event"], e.get("verdict"), e.get("values")) for e in events] == [
+        ("rolled_back", None, None), ("replay_verdict", "deterministic", {"loss": "nan"})]
+
+
+def test_an_anomaly_at_another_step_of_a_replay_is_a_new_one():
+    events, emit = recorder()
+    guard = HealthGuard("rollback", emit=emit)
+    guard.replay_to(6, restored_step=4, values={})
+    with pytest.raises(AnomalyRollbackError, match="global step 9"):
+        guard.after_call(anomaly_at(9), last_global_step=10)
+    assert [(e["event"], e.get("verdict"), e["global_step"]) for e in events] == [
+        ("rolled_back", None, 4), ("replay_verdict", "transient", 6), ("anomaly_detected", None, 9)]
+
+
+def test_no_replay_when_the_anomaly_is_not_after_the_restored_step():
+    events, emit = recorder()
+    guard = HealthGuard("rollback", emit=emit)
+    guard.replay_to(4, restored_step=4, values={})
+    guard.after_call(None, last_global_step=8)
+    assert events == []
