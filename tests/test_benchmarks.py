@@ -191,6 +191,13 @@ def _goodput(data: dict[str, Any]) -> None:
     assert data["compare"]["off"]["kills"][0]["resumed_step"] % 100 == 0
 
 
+def _health_check(data: dict[str, Any]) -> None:
+    assert (data["steps"], data["rounds"], len(data["rounds_us"])) == (5, 2, 2)
+    assert data["recipe"] == "recipes/digits_cnn.py"
+    assert all(r["off_us"] > 0 and r["on_us"] > 0 for r in data["rounds_us"])
+    assert sorted(data["summary"]) == ["off_us_per_step_p50", "on_us_per_step_p50", "ratio_p25", "ratio_p50", "ratio_p75"]
+
+
 def _preformed_group(data: dict[str, Any]) -> None:
     assert data["answers"] == {
         "second_group_forms_beside_training": True, "idle_past_heartbeat_timeout_ok": True,
@@ -205,6 +212,7 @@ def _preformed_group(data: dict[str, Any]) -> None:
 
 OUTCOMES: dict[str, Callable[[dict[str, Any]], None]] = {
     "preformed_group": _preformed_group,
+    "health_check": _health_check,
     "epochs": _epochs,
     "goodput": _goodput,
     "recovery": _recovery,
