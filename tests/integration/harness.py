@@ -52,15 +52,28 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return _read_event_file(Path(run_dir) / "events.jsonl")
 
 
-def command(recipe: str, run_dir: Path, *flags: str, tier_default: bool = False) -> list[str]:
+def _names(flags: tuple[str, ...], *options: str) -> bool:
+    return any(f in options or f.split("=")[0] in options for f in flags)
+
+
+def command(recipe: str, run_dir: Path, *flags: str, tier_default: bool = False,
+            standby: bool = True) -> list[str]:
     """``resilient-train run``, with ``--snapshot-every off`` unless ``flags`` name it or
     ``tier_default``: with the memory tier (on by default) a survivor commits a snapshot
     newer than the last save when a peer dies, so the step a restart restores depends on how
     far the survivors got, and most tests pin it. The tier's own tests set it
     (test_rescue*.py), and the shared reference runs keep the default (tests/conftest.py), so
-    every exact-digest comparison also checks that the tier changes no weight."""
-    if not tier_default and not any(f == "--snapshot-every" or f.startswith("--snapshot-every=") for f in flags):
+    every exact-digest comparison also checks that the tier changes no weight.
+
+    ``standby=False`` adds ``--no-warm-standby`` unless ``flags`` name it: :func:`run_job` passes
+    it for a job that injects no fault. A warm standby serves only a restart; its template imports
+    TensorFlow beside the workers (~6 CPU-s: a 20-step digits run took 12.3 s with it and 9.2 s
+    without, median of 3 pairs, 2026-11-28, quiet), and the suite runs about a hundred such jobs.
+    Every job with a fault, and every :func:`run_job_until` (a kill from outside), keeps it."""
+    if not tier_default and not _names(flags, "--snapshot-every"):
         flags = (*flags, "--snapshot-every", "off")
+    if not standby and not _names(flags, "--warm-standby", "--no-warm-standby"):
+        flags = (*flags, "--no-warm-standby")
     return [sys.executable, "-m", "resilient_train", "run", recipe, "--run-dir", str(run_dir), *flags]
 
 
@@ -86,11 +99,14 @@ def run_job(
     timeout: float = 240,
     cwd: Path = REPO,
     tier_default: bool = False,
+    standby: bool | None = None,
 ) -> Job:
     """``cwd``: the directory the user runs the command from (give ``recipe`` absolute then).
-    ``tier_default``: the memory tier as a user gets it (see :func:`command`)."""
+    ``tier_default``: the memory tier as a user gets it (see :func:`command`). ``standby``: warm
+    standbys on or off (default: on when ``faults`` are given, see :func:`command`)."""
     proc = subprocess.run(
-        command(recipe, run_dir, *flags, tier_default=tier_default),
+        command(recipe, run_dir, *flags, tier_default=tier_default,
+                standby=bool(faults) if standby is None else standby),
         cwd=cwd,
         env=environment(faults, **(env or {})),
         stdout=subprocess.PIPE,

@@ -86,6 +86,8 @@ def test_global_rng_noise_killed_at_an_epoch_boundary_ends_with_the_reference_di
     assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
 
 
+@pytest.mark.slow  # the report and --strict-resume of a changed input after a restore: the two tests around it;
+# fresh entropy's detection: tests/runner/input/test_check_input.py
 def test_fresh_entropy_noise_resumed_at_an_epoch_boundary_is_reported(tmp_path):
     flags = (*NOISY_FLAGS, "--set", "noise=entropy")
     job = run_job(NOISY, tmp_path / "run", *flags, faults=KILL_AT_EPOCH_END)

@@ -58,7 +58,9 @@ def test_a_worker_killed_between_saves_is_rescued_by_the_lowest_survivor(tmp_pat
 
 @pytest.mark.parametrize("step, reason, restored", [
     (2, "no snapshot yet", []),
-    (11, "snapshot of step 10 is not newer than the last commit (step 10)", [10]),
+    # RT_SLOW: the reason is tested in tests/runner/state/test_memory_tier.py, and the fall-back to the
+    # last commit end to end by the case above
+    pytest.param(11, "snapshot of step 10 is not newer than the last commit (step 10)", [10], marks=pytest.mark.slow),
 ], ids=["before-the-first-snapshot", "right-after-a-save"])
 def test_nothing_to_rescue_restores_the_last_commit_as_before(tmp_path, digits_reference, step, reason, restored):
     job = run_job(DIGITS, tmp_path / "run", *RESCUE_FLAGS,

@@ -148,6 +148,7 @@ def test_losing_a_whole_node_moves_the_job_to_the_spare(tmp_path, ray_cluster, d
     assert {tag: s for tag, s in steps.items() if s != sorted(set(s))} == {}
 
 
+@pytest.mark.slow  # node loss on Ray: the spare test above; a restart that cannot be placed: tests/supervisor/launchers/test_ray_units.py
 def test_losing_a_node_with_no_spare_fails_the_run_and_a_rerun_loses_no_commit(
     tmp_path, ray_cluster, digits_reference, monkeypatch
 ):
