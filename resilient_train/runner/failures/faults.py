@@ -13,7 +13,7 @@ the step, like a recipe bug), ``input`` (the ``global_step``-th batch this proce
 pipeline reads; pulled only by a recipe that asks for it, as the chaos suite's generated
 input-fault recipe does: :func:`input_gate`), ``before_join`` (start-up, before the worker probes its
 peers; ``global_step`` 0 and no signal: see below). The epoch end's points, at the epoch's last
-global step, in the order of an epoch end (runner/training/loop.py ``_finish_epoch``):
+global step, in the order of an epoch end (runner/training/epoch_end.py ``EpochEnd.finish``):
 ``after_evaluation`` (the held-out evaluation returned: before the save with callbacks, after it
 without, or after a restore that evaluates again), ``after_epoch_end_callbacks`` (``on_epoch_end``
 ran and the stop was agreed, before the save), ``after_epoch_finished`` (the epoch's

@@ -7,7 +7,7 @@ epoch end must neither drop it nor report it twice. Two rules keep it exactly on
   (``epoch_results``: loss and metric means, and the evaluation when it ran before the
   save, as it does with callbacks), and the chief reports ``epoch_finished`` only once that
   checkpoint is committed. So a reported epoch is never trained again: no restore can land
-  before its end (runner/training/loop.py ``_finish_epoch``).
+  before its end (runner/training/epoch_end.py ``EpochEnd.finish``).
 * A restore that lands exactly at an epoch end (``step_in_epoch`` 0) whose
   ``epoch_finished`` is not in this run's events.jsonl reports it then, from the manifest's
   numbers, evaluating first when the evaluation had not finished before the kill

@@ -28,7 +28,7 @@
 #    async (default): the chief snapshots into its twin and a background thread persists;
 #    other workers write nothing. sync: all workers write the tf.train.Checkpoint
 #    (variables may need collectives); only the chief's copy is committed (MANIFEST.json
-#    last). Every epoch end is saved, carrying the epoch's results; then _after_epoch_saved
+#    last). Every epoch end (epoch_end.py EpochEnd) is saved, carrying the epoch's results; then the evaluation
 #    (the epoch-end hook) runs and, once that checkpoint is committed, epoch_finished is
 #    emitted; a restore at an epoch end reports an epoch whose report a kill prevented
 #    (runner/outputs/epoch_results.py).
@@ -42,7 +42,7 @@
 # 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
 #    summed in the packed all-reduce, so every worker stops after the same call
 #    (_preemption_agreed), saves it (flushed) and returns None (the worker exits 143).
-#    Not to be confused with a Keras callback's model.stop_training (_stopped_early): the
+#    Not to be confused with a Keras callback's model.stop_training (EpochEnd.stopped_early): the
 #    run then completes at the epoch's end.
 #
 # Keras: a compiled model supplies optimizer, loss and metrics (runner/keras_recipes/compiled.py); the
@@ -71,7 +71,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from resilient_train.checkpoint import CheckpointStore, Manifest
+from resilient_train.checkpoint import CheckpointStore
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.job.config import JobConfig
 from resilient_train.errors import RecipeError
@@ -82,7 +82,6 @@ from resilient_train.runner.keras_recipes.callbacks import CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
 from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
-from resilient_train.runner.outputs.epoch_results import EpochResults, already_reported
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
 from resilient_train.runner.failures.faults import FaultPlan
@@ -93,12 +92,11 @@ from resilient_train.runner.state.saving import Saving
 from resilient_train.runner.process import startup_phases
 from resilient_train.runner.health.anomaly_policy import HealthGuard, arm_replay
 from resilient_train.runner.health.injection import NanInjection
-from resilient_train.runner.training.epoch_end import EpochStats
+from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
 from resilient_train.runner.training.progress import Progress
 from resilient_train.runner.training.strategy import make_strategy
 from resilient_train.runner.training.train_call import TrainCall, hit_step_faults
 from resilient_train.rundir.stepmarker import (
-    PHASE_EVAL,
     PHASE_FINISH,
     PHASE_INPUT,
     PHASE_TRAIN,
@@ -179,12 +177,6 @@ class Trainer:
         # worker stops after the same call, saves it (flushed) and returns None (exit 143).
         self._preemption_agreed = False
         self._fresh_start = False  # no checkpoint was restored (untrained_fresh_start)
-        # A Keras callback (EarlyStopping, TerminateOnNaN...) set model.stop_training, agreed by
-        # every worker: the run completes at this epoch's end (training_stopped; the manifest's
-        # stopped_early, callbacks.json's stopped). Not a preemption.
-        self._stopped_early = False
-        # The epoch just ended, carried by its epoch-end checkpoint (runner/outputs/epoch_results.py).
-        self._epoch_results: EpochResults | None = None
         self.policy = SavePolicy(
             every_steps=job.save_every_steps or 0,
             every_seconds=job.save_every_seconds,
@@ -265,14 +257,19 @@ class Trainer:
             counters=(self.epoch, self.step_in_epoch, self.global_step), tier=self._tier, tier_off=tier_off,
             phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._sum_over_workers,
             gather=self._gather, recipe=self.recipe, input_check=self.input_check, fingerprint=self._fingerprint,
-            epoch_extra=self._epoch_extra, stopped_early=lambda: self._stopped_early, saved=self._saved,
+            epoch_extra=self._epoch_extra, stopped_early=lambda: self._epoch_end.stopped_early, saved=self._saved,
             finite_only=self._health.requires_finite_commit)
-        self._evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
-        self._callbacks = self._make_callbacks()
+        evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
+        self._callbacks = self._make_callbacks(validates=evaluator is not None)
         self._input = self._make_epoch_input()
         self._saving.wire(callbacks=self._callbacks, epoch_input=self._input)
-        if self._evaluator is not None:  # its iterators are torn down by the same reaper
-            self._evaluator.retire = self._input.retire_evaluation
+        if evaluator is not None:  # its iterators are torn down by the same reaper
+            evaluator.retire = self._input.retire_evaluation
+        self._epoch_end = EpochEnd(
+            self.job, self.cluster, run_id=self.run_id,
+            counters=Counters(self.epoch, self.step_in_epoch, self.global_step), saving=self._saving,
+            evaluator=evaluator, callbacks=self._callbacks, own_step=self._own_step, phase=self._phase,
+            faults=self.faults, agree=self._agree, gather=self._gather, record_input=self._record_next_input)
         startup_phases.mark("setup")
 
     @property
@@ -302,7 +299,7 @@ class Trainer:
             self.recipe, dataset=dataset, max_state_bytes=job.max_iterator_state_bytes,
             replicas_per_worker=self.strategy.num_replicas_in_sync // self.cluster.num_workers, **common)
 
-    def _make_callbacks(self) -> CallbackRunner | None:
+    def _make_callbacks(self, *, validates: bool) -> CallbackRunner | None:
         if self.recipe.callbacks is None:
             return None
         callbacks = _call_recipe(self.recipe, "callbacks", self.params)
@@ -321,7 +318,7 @@ class Trainer:
             # Keras: the working directory; a recipe's land in the run directory.
             output_dir=None if self._input_source is not None else Path(self.job.run_dir),
             epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
-            validates=self._evaluator is not None,
+            validates=validates,
         )
         for log_dir in runner.tensorboard_dirs:  # a TensorBoard callback: the runner's scalars there too
             add_listener(TensorBoardLog(log_dir))
@@ -372,9 +369,7 @@ class Trainer:
     def _epoch_extra(self, global_step: int) -> dict[str, Any]:
         """What the epoch adds to the save of ``global_step``: its running sums, and its
         results when the save is its epoch-end checkpoint (runner/outputs/epoch_results.py)."""
-        results = self._epoch_results
-        return {**self.stats.to_extra(),
-                **(results.to_extra() if results is not None and results.global_step == global_step else {})}
+        return {**self.stats.to_extra(), **self._epoch_end.extra(global_step)}
 
     def _preemption_flag(self) -> float:
         """This worker's vote in the call's stop column: 1.0 once it was asked to stop."""
@@ -470,8 +465,8 @@ class Trainer:
         # One all-reduce per call, only when some callback has batch hooks (every worker
         # decides this from the full list, so all take part or none).
         if self._callbacks.has_batch_hooks and self._agree(self._callbacks.stop_training):
-            self._stopped_early = True
-        return self._stopped_early
+            self._epoch_end.stopped_early = True
+        return self._epoch_end.stopped_early
 
     def _agree(self, flag: bool) -> bool:
         """True on every worker when ``flag`` is true on any (one all-reduce)."""
@@ -480,99 +475,12 @@ class Trainer:
             self.model.stop_training = agreed
         return agreed
 
-    def _after_epoch_saved(self, epoch: int) -> dict[str, Any]:
-        """Epoch-end hook: runs after epoch ``epoch``'s checkpoint is saved, before
-        ``epoch_finished`` is emitted; returns extra fields for that event: the held-out
-        evaluation's results. It reads the weights only, so an async commit overlaps it.
-        With callbacks it runs before the save instead (on_epoch_end needs val_*); after a
-        restore at an epoch end whose evaluation never finished, it runs then."""
-        if self._evaluator is None:
-            return {}
-        previous = self._phase.enter(PHASE_EVAL)
-        try:
-            fields = self._evaluator.after_epoch(epoch + 1)
-        finally:
-            self._phase.restore(previous)
-        self.faults.hit("after_evaluation", int(self.global_step.numpy()))
-        return fields
-
     def _finish_epoch(self, epoch: int) -> None:
-        """Advance the counters past epoch ``epoch``, save, report ``epoch_finished``.
-
-        With callbacks, the evaluation comes first and ``on_epoch_end`` (its logs carry
-        ``val_*``) runs before the save, with the stop agreed by every worker, so the saved
-        callback state has seen the epoch; ``on_train_end`` runs before the final save.
-        Without, the evaluation follows the save (an async commit overlaps it).
-
-        The epoch-end checkpoint carries the epoch's numbers, and ``epoch_finished`` waits
-        for its commit (runner/outputs/epoch_results.py): a kill before the commit trains
-        the epoch again, which reports it then; a kill after it leaves the report to the
-        restore (``_report_epoch_end_after_restore``). Exactly once either way.
-        """
+        """The epoch end (epoch_end.py ``EpochEnd.finish``) with the epoch's means; the next
+        epoch's running numbers start from zero (the epoch-end checkpoint carries none)."""
         means = self.stats.means()
-        if self._own_step is not None:  # the trackers' results, or the last step's logs (Keras' choice)
-            means = self._own_step.epoch_logs(means)
-        validation, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
-        self.epoch.assign_add(1)
-        self.step_in_epoch.assign(0)
         self.stats = LastLogs() if self._own_step is not None else EpochStats(self.recipe.metric_states)
-        global_step = int(self.global_step.numpy())
-        self._epoch_results = EpochResults(epoch=epoch, global_step=global_step, loss=means.pop("loss", None),
-                                           metrics=means, validation=validation)
-        completed = self._stopped_early or epoch + 1 >= self.job.epochs
-        if completed and self._callbacks:
-            self._callbacks.train_end(logs)  # e.g. restore_best_weights: the final checkpoint holds it
-        if not completed:
-            self._record_next_input(epoch + 1)
-        self._saving.save(completed=completed)
-        if validation is None:
-            validation = self._after_epoch_saved(epoch)
-        self._saving.checkpointer.flush()  # the epoch-end checkpoint is committed (the chief's wait; others have none)
-        self._report_epoch(self._epoch_results, validation, stopped_early=self._stopped_early)
-        self.faults.hit("after_epoch_finished", global_step)
-
-    @staticmethod
-    def _report_epoch(results: EpochResults, validation: dict[str, Any], *, stopped_early: bool,
-                      after_restore: bool = False) -> None:
-        """``epoch_finished`` (and ``training_stopped`` when a callback ended training there)."""
-        emit("epoch_finished", group=True, **results.event_fields(validation),
-             **({"after_restore": True} if after_restore else {}))
-        if stopped_early:
-            emit("training_stopped", group=True, epoch=results.epoch, global_step=results.global_step,
-                 reason="model.stop_training")
-
-    def _report_epoch_end_after_restore(self, manifest: Manifest) -> None:
-        """A restore exactly at an epoch end whose ``epoch_finished`` was never written (the
-        previous attempt died between the commit and the report): report it now, with the
-        numbers the checkpoint carries, evaluating first if the evaluation had not finished
-        before the save. The chief decides from this run's events.jsonl (it alone writes
-        group events there); every worker follows its answer (one all-reduce), since the
-        evaluation is collective."""
-        results = EpochResults.from_extra(manifest.extra) if manifest.step_in_epoch == 0 else None
-        if results is None or results.global_step != manifest.global_step:
-            return  # mid-epoch: the epoch before was reported before any step of this one
-        missing = self.cluster.is_chief and not already_reported(
-            RunDir(self.job.run_dir).events, run_id=self.run_id, epoch=results.epoch, global_step=results.global_step)
-        if not self._gather(int(missing))[0]:  # the chief's answer, on every worker
-            return
-        validation = results.validation
-        if validation is None:  # evaluated after the save: again now (deterministic, the same numbers)
-            validation = self._after_epoch_saved(results.epoch)
-        self._report_epoch(results, validation, stopped_early=bool(manifest.extra.get("stopped_early")),
-                           after_restore=True)
-
-    def _callbacks_epoch_end(self, epoch: int, means: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Evaluate, ``on_epoch_end``, agree on stopping; (the evaluation's event fields, the logs)."""
-        assert self._callbacks is not None
-        extra = self._after_epoch_saved(epoch)
-        logs = dict(means)
-        if "val_loss" in extra:
-            logs["val_loss"] = extra["val_loss"]
-            logs.update({f"val_{name}": value for name, value in extra["val_metrics"].items()})
-        logs = self._callbacks.epoch_end(epoch, logs)
-        self._stopped_early = self._agree(self._callbacks.stop_training) or self._stopped_early
-        self.faults.hit("after_epoch_end_callbacks", int(self.global_step.numpy()))
-        return extra, logs
+        self._epoch_end.finish(epoch, means)
 
     def run(self) -> TrainResult | None:
         """Train to the end (returns the result) or until preempted (returns None)."""
@@ -581,7 +489,7 @@ class Trainer:
             self._fresh_start = True
         else:
             self.stats.load_extra(restored.manifest.extra)
-            self._report_epoch_end_after_restore(restored.manifest)
+            self._epoch_end.report_after_restore(restored.manifest)
         if self._health.rolls_back:  # a replay after a rollback? (the chief's answer, one all-reduce)
             arm_replay(self._health, is_chief=self.cluster.is_chief, events_path=RunDir(self.job.run_dir).events,
                        run_id=self.run_id, restored_step=int(self.global_step.numpy()), gather=self._gather)
@@ -590,9 +498,9 @@ class Trainer:
         if self._callbacks:
             self._callbacks.train_begin(resuming=callback_state is not None)
             if callback_state is not None:
-                self._stopped_early = self._callbacks.restore(callback_state)
+                self._epoch_end.stopped_early = self._callbacks.restore(callback_state)
         progress = Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
-        while not self._stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
+        while not self._epoch_end.stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
             if self._own_step is not None and start == 0:  # Keras' fit resets the trackers every epoch
                 self._own_step.reset()
