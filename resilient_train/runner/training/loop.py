@@ -39,9 +39,9 @@
 #    or a hang. auto (the default): a snapshot after every call until the chief, having
 #    timed a few, proposes the interval in the packed all-reduce (runner/training/control_row.py) and
 #    every worker adopts it at the same call (memory_tier.AutoInterval).
-# 7. Preemption: each worker's stop request (SIGTERM/SIGINT; _preemption_requested) is
+# 7. Preemption (stop_votes.py StopVotes): each worker's stop request (SIGTERM/SIGINT) is
 #    summed in the packed all-reduce, so every worker stops after the same call
-#    (_preemption_agreed), saves it (flushed) and returns None (the worker exits 143).
+#    (StopVotes.agreed), saves it (flushed) and returns None (the worker exits 143).
 #    Not to be confused with a Keras callback's model.stop_training (EpochEnd.stopped_early): the
 #    run then completes at the epoch's end.
 #
@@ -94,6 +94,7 @@ from resilient_train.runner.health.anomaly_policy import HealthGuard, arm_replay
 from resilient_train.runner.health.injection import NanInjection
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
 from resilient_train.runner.training.progress import Progress
+from resilient_train.runner.training.stop_votes import StopVotes
 from resilient_train.runner.training.strategy import make_strategy
 from resilient_train.runner.training.train_call import TrainCall, hit_step_faults
 from resilient_train.rundir.stepmarker import (
@@ -151,31 +152,16 @@ class Trainer:
         ``saved()``: the group took an agreed save (the notice watch drops a vote that arrives
         right after one: workers on one node see the same notice, not always in the same call)."""
         self.job = job
-        self._given_strategy = strategy
         self._input_source = input_source
         self.recipe = recipe
         self.params = params
         self.cluster = cluster
-        self.store = store
         self.run_id = run_id
-        self.work_dir = work_dir
-        self.stop_requested = stop_requested
-        self.save_requested = save_requested
-        self._saved_agreed = saved
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
         self.clock = clock
         self._own_step: OwnStep | None = None  # a model's own train_step (runner/keras_recipes/own_step.py)
         self.stats: EpochStats | LastLogs = EpochStats()
         self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
-        # Once, at start: the recipe file read and hashed as this process imported it (not on
-        # every save, and not an edit made to the file while the run goes on).
-        self._fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
-        # This worker's own stop request (SIGTERM/SIGINT, ``stop_requested``) was seen:
-        # preemption_requested is reported once; the request rides every call's all-reduce.
-        self._preemption_requested = False
-        # The group agreed to stop: some worker's request reached the all-reduce, so every
-        # worker stops after the same call, saves it (flushed) and returns None (exit 143).
-        self._preemption_agreed = False
         self._fresh_start = False  # no checkpoint was restored (untrained_fresh_start)
         self.policy = SavePolicy(
             every_steps=job.save_every_steps or 0,
@@ -183,6 +169,8 @@ class Trainer:
             is_chief=cluster.is_chief,
             clock=clock,
         )
+        self._votes = StopVotes(cluster.rank, self.policy, stop_requested=stop_requested,
+                                save_requested=save_requested, saved=saved)
         # The memory tier (--snapshot-every, runner/state/tier.py): None when off.
         tier_off = MemoryTier.off_reason(job, cluster)
         self._tier = MemoryTier(job, cluster) if tier_off is None else None
@@ -193,10 +181,14 @@ class Trainer:
         # --record-indices (indexed recipes): every worker gathers, the chief writes.
         indices = (StepIndexLog(AttemptDir.at(attempt_dir).step_indices if attempt_dir and cluster.is_chief else None)
                    if job.record_indices and recipe.indexed else None)
-        self._setup(indices, tier_off)
+        # Once, at start: the recipe file read and hashed as this process imported it (not on
+        # every save, and not an edit made to the file while the run goes on).
+        fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
+        self._setup(strategy, indices, tier_off, store=store, work_dir=work_dir, fingerprint=fingerprint)
 
     # ----------------------------------------------------------------- setup
-    def _setup(self, indices: StepIndexLog | None, tier_off: str | None) -> None:
+    def _setup(self, strategy: tf.distribute.Strategy | None, indices: StepIndexLog | None, tier_off: str | None, *,
+               store: CheckpointStore, work_dir: Path, fingerprint: dict[str, Any]) -> None:
         # What is loaded by now (TensorFlow, Keras, the recipe: ~350k objects) lives as long
         # as the process: frozen out of the cyclic collector's sight, a full collection no
         # longer walks it. One such collection took 0.15-0.18 s of every restart (measured
@@ -204,7 +196,7 @@ class Trainer:
         gc.freeze()
         # The strategy must exist before any other op (collectives are configured at start);
         # runner/training/strategy.py adds the heartbeat, registration and collective timeouts.
-        self.strategy = self._given_strategy or make_strategy(self.job, self.cluster)
+        self.strategy = strategy or make_strategy(self.job, self.cluster)
         startup_phases.mark("strategy")
         keras.utils.set_random_seed(self.job.seed)
         tf.config.experimental.enable_op_determinism()
@@ -216,12 +208,11 @@ class Trainer:
                     f"recipe {self.recipe.name}: build_model() must return a built keras.Model "
                     "(start it with keras.Input(shape=...))"
                 )
-            self._compiled = is_compiled(self.model)
             if own_step:  # its train_step is the step; the optimizer comes from compile()
                 self.recipe = from_own_step(self.recipe, self.model)
                 self._own_step = OwnStep(self.model, self.strategy, self.recipe)
                 self.stats = LastLogs()
-            elif self._compiled:  # optimizer, loss and metrics come from compile()
+            elif is_compiled(self.model):  # optimizer, loss and metrics come from compile()
                 self.recipe = from_compiled(self.recipe, self.model)
             elif self.recipe.build_optimizer is None or self.recipe.loss is None:
                 missing = [n for n in ("build_optimizer", "loss") if getattr(self.recipe, n) is None]
@@ -244,20 +235,20 @@ class Trainer:
             strategy=self.strategy, model=self.model, optimizer=self.optimizer, recipe=self.recipe,
             own_step=self._own_step, counters=(self.global_step, self.step_in_epoch),
             global_batch_size=self.job.global_batch_size, steps_per_execution=self.job.steps_per_execution,
-            tier=self._tier, is_chief=self.cluster.is_chief, stop_vote=self._preemption_flag,
-            save_vote=lambda: max(self.policy.time_flag(), float(self.save_requested())),
+            tier=self._tier, is_chief=self.cluster.is_chief, stop_vote=self._votes.stop,
+            save_vote=self._votes.save,
             save_at=self.policy.counts_to, indices=indices, health=self._health,
             settle=lambda: self._saving.checkpointer.flush(),
             position=lambda steps: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps),
             nan_injection=NanInjection.from_plan(self.faults))
         self._sum_over_workers = _make_sum_over_workers(self.strategy)
         self._saving = Saving(
-            self.job, self.cluster, store=self.store, run_id=self.run_id, work_dir=self.work_dir, faults=self.faults,
+            self.job, self.cluster, store=store, run_id=self.run_id, work_dir=work_dir, faults=self.faults,
             checkpoint=self.checkpoint, model=self.model, strategy=self.strategy,
             counters=(self.epoch, self.step_in_epoch, self.global_step), tier=self._tier, tier_off=tier_off,
             phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._sum_over_workers,
-            gather=self._gather, recipe=self.recipe, input_check=self.input_check, fingerprint=self._fingerprint,
-            epoch_extra=self._epoch_extra, stopped_early=lambda: self._epoch_end.stopped_early, saved=self._saved,
+            gather=self._gather, recipe=self.recipe, input_check=self.input_check, fingerprint=fingerprint,
+            epoch_extra=self._epoch_extra, stopped_early=lambda: self._epoch_end.stopped_early, saved=self._votes.saved,
             finite_only=self._health.requires_finite_commit)
         evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
         self._callbacks = self._make_callbacks(validates=evaluator is not None)
@@ -327,7 +318,7 @@ class Trainer:
     def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
         """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""
         model = _call_recipe(self.recipe, "build_model", self.params)
-        optimizer = model.optimizer if self._compiled else _call_recipe(self.recipe, "build_optimizer", self.params)
+        optimizer = model.optimizer if is_compiled(self.model) else _call_recipe(self.recipe, "build_optimizer", self.params)
         optimizer.build(model.trainable_variables)
         checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer,
                                                 counters=ckpt_layout.new_counters(name_prefix="twin_"),
@@ -360,25 +351,10 @@ class Trainer:
         """Before exiting on an error: let an in-flight background save commit (bounded)."""
         self._saving.drain_pending_checkpoint(timeout_s)
 
-    def _saved(self) -> None:
-        """The group took an agreed save: the time-based save counts from it, and the notice
-        watch drops a vote that arrives right after it (runner/process/preemption_notices.py)."""
-        self.policy.saved()
-        self._saved_agreed()
-
     def _epoch_extra(self, global_step: int) -> dict[str, Any]:
         """What the epoch adds to the save of ``global_step``: its running sums, and its
         results when the save is its epoch-end checkpoint (runner/outputs/epoch_results.py)."""
         return {**self.stats.to_extra(), **self._epoch_end.extra(global_step)}
-
-    def _preemption_flag(self) -> float:
-        """This worker's vote in the call's stop column: 1.0 once it was asked to stop."""
-        if self.stop_requested():
-            if not self._preemption_requested:
-                self._preemption_requested = True
-                emit("preemption_requested", source=f"worker:{self.cluster.rank}")  # SIGTERM or SIGINT
-            return 1.0
-        return 0.0
 
     def _preempt(self) -> None:
         """Everyone agreed to stop after this call: save it (zero lost steps) and return."""
@@ -397,7 +373,7 @@ class Trainer:
             self.input_check.agreed(self._gather(int(self.input_check.restore_mismatched))[0] > 0)
         startup_phases.mark("input")
         ended = self._train_steps(iterator, epoch, start, progress)
-        if ended and not self._preemption_agreed:
+        if ended and not self._votes.agreed:
             self._input.retire(iterator, epoch)
         else:
             self._input.keep(iterator)  # past the preemption save: no teardown on the way out
@@ -427,7 +403,7 @@ class Trainer:
             if self._callbacks and self._batch_end_stops_early(step_in_epoch - 1):
                 return True  # Keras ends the epoch here: on_epoch_end, on_train_end, final save
             if agreed.stop:
-                self._preemption_agreed = True
+                self._votes.agreed = True
                 if step_in_epoch < steps_per_epoch:
                     return False
             elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
@@ -446,7 +422,7 @@ class Trainer:
         Not for a fit script's input (the runner does not build it), and not when a stop was
         agreed: the preemption grace period is not spent on it (that boundary then resumes
         unchecked, as before)."""
-        if self._input_source is not None or self._preemption_agreed or self.cluster.rank != 0:
+        if self._input_source is not None or self._votes.agreed or self.cluster.rank != 0:
             return
         previous = self._phase.enter(PHASE_INPUT)
         try:
@@ -509,7 +485,7 @@ class Trainer:
             if not self._train_epoch(epoch, start, progress):
                 return self._preempt()
             self._finish_epoch(epoch)
-            if self._preemption_agreed:  # agreed in the epoch's last call: _preempt flushes the epoch-end save
+            if self._votes.agreed:  # agreed in the epoch's last call: _preempt flushes the epoch-end save
                 return self._preempt()
         self._phase.enter(PHASE_FINISH)  # the final flush, then the export
         self._saving.checkpointer.flush()  # the completed checkpoint is committed before exit 0
