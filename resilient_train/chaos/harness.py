@@ -271,6 +271,9 @@ def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> di
     if fault.point == "nan_loss":  # the group saw it at that step of that attempt (runner/health/)
         fired = any(r.get("event") == "anomaly_detected" and r.get("attempt") == fault.attempt
                     and r.get("global_step") == fault.global_step for r in records)
+    elif fault.point == "bitflip":  # the replicas' comparison found it, at the next check after that step
+        fired = any(r.get("event") == "anomaly_detected" and r.get("attempt") == fault.attempt
+                    and r.get("kind") == "replicas" and r.get("global_step", 0) > fault.global_step for r in records)
     elif fault.point == "before_join":  # it exits by the reachability check: EXIT_FAILURE, not a signal
         fired = exit_record is not None and exit_record.get("exit_code") == 1
     elif fault.hangs:  # it never exits by itself: it fired when the watchdog found the group hung

@@ -50,6 +50,9 @@ WORKER_POINTS = WORKER_POINTS + ("before_join",)
 # nan_loss: the rank's loss is NaN at that global step (runner/health/injection.py); the default
 # --on-anomaly rollback replays it from the newest commit (no signal: the worker exits 1 itself)
 WORKER_POINTS = WORKER_POINTS + ("nan_loss",)
+# bitflip: one exponent bit of the rank's copy of the weights flipped after that global step
+# (runner/health/injection.py); the replicas' comparison finds it at the next check (runner/health/replicas.py)
+WORKER_POINTS = WORKER_POINTS + ("bitflip",)
 EXTERNAL_OPS = (
     "sigkill_worker",       # kill -9 one worker (rank given, "chief" = 0, or "random")
     "sigterm_worker",       # graceful preemption of one worker
@@ -116,6 +119,8 @@ class WorkerFault:
             return f"hang rank {self.rank}'s input at batch {self.global_step} (attempt {self.attempt})"
         if self.point == "nan_loss":
             return f"NaN loss on rank {self.rank} at step {self.global_step} (attempt {self.attempt})"
+        if self.point == "bitflip":
+            return f"a flipped bit in rank {self.rank}'s weights after step {self.global_step} (attempt {self.attempt})"
         what = "raise" if self.point == "raise" else "hang" if self.hangs else self.signal
         return f"{what} rank {self.rank} at {self.point} step {self.global_step} (attempt {self.attempt})"
 

@@ -49,6 +49,7 @@ LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers
 STRATEGIES = ("mirrored", "parameter-server")  # MultiWorkerMirroredStrategy | its own tier (docs/parameter_server.md)
 RAY_STRATEGIES = ("spread", "pack")
 CHECKPOINT_MODES = ("async", "sync")
+REPLICA_CHECK_OFF = "off"  # --replica-check-every off (runner/health/replicas.py)
 # --on-anomaly (runner/health/anomaly_policy.py): what a non-finite step does to the run.
 ON_ANOMALY_ROLLBACK = "rollback"
 ON_ANOMALY_STOP = "stop"
@@ -137,6 +138,10 @@ def _workers(text: str) -> int | str:
     return text if ":" in text else _integer(text)
 
 
+def _replica_check_every(text: str) -> int | str:
+    return REPLICA_CHECK_OFF if text == REPLICA_CHECK_OFF else _integer(text)
+
+
 def _steps_per_execution(text: str) -> int | str:
     return STEPS_PER_EXECUTION_AUTO if text == STEPS_PER_EXECUTION_AUTO else _integer(text)
 
@@ -213,6 +218,11 @@ class JobConfig:
         "from the newest commit and replays; the anomaly gone, training goes on (transient), back at the same step, "
         "the run stops (deterministic); stop ends the run at once with one line naming the step, the batch and the "
         "values; ignore: report it and train on, committing whatever the state is (docs/failures.md)"))
+    replica_check_every: int | str = field(default=100, metadata=_flag(  # runner/health/replicas.py
+        "--replica-check-every", parse=_replica_check_every, metavar="K|off",
+        help="compare every replica's trainable weights (silent data corruption) every K global steps, and always "
+        "before a save or snapshot; differing replicas are an anomaly (--on-anomaly); 0: only before saves and "
+        "snapshots; off: never (default 100)"))
     max_restarts: int = field(default=3, metadata=_flag(
         "--max-restarts", parse=_integer, help="gang restarts after failures (default 3)"))
     max_preemptions: int | None = field(default=None, metadata=_flag(
@@ -335,6 +345,11 @@ class JobConfig:
             _check_int("save_every_steps", self.save_every_steps, minimum=0)
         _check_int("seed", self.seed, minimum=0)
         _check_int("keep", self.keep, minimum=1)
+        if self.replica_check_every != REPLICA_CHECK_OFF and (
+                isinstance(self.replica_check_every, bool) or not isinstance(self.replica_check_every, int)
+                or self.replica_check_every < 0):
+            raise ConfigError(f"Received replica_check_every={self.replica_check_every!r}; expected an integer >= 0 "
+                              f"or {REPLICA_CHECK_OFF!r}")
         _check_int("max_restarts", self.max_restarts, minimum=0)
         if self.max_preemptions is not None:
             _check_int("max_preemptions", self.max_preemptions, minimum=0)

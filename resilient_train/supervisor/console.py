@@ -213,8 +213,12 @@ def _anomaly_detected(r: Mapping[str, Any], _: Facts) -> str:
     then = {"stop": "the run stops; its state is not saved",
             "rollback": "its state is not saved; rolling back to the newest commit to replay it"}.get(
         str(r.get("action")), "training goes on (--on-anomaly ignore)")
-    return (f"non-finite loss or gradients at global step {r['global_step']} (epoch {r['epoch']}, batch "
-            f"{r['step_in_epoch']} of the epoch) on {r['replicas']} replica(s): {values}; {then}")
+    where = f"at global step {r['global_step']} (epoch {r['epoch']}, batch {r['step_in_epoch']} of the epoch)"
+    if r.get("kind") == "replicas":
+        ranks = ", ".join(str(rank) for rank in r.get("ranks") or ())
+        return (f"the replicas' trainable weights differ {where}: {r['replicas']} replica(s) on rank(s) {ranks} "
+                f"differ from the others (silent data corruption?); {then}")
+    return f"non-finite loss or gradients {where} on {r['replicas']} replica(s): {values}; {then}"
 
 
 def _rolled_back(r: Mapping[str, Any], _: Facts) -> str:
@@ -223,8 +227,8 @@ def _rolled_back(r: Mapping[str, Any], _: Facts) -> str:
 
 def _replay_verdict(r: Mapping[str, Any], _: Facts) -> str:
     if r.get("verdict") == "transient":
-        return (f"replayed step {r['global_step']} with finite values: the anomaly was transient (not the data); "
-                "training goes on")
+        return (f"replayed step {r['global_step']} without the anomaly: it was transient (not the data or the "
+                "model); training goes on")
     return (f"the anomaly came back at step {r['global_step']} when replayed: deterministic (the data or the "
             "model); the run stops")
 

@@ -164,7 +164,7 @@ def test_the_toml_catalogue_is_exactly_the_python_catalogue_it_replaced() -> Non
     before = {RENAMED.get(s.name, s.name): s for s in BEFORE}
     assert len(before) == 20 and set(before) <= set(loaded)
     assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6)
-        "nan-once", "rescue-chief-killed-between-saves", "rescue-hang-between-saves",
+        "bitflip-once", "nan-once", "rescue-chief-killed-between-saves", "rescue-hang-between-saves",
         "rescue-rank-killed-between-saves"]
     for name, scenario in before.items():
         renamed = Scenario(name, scenario.summary, scenario.faults, scenario.job, scenario.expect_restored, scenario.ci)
@@ -213,7 +213,7 @@ def test_the_ci_scenarios_are_the_catalogues() -> None:
 def test_the_catalogue_is_a_plain_directory_of_toml_files_not_a_package() -> None:
     assert not (REPO / "chaos" / "__init__.py").exists() and not (CATALOGUE_DIR / "__init__.py").exists()
     assert [p.name for p in (REPO / "chaos").rglob("*.py")] == ["__main__.py"]  # `python -m chaos`, nothing else
-    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 24
+    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 25
 
 
 def test_run_by_path_loads_the_same_scenario_as_run_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -252,7 +252,7 @@ def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
     monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (24 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (25 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert re.fullmatch(r"kill-chief-at-7 +\[ci\] the seeds' experiment: .*resumes from 7",
                         next(line for line in lines if line.startswith("kill-chief-at-7")))
@@ -271,7 +271,7 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "resilient_train.chaos", "list"], cwd=elsewhere, capture_output=True,
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (24 scenarios; run one by name or by its file's path)"
+    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (25 scenarios; run one by name or by its file's path)"
 
 
 def _at_the_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -285,7 +285,7 @@ def test_python_m_chaos_at_the_checkout_is_the_packages_command(tmp_path: Path) 
     listed = _at_the_checkout("chaos", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (24 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (25 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert listed.stdout == _at_the_checkout("resilient_train.chaos", "list").stdout
     bad = tmp_path / "kill-once.toml"
@@ -354,7 +354,7 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
         f"{f}: job.save_every_steps: received 0; expected an integer >= 1",
         f"{f}: expect.restored: received [7, '8']; expected an array of integers >= 0 (global steps)",
         f"{f}: faults[1].point: received 'after_comit'; expected one of after_step, before_commit, after_commit, "
-        "raise, input, before_join, nan_loss; did you mean 'after_commit'?",
+        "raise, input, before_join, nan_loss, bitflip; did you mean 'after_commit'?",
         f"{f}: faults[1].global_step: received '7' (a string); expected an integer >= 0",
         f"{f}: faults[2].op: received 'sigkill_workr'; expected one of sigkill_worker, sigterm_worker, "
         "sigkill_supervisor, sigterm_supervisor, corrupt_newest, sigkill_during_upload; did you mean 'sigkill_worker'?",
@@ -426,7 +426,7 @@ def test_a_file_name_is_a_scenario_name_and_unknown_names_get_the_closest(tmp_pa
     assert str(raised.value) == (f"{path}: (file name): received 'My_Scenario'; expected lowercase words joined by '-' "
                                  "(the file's name is the scenario's name)")
     with pytest.raises(ConfigError, match=r"Unknown scenario 'kil-chief-at-7': no .*kil-chief-at-7.toml; "
-                                          r"did you mean 'kill-chief-at-7'\? expected one of corrupt-newest"):
+                                          r"did you mean 'kill-chief-at-7'\? expected one of bitflip-once, corrupt-newest"):
         by_name("kil-chief-at-7", CATALOGUE_DIR)
     with pytest.raises(ConfigError, match=r"Received scenario file 'nowhere/x.toml'; no such file"):
         resolve("nowhere/x.toml")
@@ -439,7 +439,7 @@ def test_a_broken_file_in_a_catalogue_fails_list_with_its_lines_and_run_all_too(
     assert main(["list", "--catalogue", str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"chaos: error: {tmp_path / 'bad.toml'}: faults[1].point: received 'rise'; expected one of after_step, "
-        "before_commit, after_commit, raise, input, before_join, nan_loss; did you mean 'raise'?"]
+        "before_commit, after_commit, raise, input, before_join, nan_loss, bitflip; did you mean 'raise'?"]
     assert main(["run", "--all", "--catalogue", str(tmp_path), "--recipe", RECIPE, "--root", str(tmp_path / "r")]) == 2
     assert "bad.toml: faults[1].point" in capsys.readouterr().err and not (tmp_path / "r").exists()
 

@@ -94,3 +94,28 @@ def test_a_nan_at_the_same_step_in_every_attempt_is_judged_deterministic_and_sto
             for e in job.named("replay_verdict")] == [(6, "deterministic", "nan", "nan")]
     assert "came back when replayed from the newest commit (deterministic" in job.output
     assert committed_tensors_are_finite(run_dir / "checkpoints") == [4]
+
+
+def test_a_flipped_bit_in_the_chiefs_weights_is_found_at_the_next_check_rolled_back_and_the_run_ends_exact(
+        tmp_path, digits_reference):
+    # Silent data corruption (runner/health/replicas.py): after the save of step 8 the chief's
+    # copy of one weight doubles or halves (RT_FAULTS bitflip), every value still finite. The
+    # check riding the call that ends at the next save (10, the epoch end) finds the replicas
+    # differ, before that save; the newest commit (8) is healthy; the replay is clean (transient).
+    # Were it missed, the chief would commit the flipped weights and the digest would differ.
+    run_dir = tmp_path / "run"
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER,
+                  faults=[{"point": "bitflip", "global_step": 8, "rank": 0, "attempt": 1}])
+    assert job.returncode == 0, job.output
+    assert [(e["kind"], e["global_step"], e["epoch"], e["step_in_epoch"], e["replicas"], e["ranks"], e["action"],
+             e["attempt"]) for e in job.named("anomaly_detected")] == [
+        ("replicas", 10, 0, 9, 2, [0, 1], "rollback", 1)]  # two replicas: neither is a majority, both named
+    assert "the replicas' trainable weights differ at global step 10 (epoch 0, batch 9 of the epoch)" in job.output
+    assert [(e["global_step"], e["anomaly_step"], e["attempt"]) for e in job.named("rolled_back")] == [(8, 10, 2)]
+    assert [(e["global_step"], e["verdict"], e["attempt"]) for e in job.named("replay_verdict")] == [
+        (10, "transient", 2)]
+    assert [(e["global_step"], e["attempt"]) for e in job.named("checkpoint_committed")] == [
+        (4, 1), (8, 1), (10, 2), (12, 2), (16, 2), (20, 2)]  # nothing of attempt 1 after the flip
+    assert job.summary["anomalies"][0]["ranks"] == [0, 1]
+    assert job.summary["weights_sha256"] == digits_reference
+    assert job.summary["restarts"] == 1

@@ -122,7 +122,7 @@ SENTENCES = [
     ({"event": "rolled_back", "global_step": 4, "anomaly_step": 6},
      "rolled back to global step 4: replaying up to step 6"),
     ({"event": "replay_verdict", "global_step": 6, "verdict": "transient", "values_before": {"loss": "nan"}},
-     "replayed step 6 with finite values: the anomaly was transient (not the data); training goes on"),
+     "replayed step 6 without the anomaly: it was transient (not the data or the model); training goes on"),
     ({"event": "input_mismatch", "epoch": 1, "checkpoint": "s/ckpt-000000000040", "expected_sha256": "a" * 64,
       "found_sha256": "b" * 64, "strict": False},
      "epoch 2's input differs from the one recorded with s/ckpt-000000000040, so the resumed run will not match "

@@ -37,7 +37,7 @@ from resilient_train.errors import AnomalyRollbackError, NumericalAnomalyError
 from resilient_train.job.config import (
     ON_ANOMALY_CHOICES as ON_ANOMALY, ON_ANOMALY_IGNORE, ON_ANOMALY_ROLLBACK, ON_ANOMALY_STOP,
 )
-from resilient_train.runner.health.detector import Anomaly
+from resilient_train.runner.health.detector import REPLICAS, Anomaly
 
 __all__ = ["HealthGuard", "check_finite_state", "event_value", "pending_rollback"]
 
@@ -114,9 +114,11 @@ class HealthGuard:
             return
         if self.on_anomaly == ON_ANOMALY_IGNORE:
             self._reported = True
-        self._emit("anomaly_detected", group=True, kind="nonfinite", global_step=anomaly.global_step,
+        extra = {"ranks": list(anomaly.ranks)} if anomaly.kind == REPLICAS else {}
+        self._emit("anomaly_detected", group=True, kind=anomaly.kind, global_step=anomaly.global_step,
                    epoch=anomaly.epoch, step_in_epoch=anomaly.step_in_epoch, replicas=anomaly.replicas,
-                   values={name: event_value(v) for name, v in anomaly.values.items()}, action=self.on_anomaly)
+                   values={name: event_value(v) for name, v in anomaly.values.items()}, action=self.on_anomaly,
+                   **extra)
         if self.on_anomaly == ON_ANOMALY_STOP:
             settle()
             raise NumericalAnomalyError(f"{anomaly.describe()}; stopped (--on-anomaly stop), its state is not "

@@ -20,18 +20,25 @@ import tensorflow as tf
 
 from resilient_train.runner.training import control_row
 
-__all__ = ["Anomaly", "step_nonfinite", "logs_nonfinite", "first_anomaly"]
+__all__ = ["Anomaly", "NONFINITE", "REPLICAS", "step_nonfinite", "logs_nonfinite", "first_anomaly"]
+
+
+NONFINITE = "nonfinite"
+REPLICAS = "replicas"
 
 
 @dataclass(frozen=True)
 class Anomaly:
-    """A step whose loss or gradients were not finite on some replica."""
+    """A step whose loss or gradients were not finite on some replica (``nonfinite``), or at
+    which the replicas' trainable weights differ (``replicas``: runner/health/replicas.py)."""
 
     global_step: int  # the step that had it (1-based, as checkpoints count)
     epoch: int
     step_in_epoch: int  # 0-based index of the batch within its epoch
-    replicas: int  # how many replicas saw it (the column's SUM)
+    replicas: int  # how many replicas saw it (the column's SUM), or differ from the others
     values: dict[str, float]  # the step's reduced values (loss, metrics)
+    kind: str = NONFINITE
+    ranks: tuple[int, ...] = ()  # replicas: the workers whose weights differ from the others'
 
     def __post_init__(self) -> None:
         if self.global_step < 1:
@@ -40,6 +47,11 @@ class Anomaly:
             raise ValueError(f"Received replicas={self.replicas}; expected >= 1")
 
     def describe(self) -> str:
+        if self.kind == REPLICAS:
+            ranks = ", ".join(str(r) for r in self.ranks)
+            return (f"the replicas' trainable weights differ at global step {self.global_step} (epoch {self.epoch}, "
+                    f"batch {self.step_in_epoch} of the epoch): {self.replicas} replica(s) on rank(s) {ranks} differ "
+                    "from the others (silent data corruption, or a model whose copies are not kept equal)")
         values = ", ".join(f"{name}={value!r}" for name, value in self.values.items())
         return (f"non-finite loss or gradients at global step {self.global_step} (epoch {self.epoch}, "
                 f"batch {self.step_in_epoch} of the epoch) on {self.replicas} replica(s): {values}")

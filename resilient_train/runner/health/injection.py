@@ -1,5 +1,5 @@
-"""A NaN loss at a chosen global step: the reusable injection for the chaos catalogue and
-for users' own recipes.
+"""A NaN loss, or a flipped bit in one rank's weights, at a chosen global step: the reusable
+injections for the chaos catalogue and for users' own recipes.
 
 ``RT_FAULTS`` (runner/failures/faults.py) arms it like any fault, at point ``nan_loss``::
 
@@ -9,19 +9,32 @@ The step whose global step is 5 gets ``loss + NaN`` on that rank's replicas, ins
 gradient tape, so its gradients and the weights it updates are NaN too, what a poisoned batch
 does. ``attempt`` (default 1) selects the attempt, as for every fault; ``"signal"`` is
 ignored. Nothing is added to the step when no such fault is armed for this process.
+
+Point ``bitflip`` (silent data corruption)::
+
+    [{"point": "bitflip", "global_step": 8, "rank": 1}]
+
+flips bit 23 of element 0 of the first trainable variable in that rank's copies (float32's
+lowest exponent bit: the value halves or doubles and stays finite, so only the replicas'
+comparison can see it, runner/health/replicas.py), once, between calls: before the first call
+that starts at or after global step 8. The other ranks' copies are untouched.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from resilient_train.runner.failures.faults import FaultPlan
+from resilient_train.runner.health.replicas import tf_variable_of
 
-__all__ = ["NanInjection"]
+__all__ = ["NanInjection", "BitFlip"]
 
 POINT = "nan_loss"
+FLIP_POINT = "bitflip"
+FLIPPED_BIT = 23
 
 
 class NanInjection:
@@ -41,3 +54,25 @@ class NanInjection:
         step = tf.cast(global_step.read_value(), tf.int64) + 1
         hit = tf.reduce_any(tf.equal(step, tf.constant(self.steps, tf.int64)))
         return loss + tf.where(hit, tf.constant(float("nan"), loss.dtype), tf.zeros([], loss.dtype))
+
+
+class BitFlip:
+    """The global steps after which this process flips a bit of its weights (host side, once each)."""
+
+    def __init__(self, steps: Sequence[int]) -> None:
+        self._pending = sorted(set(int(s) for s in steps))
+
+    @classmethod
+    def from_plan(cls, plan: FaultPlan) -> "BitFlip":
+        return cls(plan.armed_steps(FLIP_POINT))
+
+    def before_call(self, global_step: int, variables: Sequence[Any], strategy: tf.distribute.Strategy) -> None:
+        """Before a call that starts after ``global_step``: flip, if a flip is due by then."""
+        if not self._pending or self._pending[0] > global_step or not variables:
+            return
+        self._pending = [s for s in self._pending if s > global_step]
+        for copy in strategy.experimental_local_results(tf_variable_of(variables[0])):  # this worker's copies only
+            value = np.array(copy.numpy())
+            flat = value.reshape(-1).view(f"u{value.dtype.itemsize}")
+            flat[0] ^= np.array(1 << FLIPPED_BIT, dtype=flat.dtype)
+            copy.assign(value)

@@ -78,6 +78,8 @@ class Saving:
     notice watch drops a vote that arrives right after it: runner/process/preemption_notices.py).
     ``finite_only`` (--on-anomaly stop/rollback): a state holding a non-finite value is never
     committed (persist_twin's check: the second guard behind runner/health/).
+    ``before_commit(global_step)``: every worker, before a save's request: the replicas'
+    comparison when no checked call ended at that step (runner/health/replicas.py).
     """
 
     def __init__(
@@ -106,12 +108,14 @@ class Saving:
         stopped_early: Callable[[], bool],
         saved: Callable[[], None],
         finite_only: bool = False,
+        before_commit: Callable[[int], None] = lambda global_step: None,
     ) -> None:
         self._job, self._cluster, self._store, self._work_dir = job, cluster, store, work_dir
         self._checkpoint, self._counters, self._tier, self._phase = checkpoint, counters, tier, phase
         self._gather, self._input_check = gather, input_check
         self._recipe, self._fingerprint = recipe, fingerprint
         self._epoch_extra, self._stopped_early, self._saved = epoch_extra, stopped_early, saved
+        self._before_commit = before_commit
         # Wired after the checkpointer exists (the Trainer builds them after it, in that order).
         self._callbacks: CallbackRunner | None = None
         self._input: EpochInput | None = None
@@ -238,6 +242,8 @@ class Saving:
         # allowance of a save (found by benchmarks/hang_detection.py: the chief sat in that
         # gather for 600 s while its peer hung).
         capture = flush or self._save_captures(global_step)
+        if global_step != self._last_saved:
+            self._before_commit(global_step)  # the replicas compared, unless at this step already (collective)
         request = None if global_step == self._last_saved else self._request(completed, capture=capture)
         # Any save may block: a flush, a sync write, an async snapshot waiting for the
         # previous upload. The hang watchdog gives the phase its start-up allowance.

@@ -49,7 +49,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["WorkerAgreement", "limb_columns", "differing", "divergence_reason", "LIMB_BITS", "LIMBS",
+__all__ = ["WorkerAgreement", "fingerprint", "limb_columns", "differing", "divergence_reason", "LIMB_BITS", "LIMBS",
            "FINGERPRINT_BITS", "CALL_LIMB_BITS", "CALL_LIMBS", "MAX_CALL_REPLICAS"]
 
 FINGERPRINT_BITS = 52
@@ -104,18 +104,20 @@ def call_limbs(fingerprint: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.stack([limbs, limbs * limbs], axis=1), [-1])
 
 
-def _fingerprint(value: tf.Tensor) -> tf.Tensor:
+def fingerprint(value: tf.Tensor, *, bits: int = FINGERPRINT_BITS) -> tf.Tensor:
+    """In-graph: ``value``'s exact fingerprint, an int64 kept mod 2**bits (64: all of the
+    wrapping sum; runner/health/replicas.py folds it itself)."""
     dtype = value.dtype
     if dtype.is_floating and dtype.size in _BITS_OF:
-        bits = tf.bitcast(value, _BITS_OF[dtype.size])
+        as_int = tf.bitcast(value, _BITS_OF[dtype.size])
     elif dtype.is_integer or dtype.is_bool:
-        bits = value
+        as_int = value
     else:
         return tf.constant(0, tf.int64)  # (strings, resources: never compared)
-    bits = tf.cast(tf.reshape(bits, [-1]), tf.int64)
-    positions = tf.range(1, tf.size(bits, out_type=tf.int64) + 1, dtype=tf.int64)
-    total = tf.reduce_sum(bits * (positions * tf.constant(_MULTIPLIER, tf.int64)))
-    return tf.bitwise.bitwise_and(total, tf.constant((1 << FINGERPRINT_BITS) - 1, tf.int64))
+    as_int = tf.cast(tf.reshape(as_int, [-1]), tf.int64)
+    positions = tf.range(1, tf.size(as_int, out_type=tf.int64) + 1, dtype=tf.int64)
+    total = tf.reduce_sum(as_int * (positions * tf.constant(_MULTIPLIER, tf.int64)))
+    return total if bits >= 64 else tf.bitwise.bitwise_and(total, tf.constant((1 << bits) - 1, tf.int64))
 
 
 class WorkerAgreement:
@@ -162,7 +164,7 @@ class WorkerAgreement:
         float32 columns for the call's packed all-reduce (empty when nothing is compared there)."""
         if not self._in_call_live:
             return tf.zeros([0], tf.float32)
-        return tf.concat([call_limbs(_fingerprint(v.read_value())) for v in self._in_call_live], axis=0)
+        return tf.concat([call_limbs(fingerprint(v.read_value())) for v in self._in_call_live], axis=0)
 
     def compare_in_call(self, summed: np.ndarray) -> list[str]:
         """After a snapshot taken right after a call (not the attempt's first comparison,
@@ -186,7 +188,7 @@ class WorkerAgreement:
         @tf.function(autograph=False)
         def fingerprints() -> tf.Tensor:
             with tf.device(variables[0].device):
-                return tf.stack([_fingerprint(v.read_value()) for v in variables])
+                return tf.stack([fingerprint(v.read_value()) for v in variables])
 
         return names, fingerprints
 

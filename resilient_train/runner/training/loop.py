@@ -73,7 +73,7 @@ import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.cluster.tf_config import ClusterInfo
-from resilient_train.job.config import JobConfig
+from resilient_train.job.config import REPLICA_CHECK_OFF, JobConfig
 from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
@@ -91,7 +91,7 @@ from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.runner.state.saving import Saving
 from resilient_train.runner.process import startup_phases
 from resilient_train.runner.health.anomaly_policy import HealthGuard, arm_replay
-from resilient_train.runner.health.injection import NanInjection
+from resilient_train.runner.health.injection import BitFlip, NanInjection
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
 from resilient_train.runner.training.progress import Progress
 from resilient_train.runner.training.stop_votes import StopVotes
@@ -231,6 +231,7 @@ class Trainer:
             metrics=ckpt_layout.metric_state(self.model) if self._own_step else None)
         startup_phases.mark("model_build")
         self._health = HealthGuard(self.job.on_anomaly, emit=emit)  # --on-anomaly (runner/health/)
+        self._sum_over_workers = _make_sum_over_workers(self.strategy)
         self._call = TrainCall(
             strategy=self.strategy, model=self.model, optimizer=self.optimizer, recipe=self.recipe,
             own_step=self._own_step, counters=(self.global_step, self.step_in_epoch),
@@ -240,8 +241,10 @@ class Trainer:
             save_at=self.policy.counts_to, indices=indices, health=self._health,
             settle=lambda: self._saving.checkpointer.flush(),
             position=lambda steps: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps),
-            nan_injection=NanInjection.from_plan(self.faults))
-        self._sum_over_workers = _make_sum_over_workers(self.strategy)
+            nan_injection=NanInjection.from_plan(self.faults), bitflip=BitFlip.from_plan(self.faults),
+            replica_check_every=(None if self.job.replica_check_every == REPLICA_CHECK_OFF
+                                 else int(self.job.replica_check_every)), rank=self.cluster.rank,
+            sum_over_workers=self._sum_over_workers)
         self._saving = Saving(
             self.job, self.cluster, store=store, run_id=self.run_id, work_dir=work_dir, faults=self.faults,
             checkpoint=self.checkpoint, model=self.model, strategy=self.strategy,
@@ -249,7 +252,8 @@ class Trainer:
             phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._sum_over_workers,
             gather=self._gather, recipe=self.recipe, input_check=self.input_check, fingerprint=fingerprint,
             epoch_extra=self._epoch_extra, stopped_early=lambda: self._epoch_end.stopped_early, saved=self._votes.saved,
-            finite_only=self._health.requires_finite_commit)
+            finite_only=self._health.requires_finite_commit, before_commit=lambda step: self._call.verify_replicas(
+                step, position=(int(self.epoch.numpy()), int(self.step_in_epoch.numpy()))))
         evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
         self._callbacks = self._make_callbacks(validates=evaluator is not None)
         self._input = self._make_epoch_input()
@@ -391,10 +395,12 @@ class Trainer:
                                             steps_per_epoch=steps_per_epoch, max_steps=self._call.steps)
             if self._tier is not None:  # a call also ends at the memory tier's next snapshot
                 steps = self._tier.schedule.call_length(global_step=global_step, max_steps=steps)
+            steps = self._call.call_length(global_step=global_step, max_steps=steps)  # and at a replica check
             if self._callbacks:
                 self._callbacks.batch_begin(step_in_epoch)
             self._saving.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
-            agreed = self._call.run(iterator, steps, global_step, self.stats)
+            agreed = self._call.run(iterator, steps, global_step, self.stats,
+                                    ends_epoch=step_in_epoch + steps == steps_per_epoch)
             self._marker.write(global_step + steps)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,

@@ -5,12 +5,15 @@ result), so a call runs up to ``--steps-per-execution`` steps (call_size.py size
 time) and the host reads ONE small tensor per call: the packed all-reduce's rows, stacked.
 Per step, besides the gradients' all-reduce, that one packed all-reduce carries
 
-    [loss, metric means..., metric state shares..., the control columns, the comparison]
+    [loss, metric means..., metric state shares..., the control columns, the comparisons]
 
 where the control columns are control_row.py's table (the stop and save votes, the chief's
 next call size and memory-tier intervals: the single definition of their layout) and the
-comparison is the memory tier's fingerprint of the may-differ variables, carried only by
-the last step of a call that ends at a snapshot (runner/state/worker_agreement.py).
+comparisons, carried only by the last step of a "checked" call, are the memory tier's
+fingerprint of the may-differ variables (runner/state/worker_agreement.py) and every
+replica's hash of its trainable weights (runner/health/replicas.py). A call is checked when
+it ends at a snapshot, a step-count save point, an epoch end or a multiple of
+``--replica-check-every``: nothing is saved or snapshotted that was not compared at its step.
 
 This module owns the row's layout as traced (``value names``), the call's sizing (the
 chief times every call, every worker adopts the agreed size from the call's result), the
@@ -34,7 +37,9 @@ from resilient_train.job.recipe import Recipe
 from resilient_train.rundir.stepindices import StepIndexLog
 from resilient_train.runner.health import detector as health_detector
 from resilient_train.runner.health.anomaly_policy import HealthGuard
-from resilient_train.runner.health.injection import NanInjection
+from resilient_train.runner.health.detector import REPLICAS, Anomaly
+from resilient_train.runner.health.injection import BitFlip, NanInjection
+from resilient_train.runner.health.replicas import ReplicaCheck
 from resilient_train.runner.process import startup_phases
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
@@ -67,7 +72,9 @@ class TrainCall:
     ``health``: acts on a call's first non-finite step (--on-anomaly, runner/health/) before
     anything of that call is saved; ``settle()`` first lands the earlier, healthy save in flight;
     ``position(steps)``: (epoch, step in the epoch) of the call's first step, after it.
-    ``nan_injection``: RT_FAULTS ``nan_loss`` (compiled in only when armed).
+    ``nan_injection``: RT_FAULTS ``nan_loss`` (compiled in only when armed); ``bitflip``: RT_FAULTS
+    ``bitflip`` (between calls). ``replica_check_every``: ``--replica-check-every`` (0: the
+    replicas are compared only where something is saved or snapshotted; None: never).
     """
 
     def __init__(
@@ -91,10 +98,20 @@ class TrainCall:
         settle: Callable[[], Any],
         position: Callable[[int], tuple[int, int]],
         nan_injection: NanInjection,
+        bitflip: BitFlip,
+        replica_check_every: int | None,
+        rank: int,
+        sum_over_workers: Callable[[tf.Tensor], tf.Tensor],
     ) -> None:
         self._recipe = recipe
         self._health, self._settle, self._position = health, settle, position
-        self._nan_injection = nan_injection
+        self._nan_injection, self._bitflip = nan_injection, bitflip
+        self._strategy, self._model = strategy, model
+        self.replicas = None if replica_check_every is None else ReplicaCheck(
+            model.trainable_variables, every=replica_check_every, rank=rank,
+            replicas=strategy.num_replicas_in_sync, local_replicas=len(strategy.extended.worker_devices),
+            sum_over_workers=sum_over_workers, strategy=strategy)
+        self._tier_width = 0  # the tier's comparison columns in a checked call's last row (set when traced)
         self._tier = tier
         self._is_chief = is_chief
         self._stop_vote, self._save_vote, self._save_at = stop_vote, save_vote, save_at
@@ -125,7 +142,7 @@ class TrainCall:
         recipe_loss = with_autograph(recipe.loss)
         recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
         states = recipe.metric_states  # summed metric states (AUC, Precision...): metric_states.py
-        nan_injection = self._nan_injection
+        nan_injection, replicas = self._nan_injection, self.replicas
 
         def runner_step(batch):
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
@@ -169,6 +186,8 @@ class TrainCall:
                 agreement = tier.call_columns()
             else:
                 agreement = tf.zeros([0], tf.float32)
+            if fingerprint and replicas is not None:  # every replica's hash of its weights (runner/health/replicas.py)
+                agreement = tf.concat([agreement, replicas.columns()], axis=0)
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns)  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
@@ -189,8 +208,11 @@ class TrainCall:
             # a memory-tier snapshot (every worker at the same call). Its other rows are
             # padded with zeros after their all-reduce (a local op), to stack with the last.
             startup_phases.count_trace()  # the Python body runs only when tf.function traces
-            width = (tier.call_columns(width_only=True)
-                     if fingerprint and tier is not None and tier.agreement is not None else 0)
+            tier_width = (tier.call_columns(width_only=True)
+                          if fingerprint and tier is not None and tier.agreement is not None else 0)
+            width = tier_width + (replicas.width if fingerprint and replicas is not None else 0)
+            if fingerprint:
+                self._tier_width = tier_width
 
             def one_step(i, rows, index_rows, with_fingerprint: bool):
                 result = strategy.run(step_fn, args=(next(iterator), flags), kwargs={"fingerprint": with_fingerprint})
@@ -222,10 +244,18 @@ class TrainCall:
 
         return train_call
 
-    def run(self, iterator: Any, steps: int, global_step: int, stats: EpochStats | LastLogs) -> CallOutcome:
+    def call_length(self, *, global_step: int, max_steps: int) -> int:
+        """A call also ends at the replicas' next check by step count."""
+        return max_steps if self.replicas is None else self.replicas.call_length(global_step=global_step,
+                                                                                max_steps=max_steps)
+
+    def run(self, iterator: Any, steps: int, global_step: int, stats: EpochStats | LastLogs, *,
+            ends_epoch: bool = False) -> CallOutcome:
         """Train ``steps`` steps after ``global_step``, add each step's values to ``stats``;
-        returns the agreed votes and sets ``self.steps``, the agreed maximum of the next call."""
+        returns the agreed votes and sets ``self.steps``, the agreed maximum of the next call.
+        ``ends_epoch``: the call's last step is its epoch's last (a checked call)."""
         tier, chief = self._tier, self._is_chief
+        self._bitflip.before_call(global_step, self._model.trainable_variables, self._strategy)  # RT_FAULTS bitflip
         snapshot_every, capture_every = (
             tier.proposal(call_steps=self.steps, proposed_call_steps=self.sizer.proposal(),
                           step_s=self.sizer.step_seconds)
@@ -237,8 +267,13 @@ class TrainCall:
         started, traces = time.perf_counter(), startup_phases.traces()
         # Does a snapshot follow this call? Then its last step fingerprints for the comparison
         # (memory tier; a snapshot after a call without them compares with its own all-reduce).
-        fingerprint = tier is not None and tier.fingerprint_due(global_step + steps, save_at=self._save_at)
-        result = self._call(iterator, tf.constant(steps, tf.int32), flags, bool(fingerprint))
+        ends = global_step + steps
+        tier_due = tier is not None and tier.fingerprint_due(ends, save_at=self._save_at)
+        check_due = self.replicas is not None and (
+            ends_epoch or self.replicas.due(ends) or self._save_at(ends)
+            or (tier is not None and tier.schedule.due(ends)))
+        fingerprint = bool(tier_due or check_due)
+        result = self._call(iterator, tf.constant(steps, tf.int32), flags, fingerprint)
         if self._indices is not None:
             result, index_rows = result
             for offset, indices in enumerate(index_rows.numpy(), 1):
@@ -247,20 +282,44 @@ class TrainCall:
         rows = result.numpy()
         startup_phases.mark("first_call")
         self.trained = True
-        # A non-finite step is acted on here (--on-anomaly), before any save or snapshot of it.
-        self._health.after_call(health_detector.first_anomaly(
-            rows, self._value_names, first_global_step=global_step + 1, position=lambda: self._position(steps)),
-            last_global_step=global_step + steps, settle=self._settle)
+        # A non-finite step, or replicas that differ, are acted on here (--on-anomaly), before
+        # any save or snapshot of it.
+        named = len(self._value_names)
+        anomaly = health_detector.first_anomaly(
+            rows, self._value_names, first_global_step=global_step + 1, position=lambda: self._position(steps))
+        if anomaly is None and check_due:
+            assert self.replicas is not None
+            start = named + self._tier_width
+            mismatch = self.replicas.read(rows[-1][start:start + self.replicas.width], ends)
+            if mismatch is not None:
+                epoch, first = self._position(steps)
+                anomaly = Anomaly(global_step=ends, epoch=epoch, step_in_epoch=first + steps - 1,
+                                  replicas=len(mismatch.replicas), values={}, kind=REPLICAS, ranks=mismatch.ranks)
+        self._health.after_call(anomaly, last_global_step=ends, settle=self._settle)
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         self._add_rows(rows, stats)
         if tier is not None:
-            tier.saw_call(rows[-1], len(self._value_names), fingerprint=fingerprint)
+            tier.saw_call(rows[-1][:named + self._tier_width], named, fingerprint=bool(tier_due))
         _, agreed = control_row.split(rows[-1], self._value_names)
         self.steps = max(1, int(round(agreed.next_call)))
         if tier is not None:
             tier.adopt(agreed.snapshot_every, agreed.capture_every)
         return CallOutcome(stop=agreed.stop > 0, save=agreed.save > 0)
+
+    def verify_replicas(self, global_step: int, *, position: tuple[int, int]) -> None:
+        """Before a save that follows no checked call (a time-based or a preemption save): the
+        replicas' comparison with one all-reduce (every worker, at the same save), acted on as a
+        call's anomaly. ``position``: (epoch, step in the epoch) of ``global_step``."""
+        if self.replicas is None:
+            return
+        mismatch = self.replicas.compare_now(global_step)
+        if mismatch is not None:
+            epoch, step_in_epoch = position
+            self._health.after_call(
+                Anomaly(global_step=global_step, epoch=epoch, step_in_epoch=max(0, step_in_epoch - 1),
+                        replicas=len(mismatch.replicas), values={}, kind=REPLICAS, ranks=mismatch.ranks),
+                last_global_step=global_step, settle=self._settle)
 
     def _add_rows(self, rows: np.ndarray, stats: EpochStats | LastLogs) -> None:
         """Each step's named values, and its summed metric states (their columns follow the
