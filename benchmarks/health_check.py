@@ -13,6 +13,13 @@ steps in a ``tf.while_loop`` (the runner's call shape), identical but for the ch
 same fixed batch; the calls alternate for ``--rounds`` rounds (which goes first alternates
 too). Per round the ratio with/without; the figure is the median ratio and the median time
 per step of each. The all-reduce of one more float32 is not in it (the row is already sent).
+
+The replicas' comparison (runner/health/replicas.py) is paid once per check, not per step: the
+hash of every trainable variable in the last step of a checked call. It is timed the same way
+(a compiled ``weights_hash`` of the model's trainable variables, 20 x ``--rounds`` calls,
+median) and given as a share of the K steps between checks (``--replica-check-every``, default
+100): ``replica_share`` = hash time / (K x a step without the checks). Saves, snapshots and
+epoch ends carry a check too; the all-reduce's 2 more float32 per replica are not in it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from benchmarks._smoke import RESULTS, add_smoke_flag, check_smoke_out, write_result  # noqa: E402
 
+REPLICA_CHECK_EVERY = 100  # job/config.py's default --replica-check-every
 RESULT_KEYS = ("benchmark", "date", "recipe", "steps", "rounds", "load_1min", "summary", "rounds_us", "smoke")
 
 
@@ -66,13 +74,17 @@ def _calls(recipe_path: str, steps: int) -> tuple[Any, Any]:
         run(tf.constant(2)).numpy()  # trace and warm up
         return run
 
-    return call(False), call(True)
+    from resilient_train.runner.health.replicas import weights_hash
+
+    hashed = tf.function(autograph=False)(lambda: weights_hash(model.trainable_variables))
+    hashed().numpy()  # trace
+    return call(False), call(True), hashed
 
 
 def measure(recipe_path: str, steps: int, rounds: int) -> tuple[dict[str, float], list[dict[str, float]]]:
     import tensorflow as tf
 
-    plain, checked = _calls(recipe_path, steps)
+    plain, checked, hashed = _calls(recipe_path, steps)
     n = tf.constant(steps)
     per_round = []
     for r in range(rounds):
@@ -83,12 +95,21 @@ def measure(recipe_path: str, steps: int, rounds: int) -> tuple[dict[str, float]
             times[name] = (time.perf_counter() - started) / steps * 1e6
         per_round.append({"off_us": round(times["off"], 1), "on_us": round(times["on"], 1),
                           "ratio": round(times["on"] / times["off"], 4)})
+    hash_us = []
+    for _ in range(20 * rounds):
+        started = time.perf_counter()
+        hashed().numpy()
+        hash_us.append((time.perf_counter() - started) * 1e6)
+    off_step = statistics.median(r["off_us"] for r in per_round)
     summary = {
         "off_us_per_step_p50": round(statistics.median(r["off_us"] for r in per_round), 1),
         "on_us_per_step_p50": round(statistics.median(r["on_us"] for r in per_round), 1),
         "ratio_p50": round(statistics.median(r["ratio"] for r in per_round), 4),
         "ratio_p25": round(statistics.quantiles([r["ratio"] for r in per_round], n=4)[0], 4) if rounds >= 2 else None,
         "ratio_p75": round(statistics.quantiles([r["ratio"] for r in per_round], n=4)[2], 4) if rounds >= 2 else None,
+        "replica_hash_us_p50": round(statistics.median(hash_us), 1),
+        "replica_check_every": REPLICA_CHECK_EVERY,
+        "replica_share": round(statistics.median(hash_us) / (REPLICA_CHECK_EVERY * off_step), 5),
     }
     return summary, per_round
 
