@@ -195,7 +195,9 @@ def _health_check(data: dict[str, Any]) -> None:
     assert (data["steps"], data["rounds"], len(data["rounds_us"])) == (5, 2, 2)
     assert data["recipe"] == "recipes/digits_cnn.py"
     assert all(r["off_us"] > 0 and r["on_us"] > 0 for r in data["rounds_us"])
-    assert sorted(data["summary"]) == ["off_us_per_step_p50", "on_us_per_step_p50", "ratio_p25", "ratio_p50", "ratio_p75"]
+    assert sorted(data["summary"]) == ["off_us_per_step_p50", "on_us_per_step_p50", "ratio_p25", "ratio_p50", "ratio_p75",
+                                       "replica_check_every", "replica_hash_us_p50", "replica_share"]
+    assert data["summary"]["replica_check_every"] == 100 and 0 < data["summary"]["replica_share"] < 1
 
 
 def _preformed_group(data: dict[str, Any]) -> None:

@@ -67,7 +67,7 @@ def weights_hash(variables: Sequence[Any]) -> tf.Tensor:
     """In-graph: this replica's hash of ``variables`` (their current values), int64 [SLOTS]."""
     total = tf.constant(0, tf.int64)
     for k, variable in enumerate(variables):
-        total += variable_fingerprint(variable.read_value(), bits=64) * tf.constant(_weight(k), tf.int64)
+        total += variable_fingerprint(tf_variable_of(variable).read_value(), bits=64) * tf.constant(_weight(k), tf.int64)
     return _fold(total)
 
 
