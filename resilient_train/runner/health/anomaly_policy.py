@@ -39,7 +39,7 @@ from resilient_train.job.config import (
 )
 from resilient_train.runner.health.detector import REPLICAS, Anomaly
 
-__all__ = ["HealthGuard", "check_finite_state", "event_value", "pending_rollback"]
+__all__ = ["HealthGuard", "check_finite_state", "event_value", "pending_rollback", "read_pending"]
 
 DETERMINISTIC = "deterministic"
 TRANSIENT = "transient"
@@ -67,11 +67,13 @@ def pending_rollback(records: Iterable[dict[str, Any]], *, run_id: str) -> dict[
 class HealthGuard:
     """Acts on a call's first anomaly by policy, and judges a replay (rollback)."""
 
-    def __init__(self, on_anomaly: str, *, emit: Callable[..., None]) -> None:
+    def __init__(self, on_anomaly: str, *, emit: Callable[..., None], run_id: str = "",
+                 events_path: Path | None = None) -> None:
         if on_anomaly not in ON_ANOMALY:
             raise ValueError(f"Received on_anomaly={on_anomaly!r}; expected one of {ON_ANOMALY}")
         self.on_anomaly = on_anomaly
         self._emit = emit
+        self._run_id, self._events_path = run_id, events_path  # where a rollback's replay is read (arm_replay)
         self._reported = False  # ignore: the first anomaly is reported, the NaNs after it are its consequence
         self._replaying: int | None = None  # rollback: the anomaly's global step this attempt replays to
         self._before: dict[str, Any] = {}  # ... and its values as first seen
@@ -128,6 +130,16 @@ class HealthGuard:
             raise AnomalyRollbackError(f"{anomaly.describe()}; rolling back to the newest commit to replay it "
                                        "(--on-anomaly rollback)")
 
+    def arm_replay(self, *, is_chief: bool, restored_step: int, gather: Callable[[int], list[int]]) -> None:
+        """After the restore, with ``rollback``: the chief reads whether this attempt replays a
+        rolled-back anomaly (this run's events.jsonl) and every worker adopts its answer (one
+        all-reduce, every worker)."""
+        assert self._events_path is not None, "arm_replay needs the run's events path"
+        pending = read_pending(self._events_path, run_id=self._run_id) if is_chief else None
+        step = gather(int(pending["global_step"]) if pending else 0)[0]
+        if step > 0:
+            self.replay_to(step, restored_step=restored_step, values=(pending or {}).get("values") or {})
+
     def _verdict(self, verdict: str, anomaly: Anomaly | None) -> None:
         assert self._replaying is not None
         fields: dict[str, Any] = {"global_step": self._replaying, "verdict": verdict, "values_before": self._before}
@@ -151,13 +163,3 @@ def read_pending(events_path: Path, *, run_id: str) -> dict[str, Any] | None:
     from resilient_train.rundir.events import read_events
 
     return pending_rollback(read_events(events_path) if events_path.exists() else [], run_id=run_id)
-
-
-def arm_replay(guard: HealthGuard, *, is_chief: bool, events_path: Path, run_id: str, restored_step: int,
-               gather: Callable[[int], list[int]]) -> None:
-    """After the restore, with ``rollback``: the chief reads whether this attempt replays a
-    rolled-back anomaly and every worker adopts its answer (one all-reduce, every worker)."""
-    pending = read_pending(events_path, run_id=run_id) if is_chief else None
-    step = gather(int(pending["global_step"]) if pending else 0)[0]
-    if step > 0:
-        guard.replay_to(step, restored_step=restored_step, values=(pending or {}).get("values") or {})

@@ -155,6 +155,11 @@ class EpochInput:
         return self._reason
 
     @property
+    def fit_script(self) -> bool:
+        """A fit script's one iterator (the runner does not build its input)."""
+        return self._source is not None
+
+    @property
     def plain(self) -> bool:
         """True on the iterator_state path: each worker iterates its own plain tf.data iterator."""
         return self._path == ITERATOR_STATE

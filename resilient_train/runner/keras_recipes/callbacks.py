@@ -214,6 +214,19 @@ class CallbackRunner:
     run directory); None leaves them relative to the working directory (a fit script's).
     """
 
+    @classmethod
+    def for_recipe(cls, callbacks: Any, model: Any, optimizer: Any, *, recipe_name: str,
+                   **settings: Any) -> CallbackRunner:
+        """What a recipe's ``callbacks()`` returned, checked, with ``model.optimizer`` set."""
+        if not isinstance(callbacks, (list, tuple)):
+            raise RecipeError(f"recipe {recipe_name}: callbacks() returned {type(callbacks).__name__}; "
+                              "expected a list of keras.callbacks.Callback")
+        if getattr(model, "optimizer", None) is None:
+            # Callbacks reach the optimizer as model.optimizer (ReduceLROnPlateau). Set
+            # without Keras' tracking so the checkpoint's object graph stays the twin's.
+            object.__setattr__(model, "optimizer", optimizer)
+        return cls(callbacks, model, recipe_name=recipe_name, **settings)
+
     def __init__(
         self,
         callbacks: Sequence[Any],

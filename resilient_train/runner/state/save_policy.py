@@ -40,7 +40,7 @@ class SavePolicy:
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self.is_chief = is_chief
-        self._clock = clock
+        self.clock = clock  # (the progress reports read the same clock)
         self._last_save = clock()
 
     def call_length(self, *, global_step: int, step_in_epoch: int, steps_per_epoch: int, max_steps: int) -> int:
@@ -65,7 +65,7 @@ class SavePolicy:
         """This worker's vote for a time-based save after the next call (1.0 or 0.0)."""
         if self.every_seconds is None or not self.is_chief:
             return 0.0
-        return 1.0 if self._clock() - self._last_save >= self.every_seconds else 0.0
+        return 1.0 if self.clock() - self._last_save >= self.every_seconds else 0.0
 
     def save_after(self, *, global_step: int, step_in_epoch: int, steps_per_epoch: int, agreed_time_flag: bool) -> bool:
         """Whether to save mid-epoch after a call that ended on ``global_step``.
@@ -78,4 +78,4 @@ class SavePolicy:
 
     def saved(self) -> None:
         """A save happened (of any kind): the time-based interval starts again."""
-        self._last_save = self._clock()
+        self._last_save = self.clock()

@@ -17,13 +17,12 @@
 #    EpochInput (runner/input/reentry.py) owns it: the iterator for epoch e at step s, the
 #    re-entry path of a restore, the iterator state a save records, the epoch end's retirement.
 # 5. Each tf.function call runs up to --steps-per-execution steps (train_call.py; auto:
-#    the chief sizes calls to ~0.1 s, runner/training/call_size.py): per step ONE packed all-reduce
-#    besides the gradients' carries loss, metrics, the stop flag, the chief's time-based
-#    save vote and its size of the next call; the counters advance in-graph; the host
-#    reads one [steps, values] tensor per call. Everything else happens between calls:
-#    SavePolicy (runner/state/save_policy.py) ends a call at every step-count save point and at
-#    the epoch end, so the committed steps are the same for every N; stop agreement,
-#    progress (Progress), step markers and fault hooks see call ends only.
+#    sized to ~0.1 s, call_size.py), per step ONE packed all-reduce besides the gradients'
+#    (loss, metrics, the control columns of control_row.py: votes, the chief's next call
+#    size; the replicas' comparison in a checked call's last step, runner/health/). Everything
+#    else happens between calls: SavePolicy (runner/state/save_policy.py) ends a call at every
+#    step-count save point and at the epoch end, so the committed steps are the same for every N;
+#    stop agreement, progress, step markers and fault hooks see call ends only.
 # 6. Saving (runner/state/saving.py): the Checkpointer chosen once at setup (checkpointing.py) says how.
 #    async (default): the chief snapshots into its twin and a background thread persists;
 #    other workers write nothing. sync: all workers write the tf.train.Checkpoint
@@ -68,7 +67,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore
@@ -90,9 +88,10 @@ from resilient_train.runner.state.tier import MemoryTier
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.runner.state.saving import Saving
 from resilient_train.runner.process import startup_phases
-from resilient_train.runner.health.anomaly_policy import HealthGuard, arm_replay
+from resilient_train.runner.health.anomaly_policy import HealthGuard
 from resilient_train.runner.health.injection import BitFlip, NanInjection
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
+from resilient_train.runner.training.collectives import Collectives
 from resilient_train.runner.training.progress import Progress
 from resilient_train.runner.training.stop_votes import StopVotes
 from resilient_train.runner.training.strategy import make_strategy
@@ -152,29 +151,26 @@ class Trainer:
         ``saved()``: the group took an agreed save (the notice watch drops a vote that arrives
         right after one: workers on one node see the same notice, not always in the same call)."""
         self.job = job
-        self._input_source = input_source
         self.recipe = recipe
         self.params = params
         self.cluster = cluster
-        self.run_id = run_id
         self.faults = faults or FaultPlan([], rank=cluster.rank, attempt=0)
-        self.clock = clock
         self._own_step: OwnStep | None = None  # a model's own train_step (runner/keras_recipes/own_step.py)
         self.stats: EpochStats | LastLogs = EpochStats()
         self.input_check = InputCheck(strict=job.strict_resume, recipe_name=recipe.name)  # resume check
         self._fresh_start = False  # no checkpoint was restored (untrained_fresh_start)
-        self.policy = SavePolicy(
+        policy = SavePolicy(
             every_steps=job.save_every_steps or 0,
             every_seconds=job.save_every_seconds,
             is_chief=cluster.is_chief,
             clock=clock,
         )
-        self._votes = StopVotes(cluster.rank, self.policy, stop_requested=stop_requested,
+        self._votes = StopVotes(cluster.rank, policy, stop_requested=stop_requested,
                                 save_requested=save_requested, saved=saved)
         # The memory tier (--snapshot-every, runner/state/tier.py): None when off.
         tier_off = MemoryTier.off_reason(job, cluster)
         self._tier = MemoryTier(job, cluster) if tier_off is None else None
-        self._marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank)) if attempt_dir else StepMarker(None)
+        marker = StepMarker(AttemptDir.at(attempt_dir).step_marker(cluster.rank) if attempt_dir else None)
         # What the supervisor's hang watchdog reads besides the step: a phase that may take
         # long without a step (eval, a blocking save) gets the start-up allowance.
         self._phase = PhaseMarker(AttemptDir.at(attempt_dir).phase_marker(cluster.rank) if attempt_dir else None)
@@ -184,11 +180,13 @@ class Trainer:
         # Once, at start: the recipe file read and hashed as this process imported it (not on
         # every save, and not an edit made to the file while the run goes on).
         fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
-        self._setup(strategy, indices, tier_off, store=store, work_dir=work_dir, fingerprint=fingerprint)
+        self._setup(strategy, indices, tier_off, store=store, work_dir=work_dir, fingerprint=fingerprint,
+                    run_id=run_id, marker=marker, input_source=input_source)
 
     # ----------------------------------------------------------------- setup
     def _setup(self, strategy: tf.distribute.Strategy | None, indices: StepIndexLog | None, tier_off: str | None, *,
-               store: CheckpointStore, work_dir: Path, fingerprint: dict[str, Any]) -> None:
+               store: CheckpointStore, work_dir: Path, fingerprint: dict[str, Any], run_id: str, marker: StepMarker,
+               input_source: Callable[[int, int], Any] | None) -> None:
         # What is loaded by now (TensorFlow, Keras, the recipe: ~350k objects) lives as long
         # as the process: frozen out of the cyclic collector's sight, a full collection no
         # longer walks it. One such collection took 0.15-0.18 s of every restart (measured
@@ -222,49 +220,49 @@ class Trainer:
                 )
             if not own_step:
                 self.stats = EpochStats(self.recipe.metric_states)
-            self.optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
-            self.optimizer.build(self.model.trainable_variables)
+            optimizer = _call_recipe(self.recipe, "build_optimizer", self.params)
+            optimizer.build(self.model.trainable_variables)
             counters = ckpt_layout.new_counters()
-        self.epoch, self.step_in_epoch, self.global_step = (counters[name] for name in ckpt_layout.COUNTERS)
-        self.checkpoint = ckpt_layout.training_graph(
-            model=self.model, optimizer=self.optimizer, counters=counters, rng=ckpt_layout.rng_state(self.model),
+        self.counters = Counters(*(counters[name] for name in ckpt_layout.COUNTERS))
+        checkpoint = ckpt_layout.training_graph(
+            model=self.model, optimizer=optimizer, counters=counters, rng=ckpt_layout.rng_state(self.model),
             metrics=ckpt_layout.metric_state(self.model) if self._own_step else None)
         startup_phases.mark("model_build")
-        self._health = HealthGuard(self.job.on_anomaly, emit=emit)  # --on-anomaly (runner/health/)
-        self._sum_over_workers = _make_sum_over_workers(self.strategy)
+        self._health = HealthGuard(self.job.on_anomaly, emit=emit, run_id=run_id,  # --on-anomaly (runner/health/)
+                                   events_path=RunDir(self.job.run_dir).events)
+        self._collectives = Collectives(self.strategy, rank=self.cluster.rank, workers=self.cluster.num_workers)
         self._call = TrainCall(
-            strategy=self.strategy, model=self.model, optimizer=self.optimizer, recipe=self.recipe,
+            strategy=self.strategy, model=self.model, optimizer=optimizer, recipe=self.recipe,
             own_step=self._own_step, counters=(self.global_step, self.step_in_epoch),
             global_batch_size=self.job.global_batch_size, steps_per_execution=self.job.steps_per_execution,
             tier=self._tier, is_chief=self.cluster.is_chief, stop_vote=self._votes.stop,
-            save_vote=self._votes.save,
-            save_at=self.policy.counts_to, indices=indices, health=self._health,
+            save_vote=self._votes.save, marker=marker,
+            save_at=self._votes.policy.counts_to, indices=indices, health=self._health,
             settle=lambda: self._saving.checkpointer.flush(),
             position=lambda steps: (int(self.epoch.numpy()), int(self.step_in_epoch.numpy()) - steps),
             nan_injection=NanInjection.from_plan(self.faults), bitflip=BitFlip.from_plan(self.faults),
             replica_check_every=(None if self.job.replica_check_every == REPLICA_CHECK_OFF
                                  else int(self.job.replica_check_every)), rank=self.cluster.rank,
-            sum_over_workers=self._sum_over_workers)
+            sum_over_workers=self._collectives.sum)
         self._saving = Saving(
-            self.job, self.cluster, store=store, run_id=self.run_id, work_dir=work_dir, faults=self.faults,
-            checkpoint=self.checkpoint, model=self.model, strategy=self.strategy,
+            self.job, self.cluster, store=store, run_id=run_id, work_dir=work_dir, faults=self.faults,
+            checkpoint=checkpoint, model=self.model, strategy=self.strategy,
             counters=(self.epoch, self.step_in_epoch, self.global_step), tier=self._tier, tier_off=tier_off,
-            phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._sum_over_workers,
-            gather=self._gather, recipe=self.recipe, input_check=self.input_check, fingerprint=fingerprint,
+            phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._collectives.sum,
+            gather=self._collectives.gather, recipe=self.recipe, input_check=self.input_check, fingerprint=fingerprint,
             epoch_extra=self._epoch_extra, stopped_early=lambda: self._epoch_end.stopped_early, saved=self._votes.saved,
             finite_only=self._health.requires_finite_commit, before_commit=lambda step: self._call.verify_replicas(
                 step, position=(int(self.epoch.numpy()), int(self.step_in_epoch.numpy()))))
         evaluator = Evaluator.for_job(self.strategy, self.model, self.recipe, self.params, self.job)
-        self._callbacks = self._make_callbacks(validates=evaluator is not None)
-        self._input = self._make_epoch_input()
+        self._callbacks = self._make_callbacks(optimizer, validates=evaluator is not None, script=input_source is not None)
+        self._input = self._make_epoch_input(input_source)
         self._saving.wire(callbacks=self._callbacks, epoch_input=self._input)
         if evaluator is not None:  # its iterators are torn down by the same reaper
             evaluator.retire = self._input.retire_evaluation
         self._epoch_end = EpochEnd(
-            self.job, self.cluster, run_id=self.run_id,
-            counters=Counters(self.epoch, self.step_in_epoch, self.global_step), saving=self._saving,
+            self.job, self.cluster, run_id=run_id, counters=self.counters, saving=self._saving,
             evaluator=evaluator, callbacks=self._callbacks, own_step=self._own_step, phase=self._phase,
-            faults=self.faults, agree=self._agree, gather=self._gather, record_input=self._record_next_input)
+            faults=self.faults, agree=self._agree, gather=self._collectives.gather, record_input=self._record_next_input)
         startup_phases.mark("setup")
 
     @property
@@ -273,14 +271,28 @@ class Trainer:
         finished: a failure in between is the job's bug, not a fault (runner/failures/diagnose.py)."""
         return self._fresh_start and not self._call.trained
 
-    def _make_epoch_input(self) -> EpochInput:
+    # The checkpointed counters (runner/state/ckpt_layout.py), read by the failure report
+    # (runner/failures/diagnose.py) and the worker's exit (runner/process/worker_main.py).
+    @property
+    def epoch(self) -> tf.Variable:
+        return self.counters.epoch
+
+    @property
+    def step_in_epoch(self) -> tf.Variable:
+        return self.counters.step_in_epoch
+
+    @property
+    def global_step(self) -> tf.Variable:
+        return self.counters.global_step
+
+    def _make_epoch_input(self, input_source: Callable[[int, int], Any] | None) -> EpochInput:
         """The epoch input (runner/input/reentry.py): each epoch's iterator, how a resumed
         epoch is re-entered (iterator_state may turn into skip at the first mid-epoch save,
         when the state is measured too large), what a save records of it, its retirement."""
-        common = dict(rank=self.cluster.rank, workers=self.cluster.num_workers, gather=self._gather,
-                      gather_bytes=self._gather_bytes, current_epoch=lambda: int(self.epoch.numpy()))
-        if self._input_source is not None:  # a fit script's one iterator (runner/keras_recipes/fitscript.py)
-            return EpochInput.for_fit_script(self._input_source, **common)
+        common = dict(rank=self.cluster.rank, workers=self.cluster.num_workers, gather=self._collectives.gather,
+                      gather_bytes=self._collectives.gather_bytes, current_epoch=lambda: int(self.epoch.numpy()))
+        if input_source is not None:  # a fit script's one iterator (runner/keras_recipes/fitscript.py)
+            return EpochInput.for_fit_script(input_source, **common)
         job = self.job
 
         def dataset(epoch: int, start_step: int, worker: tuple[int, int] | None, symbolic: bool = False) -> Any:
@@ -294,33 +306,22 @@ class Trainer:
             self.recipe, dataset=dataset, max_state_bytes=job.max_iterator_state_bytes,
             replicas_per_worker=self.strategy.num_replicas_in_sync // self.cluster.num_workers, **common)
 
-    def _make_callbacks(self, *, validates: bool) -> CallbackRunner | None:
+    def _make_callbacks(self, optimizer: keras.optimizers.Optimizer, *, validates: bool,
+                        script: bool) -> CallbackRunner | None:
         if self.recipe.callbacks is None:
             return None
-        callbacks = _call_recipe(self.recipe, "callbacks", self.params)
-        if not isinstance(callbacks, (list, tuple)):
-            raise RecipeError(
-                f"recipe {self.recipe.name}: callbacks() returned {type(callbacks).__name__}; "
-                "expected a list of keras.callbacks.Callback"
-            )
-        if getattr(self.model, "optimizer", None) is None:
-            # Callbacks reach the optimizer as model.optimizer (ReduceLROnPlateau). Set
-            # without Keras' tracking so the checkpoint's object graph stays the twin's.
-            object.__setattr__(self.model, "optimizer", self.optimizer)
-        runner = CallbackRunner(
-            callbacks, self.model, recipe_name=self.recipe.name, is_chief=self.cluster.is_chief,
-            # A fit script's (it has an input_source) relative paths mean what they mean in plain
-            # Keras: the working directory; a recipe's land in the run directory.
-            output_dir=None if self._input_source is not None else Path(self.job.run_dir),
-            epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
-            validates=validates,
-        )
+        runner = CallbackRunner.for_recipe(
+            _call_recipe(self.recipe, "callbacks", self.params), self.model, optimizer, recipe_name=self.recipe.name,
+            is_chief=self.cluster.is_chief, epochs=self.job.epochs, steps_per_epoch=self.job.steps_per_epoch,
+            # A fit script's relative paths mean what they mean in plain Keras: the working
+            # directory; a recipe's land in the run directory.
+            output_dir=None if script else Path(self.job.run_dir), validates=validates)
         for log_dir in runner.tensorboard_dirs:  # a TensorBoard callback: the runner's scalars there too
             add_listener(TensorBoardLog(log_dir))
         return runner
 
     def _build_twin(self) -> tuple[tf.train.Checkpoint, keras.Model]:
-        """A second, strategy-free copy of everything ``self.checkpoint`` holds (same keys)."""
+        """A second, strategy-free copy of everything the training checkpoint holds (same keys)."""
         model = _call_recipe(self.recipe, "build_model", self.params)
         optimizer = model.optimizer if is_compiled(self.model) else _call_recipe(self.recipe, "build_optimizer", self.params)
         optimizer.build(model.trainable_variables)
@@ -330,25 +331,6 @@ class Trainer:
                                                 metrics=(ckpt_layout.twin_metric_state(self.model, model)
                                                          if self._own_step else None))
         return checkpoint, model
-
-    def _gather(self, value: int) -> list[int]:
-        """Every worker's ``value``, indexed by rank (one all-reduce)."""
-        vector = np.zeros(self.cluster.num_workers, dtype=np.float64)
-        vector[self.cluster.rank] = value
-        summed = self._sum_over_workers(tf.constant(vector))
-        return [int(v) for v in summed.numpy()]
-
-    def _gather_bytes(self, mine: bytes, sizes: list[int]) -> list[bytes]:
-        """Every worker's ``mine`` (of the given sizes), indexed by rank (one all-reduce)."""
-        # Four bytes to an int32: each row is one worker's and zero elsewhere, so the SUM is
-        # that worker's bits exactly (a byte to an int32 moved 4x the data: 20-35 ms of every
-        # capture of digits_cnn's ~580 KB states, against ~8 ms).
-        width = -(-max(sizes) // 4)
-        rows = np.zeros((self.cluster.num_workers, width * 4), dtype=np.uint8)
-        rows[self.cluster.rank, :len(mine)] = np.frombuffer(mine, dtype=np.uint8)
-        summed = self._sum_over_workers(tf.constant(rows.view(np.int32)))
-        packed = np.ascontiguousarray(summed.numpy()).view(np.uint8)
-        return [packed[rank, :size].tobytes() for rank, size in enumerate(sizes)]
 
     # ----------------------------------------------------------------- train
     def drain_pending_checkpoint(self, timeout_s: float) -> None:
@@ -374,7 +356,7 @@ class Trainer:
         if self.input_check.agreement_pending and self._tier is not None:
             # The chief checked the input a restore entered; with the memory tier a survivor may
             # commit its own snapshot (a rescue), so every worker records the chief's verdict.
-            self.input_check.agreed(self._gather(int(self.input_check.restore_mismatched))[0] > 0)
+            self.input_check.agreed(self._collectives.gather(int(self.input_check.restore_mismatched))[0] > 0)
         startup_phases.mark("input")
         ended = self._train_steps(iterator, epoch, start, progress)
         if ended and not self._votes.agreed:
@@ -386,12 +368,11 @@ class Trainer:
 
     def _train_steps(self, iterator: Any, epoch: int, start: int, progress: Progress) -> bool:
         """Train epoch ``epoch`` from ``start`` on ``iterator``; False if preempted mid-epoch."""
-        job = self.job
-        steps_per_epoch = job.steps_per_epoch
+        steps_per_epoch, policy = self.job.steps_per_epoch, self._votes.policy
         step_in_epoch, global_step = start, int(self.global_step.numpy())
         self._phase.enter(PHASE_TRAIN, epoch=epoch, epoch_start_step=global_step - start)
         while step_in_epoch < steps_per_epoch:
-            steps = self.policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
+            steps = policy.call_length(global_step=global_step, step_in_epoch=step_in_epoch,
                                             steps_per_epoch=steps_per_epoch, max_steps=self._call.steps)
             if self._tier is not None:  # a call also ends at the memory tier's next snapshot
                 steps = self._tier.schedule.call_length(global_step=global_step, max_steps=steps)
@@ -401,7 +382,6 @@ class Trainer:
             self._saving.checkpointer.raise_if_failed()  # a background persist failed: stop with its error
             agreed = self._call.run(iterator, steps, global_step, self.stats,
                                     ends_epoch=step_in_epoch + steps == steps_per_epoch)
-            self._marker.write(global_step + steps)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
                               means=self.stats.means(), steps_per_call=self._call.steps)
@@ -412,7 +392,7 @@ class Trainer:
                 self._votes.agreed = True
                 if step_in_epoch < steps_per_epoch:
                     return False
-            elif self.policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
+            elif policy.save_after(global_step=global_step, step_in_epoch=step_in_epoch,
                                         steps_per_epoch=steps_per_epoch, agreed_time_flag=agreed.save):
                 self._saving.save(after_call=True)
             elif self._tier is not None and step_in_epoch < steps_per_epoch and self._tier.schedule.due(global_step):
@@ -428,7 +408,7 @@ class Trainer:
         Not for a fit script's input (the runner does not build it), and not when a stop was
         agreed: the preemption grace period is not spent on it (that boundary then resumes
         unchecked, as before)."""
-        if self._input_source is not None or self._votes.agreed or self.cluster.rank != 0:
+        if self._input.fit_script or self._votes.agreed or self.cluster.rank != 0:
             return
         previous = self._phase.enter(PHASE_INPUT)
         try:
@@ -452,7 +432,7 @@ class Trainer:
 
     def _agree(self, flag: bool) -> bool:
         """True on every worker when ``flag`` is true on any (one all-reduce)."""
-        agreed = any(self._gather(int(flag)))
+        agreed = self._collectives.any(flag)
         if self._callbacks:
             self.model.stop_training = agreed
         return agreed
@@ -473,15 +453,16 @@ class Trainer:
             self.stats.load_extra(restored.manifest.extra)
             self._epoch_end.report_after_restore(restored.manifest)
         if self._health.rolls_back:  # a replay after a rollback? (the chief's answer, one all-reduce)
-            arm_replay(self._health, is_chief=self.cluster.is_chief, events_path=RunDir(self.job.run_dir).events,
-                       run_id=self.run_id, restored_step=int(self.global_step.numpy()), gather=self._gather)
+            self._health.arm_replay(is_chief=self.cluster.is_chief, restored_step=int(self.global_step.numpy()),
+                                    gather=self._collectives.gather)
         startup_phases.mark("restore")
         callback_state = None if restored is None else restored.callback_state
         if self._callbacks:
             self._callbacks.train_begin(resuming=callback_state is not None)
             if callback_state is not None:
                 self._epoch_end.stopped_early = self._callbacks.restore(callback_state)
-        progress = Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs, self.clock)
+        progress = Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs,
+                            self._votes.policy.clock)
         while not self._epoch_end.stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
             if self._own_step is not None and start == 0:  # Keras' fit resets the trackers every epoch
@@ -508,24 +489,6 @@ class Trainer:
             weights_sha256=result.weights_sha256,
         )
         return result
-
-
-def _make_sum_over_workers(strategy: Any) -> Callable[[tf.Tensor], tf.Tensor]:
-    """``sum(value)`` over every worker (one all-reduce), as a tf.function.
-
-    Called eagerly, ``strategy.run`` costs a per-call retrace and TensorFlow logs "Using
-    CollectiveAllReduceStrategy eagerly has significant overhead" (up to 5 times a process:
-    it crowded the root cause's log tail). Traced once per dtype; ``reduce_retracing`` lets
-    the iterator-state rows (their width varies with the states' size) share one trace.
-    Every worker calls it at the same points in the same order, as it did eagerly, so the
-    collectives still pair up.
-    """
-
-    @tf.function(reduce_retracing=True, autograph=False)  # nothing to convert: ~20 ms less of the agree phase
-    def sum_over_workers(value: tf.Tensor) -> tf.Tensor:
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(value,)), axis=None)
-
-    return sum_over_workers
 
 
 def _call_recipe(recipe: Recipe, name: str, params: dict[str, Any]) -> Any:

@@ -27,7 +27,7 @@ class StopVotes:
 
     def __init__(self, rank: int, policy: SavePolicy, *, stop_requested: Callable[[], bool],
                  save_requested: Callable[[], bool], saved: Callable[[], None]) -> None:
-        self._rank, self._policy = rank, policy
+        self._rank, self.policy = rank, policy  # (the loop reads its save points)
         self._stop_requested, self._save_requested, self._saved = stop_requested, save_requested, saved
         self.requested = False  # this worker's request was seen (preemption_requested is said once)
         # The group agreed to stop: some worker's request reached the all-reduce, so every
@@ -45,10 +45,10 @@ class StopVotes:
 
     def save(self) -> float:
         """This worker's vote in the call's save column: the chief's clock, or a surviving notice."""
-        return max(self._policy.time_flag(), float(self._save_requested()))
+        return max(self.policy.time_flag(), float(self._save_requested()))
 
     def saved(self) -> None:
         """The group took an agreed save: the time-based save counts from it, and the notice
         watch drops a vote that arrives right after it."""
-        self._policy.saved()
+        self.policy.saved()
         self._saved()

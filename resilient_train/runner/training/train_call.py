@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from resilient_train.job.recipe import Recipe
 from resilient_train.rundir.stepindices import StepIndexLog
+from resilient_train.rundir.stepmarker import StepMarker
 from resilient_train.runner.health import detector as health_detector
 from resilient_train.runner.health.anomaly_policy import HealthGuard
 from resilient_train.runner.health.detector import REPLICAS, Anomaly
@@ -72,6 +73,7 @@ class TrainCall:
     ``health``: acts on a call's first non-finite step (--on-anomaly, runner/health/) before
     anything of that call is saved; ``settle()`` first lands the earlier, healthy save in flight;
     ``position(steps)``: (epoch, step in the epoch) of the call's first step, after it.
+    ``marker``: the step marker the hang watchdog reads, written after every call.
     ``nan_injection``: RT_FAULTS ``nan_loss`` (compiled in only when armed); ``bitflip``: RT_FAULTS
     ``bitflip`` (between calls). ``replica_check_every``: ``--replica-check-every`` (0: the
     replicas are compared only where something is saved or snapshotted; None: never).
@@ -92,6 +94,7 @@ class TrainCall:
         is_chief: bool,
         stop_vote: Callable[[], float],
         save_vote: Callable[[], float],
+        marker: StepMarker,
         save_at: Callable[[int], bool],
         indices: StepIndexLog | None,
         health: HealthGuard,
@@ -105,8 +108,9 @@ class TrainCall:
     ) -> None:
         self._recipe = recipe
         self._health, self._settle, self._position = health, settle, position
-        self._nan_injection, self._bitflip = nan_injection, bitflip
-        self._strategy, self._model = strategy, model
+        self._marker = marker
+        # RT_FAULTS bitflip, between calls (a no-op unless armed)
+        self._flip = lambda global_step: bitflip.before_call(global_step, model.trainable_variables, strategy)
         self.replicas = None if replica_check_every is None else ReplicaCheck(
             model.trainable_variables, every=replica_check_every, rank=rank,
             replicas=strategy.num_replicas_in_sync, local_replicas=len(strategy.extended.worker_devices),
@@ -120,11 +124,11 @@ class TrainCall:
         self.steps = self.sizer.initial  # the agreed maximum of the next call
         self._value_names: list[str] = []  # the packed row's layout, filled when traced
         self.trained = False  # a call of this process finished (Trainer.untrained_fresh_start)
-        self._call = self._compile(strategy, model, optimizer, own_step, counters, global_batch_size)
+        self._call = self._compile(strategy, model, optimizer, own_step, counters, global_batch_size, nan_injection)
 
     def _compile(self, strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
                  own_step: OwnStep | None, counters: tuple[tf.Variable, tf.Variable],
-                 global_batch_size: int) -> Callable[..., Any]:
+                 global_batch_size: int, nan_injection: NanInjection) -> Callable[..., Any]:
         """One compiled call: ``steps`` training steps, counters advanced in-graph.
 
         The call returns the reduced rows stacked, shape [steps, values]: the host sums the
@@ -142,7 +146,7 @@ class TrainCall:
         recipe_loss = with_autograph(recipe.loss)
         recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
         states = recipe.metric_states  # summed metric states (AUC, Precision...): metric_states.py
-        nan_injection, replicas = self._nan_injection, self.replicas
+        replicas = self.replicas
 
         def runner_step(batch):
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
@@ -255,7 +259,7 @@ class TrainCall:
         returns the agreed votes and sets ``self.steps``, the agreed maximum of the next call.
         ``ends_epoch``: the call's last step is its epoch's last (a checked call)."""
         tier, chief = self._tier, self._is_chief
-        self._bitflip.before_call(global_step, self._model.trainable_variables, self._strategy)  # RT_FAULTS bitflip
+        self._flip(global_step)
         snapshot_every, capture_every = (
             tier.proposal(call_steps=self.steps, proposed_call_steps=self.sizer.proposal(),
                           step_s=self.sizer.step_seconds)
@@ -299,6 +303,7 @@ class TrainCall:
         if chief:
             self.sizer.observed(steps, time.perf_counter() - started, traced=startup_phases.traces() != traces)
         self._add_rows(rows, stats)
+        self._marker.write(ends)  # the hang watchdog's progress (rundir/stepmarker.py)
         if tier is not None:
             tier.saw_call(rows[-1][:named + self._tier_width], named, fingerprint=bool(tier_due))
         _, agreed = control_row.split(rows[-1], self._value_names)

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.health.anomaly_policy import HealthGuard
-from resilient_train.runner.health.injection import NanInjection
+from resilient_train.runner.health.injection import BitFlip, NanInjection
+from resilient_train.rundir.stepmarker import StepMarker
 from resilient_train.runner.state import ckpt_layout
 from resilient_train.runner.training.epoch_end import EpochStats
 from resilient_train.runner.training.train_call import CallOutcome, TrainCall, hit_step_faults
@@ -57,7 +58,8 @@ def _train(steps_per_call: int, *, stop: float = 0.0, save: float = 0.0) -> tupl
                      steps_per_execution=steps_per_call, tier=None, is_chief=True, stop_vote=lambda: stop,
                      save_vote=lambda: save, save_at=lambda step: False, indices=None,
                      health=HealthGuard("rollback", emit=lambda *a, **k: None), settle=lambda: None,
-                     position=lambda steps: (0, 0), nan_injection=NanInjection(()))
+                     position=lambda steps: (0, 0), nan_injection=NanInjection(()), bitflip=BitFlip(()),
+                     marker=StepMarker(None), replica_check_every=2, rank=0, sum_over_workers=lambda t: t)
     stats = EpochStats()
     iterator = iter(_dataset(strategy))
     outcomes = []
