@@ -55,6 +55,10 @@ ON_ANOMALY_ROLLBACK = "rollback"
 ON_ANOMALY_STOP = "stop"
 ON_ANOMALY_IGNORE = "ignore"
 ON_ANOMALY_CHOICES = (ON_ANOMALY_ROLLBACK, ON_ANOMALY_STOP, ON_ANOMALY_IGNORE)
+# --deterministic-anomaly: what a rollback's replay does when the anomaly comes back at its step
+DETERMINISTIC_SKIP = "skip"
+DETERMINISTIC_STOP = "stop"
+DETERMINISTIC_CHOICES = (DETERMINISTIC_SKIP, DETERMINISTIC_STOP)
 
 FALLBACK_DEFAULTS = {"epochs": 1, "steps_per_epoch": 100, "global_batch_size": 32, "save_every_steps": 10}
 
@@ -218,6 +222,11 @@ class JobConfig:
         "from the newest commit and replays; the anomaly gone, training goes on (transient), back at the same step, "
         "the run stops (deterministic); stop ends the run at once with one line naming the step, the batch and the "
         "values; ignore: report it and train on, committing whatever the state is (docs/failures.md)"))
+    deterministic_anomaly: str = field(default=DETERMINISTIC_SKIP, metadata=_flag(  # runner/health/anomaly_policy.py
+        "--deterministic-anomaly", choices=DETERMINISTIC_CHOICES,
+        help="with --on-anomaly rollback, a non-finite step that comes back when replayed (the data or the model): "
+        "skip (default) rolls back once more and replays without that batch, recording the skip in every later "
+        "checkpoint; stop ends the run with one line naming the step, the batch and the values"))
     replica_check_every: int | str = field(default=100, metadata=_flag(  # runner/health/replicas.py
         "--replica-check-every", parse=_replica_check_every, metavar="K|off",
         help="compare every replica's trainable weights (silent data corruption) every K global steps, and always "

@@ -229,8 +229,16 @@ def _replay_verdict(r: Mapping[str, Any], _: Facts) -> str:
     if r.get("verdict") == "transient":
         return (f"replayed step {r['global_step']} without the anomaly: it was transient (not the data or the "
                 "model); training goes on")
+    if r.get("action") == "skip":
+        return (f"the anomaly came back at step {r['global_step']} when replayed: deterministic (the data or the "
+                "model); that batch is skipped: rolling back to replay without it")
     return (f"the anomaly came back at step {r['global_step']} when replayed: deterministic (the data or the "
             "model); the run stops")
+
+
+def _batch_skipped(r: Mapping[str, Any], _: Facts) -> str:
+    return (f"skipped the batch of global step {r['global_step']} (epoch {r['epoch']}, batch {r['step_in_epoch']} "
+            "of the epoch): a deterministic anomaly (--deterministic-anomaly skip)")
 
 
 def _model_exported(r: Mapping[str, Any], _: Facts) -> str:
@@ -377,6 +385,7 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "anomaly_detected": _anomaly_detected,  # runner/health/
     "rolled_back": _rolled_back,
     "replay_verdict": _replay_verdict,
+    "batch_skipped": _batch_skipped,
     "training_completed": None,  # the supervisor's "Run completed: ..." line
     "input_torn_down": None,  # a finished epoch's input took long to tear down, off the training thread
     "input_teardown_waited": None,  # an epoch end waited for a retired input's teardown: a timing

@@ -108,12 +108,15 @@ def final_validation(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def anomalies(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every ``anomaly_detected`` (runner/health/): the step, the batch, the kind, what was done, and
-    the replay's ``verdict`` (``transient`` / ``deterministic``; None without a replay)."""
+    """Every ``anomaly_detected`` (runner/health/): the step, the batch, the kind, what was done, the
+    replay's ``verdict`` (``transient`` / ``deterministic``; None without a replay), and whether
+    its batch was then ``skipped`` (--deterministic-anomaly skip)."""
     keys = ("global_step", "epoch", "step_in_epoch", "kind", "replicas", "ranks", "values", "action")
     records = list(records)
     verdicts = {r.get("global_step"): r.get("verdict") for r in records if r.get("event") == "replay_verdict"}
-    return [{**{k: record.get(k) for k in keys}, "verdict": verdicts.get(record.get("global_step"))}
+    skipped = {r.get("global_step") for r in records if r.get("event") == "batch_skipped"}
+    return [{**{k: record.get(k) for k in keys}, "verdict": verdicts.get(record.get("global_step")),
+             "skipped": record.get("global_step") in skipped}
             for record in records if record.get("event") == "anomaly_detected"]
 
 

@@ -7,6 +7,8 @@ ends exact; a NaN at the same step in every attempt is judged deterministic and 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -84,14 +86,53 @@ def test_a_nan_once_is_rolled_back_judged_transient_and_the_run_ends_exact(tmp_p
     assert job.summary["restarts"] == 1
 
 
+POISONED_TWICE = [{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": attempt} for attempt in (1, 2)]
+
+
+def skipped_at_step_6(run_dir, *, faults=(), **settings):
+    """A NaN at step 6 in attempts 1 and 2 (a poisoned batch, as the replay sees it): rolled
+    back, judged deterministic, rolled back again, and attempt 3 replays without that batch."""
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER, faults=[*POISONED_TWICE, *faults], **settings)
+    assert job.returncode == 0, job.output
+    assert [(e["global_step"], e["verdict"], e["action"], e["attempt"]) for e in job.named("replay_verdict")] == [
+        (6, "deterministic", "skip", 2)]
+    assert "that batch is skipped: rolling back to replay without it" in job.output
+    return job
+
+
+def test_a_nan_back_at_the_same_step_is_deterministic_and_its_batch_is_skipped_in_the_next_replay(tmp_path):
+    run_dir = tmp_path / "run"
+    job = skipped_at_step_6(run_dir)
+    assert [(e["global_step"], e["epoch"], e["step_in_epoch"], e["attempt"]) for e in job.named("batch_skipped")] == [
+        (6, 0, 5, 3)]
+    assert "skipped the batch of global step 6 (epoch 0, batch 5 of the epoch)" in job.output
+    assert [(e["global_step"], e["attempt"]) for e in job.named("restored")] == [(4, 2), (4, 3)]
+    assert committed_tensors_are_finite(run_dir / "checkpoints") == [12, 16, 20]  # (retention keeps 3)
+    manifest = json.loads((run_dir / "checkpoints" / "ckpt-000000000020" / "MANIFEST.json").read_text())
+    assert manifest["extra"]["skipped_steps"] == [6]  # a resume from any later commit skips it too
+    epoch_0 = [e for e in job.named("epoch_finished") if e["epoch"] == 0]
+    assert len(epoch_0) == 1 and np.isfinite(epoch_0[0]["loss"])  # the epoch's mean without the skipped batch
+    assert [(a["global_step"], a["verdict"], a["skipped"]) for a in job.summary["anomalies"]] == [
+        (6, "deterministic", True)]
+    assert (job.summary["restarts"], job.summary["global_step"]) == (2, 20)
+
+
+@pytest.mark.slow  # two more runs (~2 x 50 s); the skip itself: the test above
+def test_a_run_that_skipped_a_batch_is_exact_across_a_kill_during_the_replay_and_a_rerun(tmp_path):
+    first = skipped_at_step_6(tmp_path / "first").summary["weights_sha256"]
+    killed = skipped_at_step_6(tmp_path / "killed", faults=[
+        {"point": "after_step", "global_step": 9, "rank": 0, "attempt": 3, "signal": "SIGKILL"}])
+    assert [(e["global_step"], e["attempt"]) for e in killed.named("batch_skipped")] == [(6, 3), (6, 4)]
+    assert killed.summary["weights_sha256"] == first
+
+
 def test_a_nan_at_the_same_step_in_every_attempt_is_judged_deterministic_and_stops(tmp_path):
     run_dir = tmp_path / "run"
-    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER,
-                  faults=[{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": attempt}
-                          for attempt in (1, 2)])
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER, "--deterministic-anomaly", "stop",
+                  faults=POISONED_TWICE)
     assert job.returncode == EXIT_FATAL, job.output
-    assert [(e["global_step"], e["verdict"], e["values"]["loss"], e["values_before"]["loss"])
-            for e in job.named("replay_verdict")] == [(6, "deterministic", "nan", "nan")]
+    assert [(e["global_step"], e["verdict"], e["action"], e["values"]["loss"], e["values_before"]["loss"])
+            for e in job.named("replay_verdict")] == [(6, "deterministic", "stop", "nan", "nan")]
     assert "came back when replayed from the newest commit (deterministic" in job.output
     assert committed_tensors_are_finite(run_dir / "checkpoints") == [4]
 

@@ -47,7 +47,7 @@ def documented_events():
 
 SHOWN = {
     "run_started", "run_finished", "job_changed", "worker_restarted", "fresh_start", "restored", "epoch_finished",
-    "training_stopped", "anomaly_detected", "rolled_back", "replay_verdict", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
+    "training_stopped", "anomaly_detected", "rolled_back", "replay_verdict", "batch_skipped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
     "checkpoint_committed", "checkpoint_rejected", "checkpoint_failed", "storage_retry", "storage_claimed",
     "stale_writer_fenced", "gang_restart", "hang_detected", "model_exported", "model_export_failed",
     "ray_connected", "node_lost", "chaos_fault_injected", "script_output",
@@ -58,7 +58,7 @@ SHOWN = {
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 77
+    assert len(documented) == 78
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN
@@ -123,6 +123,17 @@ SENTENCES = [
      "rolled back to global step 4: replaying up to step 6"),
     ({"event": "replay_verdict", "global_step": 6, "verdict": "transient", "values_before": {"loss": "nan"}},
      "replayed step 6 without the anomaly: it was transient (not the data or the model); training goes on"),
+    ({"event": "replay_verdict", "global_step": 6, "verdict": "deterministic", "action": "skip"},
+     "the anomaly came back at step 6 when replayed: deterministic (the data or the model); that batch is skipped: "
+     "rolling back to replay without it"),
+    ({"event": "batch_skipped", "global_step": 6, "epoch": 0, "step_in_epoch": 5},
+     "skipped the batch of global step 6 (epoch 0, batch 5 of the epoch): a deterministic anomaly "
+     "(--deterministic-anomaly skip)"),
+    ({"event": "anomaly_detected", "kind": "replicas", "global_step": 10, "epoch": 0, "step_in_epoch": 9,
+      "replicas": 2, "ranks": [0, 1], "values": {}, "action": "rollback"},
+     "the replicas' trainable weights differ at global step 10 (epoch 0, batch 9 of the epoch): 2 replica(s) on "
+     "rank(s) 0, 1 differ from the others (silent data corruption?); its state is not saved; rolling back to the "
+     "newest commit to replay it"),
     ({"event": "input_mismatch", "epoch": 1, "checkpoint": "s/ckpt-000000000040", "expected_sha256": "a" * 64,
       "found_sha256": "b" * 64, "strict": False},
      "epoch 2's input differs from the one recorded with s/ckpt-000000000040, so the resumed run will not match "

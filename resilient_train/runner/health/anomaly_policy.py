@@ -13,8 +13,15 @@ the supervisor's ordinary gang restart restores the newest commit, and the resta
 replays up to the anomaly's step; this run's events.jsonl tells it which step that was
 (:func:`pending_rollback`, read by the chief and agreed by every worker). The replay decides:
 
-* the anomaly comes back at the same step: ``deterministic`` (the data or the model): the
-  run stops as with ``stop``; skipping the batch is not done yet (issue 48);
+* the anomaly comes back at the same step: ``deterministic`` (the data or the model). With
+  ``--deterministic-anomaly skip`` (the default) and a non-finite step, the workers leave once
+  more and the next attempt replays from the newest commit without that batch: its
+  ``replay_verdict`` (action ``skip``) is the record every later attempt reads
+  (:meth:`HealthGuard.arm_replay`), every later checkpoint carries the skip list
+  (``skipped_steps`` in its manifest's extra), and the batch is consumed but not trained on
+  (runner/training/train_call.py ``TrainCall.run``), so a resume, a re-run of the same job
+  and the run itself agree. With ``stop`` (and for replicas that differ, which no batch
+  explains) the run stops as with ``stop``;
 * the replay passes that step with finite values: ``transient`` (a flipped bit, a bad
   read): training goes on from the replay, which is exact.
 
@@ -29,7 +36,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -37,9 +44,9 @@ from resilient_train.errors import AnomalyRollbackError, NumericalAnomalyError
 from resilient_train.job.config import (
     ON_ANOMALY_CHOICES as ON_ANOMALY, ON_ANOMALY_IGNORE, ON_ANOMALY_ROLLBACK, ON_ANOMALY_STOP,
 )
-from resilient_train.runner.health.detector import REPLICAS, Anomaly
+from resilient_train.runner.health.detector import NONFINITE, REPLICAS, Anomaly
 
-__all__ = ["HealthGuard", "check_finite_state", "event_value", "pending_rollback", "read_pending"]
+__all__ = ["HealthGuard", "check_finite_state", "event_value", "pending_rollback"]
 
 DETERMINISTIC = "deterministic"
 TRANSIENT = "transient"
@@ -68,12 +75,14 @@ class HealthGuard:
     """Acts on a call's first anomaly by policy, and judges a replay (rollback)."""
 
     def __init__(self, on_anomaly: str, *, emit: Callable[..., None], run_id: str = "",
-                 events_path: Path | None = None) -> None:
+                 events_path: Path | None = None, skip: bool = False) -> None:
         if on_anomaly not in ON_ANOMALY:
             raise ValueError(f"Received on_anomaly={on_anomaly!r}; expected one of {ON_ANOMALY}")
         self.on_anomaly = on_anomaly
         self._emit = emit
         self._run_id, self._events_path = run_id, events_path  # where a rollback's replay is read (arm_replay)
+        self._skip = skip and on_anomaly == ON_ANOMALY_ROLLBACK  # --deterministic-anomaly skip
+        self.skipped: tuple[int, ...] = ()  # the global steps whose batches are consumed, not trained on
         self._reported = False  # ignore: the first anomaly is reported, the NaNs after it are its consequence
         self._replaying: int | None = None  # rollback: the anomaly's global step this attempt replays to
         self._before: dict[str, Any] = {}  # ... and its values as first seen
@@ -104,8 +113,14 @@ class HealthGuard:
         of an earlier, healthy save finish (a worker's failed exit does not wait for it)."""
         if self._replaying is not None:
             if anomaly is not None and anomaly.global_step == self._replaying:
-                self._verdict(DETERMINISTIC, anomaly)
+                skip = self._skip and anomaly.kind == NONFINITE
+                self._verdict(DETERMINISTIC, anomaly, action="skip" if skip else "stop")
                 settle()
+                if skip:
+                    raise AnomalyRollbackError(
+                        f"{anomaly.describe()}; it came back when replayed from the newest commit (deterministic: "
+                        "the data or the model), so that batch is skipped: rolling back to replay without it "
+                        "(--deterministic-anomaly skip)")
                 raise NumericalAnomalyError(
                     f"{anomaly.describe()}; it came back when replayed from the newest commit (deterministic: "
                     "the data or the model), so the run stops; skipping that batch is not supported yet")
@@ -130,19 +145,41 @@ class HealthGuard:
             raise AnomalyRollbackError(f"{anomaly.describe()}; rolling back to the newest commit to replay it "
                                        "(--on-anomaly rollback)")
 
-    def arm_replay(self, *, is_chief: bool, restored_step: int, gather: Callable[[int], list[int]]) -> None:
+    def arm_replay(self, *, is_chief: bool, restored_step: int, gather: Callable[[int], list[int]],
+                   carried: Sequence[int] = ()) -> None:
         """After the restore, with ``rollback``: the chief reads whether this attempt replays a
-        rolled-back anomaly (this run's events.jsonl) and every worker adopts its answer (one
-        all-reduce, every worker)."""
+        rolled-back anomaly and which batches are skipped (this run's events.jsonl) and every
+        worker adopts its answer (one all-reduce, every worker; a second one when there are
+        skips). ``carried``: the restored checkpoint's skip list (the same on every worker)."""
         assert self._events_path is not None, "arm_replay needs the run's events path"
-        pending = read_pending(self._events_path, run_id=self._run_id) if is_chief else None
-        step = gather(int(pending["global_step"]) if pending else 0)[0]
+        records = []
+        if is_chief and self._events_path.exists():
+            from resilient_train.rundir.events import read_events
+
+            records = [r for r in read_events(self._events_path) if r.get("run_id") == self._run_id]
+        pending = pending_rollback(records, run_id=self._run_id) if is_chief else None
+        decided = [int(r["global_step"]) for r in records
+                   if r.get("event") == "replay_verdict" and r.get("action") == "skip"]
+        step, skips = gather(int(pending["global_step"]) if pending else 0)[0], gather(len(decided))[0]
+        if skips:  # the chief's list, one step per worker slot at a time (each a gather)
+            decided = [gather(decided[k] if is_chief else 0)[0] for k in range(skips)]
+        self.skipped = tuple(sorted(set(decided) | {int(s) for s in carried}))
         if step > 0:
             self.replay_to(step, restored_step=restored_step, values=(pending or {}).get("values") or {})
 
-    def _verdict(self, verdict: str, anomaly: Anomaly | None) -> None:
+    def extra(self) -> dict[str, Any]:
+        """What a checkpoint's manifest extra carries of the skip list (nothing without one)."""
+        return {"skipped_steps": list(self.skipped)} if self.skipped else {}
+
+    def skips(self, global_step: int) -> bool:
+        """Is the batch of ``global_step`` skipped (consumed, not trained on)?"""
+        return global_step in self.skipped
+
+    def _verdict(self, verdict: str, anomaly: Anomaly | None, *, action: str | None = None) -> None:
         assert self._replaying is not None
         fields: dict[str, Any] = {"global_step": self._replaying, "verdict": verdict, "values_before": self._before}
+        if action is not None:
+            fields["action"] = action
         if anomaly is not None:
             fields["values"] = {name: event_value(v) for name, v in anomaly.values.items()}
         self._emit("replay_verdict", group=True, **fields)
@@ -156,10 +193,3 @@ def check_finite_state(named_values: list[tuple[str, Any]], *, global_step: int)
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             raise NumericalAnomalyError(f"the state of global step {global_step} holds a non-finite value in "
                                         f"{name}; it is not committed")
-
-
-def read_pending(events_path: Path, *, run_id: str) -> dict[str, Any] | None:
-    """:func:`pending_rollback` of a run dir's events.jsonl (the chief's read)."""
-    from resilient_train.rundir.events import read_events
-
-    return pending_rollback(read_events(events_path) if events_path.exists() else [], run_id=run_id)

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,7 +71,7 @@ import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.cluster.tf_config import ClusterInfo
-from resilient_train.job.config import REPLICA_CHECK_OFF, JobConfig
+from resilient_train.job.config import DETERMINISTIC_SKIP, REPLICA_CHECK_OFF, JobConfig
 from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
@@ -229,7 +229,8 @@ class Trainer:
             metrics=ckpt_layout.metric_state(self.model) if self._own_step else None)
         startup_phases.mark("model_build")
         self._health = HealthGuard(self.job.on_anomaly, emit=emit, run_id=run_id,  # --on-anomaly (runner/health/)
-                                   events_path=RunDir(self.job.run_dir).events)
+                                   events_path=RunDir(self.job.run_dir).events,
+                                   skip=self.job.deterministic_anomaly == DETERMINISTIC_SKIP)
         self._collectives = Collectives(self.strategy, rank=self.cluster.rank, workers=self.cluster.num_workers)
         self._call = TrainCall(
             strategy=self.strategy, model=self.model, optimizer=optimizer, recipe=self.recipe,
@@ -340,7 +341,7 @@ class Trainer:
     def _epoch_extra(self, global_step: int) -> dict[str, Any]:
         """What the epoch adds to the save of ``global_step``: its running sums, and its
         results when the save is its epoch-end checkpoint (runner/outputs/epoch_results.py)."""
-        return {**self.stats.to_extra(), **self._epoch_end.extra(global_step)}
+        return {**self.stats.to_extra(), **self._epoch_end.extra(global_step), **self._health.extra()}
 
     def _preempt(self) -> None:
         """Everyone agreed to stop after this call: save it (zero lost steps) and return."""
@@ -454,7 +455,8 @@ class Trainer:
             self._epoch_end.report_after_restore(restored.manifest)
         if self._health.rolls_back:  # a replay after a rollback? (the chief's answer, one all-reduce)
             self._health.arm_replay(is_chief=self.cluster.is_chief, restored_step=int(self.global_step.numpy()),
-                                    gather=self._collectives.gather)
+                                    gather=self._collectives.gather, carried=restored.manifest.extra.get(
+                                        "skipped_steps", []) if restored is not None else [])
         startup_phases.mark("restore")
         callback_state = None if restored is None else restored.callback_state
         if self._callbacks:
@@ -481,13 +483,7 @@ class Trainer:
             epoch=int(self.epoch.numpy()),
             weights_sha256=weights_digest(self.model),
         )
-        emit(
-            "training_completed",
-            group=True,
-            global_step=result.global_step,
-            epoch=result.epoch,
-            weights_sha256=result.weights_sha256,
-        )
+        emit("training_completed", group=True, **asdict(result))  # global_step, epoch, weights_sha256
         return result
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from resilient_train.job.recipe import Recipe
+from resilient_train.rundir.events import emit
 from resilient_train.rundir.stepindices import StepIndexLog
 from resilient_train.rundir.stepmarker import StepMarker
 from resilient_train.runner.health import detector as health_detector
@@ -108,7 +109,7 @@ class TrainCall:
     ) -> None:
         self._recipe = recipe
         self._health, self._settle, self._position = health, settle, position
-        self._marker = marker
+        self._marker, self._counters = marker, counters
         # RT_FAULTS bitflip, between calls (a no-op unless armed)
         self._flip = lambda global_step: bitflip.before_call(global_step, model.trainable_variables, strategy)
         self.replicas = None if replica_check_every is None else ReplicaCheck(
@@ -249,7 +250,11 @@ class TrainCall:
         return train_call
 
     def call_length(self, *, global_step: int, max_steps: int) -> int:
-        """A call also ends at the replicas' next check by step count."""
+        """A call also ends at the replicas' next check by step count, and before a skipped
+        batch (--deterministic-anomaly skip), which is a call of its own (:meth:`run`)."""
+        if self._health.skips(global_step + 1):
+            return 1
+        max_steps = min([max_steps, *(s - global_step - 1 for s in self._health.skipped if s > global_step + 1)])
         return max_steps if self.replicas is None else self.replicas.call_length(global_step=global_step,
                                                                                 max_steps=max_steps)
 
@@ -259,6 +264,8 @@ class TrainCall:
         returns the agreed votes and sets ``self.steps``, the agreed maximum of the next call.
         ``ends_epoch``: the call's last step is its epoch's last (a checked call)."""
         tier, chief = self._tier, self._is_chief
+        if self._health.skips(global_step + 1):
+            return self._skip(iterator, global_step)
         self._flip(global_step)
         snapshot_every, capture_every = (
             tier.proposal(call_steps=self.steps, proposed_call_steps=self.sizer.proposal(),
@@ -311,6 +318,18 @@ class TrainCall:
         if tier is not None:
             tier.adopt(agreed.snapshot_every, agreed.capture_every)
         return CallOutcome(stop=agreed.stop > 0, save=agreed.save > 0)
+
+    def _skip(self, iterator: Any, global_step: int) -> CallOutcome:
+        """A skipped batch (a deterministic anomaly, runner/health/anomaly_policy.py): consumed
+        from the input and counted as a step, but not trained on (no update, no values in the
+        epoch's means), on every worker alike."""
+        next(iterator)
+        for counter in self._counters:
+            counter.assign_add(1)
+        epoch, step_in_epoch = self._position(1)
+        emit("batch_skipped", group=True, global_step=global_step + 1, epoch=epoch, step_in_epoch=step_in_epoch)
+        self._marker.write(global_step + 1)
+        return CallOutcome(stop=False, save=False)
 
     def verify_replicas(self, global_step: int, *, position: tuple[int, int]) -> None:
         """Before a save that follows no checked call (a time-based or a preemption save): the

@@ -169,3 +169,43 @@ def test_no_replay_when_the_anomaly_is_not_after_the_restored_step():
     guard.replay_to(4, restored_step=4, values={})
     guard.after_call(None, last_global_step=8)
     assert events == []
+
+
+def test_with_skip_a_deterministic_non_finite_step_rolls_back_again_to_replay_without_its_batch():
+    events, emit = recorder()
+    guard = HealthGuard("rollback", emit=emit, skip=True)
+    guard.replay_to(6, restored_step=4, values={"loss": "nan"})
+    with pytest.raises(AnomalyRollbackError, match="global step 6 .*deterministic.*that batch is skipped"):
+        guard.after_call(anomaly_at(6), last_global_step=8)
+    assert [(e["event"], e.get("verdict"), e.get("action")) for e in events] == [
+        ("rolled_back", None, None), ("replay_verdict", "deterministic", "skip")]
+    # Replicas that differ again at the same step: no batch explains them, so the run stops.
+    guard = HealthGuard("rollback", emit=emit, skip=True)
+    guard.replay_to(10, restored_step=8, values={})
+    replicas = Anomaly(global_step=10, epoch=0, step_in_epoch=9, replicas=2, values={}, kind="replicas", ranks=(0, 1))
+    with pytest.raises(NumericalAnomalyError) as raised:
+        guard.after_call(replicas, last_global_step=10)
+    assert not isinstance(raised.value, AnomalyRollbackError) and events[-1]["action"] == "stop"
+    assert HealthGuard("stop", emit=emit, skip=True).rolls_back is False  # skip only under rollback
+
+
+def test_the_next_attempt_reads_the_skip_list_from_the_events_and_the_checkpoint_and_saves_it(tmp_path):
+    path = tmp_path / "events.jsonl"
+    lines = [{"event": "anomaly_detected", "run_id": "r", "action": "rollback", "global_step": 6},
+             {"event": "replay_verdict", "run_id": "r", "global_step": 6, "verdict": "deterministic", "action": "skip"},
+             {"event": "replay_verdict", "run_id": "old", "global_step": 3, "verdict": "deterministic", "action": "skip"},
+             {"event": "replay_verdict", "run_id": "r", "global_step": 9, "verdict": "deterministic", "action": "stop"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    events, emit = recorder()
+    guard = HealthGuard("rollback", emit=emit, run_id="r", events_path=path, skip=True)
+    sent = []
+    guard.arm_replay(is_chief=True, restored_step=4, gather=lambda v: sent.append(v) or [v], carried=[2])
+    assert sent == [0, 1, 6]  # no pending replay; one skip, then its step
+    assert guard.skipped == (2, 6) and guard.skips(6) and not guard.skips(7)
+    assert guard.extra() == {"skipped_steps": [2, 6]}
+    assert events == []  # nothing replayed
+    answers = iter([0, 1, 6])  # a non-chief sends zeros and adopts the chief's answers
+    other = HealthGuard("rollback", emit=emit, run_id="r", events_path=path, skip=True)
+    other.arm_replay(is_chief=False, restored_step=4, gather=lambda v: [next(answers)], carried=[2])
+    assert other.skipped == (2, 6)
+    assert HealthGuard("rollback", emit=emit).extra() == {}
