@@ -268,7 +268,7 @@ def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> di
     pid = next((r["pid"] for r in records if r.get("event") == "worker_started"
                 and r.get("attempt") == fault.attempt and r.get("rank") == fault.rank), None)
     exit_record = next((r for r in records if r.get("event") == "worker_exited" and r.get("pid") == pid), None)
-    if fault.point == "nan_loss":  # the group saw it at that step of that attempt (runner/health/)
+    if fault.point in ("nan_loss", "loss_spike"):  # the group saw it at that step of that attempt (runner/health/)
         fired = any(r.get("event") == "anomaly_detected" and r.get("attempt") == fault.attempt
                     and r.get("global_step") == fault.global_step for r in records)
     elif fault.point == "bitflip":  # the replicas' comparison found it, at the next check after that step

@@ -53,6 +53,8 @@ WORKER_POINTS = WORKER_POINTS + ("nan_loss",)
 # bitflip: one exponent bit of the rank's copy of the weights flipped after that global step
 # (runner/health/injection.py); the replicas' comparison finds it at the next check (runner/health/replicas.py)
 WORKER_POINTS = WORKER_POINTS + ("bitflip",)
+# loss_spike: the rank's loss times 100 at that global step (a poisoned batch), for --loss-spike
+WORKER_POINTS = WORKER_POINTS + ("loss_spike",)
 EXTERNAL_OPS = (
     "sigkill_worker",       # kill -9 one worker (rank given, "chief" = 0, or "random")
     "sigterm_worker",       # graceful preemption of one worker
@@ -119,6 +121,8 @@ class WorkerFault:
             return f"hang rank {self.rank}'s input at batch {self.global_step} (attempt {self.attempt})"
         if self.point == "nan_loss":
             return f"NaN loss on rank {self.rank} at step {self.global_step} (attempt {self.attempt})"
+        if self.point == "loss_spike":
+            return f"a 100x loss on rank {self.rank} at step {self.global_step} (attempt {self.attempt})"
         if self.point == "bitflip":
             return f"a flipped bit in rank {self.rank}'s weights after step {self.global_step} (attempt {self.attempt})"
         what = "raise" if self.point == "raise" else "hang" if self.hangs else self.signal

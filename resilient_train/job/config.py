@@ -49,6 +49,7 @@ LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers
 STRATEGIES = ("mirrored", "parameter-server")  # MultiWorkerMirroredStrategy | its own tier (docs/parameter_server.md)
 RAY_STRATEGIES = ("spread", "pack")
 CHECKPOINT_MODES = ("async", "sync")
+LOSS_SPIKE_OFF = "off"  # --loss-spike off (runner/health/spikes.py)
 REPLICA_CHECK_OFF = "off"  # --replica-check-every off (runner/health/replicas.py)
 # --on-anomaly (runner/health/anomaly_policy.py): what a non-finite step does to the run.
 ON_ANOMALY_ROLLBACK = "rollback"
@@ -142,6 +143,15 @@ def _workers(text: str) -> int | str:
     return text if ":" in text else _integer(text)
 
 
+def _loss_spike(text: str) -> float | str:
+    if text == LOSS_SPIKE_OFF:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'off'") from None
+
+
 def _replica_check_every(text: str) -> int | str:
     return REPLICA_CHECK_OFF if text == REPLICA_CHECK_OFF else _integer(text)
 
@@ -227,6 +237,10 @@ class JobConfig:
         help="with --on-anomaly rollback, a non-finite step that comes back when replayed (the data or the model): "
         "skip (default) rolls back once more and replays without that batch, recording the skip in every later "
         "checkpoint; stop ends the run with one line naming the step, the batch and the values"))
+    loss_spike: float | str = field(default=LOSS_SPIKE_OFF, metadata=_flag(  # runner/health/spikes.py
+        "--loss-spike", parse=_loss_spike, metavar="K|off",
+        help="a step whose loss is more than K median absolute deviations above the median of the last 100 "
+        "steps' (and 1.5x that median) is an anomaly, acted on by --on-anomaly (default off)"))
     replica_check_every: int | str = field(default=100, metadata=_flag(  # runner/health/replicas.py
         "--replica-check-every", parse=_replica_check_every, metavar="K|off",
         help="compare every replica's trainable weights (silent data corruption) every K global steps, and always "
@@ -354,6 +368,9 @@ class JobConfig:
             _check_int("save_every_steps", self.save_every_steps, minimum=0)
         _check_int("seed", self.seed, minimum=0)
         _check_int("keep", self.keep, minimum=1)
+        if self.loss_spike != LOSS_SPIKE_OFF and (isinstance(self.loss_spike, bool) or not isinstance(
+                self.loss_spike, (int, float)) or not self.loss_spike > 0):
+            raise ConfigError(f"Received loss_spike={self.loss_spike!r}; expected a number > 0 or {LOSS_SPIKE_OFF!r}")
         if self.replica_check_every != REPLICA_CHECK_OFF and (
                 isinstance(self.replica_check_every, bool) or not isinstance(self.replica_check_every, int)
                 or self.replica_check_every < 0):

@@ -354,7 +354,7 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
         f"{f}: job.save_every_steps: received 0; expected an integer >= 1",
         f"{f}: expect.restored: received [7, '8']; expected an array of integers >= 0 (global steps)",
         f"{f}: faults[1].point: received 'after_comit'; expected one of after_step, before_commit, after_commit, "
-        "raise, input, before_join, nan_loss, bitflip; did you mean 'after_commit'?",
+        "raise, input, before_join, nan_loss, bitflip, loss_spike; did you mean 'after_commit'?",
         f"{f}: faults[1].global_step: received '7' (a string); expected an integer >= 0",
         f"{f}: faults[2].op: received 'sigkill_workr'; expected one of sigkill_worker, sigterm_worker, "
         "sigkill_supervisor, sigterm_supervisor, corrupt_newest, sigkill_during_upload; did you mean 'sigkill_worker'?",
@@ -439,7 +439,7 @@ def test_a_broken_file_in_a_catalogue_fails_list_with_its_lines_and_run_all_too(
     assert main(["list", "--catalogue", str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"chaos: error: {tmp_path / 'bad.toml'}: faults[1].point: received 'rise'; expected one of after_step, "
-        "before_commit, after_commit, raise, input, before_join, nan_loss, bitflip; did you mean 'raise'?"]
+        "before_commit, after_commit, raise, input, before_join, nan_loss, bitflip, loss_spike; did you mean 'raise'?"]
     assert main(["run", "--all", "--catalogue", str(tmp_path), "--recipe", RECIPE, "--root", str(tmp_path / "r")]) == 2
     assert "bad.toml: faults[1].point" in capsys.readouterr().err and not (tmp_path / "r").exists()
 

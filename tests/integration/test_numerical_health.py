@@ -126,6 +126,31 @@ def test_a_run_that_skipped_a_batch_is_exact_across_a_kill_during_the_replay_and
     assert killed.summary["weights_sha256"] == first
 
 
+def test_a_loss_spike_back_in_the_replay_is_found_with_the_window_the_commit_carried_and_skipped(tmp_path):
+    # --loss-spike 10 (runner/health/spikes.py): its 100-step window is full from step 100 on; a
+    # batch whose loss is 100x (RT_FAULTS loss_spike) at step 110 in attempts 1 and 2. The replay
+    # from the commit of step 100 finds it again only because that commit carries the window
+    # (a fresh window would still be warming up and call it transient).
+    run_dir = tmp_path / "run"
+    job = run_job(DIGITS, run_dir, "--epochs", "2", "--steps-per-epoch", "60", "--global-batch-size", "32",
+                  "--save-every-steps", "20", *NO_TIER, "--loss-spike", "10",
+                  faults=[{"point": "loss_spike", "global_step": 110, "rank": 1, "attempt": attempt}
+                          for attempt in (1, 2)])
+    assert job.returncode == 0, job.output
+    detected = job.named("anomaly_detected")
+    assert [(e["kind"], e["global_step"], e["epoch"], e["step_in_epoch"], e["attempt"]) for e in detected] == [
+        ("spike", 110, 1, 49, 1)]  # nothing in the 109 healthy steps before it
+    assert detected[0]["values"]["loss"] > detected[0]["threshold"] > detected[0]["median"] > 0
+    assert [(e["global_step"], e["anomaly_step"], e["attempt"]) for e in job.named("rolled_back")] == [(100, 110, 2)]
+    assert [(e["global_step"], e["verdict"], e["action"], e["attempt"]) for e in job.named("replay_verdict")] == [
+        (110, "deterministic", "skip", 2)]
+    assert [(e["global_step"], e["attempt"]) for e in job.named("batch_skipped")] == [(110, 3)]
+    manifest = json.loads((run_dir / "checkpoints" / "ckpt-000000000120" / "MANIFEST.json").read_text())
+    assert (manifest["extra"]["skipped_steps"], len(manifest["extra"]["loss_window"])) == ([110], 100)
+
+
+@pytest.mark.slow  # ~40 s; --deterministic-anomaly stop's one line: stopped_at_step_6 (--on-anomaly stop) and
+# tests/runner/health/test_health.py cover the same path
 def test_a_nan_at_the_same_step_in_every_attempt_is_judged_deterministic_and_stops(tmp_path):
     run_dir = tmp_path / "run"
     job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER, "--deterministic-anomaly", "stop",

@@ -52,7 +52,7 @@ from typing import Mapping
 __all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
 
 POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join",
-          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss", "bitflip")
+          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss", "loss_spike", "bitflip")
 HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -44,7 +44,8 @@ from resilient_train.errors import AnomalyRollbackError, NumericalAnomalyError
 from resilient_train.job.config import (
     ON_ANOMALY_CHOICES as ON_ANOMALY, ON_ANOMALY_IGNORE, ON_ANOMALY_ROLLBACK, ON_ANOMALY_STOP,
 )
-from resilient_train.runner.health.detector import NONFINITE, REPLICAS, Anomaly
+from resilient_train.runner.health.detector import NONFINITE, REPLICAS, SPIKE, Anomaly
+from resilient_train.runner.health.spikes import LossSpikes
 
 __all__ = ["HealthGuard", "check_finite_state", "event_value", "pending_rollback"]
 
@@ -75,7 +76,7 @@ class HealthGuard:
     """Acts on a call's first anomaly by policy, and judges a replay (rollback)."""
 
     def __init__(self, on_anomaly: str, *, emit: Callable[..., None], run_id: str = "",
-                 events_path: Path | None = None, skip: bool = False) -> None:
+                 events_path: Path | None = None, skip: bool = False, spikes: LossSpikes | None = None) -> None:
         if on_anomaly not in ON_ANOMALY:
             raise ValueError(f"Received on_anomaly={on_anomaly!r}; expected one of {ON_ANOMALY}")
         self.on_anomaly = on_anomaly
@@ -83,6 +84,7 @@ class HealthGuard:
         self._run_id, self._events_path = run_id, events_path  # where a rollback's replay is read (arm_replay)
         self._skip = skip and on_anomaly == ON_ANOMALY_ROLLBACK  # --deterministic-anomaly skip
         self.skipped: tuple[int, ...] = ()  # the global steps whose batches are consumed, not trained on
+        self.spikes = spikes  # --loss-spike (runner/health/spikes.py), None: off
         self._reported = False  # ignore: the first anomaly is reported, the NaNs after it are its consequence
         self._replaying: int | None = None  # rollback: the anomaly's global step this attempt replays to
         self._before: dict[str, Any] = {}  # ... and its values as first seen
@@ -113,7 +115,7 @@ class HealthGuard:
         of an earlier, healthy save finish (a worker's failed exit does not wait for it)."""
         if self._replaying is not None:
             if anomaly is not None and anomaly.global_step == self._replaying:
-                skip = self._skip and anomaly.kind == NONFINITE
+                skip = self._skip and anomaly.kind in (NONFINITE, SPIKE)
                 self._verdict(DETERMINISTIC, anomaly, action="skip" if skip else "stop")
                 settle()
                 if skip:
@@ -131,7 +133,8 @@ class HealthGuard:
             return
         if self.on_anomaly == ON_ANOMALY_IGNORE:
             self._reported = True
-        extra = {"ranks": list(anomaly.ranks)} if anomaly.kind == REPLICAS else {}
+        extra: dict[str, Any] = ({"ranks": list(anomaly.ranks)} if anomaly.kind == REPLICAS
+                                 else dict(anomaly.reference or {}))  # spike: median, threshold
         self._emit("anomaly_detected", group=True, kind=anomaly.kind, global_step=anomaly.global_step,
                    epoch=anomaly.epoch, step_in_epoch=anomaly.step_in_epoch, replicas=anomaly.replicas,
                    values={name: event_value(v) for name, v in anomaly.values.items()}, action=self.on_anomaly,
@@ -145,12 +148,11 @@ class HealthGuard:
             raise AnomalyRollbackError(f"{anomaly.describe()}; rolling back to the newest commit to replay it "
                                        "(--on-anomaly rollback)")
 
-    def arm_replay(self, *, is_chief: bool, restored_step: int, gather: Callable[[int], list[int]],
-                   carried: Sequence[int] = ()) -> None:
+    def arm_replay(self, *, is_chief: bool, restored_step: int, gather: Callable[[int], list[int]]) -> None:
         """After the restore, with ``rollback``: the chief reads whether this attempt replays a
         rolled-back anomaly and which batches are skipped (this run's events.jsonl) and every
-        worker adopts its answer (one all-reduce, every worker; a second one when there are
-        skips). ``carried``: the restored checkpoint's skip list (the same on every worker)."""
+        worker adopts its answer (one all-reduce, every worker; more when there are skips),
+        added to the restored checkpoint's skip list (:meth:`load_extra`)."""
         assert self._events_path is not None, "arm_replay needs the run's events path"
         records = []
         if is_chief and self._events_path.exists():
@@ -163,13 +165,21 @@ class HealthGuard:
         step, skips = gather(int(pending["global_step"]) if pending else 0)[0], gather(len(decided))[0]
         if skips:  # the chief's list, one step per worker slot at a time (each a gather)
             decided = [gather(decided[k] if is_chief else 0)[0] for k in range(skips)]
-        self.skipped = tuple(sorted(set(decided) | {int(s) for s in carried}))
+        self.skipped = tuple(sorted(set(decided) | set(self.skipped)))
         if step > 0:
             self.replay_to(step, restored_step=restored_step, values=(pending or {}).get("values") or {})
 
     def extra(self) -> dict[str, Any]:
-        """What a checkpoint's manifest extra carries of the skip list (nothing without one)."""
-        return {"skipped_steps": list(self.skipped)} if self.skipped else {}
+        """What a checkpoint's manifest extra carries: the skip list and the loss window (nothing
+        when there are neither)."""
+        extra = {"skipped_steps": list(self.skipped)} if self.skipped else {}
+        return extra if self.spikes is None else {**extra, **self.spikes.to_extra()}
+
+    def load_extra(self, extra: dict[str, Any]) -> None:
+        """From the restored checkpoint's manifest (the same on every worker)."""
+        self.skipped = tuple(int(s) for s in extra.get("skipped_steps", []))
+        if self.spikes is not None:
+            self.spikes.load_extra(extra)
 
     def skips(self, global_step: int) -> bool:
         """Is the batch of ``global_step`` skipped (consumed, not trained on)?"""

@@ -20,11 +20,12 @@ import tensorflow as tf
 
 from resilient_train.runner.training import control_row
 
-__all__ = ["Anomaly", "NONFINITE", "REPLICAS", "step_nonfinite", "logs_nonfinite", "first_anomaly"]
+__all__ = ["Anomaly", "NONFINITE", "REPLICAS", "SPIKE", "step_nonfinite", "logs_nonfinite", "first_anomaly"]
 
 
 NONFINITE = "nonfinite"
 REPLICAS = "replicas"
+SPIKE = "spike"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Anomaly:
     values: dict[str, float]  # the step's reduced values (loss, metrics)
     kind: str = NONFINITE
     ranks: tuple[int, ...] = ()  # replicas: the workers whose weights differ from the others'
+    reference: dict[str, float] | None = None  # spike: the window's median and the threshold the loss passed
 
     def __post_init__(self) -> None:
         if self.global_step < 1:
@@ -53,6 +55,10 @@ class Anomaly:
                     f"batch {self.step_in_epoch} of the epoch): {self.replicas} replica(s) on rank(s) {ranks} differ "
                     "from the others (silent data corruption, or a model whose copies are not kept equal)")
         values = ", ".join(f"{name}={value!r}" for name, value in self.values.items())
+        if self.kind == SPIKE and self.reference is not None:
+            return (f"a loss spike at global step {self.global_step} (epoch {self.epoch}, batch {self.step_in_epoch} "
+                    f"of the epoch): loss={self.values.get('loss')!r} above {self.reference['threshold']:.6g} (the "
+                    f"last steps' median {self.reference['median']:.6g}; --loss-spike)")
         return (f"non-finite loss or gradients at global step {self.global_step} (epoch {self.epoch}, "
                 f"batch {self.step_in_epoch} of the epoch) on {self.replicas} replica(s): {values}")
 

@@ -10,6 +10,9 @@ gradient tape, so its gradients and the weights it updates are NaN too, what a p
 does. ``attempt`` (default 1) selects the attempt, as for every fault; ``"signal"`` is
 ignored. Nothing is added to the step when no such fault is armed for this process.
 
+Point ``loss_spike`` multiplies that rank's loss at that step by 100 instead (a poisoned batch:
+its gradients too), for ``--loss-spike`` (runner/health/spikes.py).
+
 Point ``bitflip`` (silent data corruption)::
 
     [{"point": "bitflip", "global_step": 8, "rank": 1}]
@@ -33,25 +36,36 @@ from resilient_train.runner.health.replicas import tf_variable_of
 __all__ = ["NanInjection", "BitFlip"]
 
 POINT = "nan_loss"
+SPIKE_POINT = "loss_spike"
+SPIKE_FACTOR = 100.0
 FLIP_POINT = "bitflip"
 FLIPPED_BIT = 23
 
 
 class NanInjection:
-    """The global steps this process poisons (decided at start, fixed in the traced step)."""
+    """The global steps this process poisons (decided at start, fixed in the traced step):
+    ``steps`` with a NaN, ``spike_steps`` with SPIKE_FACTOR times the loss (point ``loss_spike``:
+    a poisoned batch whose gradients are that much larger too, runner/health/spikes.py)."""
 
-    def __init__(self, steps: Sequence[int]) -> None:
+    def __init__(self, steps: Sequence[int], spike_steps: Sequence[int] = ()) -> None:
         self.steps = tuple(sorted(set(int(s) for s in steps)))
+        self.spike_steps = tuple(sorted(set(int(s) for s in spike_steps)))
 
     @classmethod
     def from_plan(cls, plan: FaultPlan) -> "NanInjection":
-        return cls(plan.armed_steps(POINT))
+        return cls(plan.armed_steps(POINT), plan.armed_steps(SPIKE_POINT))
 
     def poisoned(self, loss: tf.Tensor, global_step: tf.Variable) -> tf.Tensor:
-        """``loss``, plus NaN when the step being trained (``global_step`` + 1) is armed."""
-        if not self.steps:
+        """``loss``, plus NaN when the step being trained (``global_step`` + 1) is armed, or
+        SPIKE_FACTOR times it."""
+        if not self.steps and not self.spike_steps:
             return loss
         step = tf.cast(global_step.read_value(), tf.int64) + 1
+        if self.spike_steps:
+            spiked = tf.reduce_any(tf.equal(step, tf.constant(self.spike_steps, tf.int64)))
+            loss = loss * tf.where(spiked, tf.constant(SPIKE_FACTOR, loss.dtype), tf.ones([], loss.dtype))
+        if not self.steps:
+            return loss
         hit = tf.reduce_any(tf.equal(step, tf.constant(self.steps, tf.int64)))
         return loss + tf.where(hit, tf.constant(float("nan"), loss.dtype), tf.zeros([], loss.dtype))
 

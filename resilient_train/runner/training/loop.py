@@ -71,7 +71,7 @@ import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.cluster.tf_config import ClusterInfo
-from resilient_train.job.config import DETERMINISTIC_SKIP, REPLICA_CHECK_OFF, JobConfig
+from resilient_train.job.config import DETERMINISTIC_SKIP, LOSS_SPIKE_OFF, REPLICA_CHECK_OFF, JobConfig
 from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
@@ -89,6 +89,7 @@ from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.runner.state.saving import Saving
 from resilient_train.runner.process import startup_phases
 from resilient_train.runner.health.anomaly_policy import HealthGuard
+from resilient_train.runner.health.spikes import LossSpikes
 from resilient_train.runner.health.injection import BitFlip, NanInjection
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
 from resilient_train.runner.training.collectives import Collectives
@@ -230,7 +231,9 @@ class Trainer:
         startup_phases.mark("model_build")
         self._health = HealthGuard(self.job.on_anomaly, emit=emit, run_id=run_id,  # --on-anomaly (runner/health/)
                                    events_path=RunDir(self.job.run_dir).events,
-                                   skip=self.job.deterministic_anomaly == DETERMINISTIC_SKIP)
+                                   skip=self.job.deterministic_anomaly == DETERMINISTIC_SKIP,
+                                   spikes=None if self.job.loss_spike == LOSS_SPIKE_OFF else LossSpikes(
+                                       float(self.job.loss_spike)))
         self._collectives = Collectives(self.strategy, rank=self.cluster.rank, workers=self.cluster.num_workers)
         self._call = TrainCall(
             strategy=self.strategy, model=self.model, optimizer=optimizer, recipe=self.recipe,
@@ -452,11 +455,11 @@ class Trainer:
             self._fresh_start = True
         else:
             self.stats.load_extra(restored.manifest.extra)
+            self._health.load_extra(restored.manifest.extra)  # the skip list, the loss window
             self._epoch_end.report_after_restore(restored.manifest)
         if self._health.rolls_back:  # a replay after a rollback? (the chief's answer, one all-reduce)
             self._health.arm_replay(is_chief=self.cluster.is_chief, restored_step=int(self.global_step.numpy()),
-                                    gather=self._collectives.gather, carried=restored.manifest.extra.get(
-                                        "skipped_steps", []) if restored is not None else [])
+                                    gather=self._collectives.gather)
         startup_phases.mark("restore")
         callback_state = None if restored is None else restored.callback_state
         if self._callbacks:

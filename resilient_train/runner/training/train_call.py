@@ -39,7 +39,7 @@ from resilient_train.rundir.stepindices import StepIndexLog
 from resilient_train.rundir.stepmarker import StepMarker
 from resilient_train.runner.health import detector as health_detector
 from resilient_train.runner.health.anomaly_policy import HealthGuard
-from resilient_train.runner.health.detector import REPLICAS, Anomaly
+from resilient_train.runner.health.detector import REPLICAS, SPIKE, Anomaly
 from resilient_train.runner.health.injection import BitFlip, NanInjection
 from resilient_train.runner.health.replicas import ReplicaCheck
 from resilient_train.runner.process import startup_phases
@@ -298,6 +298,14 @@ class TrainCall:
         named = len(self._value_names)
         anomaly = health_detector.first_anomaly(
             rows, self._value_names, first_global_step=global_step + 1, position=lambda: self._position(steps))
+        if anomaly is None and self._health.spikes is not None:  # --loss-spike (runner/health/spikes.py)
+            spike = self._health.spikes.check([control_row.split(row, self._value_names)[0]["loss"] for row in rows])
+            if spike is not None:
+                epoch, first = self._position(steps)
+                anomaly = Anomaly(global_step=global_step + 1 + spike.offset, epoch=epoch,
+                                  step_in_epoch=first + spike.offset, replicas=1, kind=SPIKE,
+                                  values=control_row.split(rows[spike.offset], self._value_names)[0],
+                                  reference={"median": spike.median, "threshold": spike.threshold})
         if anomaly is None and check_due:
             assert self.replicas is not None
             start = named + self._tier_width

@@ -199,13 +199,15 @@ def test_the_next_attempt_reads_the_skip_list_from_the_events_and_the_checkpoint
     events, emit = recorder()
     guard = HealthGuard("rollback", emit=emit, run_id="r", events_path=path, skip=True)
     sent = []
-    guard.arm_replay(is_chief=True, restored_step=4, gather=lambda v: sent.append(v) or [v], carried=[2])
+    guard.load_extra({"skipped_steps": [2]})  # the restored checkpoint's
+    guard.arm_replay(is_chief=True, restored_step=4, gather=lambda v: sent.append(v) or [v])
     assert sent == [0, 1, 6]  # no pending replay; one skip, then its step
     assert guard.skipped == (2, 6) and guard.skips(6) and not guard.skips(7)
     assert guard.extra() == {"skipped_steps": [2, 6]}
     assert events == []  # nothing replayed
     answers = iter([0, 1, 6])  # a non-chief sends zeros and adopts the chief's answers
     other = HealthGuard("rollback", emit=emit, run_id="r", events_path=path, skip=True)
-    other.arm_replay(is_chief=False, restored_step=4, gather=lambda v: [next(answers)], carried=[2])
+    other.load_extra({"skipped_steps": [2]})
+    other.arm_replay(is_chief=False, restored_step=4, gather=lambda v: [next(answers)])
     assert other.skipped == (2, 6)
     assert HealthGuard("rollback", emit=emit).extra() == {}
