@@ -240,7 +240,7 @@ class JobConfig:
     loss_spike: float | str = field(default=LOSS_SPIKE_OFF, metadata=_flag(  # runner/health/spikes.py
         "--loss-spike", parse=_loss_spike, metavar="K|off",
         help="a step whose loss is more than K median absolute deviations above the median of the last 100 "
-        "steps' (and 1.5x that median) is an anomaly, acted on by --on-anomaly (default off)"))
+        "steps' (and over twice their largest) is an anomaly, acted on by --on-anomaly (default off)"))
     replica_check_every: int | str = field(default=100, metadata=_flag(  # runner/health/replicas.py
         "--replica-check-every", parse=_replica_check_every, metavar="K|off",
         help="compare every replica's trainable weights (silent data corruption) every K global steps, and always "

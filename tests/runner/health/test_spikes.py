@@ -31,10 +31,13 @@ def test_a_noisy_loss_that_does_not_leave_its_range_raises_nothing():
     assert LossSpikes(10).check(falling) is None
 
 
-def test_a_flat_loss_needs_a_rise_of_half_its_median():
+def test_a_flat_or_converged_loss_needs_twice_the_windows_largest():
     flat = [0.5] * WINDOW  # MAD 0
-    assert LossSpikes(10).check([*flat, 0.7]) is None  # 1.4x: below the 1.5x floor
-    assert LossSpikes(10).check([*flat, 0.76]).offset == WINDOW
+    assert LossSpikes(10).check([*flat, 0.99]) is None  # below twice the largest
+    assert LossSpikes(10).check([*flat, 1.01]).offset == WINDOW
+    converged = [0.01] * 90 + [0.05] * 10  # a converged classifier: a few batches at 5x the median
+    assert LossSpikes(10).check([*converged, 0.1]) is None  # 10x the median is not a spike here
+    assert LossSpikes(10).check([*converged, 0.11]).offset == WINDOW
 
 
 def test_the_window_a_checkpoint_carries_gives_the_same_decisions_after_a_restore():
