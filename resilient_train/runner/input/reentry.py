@@ -106,7 +106,6 @@ class EpochInput:
             raise ValueError("Received dataset and source both given or both missing; expected exactly one")
         self._path, self._reason = path, reason
         self._rank, self._workers = rank, workers
-        self._is_chief = rank == 0
         self._max_state_bytes = max_state_bytes
         self._gather, self._gather_bytes = gather, gather_bytes
         self._current_epoch = current_epoch
@@ -317,7 +316,7 @@ class EpochInput:
             return {}, {}
         states = self._gather_bytes(blob, sizes)
         files = ({state_file(rank): state for rank, state in enumerate(states)}
-                 if self._is_chief or files_everywhere else {})
+                 if self._rank == 0 or files_everywhere else {})
         extra = {EXTRA_KEY: {"world_size": self._workers, "epoch": epoch, "entry_step": self._entry_step,
                              "at_step": step_in_epoch, "bytes": sizes, "symbolic": bool(self._symbolic)}}
         self._captured = (epoch, files, extra)

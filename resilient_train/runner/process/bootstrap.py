@@ -26,9 +26,9 @@ then :func:`worker_process` makes it a process of the run, in this order:
 
 On leaving the block (by any path) what the body entered into ``until_exit`` is closed
 (the chief's stdout tee, whose last line becomes an event): before ``recording`` records an
-exception, and before :func:`exit_process`. The temp dir is removed by :func:`exit_process`
-(or, for the parameter-server coordinator, which leaves by ``sys.exit``, by ps_roles.py), never here: an error's ``on_failure`` still
-runs TensorFlow after the block.
+exception, and before :func:`exit_process`, the one exit of every process of a run (each
+entry point's ``__main__``, the parameter-server coordinator's too). The temp dir is removed
+by :func:`exit_process`, never here: an error's ``on_failure`` still runs TensorFlow after the block.
 
 No TensorFlow here: a parameter server imports it only to serve.
 """

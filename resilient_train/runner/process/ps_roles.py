@@ -54,7 +54,6 @@ from resilient_train.job.config import SNAPSHOT_EVERY_AUTO, SNAPSHOT_EVERY_OFF, 
 from resilient_train.rundir import events
 from resilient_train.rundir.errorfile import recording
 from resilient_train.rundir.layout import RunDir
-from resilient_train.rundir.scratch import remove_private_tempdir
 from resilient_train.rundir.stepmarker import PHASE_FINISH, PHASE_FLUSH, PHASE_INPUT, PHASE_TRAIN, PhaseMarker
 from resilient_train.runner.process.bootstrap import exit_process, worker_process
 
@@ -275,8 +274,4 @@ class Coordinator:
 
 
 if __name__ == "__main__":
-    try:
-        code = main(sys.argv[1:])
-    finally:
-        remove_private_tempdir()
-    sys.exit(code)
+    exit_process(main(sys.argv[1:]))

@@ -67,6 +67,16 @@ class Restored:
     callback_state: bytes | None
 
 
+@dataclass(frozen=True)
+class SaveHooks:
+    """What the Trainer's epoch adds to, and hears of, every save (Saving's arguments of the same names)."""
+
+    epoch_extra: Callable[[int], dict[str, Any]]
+    stopped_early: Callable[[], bool]
+    saved: Callable[[], None]
+    before_commit: Callable[[int], None]
+
+
 class Saving:
     """Save and restore of one worker for one attempt (see the module docstring).
 
@@ -114,14 +124,13 @@ class Saving:
         self._checkpoint, self._counters, self._tier, self._phase = checkpoint, counters, tier, phase
         self._gather, self._input_check = gather, input_check
         self._recipe, self._fingerprint = recipe, fingerprint
-        self._epoch_extra, self._stopped_early, self._saved = epoch_extra, stopped_early, saved
-        self._before_commit = before_commit
+        self._hooks = SaveHooks(epoch_extra=epoch_extra, stopped_early=stopped_early, saved=saved,
+                                before_commit=before_commit)
         # Wired after the checkpointer exists (the Trainer builds them after it, in that order).
         self._callbacks: CallbackRunner | None = None
         self._input: EpochInput | None = None
         self._async: AsyncCheckpointer | None = None
         self._last_saved: int | None = None
-        self._input_state_s = 0.0  # the last _request's time in state_to_save (auto times captures)
         self._recipe_source: str | None = None  # the recipe's resolved path, for every save's manifest
         # The background half of an async save (persist thread), or a rescue's commit: _persist.
         self._persist_twin = functools.partial(
@@ -234,7 +243,7 @@ class Saving:
         a mid-epoch save right after a call, whose packed all-reduce may have carried the
         workers' comparison (then the save makes no all-reduce of its own for it).
         """
-        self._saved()
+        self._hooks.saved()
         flush = flush or completed
         global_step = int(self._counters[2].numpy())
         # The request first, still in the training phase: it may all-reduce (the iterator
@@ -243,8 +252,8 @@ class Saving:
         # gather for 600 s while its peer hung).
         capture = flush or self._save_captures(global_step)
         if global_step != self._last_saved:
-            self._before_commit(global_step)  # the replicas compared, unless at this step already (collective)
-        request = None if global_step == self._last_saved else self._request(completed, capture=capture)
+            self._hooks.before_commit(global_step)  # the replicas compared, unless at this step already (collective)
+        request = None if global_step == self._last_saved else self._request(completed, capture=capture)[0]
         # Any save may block: a flush, a sync write, an async snapshot waiting for the
         # previous upload. The hang watchdog gives the phase its start-up allowance.
         previous = self._phase.enter(PHASE_FLUSH)
@@ -287,8 +296,8 @@ class Saving:
         global_step = int(self._counters[2].numpy())
         capture = tier.snapshot_captures(global_step, input_captured=self._epoch_input.captured)
         started = time.perf_counter()
-        request = self._request(completed=False, capture=capture)  # (it may all-reduce)
-        capture_s = self._input_state_s if capture else 0.0  # the capture alone (the rest is paid every snapshot)
+        request, input_state_s = self._request(completed=False, capture=capture)  # (it may all-reduce)
+        capture_s = input_state_s if capture else 0.0  # the capture alone (the rest is paid every snapshot)
         if capture:
             tier.schedule.captured(global_step)
         previous = self._phase.enter(PHASE_FLUSH)  # it may wait for the chief's in-flight persist
@@ -301,11 +310,12 @@ class Saving:
         tier.snapshot_timed(time.perf_counter() - started, capture_s=capture_s)
         tier.schedule.taken(global_step)
 
-    def _request(self, completed: bool, *, capture: bool = True) -> SaveRequest:
+    def _request(self, completed: bool, *, capture: bool = True) -> tuple[SaveRequest, float]:
+        """The save's request, and the seconds the input's iterator state took in it (auto times captures)."""
         # Only the chief's copy is ever committed; the others skip encoding (best_weights can be
         # large), unless the memory tier is on: then any survivor may commit its own snapshot.
         encodes = self._cluster.is_chief or self._tier is not None
-        stopped_early = self._stopped_early()
+        stopped_early = self._hooks.stopped_early()
         files = ({STATE_FILE: self._callbacks.state(stopped=stopped_early)}
                  if self._callbacks and encodes else {})
         # Each counter read once (a distributed variable's read is ~0.1 ms: snapshots pay it every N steps).
@@ -313,7 +323,7 @@ class Saving:
         started = time.perf_counter()
         iterator_files, iterator_extra = self._epoch_input.state_to_save(epoch, step_in_epoch,
                                                                          files_everywhere=encodes, capture=capture)
-        self._input_state_s = time.perf_counter() - started
+        input_state_s = time.perf_counter() - started
         files.update(iterator_files)
         if self._recipe_source is None:
             self._recipe_source = str(Path(self._recipe.source).resolve())
@@ -323,7 +333,7 @@ class Saving:
             epoch=epoch,
             step_in_epoch=step_in_epoch,
             extra={
-                **self._epoch_extra(global_step),
+                **self._hooks.epoch_extra(global_step),
                 "completed": completed,
                 **({"stopped_early": True} if stopped_early else {}),
                 "epochs": self._job.epochs,
@@ -334,7 +344,7 @@ class Saving:
                 **self._input_check.to_extra(epoch),
                 **iterator_extra,
             },
-        )
+        ), input_state_s
 
     def drain_pending_checkpoint(self, timeout_s: float) -> None:
         """Before exiting on an error: let an in-flight background save commit (bounded)."""
