@@ -191,3 +191,63 @@ def test_sigterm_saves_exits_143_and_the_rerun_ends_with_the_uninterrupted_diges
     assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
     assert rerun.summary["lost_steps"] == 0
     assert rerun.summary["weights_sha256"] == reference.summary["weights_sha256"]
+
+
+# A model's own train_step AND test_step on 2 workers (tests/recipes/fit_own_test_step.py, a
+# CSVLogger added): the uninterrupted run, shared by the kill and the (slow) SIGTERM case.
+OWN_TEST_STEP_FIT = "model.fit(train, epochs=3, steps_per_epoch=11, validation_data=val)"
+OWN_TEST_STEP_FLAGS = ("--save-every-steps", "5")
+
+
+def own_test_step_script(directory, *, sleep=0.0):
+    source = (REPO / "tests/recipes/fit_own_test_step.py").read_text()
+    assert OWN_TEST_STEP_FIT in source
+    callbacks = 'keras.callbacks.CSVLogger("training_log.csv")'
+    if sleep:  # a batch-end sleep: the arithmetic is the same, a signal lands inside an epoch
+        callbacks += f", keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, l: __import__('time').sleep({sleep}))"
+    script = directory / "fit_own_test_step_csv.py"
+    script.write_text(source.replace(OWN_TEST_STEP_FIT, OWN_TEST_STEP_FIT[:-1] + f", callbacks=[{callbacks}])"))
+    return str(script)
+
+
+@pytest.fixture(scope="module")
+def own_test_step_reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("own_test_step_reference")
+    job = run_job(own_test_step_script(root), root / "run", *OWN_TEST_STEP_FLAGS, cwd=root, tier_default=True)
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == 3 * 11
+    return job, (root / "training_log.csv").read_bytes()
+
+
+def test_own_train_and_test_step_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_csv(
+        tmp_path, own_test_step_reference):
+    reference, csv = own_test_step_reference
+    killed = run_job(own_test_step_script(tmp_path), tmp_path / "run", *OWN_TEST_STEP_FLAGS, cwd=tmp_path,
+                     tier_default=True, faults=[{"point": "after_commit", "global_step": 15, "rank": 0}])
+    assert killed.returncode == 0, killed.output
+    assert killed.summary["restarts"] == 1
+    [restored] = killed.named("restored")
+    assert restored["global_step"] >= 15 and restored["global_step"] % 11 != 0  # mid-epoch
+    assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    assert (tmp_path / "training_log.csv").read_bytes() == csv
+
+
+@pytest.mark.slow
+def test_own_train_and_test_step_sigterm_saves_and_the_rerun_ends_with_the_uninterrupted_digest_and_csv(
+        tmp_path, own_test_step_reference):
+    # The default test_own_train_and_test_step_kill_chief_mid_epoch_... covers the same restore path.
+    reference, csv = own_test_step_reference
+    script = own_test_step_script(tmp_path, sleep=0.15)
+    flags = (*OWN_TEST_STEP_FLAGS, "--steps-per-execution", "1")
+    epoch_0_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 0 for e in events)  # noqa: E731
+    preempted = run_job_until(script, tmp_path / "run", *flags, when=epoch_0_done, cwd=tmp_path, tier_default=True,
+                              action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 11 <= stop["global_step"] < 3 * 11
+    rerun = run_job(script, tmp_path / "run", *flags, cwd=tmp_path, tier_default=True)
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    assert (tmp_path / "training_log.csv").read_bytes() == csv
