@@ -12,7 +12,7 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
   is another graph, whose optimizer may add the tracker's terms in another order).
 * The chief's export at completion: the VAE has no ``get_config`` (and no ``call``), so it is
   exported as ``model.weights.h5``, with ``skipped`` saying what model.keras needs.
-* Two workers, the memory tier as a user gets it (every worker keeps a twin: the trackers are
+* (slow) Two workers, the memory tier as a user gets it (every worker keeps a twin: the trackers are
   sync-on-read variables, and the subclass is copied from the arguments it was made with), the
   chief killed with -9 right after the commit of step 20 (mid-epoch 1): the run ends with the
   uninterrupted run's weights digest, and every epoch's logs, the resumed epoch 1's included,
@@ -29,9 +29,13 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
   (measured: bit for bit) and every weight to float32 rounding (``allclose``, rtol 1e-5): not
   bit-identical, unlike the same digits fed as a dataset; the last bits of the weights differ
   (seen, cause not found: the batches and the logs are the same).
-* keras.io's GAN (tests/recipes/fit_gan.py: compile() overridden to take two optimizers) is
-  refused before any worker starts, exit 2, in one line naming why (the runner checkpoints
-  ``compile(optimizer=...)``'s state only: its own optimizers would not resume exactly).
+* keras.io's GAN (tests/recipes/fit_gan.py: compile() overridden to take two optimizers, a
+  seeded latent sampler) on 2 workers, the chief killed with -9 after the commit of step 15
+  (mid-epoch 1): it ends with the uninterrupted run's digest (both optimizers are built before
+  the restore and restored with the model: runner/keras_recipes/own_step.py).
+* (slow) tests/recipes/fit_own_test_step.py with a CSVLogger on 2 workers: a kill -9 of the chief
+  mid-epoch, and a SIGTERM and re-run, each end with the uninterrupted run's digest and its CSV
+  log byte for byte.
 * (slow) A SIGTERM inside epoch 2 of the same script slowed by a batch-end sleep (a callback:
   the arithmetic is the same) saves, exits 143, and the re-run ends with that digest too.
 """
@@ -47,7 +51,7 @@ import sys
 import numpy as np
 import pytest
 
-from resilient_train.errors import EXIT_PREEMPTED, EXIT_USAGE
+from resilient_train.errors import EXIT_PREEMPTED
 from tests.integration.harness import REPO, environment, run_job, run_job_until
 
 SCRIPT = str(REPO / "examples/keras_vae.py")
@@ -139,14 +143,24 @@ def test_fit_x_without_y_trains_as_plain_keras_on_one_worker(tmp_path):
     assert all(np.allclose(ours[k], theirs[k], rtol=1e-5, atol=1e-7) for k in theirs.files)
 
 
-def test_a_gan_with_two_optimizers_is_refused_before_the_workers_start(tmp_path):
-    script = REPO / "tests/recipes/fit_gan.py"
-    job = run_job(str(script), tmp_path / "run", "--workers", "2", cwd=tmp_path)
-    assert job.returncode == EXIT_USAGE, job.output
-    assert job.output == (f"resilient-train: error: Script {script}: class GAN overrides compile at line 23 beside its "
-                          "own train_step (line 35): not supported yet: the runner checkpoints compile(optimizer=...)'s "
-                          "state only, so the model's own optimizers would resume with fresh state (not exactly)\n")
-    assert not (tmp_path / "run" / "attempt-1").exists()  # no worker started
+def test_a_gan_with_two_optimizers_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest(tmp_path):
+    script = str(REPO / "tests/recipes/fit_gan.py")
+    flags = ("--save-every-steps", "5")
+    (tmp_path / "ref").mkdir()
+    reference = run_job(script, tmp_path / "ref" / "run", *flags, cwd=tmp_path / "ref", tier_default=True)
+    assert reference.returncode == 0, reference.output
+    assert reference.summary["global_step"] == 2 * 10
+    killed = run_job(script, tmp_path / "run", *flags, cwd=tmp_path, tier_default=True,
+                     faults=[{"point": "after_commit", "global_step": 15, "rank": 0}])
+    assert killed.returncode == 0, killed.output
+    assert killed.summary["restarts"] == 1
+    [restored] = killed.named("restored")
+    assert restored["global_step"] == 15  # mid-epoch 1 (10 steps an epoch)
+    assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    # d_loss and g_loss, the trackers' results (no "loss" log); epoch 1 resumed mid-way.
+    metrics = lambda job: [e["metrics"] for e in job.named("epoch_finished")]  # noqa: E731
+    assert [sorted(m) for m in metrics(killed)] == [["d_loss", "g_loss"]] * 2
+    assert all(close(a, b) for a, b in zip(metrics(killed), metrics(reference), strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +172,10 @@ def reference(tmp_path_factory):
     return job
 
 
+@pytest.mark.slow
 def test_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_logs(tmp_path, reference):
+    # The default test_a_gan_with_two_optimizers_kill_chief_mid_epoch_... covers the same path (an own
+    # train_step's trackers and seed generator restored mid-epoch on 2 workers, the memory tier's twin).
     killed = run_job(SCRIPT, tmp_path / "run", "--save-every-steps", "10", cwd=tmp_path, tier_default=True,
                      faults=[{"point": "after_commit", "global_step": 20, "rank": 0}])
     assert killed.returncode == 0, killed.output
@@ -219,8 +236,11 @@ def own_test_step_reference(tmp_path_factory):
     return job, (root / "training_log.csv").read_bytes()
 
 
+@pytest.mark.slow
 def test_own_train_and_test_step_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_csv(
         tmp_path, own_test_step_reference):
+    # The default test_a_gan_with_two_optimizers_kill_chief_mid_epoch_... covers the restore of an own
+    # train_step mid-epoch on 2 workers; this one adds the test_step's val_ logs and the CSV log.
     reference, csv = own_test_step_reference
     killed = run_job(own_test_step_script(tmp_path), tmp_path / "run", *OWN_TEST_STEP_FLAGS, cwd=tmp_path,
                      tier_default=True, faults=[{"point": "after_commit", "global_step": 15, "rank": 0}])
@@ -235,7 +255,7 @@ def test_own_train_and_test_step_kill_chief_mid_epoch_ends_with_the_uninterrupte
 @pytest.mark.slow
 def test_own_train_and_test_step_sigterm_saves_and_the_rerun_ends_with_the_uninterrupted_digest_and_csv(
         tmp_path, own_test_step_reference):
-    # The default test_own_train_and_test_step_kill_chief_mid_epoch_... covers the same restore path.
+    # The default test_a_gan_with_two_optimizers_kill_chief_mid_epoch_... covers the same restore path.
     reference, csv = own_test_step_reference
     script = own_test_step_script(tmp_path, sleep=0.15)
     flags = (*OWN_TEST_STEP_FLAGS, "--steps-per-execution", "1")
