@@ -583,7 +583,8 @@ def model_then_twins(model: keras.Model, init_arguments: Callable[[Any], tuple[t
             return model
         twin = _copy_model(model, init_arguments)
         keras.Model.compile(twin, optimizer=type(model.optimizer).from_config(model.optimizer.get_config()))
-        _copy_own_compile(model, twin)
+        if has_own_step(model):  # its compile() may be its own (keras.io's GAN), with other arguments
+            _copy_own_compile(model, twin)
         return twin
 
     return build_model
