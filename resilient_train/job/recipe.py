@@ -144,10 +144,10 @@ SEVERAL_OUTPUTS_WEIGHTS_REFUSED = {
     "sample_weight": "not supported yet with several outputs: Keras weighs each <output>_loss by it, the runner's "
                      "per-output losses are unweighted",
 }
-# A model with its own train_step and optimizers of its own (keras.io's GAN: compile(d_optimizer=...,
-# g_optimizer=...)), refused here and by runner/keras_recipes/own_step.py.
-OWN_OPTIMIZERS_REFUSED = ("not supported yet: the runner checkpoints compile(optimizer=...)'s state only, so the "
-                          "model's own optimizers would resume with fresh state (not exactly)")
+# A recipe's model with its own train_step and optimizers of its own (keras.io's GAN: compile(d_optimizer=...,
+# g_optimizer=...)), refused by runner/keras_recipes/own_step.py (a fit script's are checkpointed).
+OWN_OPTIMIZERS_REFUSED = ("not supported yet in a recipe: the runner builds them before a restore from a fit script's "
+                          "input (write it as a model.fit script)")
 # Pairs of fit() arguments refused together, and why.
 FIT_PAIRS_REFUSED = {
     ("sample_weight", "class_weight"): "Keras refuses both at once (pass one)",
@@ -518,11 +518,6 @@ def _check_own_step_fit(path: Path, tree: ast.Module, call: ast.Call) -> None:
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef) or (step := _own_train_step(node)) is None:
             continue
-        own_compile = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "compile"),
-                           None)
-        if own_compile is not None:
-            raise RecipeError(f"Script {path}: class {node.name} overrides compile at line {own_compile.lineno} "
-                              f"beside its own train_step (line {step.lineno}): {OWN_OPTIMIZERS_REFUSED}")
         if any(isinstance(item, ast.FunctionDef) and item.name == "test_step" for item in node.body):
             continue
         for keyword in call.keywords:

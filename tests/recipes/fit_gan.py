@@ -1,8 +1,8 @@
 # keras.io's "DCGAN to generate face images" / "GAN overriding train_step", made small: a GAN
 # subclass whose compile() takes two optimizers and a loss, and whose train_step trains the
 # discriminator then the generator, on scikit-learn's digits (8x8, Dense instead of Conv2D).
-# Refused before the workers start (tests/integration/test_own_train_step.py): the runner's
-# checkpoint holds compile(optimizer=...)'s state only.
+# tests/integration/test_own_train_step.py kills its chief mid-epoch on 2 workers: it ends with the
+# uninterrupted run's digest (its two optimizers are built before the restore: own_step.py).
 import keras
 import tensorflow as tf
 from keras import layers, ops

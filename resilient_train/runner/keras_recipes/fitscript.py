@@ -139,6 +139,11 @@ class ContinuousInput:
         self._iterator: Iterator[Any] | None = None
         self._next_position: int | None = None
 
+    @property
+    def element_spec(self) -> Any:
+        """A global batch's spec (own_step.py builds a model's own optimizers with it)."""
+        return self.dataset.element_spec
+
     def __call__(self, epoch: int, start: int) -> Iterator[Any]:
         position = epoch * self.steps_per_epoch + start
         if self._iterator is None:
@@ -175,6 +180,11 @@ class ArrayInput:
         self._recipe = Recipe(name="fit", source="", build_model=lambda params: None, build_optimizer=None, loss=None,
                               dataset=None, num_examples=lambda params: self.num_examples,
                               example=lambda index, params: tf.nest.map_structure(lambda t: tf.gather(t, index), arrays_))
+
+    @property
+    def element_spec(self) -> Any:
+        """A batch's spec (own_step.py builds a model's own optimizers with it)."""
+        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self.arrays)
 
     def __call__(self, epoch: int, start: int) -> Iterator[Any]:
         plan = self.plan
@@ -572,10 +582,33 @@ def model_then_twins(model: keras.Model, init_arguments: Callable[[Any], tuple[t
         if calls == 1:
             return model
         twin = _copy_model(model, init_arguments)
-        twin.compile(optimizer=type(model.optimizer).from_config(model.optimizer.get_config()))
+        keras.Model.compile(twin, optimizer=type(model.optimizer).from_config(model.optimizer.get_config()))
+        if has_own_step(model):  # its compile() may be its own (keras.io's GAN), with other arguments
+            _copy_own_compile(model, twin)
         return twin
 
     return build_model
+
+
+def _copy_own_compile(model: keras.Model, twin: keras.Model) -> None:
+    """What a model's own ``compile`` set (keras.io's GAN: ``d_optimizer``, ``g_optimizer``,
+    ``loss_fn``, its metric trackers), on ``twin``: each optimizer and tracker anew from its
+    config, the rest shared. An own optimizer is built over the twin's variables at the
+    positions the live one's were (by the live one's first step: own_step.py), so the twin's
+    checkpoint keys are the live one's."""
+    twin_of = {id(v): t for v, t in zip(model.trainable_variables, twin.trainable_variables)}
+    for name, value in vars(model).items():
+        if name.startswith("_") or name in vars(twin):
+            continue
+        if isinstance(value, keras.optimizers.Optimizer):
+            copy = type(value).from_config(value.get_config())
+            if value.built:
+                copy.build([twin_of[id(v)] for v in value._trainable_variables])
+            setattr(twin, name, copy)
+        elif isinstance(value, keras.metrics.Metric):
+            setattr(twin, name, type(value).from_config(value.get_config()))
+        else:
+            setattr(twin, name, value)
 
 
 def _copy_model(model: keras.Model, init_arguments: Callable[[Any], tuple[tuple, dict] | None]) -> keras.Model:

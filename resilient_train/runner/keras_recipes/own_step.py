@@ -33,6 +33,12 @@ A model that also overrides ``test_step`` is evaluated with it (validation in ``
 and the result is the trackers' results when the logs name exactly ``model.metrics``,
 else the last batch's logs; ``fit`` reports them as ``val_<name>``.
 
+Optimizers of its own (keras.io's GAN: ``compile(d_optimizer=..., g_optimizer=...)``
+overridden, each applied in ``train_step``) are attributes of the model, so the checkpoint
+holds them under ``model``; Keras builds them at their first ``apply_gradients``, so they are
+built before any restore by tracing ``train_step`` once (:meth:`OwnStep.build_own_optimizers`,
+from a fit script's input spec; a recipe's model with its own optimizers is refused).
+
 Refused, one line each (``RecipeRefused``): ``run_eagerly`` / ``jit_compile`` /
 ``steps_per_execution`` as for any compiled model (runner/keras_recipes/compiled.py),
 no optimizer, logs that are not a dict of scalars, a ``test_step`` whose logs have no
@@ -56,7 +62,7 @@ from resilient_train.job.recipe import OWN_OPTIMIZERS_REFUSED, Recipe
 from resilient_train.runner.keras_recipes.compiled import from_fit_script
 from resilient_train.runner.input.batches import with_autograph
 
-__all__ = ["has_own_step", "has_own_test_step", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
+__all__ = ["has_own_step", "has_own_test_step", "own_optimizers", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
 
 _EXAMPLES = "__examples__"  # the held-out examples a test step saw, beside its logs
 
@@ -72,6 +78,15 @@ def has_own_step(model: Any, method: str = "train_step") -> bool:
 def has_own_test_step(model: Any) -> bool:
     """A model with its own ``train_step`` and ``test_step``: evaluated by :class:`OwnTestStep`."""
     return isinstance(model, keras.Model) and has_own_step(model) and has_own_step(model, "test_step")
+
+
+def own_optimizers(model: Any) -> dict[str, keras.optimizers.Optimizer]:
+    """The model's optimizers other than ``compile``'s (keras.io's GAN: ``d_optimizer``,
+    ``g_optimizer``), by attribute name. The model tracks them, so every checkpoint holds their
+    state under its ``model`` key (``model/d_optimizer/...``), once they are built
+    (:meth:`OwnStep.build_own_optimizers`)."""
+    return {name: value for name, value in sorted(vars(model).items())
+            if isinstance(value, keras.optimizers.Optimizer) and value is not getattr(model, "optimizer", None)}
 
 
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
@@ -92,9 +107,8 @@ def from_own_step(recipe: Recipe, model: keras.Model) -> Recipe:
     if config.get("steps_per_execution", 1) != 1:
         raise _refuse(recipe, f"steps_per_execution={config['steps_per_execution']}; use the runner's "
                               "--steps-per-execution instead")
-    own = sorted(name for name, value in vars(model).items()
-                 if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer)
-    if own:
+    own = sorted(own_optimizers(model))
+    if own and not from_fit_script(recipe):  # a fit script's input gives the spec to build them with
         raise _refuse(recipe, f"optimizers of its own ({', '.join(own)}); {OWN_OPTIMIZERS_REFUSED}")
     if model.optimizer is None:
         raise _refuse(recipe, "no optimizer; pass optimizer=... to compile()")
@@ -115,10 +129,25 @@ class OwnStep:
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, recipe: Recipe) -> None:
         self.model = model
         self.recipe = recipe
+        self.strategy = strategy
         self.replicas = strategy.num_replicas_in_sync
         # AutoGraph converts it at its first trace, as Keras' tf.function of train_step does.
         self._train_step = with_autograph(model.train_step)
         self._results = tf.function(lambda: {m.name: m.result() for m in model.metrics}, autograph=False)
+
+    def build_own_optimizers(self, element_spec: Any) -> None:
+        """Create the variables of the model's own optimizers before any restore.
+
+        Keras builds an optimizer at its first ``apply_gradients``, over the variables it is
+        given there, and its checkpoint keys are positions in that list: only the step knows
+        them. Tracing ``train_step`` once under ``strategy.run`` (``element_spec`` with any
+        batch size) builds each optimizer as the first step will, and runs nothing: no
+        update, no counter, no random draw (its ops are in a graph never called)."""
+        if all(optimizer.built for optimizer in own_optimizers(self.model).values()):
+            return
+        spec = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), element_spec)
+        step = with_autograph(self.model.train_step)
+        tf.function(lambda data: self.strategy.run(step, args=(data,)), autograph=False).get_concrete_function(spec)
 
     def step(self, data: Any) -> dict[str, tf.Tensor]:
         """One replica's step: ``train_step(data)``; its logs divided by the replicas (their

@@ -210,6 +210,8 @@ class Trainer:
             if own_step:  # its train_step is the step; the optimizer comes from compile()
                 self.recipe = from_own_step(self.recipe, self.model)
                 self._own_step = OwnStep(self.model, self.strategy, self.recipe)
+                if self._input_source is not None:  # its own optimizers, before a restore or a twin
+                    self._own_step.build_own_optimizers(self._input_source.element_spec)
                 self.stats = LastLogs()
             elif is_compiled(self.model):  # optimizer, loss and metrics come from compile()
                 self.recipe = from_compiled(self.recipe, self.model)

@@ -1,6 +1,8 @@
 """A model's own train_step (runner/keras_recipes/own_step.py): its epoch logs as Keras picks
 them, its trackers in the checkpoint graph, and a twin of a subclass Keras cannot clone."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,7 +10,7 @@ import tensorflow as tf
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.keras_recipes.fitscript import model_then_twins
-from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
+from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step, own_optimizers
 from resilient_train.runner.state import ckpt_layout
 
 
@@ -127,7 +129,9 @@ def test_validation_and_run_eagerly_are_refused_in_the_users_terms():
                                  "run_eagerly=True; the runner compiles its step (leave run_eagerly unset)")
 
 
-def test_optimizers_of_its_own_are_refused_naming_them():
+def test_optimizers_of_its_own_are_refused_naming_them_in_a_recipe_only():
+    import dataclasses
+
     import keras
 
     from resilient_train.errors import RecipeRefused
@@ -136,9 +140,53 @@ def test_optimizers_of_its_own_are_refused_naming_them():
     model = Pair(dense(2), dense(3, width=2))
     model.compile(optimizer=keras.optimizers.SGD(0.1))
     model.d_optimizer, model.g_optimizer = keras.optimizers.Adam(), keras.optimizers.Adam()  # keras.io's GAN
+    assert list(own_optimizers(model)) == ["d_optimizer", "g_optimizer"]
     with pytest.raises(RecipeRefused) as caught:
         from_own_step(recipe(), model)
     assert str(caught.value) == ("recipe s: build_model() returned a model with its own train_step and optimizers of "
-                                 "its own (d_optimizer, g_optimizer); not supported yet: the runner checkpoints "
-                                 "compile(optimizer=...)'s state only, so the model's own optimizers would resume with "
-                                 "fresh state (not exactly)")
+                                 "its own (d_optimizer, g_optimizer); not supported yet in a recipe: the runner builds "
+                                 "them before a restore from a fit script's input (write it as a model.fit script)")
+    gan = Path(__file__).parents[3] / "tests/recipes/fit_gan.py"
+    from_own_step(dataclasses.replace(recipe(), source=str(gan)), model)  # a fit script's: accepted
+
+
+def test_own_optimizers_are_built_by_a_trace_that_runs_nothing_and_twinned_at_the_same_positions():
+    import keras
+
+    Pair, dense = vae_like(keras)
+
+    class Gan(Pair):  # each sub-model has its optimizer, the decoder's applied first
+        def train_step(self, data):
+            for net, optimizer in ((self.decoder, self.g_optimizer), (self.encoder, self.d_optimizer)):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(self.decoder(self.encoder(data)) - data))
+                grads = tape.gradient(loss, net.trainable_weights)
+                optimizer.apply_gradients(zip(grads, net.trainable_weights))
+            self.total.update_state(loss)
+            return {"total": self.total.result()}
+
+    encoder, decoder = dense(2), dense(3, width=2)
+    model = Gan(encoder, decoder)
+    model.compile(optimizer="sgd")
+    model.d_optimizer, model.g_optimizer = keras.optimizers.Adam(), keras.optimizers.Adam()
+    before = [v.numpy().copy() for v in model.weights]
+    OwnStep(model, tf.distribute.get_strategy(), recipe()).build_own_optimizers(tf.TensorSpec([4, 3], tf.float32))
+    assert [v.path for v in model.g_optimizer._trainable_variables] == [v.path for v in decoder.trainable_weights]
+    assert [v.path for v in model.d_optimizer._trainable_variables] == [v.path for v in encoder.trainable_weights]
+    assert all(int(o.iterations.numpy()) == 0 for o in own_optimizers(model).values())  # no step ran
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.weights, strict=True))
+    arguments = {id(model): ((encoder, decoder), {})}
+    build_model = model_then_twins(model, lambda m: arguments.get(id(m)))
+    assert build_model({}) is model
+    copy = build_model({})  # the asynchronous checkpoint's twin
+    assert copy.g_optimizer is not model.g_optimizer and copy.total is not model.total
+    assert [v.path for v in copy.g_optimizer._trainable_variables] == [v.path for v in copy.decoder.trainable_weights]
+    live, theirs = (tf.train.Checkpoint(model=m) for m in (model, copy))
+    assert sorted(_keys(live)) == sorted(_keys(theirs))  # model/d_optimizer/... at the same keys
+
+
+def _keys(checkpoint):
+    import tempfile
+
+    path = checkpoint.write(tempfile.mkdtemp() + "/ckpt")
+    return [name for name, _ in tf.train.list_variables(path) if "optimizer" in name]
