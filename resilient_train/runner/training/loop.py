@@ -203,15 +203,13 @@ class Trainer:
             self.model = _call_recipe(self.recipe, "build_model", self.params)
             own_step = isinstance(self.model, keras.Model) and is_compiled(self.model) and has_own_step(self.model)
             if not isinstance(self.model, keras.Model) or not (self.model.built or own_step and self.model.weights):
-                raise RecipeError(
-                    f"recipe {self.recipe.name}: build_model() must return a built keras.Model "
-                    "(start it with keras.Input(shape=...))"
-                )
+                raise RecipeError(f"recipe {self.recipe.name}: build_model() must return a built keras.Model "
+                                  "(start it with keras.Input(shape=...))")
             if own_step:  # its train_step is the step; the optimizer comes from compile()
                 self.recipe = from_own_step(self.recipe, self.model)
                 self._own_step = OwnStep(self.model, self.strategy, self.recipe)
-                if self._input_source is not None:  # its own optimizers, before a restore or a twin
-                    self._own_step.build_own_optimizers(self._input_source.element_spec)
+                if input_source is not None:  # its own optimizers, before a restore or a twin
+                    self._own_step.build_own_optimizers(input_source.element_spec)
                 self.stats = LastLogs()
             elif is_compiled(self.model):  # optimizer, loss and metrics come from compile()
                 self.recipe = from_compiled(self.recipe, self.model)
