@@ -126,6 +126,8 @@ def test_a_run_that_skipped_a_batch_is_exact_across_a_kill_during_the_replay_and
     assert killed.summary["weights_sha256"] == first
 
 
+@pytest.mark.slow  # ~40-70 s; --loss-spike is off by default: its logic and the window a checkpoint carries are
+# tests/runner/health/test_spikes.py's, the rollback and skip path the NaN tests' above
 def test_a_loss_spike_back_in_the_replay_is_found_with_the_window_the_commit_carried_and_skipped(tmp_path):
     # --loss-spike 10 (runner/health/spikes.py): its 100-step window is full from step 100 on; a
     # batch whose loss is 100x (RT_FAULTS loss_spike) at step 110 in attempts 1 and 2. The replay
