@@ -144,6 +144,19 @@ class StandbyTemplate:
         for fd in fds:
             os.close(fd)
 
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block while the template imports, at most ``timeout_s`` (hurrying an idle-priority one)."""
+        deadline = self.clock() + timeout_s
+        self.pump()
+        if self.state is TemplateState.IMPORTING:
+            self.hurry()
+        while self.state is TemplateState.IMPORTING and self.sock is not None:
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return
+            select.select([self.sock], [], [], min(remaining, 0.5))
+            self.pump()
+
     def hurry(self) -> None:
         """Ask an idle-priority import to go on at normal priority (once)."""
         if self._hurried or self.sock is None:

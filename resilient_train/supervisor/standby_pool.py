@@ -19,8 +19,10 @@ Invariants:
   load ~10 on 2 cores, refilling during the restart doubled the time to the first step).
   So refill waits until the supervisor says the group is training (``maintain(refill=True)``,
   the chief's first step of the attempt) or ``replenish_delay_s`` passed since the last
-  hand-over (or since the pool was created), whichever comes first. The same rule keeps the
-  first attempt cold: its N imports and the pool's N do not run at the same time.
+  hand-over (or since the pool was created), whichever comes first. A spawner whose
+  standbys are forks of one warm template (supervisor/forked_standbys.py) makes a standby cost
+  milliseconds, so the launcher fills the pool at once before each start (``fill_now``): the
+  first attempt's workers are forks too (supervisor/launchers/local.py).
 * A standby that reports itself unusable (its pre-warm initialized the eager context, see
   runner/process/warm_standby.py) disables the pool for the run (``standby_disabled``): every later
   attempt is cold, which is always correct. So does a pool whose standbys keep dying before
@@ -257,6 +259,18 @@ class StandbyPool:
         if self.disabled is None and self.clock() >= self._hold_until:
             while self.disabled is None and len(self._waiting) < self.size and self._spawn():
                 pass
+
+    def fill_now(self, *, ready_within_s: float) -> None:
+        """Spawn what is missing now, hold or not, and wait up to ``ready_within_s`` for every
+        standby to say ready: for a spawner whose standbys are forks of a warm template (ready in
+        milliseconds), so a start takes warm processes instead of importing cold ones."""
+        self.maintain(refill=True)
+        deadline = self.clock() + ready_within_s
+        while self.disabled is None and any(s.state is StandbyState.STARTING for s in self._waiting):
+            if self.clock() >= deadline:
+                return
+            time.sleep(0.005)
+            self._reap()
 
     def hand_over(self, worker_argv: list[str], env: dict[str, str], log_path: Path) -> StandbyProcess | None:
         """Make a live standby the worker (``worker_argv`` as runner.process.worker_main.main's argv).

@@ -65,11 +65,9 @@ def command(recipe: str, run_dir: Path, *flags: str, tier_default: bool = False,
     (test_rescue*.py), and the shared reference runs keep the default (tests/conftest.py), so
     every exact-digest comparison also checks that the tier changes no weight.
 
-    ``standby=False`` adds ``--no-warm-standby`` unless ``flags`` name it: :func:`run_job` passes
-    it for a job that injects no fault. A warm standby serves only a restart; its template imports
-    TensorFlow beside the workers (~6 CPU-s: a 20-step digits run took 12.3 s with it and 9.2 s
-    without, median of 3 pairs, 2026-11-28, quiet), and the suite runs about a hundred such jobs.
-    Every job with a fault, and every :func:`run_job_until` (a kill from outside), keeps it."""
+    ``standby=False`` adds ``--no-warm-standby`` unless ``flags`` name it. Standbys are on by
+    default, as for a user: every worker, the first attempt's too, is forked from the standby
+    template, which imports TensorFlow once (supervisor/launchers/local.py)."""
     if not tier_default and not _names(flags, "--snapshot-every"):
         flags = (*flags, "--snapshot-every", "off")
     if not standby and not _names(flags, "--warm-standby", "--no-warm-standby"):
@@ -99,14 +97,14 @@ def run_job(
     timeout: float = 240,
     cwd: Path = REPO,
     tier_default: bool = False,
-    standby: bool | None = None,
+    standby: bool = True,
 ) -> Job:
     """``cwd``: the directory the user runs the command from (give ``recipe`` absolute then).
     ``tier_default``: the memory tier as a user gets it (see :func:`command`). ``standby``: warm
-    standbys on or off (default: on when ``faults`` are given, see :func:`command`)."""
+    standbys on or off (see :func:`command`)."""
     proc = subprocess.run(
         command(recipe, run_dir, *flags, tier_default=tier_default,
-                standby=bool(faults) if standby is None else standby),
+                standby=standby),
         cwd=cwd,
         env=environment(faults, **(env or {})),
         stdout=subprocess.PIPE,

@@ -50,7 +50,8 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
     warm = run_job(RECIPE, tmp_path / "run", *NO_TIER, faults=KILL_CHIEF_AFTER_COMMIT_10)
     assert warm.returncode == 0, warm.output
     assert (warm.summary["status"], warm.summary["global_step"], warm.summary["restarts"]) == ("completed", 30, 1)
-    assert _started(warm, 1) == [(0, False), (1, False)]  # the first attempt is cold by design
+    assert _started(warm, 1) == [(0, True), (1, True)]  # the first attempt's workers are forks too ...
+    assert [e["standby_warm"] for e in warm.named("worker_started") if e["attempt"] == 1] == [True, True]
     assert _started(warm, 2) == [(0, True), (1, True)]  # the restart took standbys ...
     standby_pids = {e["pid"] for e in warm.named("standby_started")}
     assert set(worker_pids(warm.events, 2).values()) <= standby_pids  # ... and reports their real pids
@@ -74,7 +75,7 @@ def test_a_warm_standby_restart_ends_with_the_same_weights_as_a_cold_one(tmp_pat
     assert warm.summary["weights_sha256"] == cold_restart.summary["weights_sha256"]
     # Where each attempt's start-up went (runner/process/startup_phases.py): one event per rank at its
     # first step, counted from a cold process's creation or a standby's assignment; one trace each.
-    for job, starts in ((cold_restart, ["created", "created"]), (warm, ["created", "assigned"])):
+    for job, starts in ((cold_restart, ["created", "created"]), (warm, ["assigned", "assigned"])):
         phases = sorted((e for e in job.named("startup_phases") if e["rank"] == 0), key=lambda e: e["attempt"])
         assert sorted((e["attempt"], e["rank"]) for e in job.named("startup_phases")) == [(1, 0), (1, 1), (2, 0), (2, 1)]
         assert [(e["attempt"], e["start"], e["traces"], e["global_step"]) for e in phases] == [
