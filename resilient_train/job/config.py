@@ -51,6 +51,7 @@ RAY_STRATEGIES = ("spread", "pack")
 CHECKPOINT_MODES = ("async", "sync")
 LOSS_SPIKE_OFF = "off"  # --loss-spike off (runner/health/spikes.py)
 REPLICA_CHECK_OFF = "off"  # --replica-check-every off (runner/health/replicas.py)
+TRANSIENTS_OFF = "off"  # --max-transients-per-host off (runner/health/anomaly_policy.py)
 # --on-anomaly (runner/health/anomaly_policy.py): what a non-finite step does to the run.
 ON_ANOMALY_ROLLBACK = "rollback"
 ON_ANOMALY_STOP = "stop"
@@ -156,6 +157,10 @@ def _replica_check_every(text: str) -> int | str:
     return REPLICA_CHECK_OFF if text == REPLICA_CHECK_OFF else _integer(text)
 
 
+def _max_transients(text: str) -> int | str:
+    return TRANSIENTS_OFF if text == TRANSIENTS_OFF else _integer(text)
+
+
 def _steps_per_execution(text: str) -> int | str:
     return STEPS_PER_EXECUTION_AUTO if text == STEPS_PER_EXECUTION_AUTO else _integer(text)
 
@@ -246,6 +251,11 @@ class JobConfig:
         help="compare every replica's trainable weights (silent data corruption) every K global steps, and always "
         "before a save or snapshot; differing replicas are an anomaly (--on-anomaly); 0: only before saves and "
         "snapshots; off: never (default 100)"))
+    max_transients_per_host: int | str = field(default=3, metadata=_flag(  # runner/health/anomaly_policy.py
+        "--max-transients-per-host", parse=_max_transients, metavar="N|off",
+        help="after N anomalies on one host that a replay did not reproduce (transient: suspected faulty hardware), "
+        "treat that host like one with a preemption notice: the group saves and stops, a local run stops (143), "
+        "Ray and Slurm place no worker there again (default 3)"))
     max_restarts: int = field(default=3, metadata=_flag(
         "--max-restarts", parse=_integer, help="gang restarts after failures (default 3)"))
     max_preemptions: int | None = field(default=None, metadata=_flag(
@@ -371,6 +381,11 @@ class JobConfig:
         if self.loss_spike != LOSS_SPIKE_OFF and (isinstance(self.loss_spike, bool) or not isinstance(
                 self.loss_spike, (int, float)) or not self.loss_spike > 0):
             raise ConfigError(f"Received loss_spike={self.loss_spike!r}; expected a number > 0 or {LOSS_SPIKE_OFF!r}")
+        if self.max_transients_per_host != TRANSIENTS_OFF and (
+                isinstance(self.max_transients_per_host, bool) or not isinstance(self.max_transients_per_host, int)
+                or self.max_transients_per_host < 1):
+            raise ConfigError(f"Received max_transients_per_host={self.max_transients_per_host!r}; expected an "
+                              f"integer >= 1 or {TRANSIENTS_OFF!r}")
         if self.replica_check_every != REPLICA_CHECK_OFF and (
                 isinstance(self.replica_check_every, bool) or not isinstance(self.replica_check_every, int)
                 or self.replica_check_every < 0):

@@ -227,13 +227,22 @@ def _rolled_back(r: Mapping[str, Any], _: Facts) -> str:
 
 def _replay_verdict(r: Mapping[str, Any], _: Facts) -> str:
     if r.get("verdict") == "transient":
-        return (f"replayed step {r['global_step']} without the anomaly: it was transient (not the data or the "
+        hosts = r.get("hosts") or []
+        where = f" on {', '.join(hosts)}" if hosts else ""
+        return (f"replayed step {r['global_step']} without the anomaly: it was transient{where} (not the data or the "
                 "model); training goes on")
     if r.get("action") == "skip":
         return (f"the anomaly came back at step {r['global_step']} when replayed: deterministic (the data or the "
                 "model); that batch is skipped: rolling back to replay without it")
     return (f"the anomaly came back at step {r['global_step']} when replayed: deterministic (the data or the "
             "model); the run stops")
+
+
+def _host_suspected(r: Mapping[str, Any], _: Facts) -> str:
+    return (f"host {r['host']} had {r['transients']} transient anomalies (--max-transients-per-host "
+            f"{r['limit']}): suspected faulty hardware; it is treated as a host with a preemption notice "
+            f"(ranks {', '.join(str(k) for k in r['ranks'])}): the workers save and stop, and no worker of this run "
+            "is placed there again where the launcher can avoid it (Ray, Slurm)")
 
 
 def _batch_skipped(r: Mapping[str, Any], _: Facts) -> str:
@@ -259,7 +268,9 @@ def _preemption_requested(r: Mapping[str, Any], _: Facts) -> str:
     who, _sep, what = source.partition(":")
     asked = {"supervisor": f"the run got {what}", "worker": f"worker {what} got a stop signal",
              "launcher": f"the {what} launcher asked to stop",
-             "notice": f"this host had a preemption notice ({what})"}.get(who, f"stop requested ({source})")
+             "notice": (f"this host had a preemption notice ({what})" if what != "suspect-hardware" else
+                        "this host is suspected of faulty hardware (repeated transient anomalies; resume the run "
+                        "on other hardware)")}.get(who, f"stop requested ({source})")
     return f"{asked}: the workers save at one agreed step, then stop"
 
 
@@ -385,6 +396,7 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "anomaly_detected": _anomaly_detected,  # runner/health/
     "rolled_back": _rolled_back,
     "replay_verdict": _replay_verdict,
+    "host_suspected": _host_suspected,
     "batch_skipped": _batch_skipped,
     "training_completed": None,  # the supervisor's "Run completed: ..." line
     "input_torn_down": None,  # a finished epoch's input took long to tear down, off the training thread

@@ -187,3 +187,37 @@ def test_a_flipped_bit_in_the_chiefs_weights_is_found_at_the_next_check_rolled_b
     assert job.summary["anomalies"][0]["ranks"] == [0, 1]
     assert job.summary["weights_sha256"] == digits_reference
     assert job.summary["restarts"] == 1
+
+
+def test_a_host_with_repeated_transient_anomalies_is_suspected_saved_and_stopped_and_the_rerun_ends_exact(
+        tmp_path, digits_reference):
+    # Two flips on the chief, in attempts 1 and 2, each found by the replicas' check and each
+    # judged transient by its replay: with --max-transients-per-host 2, the second verdict makes
+    # the only host (127.0.0.1) a suspect. The chief writes the suspect-hardware notice markers
+    # and votes to stop: the group saves at an agreed step and exits 143, and the supervisor stops
+    # the local run (runner/health/anomaly_policy.py, HostSuspicion). A re-run elsewhere (here: the
+    # same host, without the faults) resumes from that save and ends exact.
+    run_dir = tmp_path / "run"
+    flips = [{"point": "bitflip", "global_step": 4, "rank": 0, "attempt": 1},
+             {"point": "bitflip", "global_step": 8, "rank": 0, "attempt": 2}]
+    job = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER, "--max-transients-per-host", "2", faults=flips)
+    assert job.returncode == 143, job.output
+    assert [(e["kind"], e["global_step"], e["attempt"]) for e in job.named("anomaly_detected")] == [
+        ("replicas", 8, 1), ("replicas", 10, 2)]  # the saves of 8 and 10 checked first: neither committed
+    assert [(e["global_step"], e["verdict"], e["hosts"], e["attempt"]) for e in job.named("replay_verdict")] == [
+        (8, "transient", ["127.0.0.1"], 2), (10, "transient", ["127.0.0.1"], 3)]
+    assert [(e["host"], e["ranks"], e["transients"], e["limit"], e["attempt"])
+            for e in job.named("host_suspected")] == [("127.0.0.1", [0, 1], 2, 2, 3)]
+    markers = sorted((run_dir / "attempt-3").glob("notice-*.json"))
+    assert [(p.name, json.loads(p.read_text())) for p in markers] == [
+        (f"notice-{rank}.json", {"provider": "suspect-hardware", "kind": "transient-anomalies", "host": "127.0.0.1"})
+        for rank in (0, 1)]
+    assert "host 127.0.0.1 had 2 transient anomalies" in job.output
+    assert "this host is suspected of faulty hardware" in job.output
+    [saved] = job.named("preempted")
+    assert job.summary["status"] == "preempted" and job.summary["global_step"] == saved["global_step"] > 10
+
+    rerun = run_job(DIGITS, run_dir, *DIGITS_FLAGS, *NO_TIER)
+    assert rerun.returncode == 0, rerun.output
+    assert [e["global_step"] for e in rerun.named("restored") if e["attempt"] == 4] == [saved["global_step"]]
+    assert rerun.summary["weights_sha256"] == digits_reference

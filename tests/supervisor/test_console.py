@@ -47,7 +47,7 @@ def documented_events():
 
 SHOWN = {
     "run_started", "run_finished", "job_changed", "worker_restarted", "fresh_start", "restored", "epoch_finished",
-    "training_stopped", "anomaly_detected", "rolled_back", "replay_verdict", "batch_skipped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
+    "training_stopped", "anomaly_detected", "rolled_back", "replay_verdict", "host_suspected", "batch_skipped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
     "checkpoint_committed", "checkpoint_rejected", "checkpoint_failed", "storage_retry", "storage_claimed",
     "stale_writer_fenced", "gang_restart", "hang_detected", "model_exported", "model_export_failed",
     "ray_connected", "node_lost", "chaos_fault_injected", "script_output",
@@ -58,7 +58,7 @@ SHOWN = {
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 78
+    assert len(documented) == 79
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN
@@ -123,6 +123,12 @@ SENTENCES = [
      "rolled back to global step 4: replaying up to step 6"),
     ({"event": "replay_verdict", "global_step": 6, "verdict": "transient", "values_before": {"loss": "nan"}},
      "replayed step 6 without the anomaly: it was transient (not the data or the model); training goes on"),
+    ({"event": "replay_verdict", "global_step": 6, "verdict": "transient", "hosts": ["10.0.0.2"]},
+     "replayed step 6 without the anomaly: it was transient on 10.0.0.2 (not the data or the model); training goes on"),
+    ({"event": "host_suspected", "host": "10.0.0.2", "ranks": [1], "transients": 3, "limit": 3},
+     "host 10.0.0.2 had 3 transient anomalies (--max-transients-per-host 3): suspected faulty hardware; it is "
+     "treated as a host with a preemption notice (ranks 1): the workers save and stop, and no worker of this run is "
+     "placed there again where the launcher can avoid it (Ray, Slurm)"),
     ({"event": "replay_verdict", "global_step": 6, "verdict": "deterministic", "action": "skip"},
      "the anomaly came back at step 6 when replayed: deterministic (the data or the model); that batch is skipped: "
      "rolling back to replay without it"),

@@ -23,7 +23,15 @@ replays up to the anomaly's step; this run's events.jsonl tells it which step th
   and the run itself agree. With ``stop`` (and for replicas that differ, which no batch
   explains) the run stops as with ``stop``;
 * the replay passes that step with finite values: ``transient`` (a flipped bit, a bad
-  read): training goes on from the replay, which is exact.
+  read): training goes on from the replay, which is exact. The verdict names the hosts the
+  anomaly points at (``hosts``: those of the ranks it named; a non-finite step names no rank,
+  so only a run on one host has one). After ``--max-transients-per-host`` N transients on one
+  host in this run (counted from events.jsonl by the chief), that host is treated like one
+  with a preemption notice (runner/process/preemption_notices.py): ``host_suspected``, a
+  ``notice-<rank>.json`` marker of provider ``suspect-hardware`` for each of its ranks, and
+  this worker's stop request, so the group saves at an agreed step and exits 143; the
+  supervisor stops a local run (its only host is the suspect) and has Ray and Slurm place no
+  worker there again (supervisor/launchers/api.py ``avoid_noticed``).
 
 An anomaly at another step during a replay is a new one: rolled back again. The restart
 budget (``--max-restarts``) bounds the rollbacks like any restart.
@@ -34,9 +42,10 @@ reported. For a user who knows the NaN is harmless.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -47,10 +56,12 @@ from resilient_train.job.config import (
 from resilient_train.runner.health.detector import NONFINITE, REPLICAS, SPIKE, Anomaly
 from resilient_train.runner.health.spikes import LossSpikes
 
-__all__ = ["HealthGuard", "check_finite_state", "event_value", "pending_rollback"]
+__all__ = ["HealthGuard", "HostSuspicion", "check_finite_state", "event_value", "implicated_hosts", "pending_rollback",
+           "transients_per_host", "SUSPECT_HARDWARE"]
 
 DETERMINISTIC = "deterministic"
 TRANSIENT = "transient"
+SUSPECT_HARDWARE = "suspect-hardware"  # the provider of a suspected host's notice markers
 
 
 def event_value(value: float) -> float | str:
@@ -72,11 +83,63 @@ def pending_rollback(records: Iterable[dict[str, Any]], *, run_id: str) -> dict[
     return pending
 
 
+def transients_per_host(records: Iterable[dict[str, Any]], *, run_id: str) -> dict[str, int]:
+    """This run's ``transient`` replay verdicts, counted per host they named."""
+    counts: dict[str, int] = {}
+    for record in records:
+        if record.get("run_id") == run_id and record.get("event") == "replay_verdict" \
+                and record.get("verdict") == TRANSIENT:
+            for host in record.get("hosts") or []:
+                counts[host] = counts.get(host, 0) + 1
+    return counts
+
+
+def implicated_hosts(ranks: Sequence[int] | None, hosts: Sequence[str]) -> list[str]:
+    """The hosts an anomaly points at: those of the ``ranks`` it names (``hosts[rank]``);
+    when it names none (a non-finite step: every rank's flag summed), the one host every rank
+    runs on, or none when they are on several."""
+    if ranks:
+        return sorted({hosts[rank] for rank in ranks if 0 <= rank < len(hosts)})
+    return list(set(hosts)) if len(set(hosts)) == 1 else []
+
+
+class HostSuspicion:
+    """The chief's answer to a suspected host (``HealthGuard``'s ``suspect``): a preemption
+    notice marker of provider ``suspect-hardware`` for each of its ranks, which the supervisor
+    reads as it reads a cloud's (supervisor/launchers/api.py), and this worker's stop request."""
+
+    def __init__(self, attempt_dir: Path | None) -> None:
+        self._attempt_dir = attempt_dir
+        self.host: str | None = None  # the host suspected, once one is
+
+    def __call__(self, host: str, ranks: list[int]) -> None:
+        if self._attempt_dir is not None:
+            from resilient_train.rundir.atomic import write_atomic
+            from resilient_train.rundir.layout import AttemptDir
+
+            for rank in ranks:
+                write_atomic(AttemptDir.at(self._attempt_dir).notice(rank), json.dumps(
+                    {"provider": SUSPECT_HARDWARE, "kind": "transient-anomalies", "host": host}))
+        self.host = host
+
+    def stop_requested(self) -> bool:
+        return self.host is not None
+
+    def source(self) -> str | None:
+        """The stop's source once a host is suspected (the supervisor's own for such a notice)."""
+        return f"notice:{SUSPECT_HARDWARE}" if self.host is not None else None
+
+
 class HealthGuard:
     """Acts on a call's first anomaly by policy, and judges a replay (rollback)."""
 
     def __init__(self, on_anomaly: str, *, emit: Callable[..., None], run_id: str = "",
-                 events_path: Path | None = None, skip: bool = False, spikes: LossSpikes | None = None) -> None:
+                 events_path: Path | None = None, skip: bool = False, spikes: LossSpikes | None = None,
+                 hosts: Sequence[str] = (), max_transients: int | None = None,
+                 suspect: Callable[[str, list[int]], None] = lambda host, ranks: None) -> None:
+        """``hosts``: each rank's host (its TF_CONFIG address). ``max_transients``: transients on
+        one host before ``suspect(host, its ranks)`` is called (None: never); see the module
+        docstring."""
         if on_anomaly not in ON_ANOMALY:
             raise ValueError(f"Received on_anomaly={on_anomaly!r}; expected one of {ON_ANOMALY}")
         self.on_anomaly = on_anomaly
@@ -88,6 +151,9 @@ class HealthGuard:
         self._reported = False  # ignore: the first anomaly is reported, the NaNs after it are its consequence
         self._replaying: int | None = None  # rollback: the anomaly's global step this attempt replays to
         self._before: dict[str, Any] = {}  # ... and its values as first seen
+        self.hosts, self._max_transients, self._suspect = list(hosts), max_transients, suspect
+        self._implicated: list[str] = []  # the chief: the hosts the replayed anomaly points at
+        self._transients: dict[str, int] = {}  # the chief: this run's transients per host so far
 
     @property
     def requires_finite_commit(self) -> bool:
@@ -160,6 +226,9 @@ class HealthGuard:
 
             records = [r for r in read_events(self._events_path) if r.get("run_id") == self._run_id]
         pending = pending_rollback(records, run_id=self._run_id) if is_chief else None
+        if is_chief:
+            self._transients = transients_per_host(records, run_id=self._run_id)
+            self._implicated = implicated_hosts((pending or {}).get("ranks"), self.hosts) if pending else []
         decided = [int(r["global_step"]) for r in records
                    if r.get("event") == "replay_verdict" and r.get("action") == "skip"]
         step, skips = gather(int(pending["global_step"]) if pending else 0)[0], gather(len(decided))[0]
@@ -192,8 +261,23 @@ class HealthGuard:
             fields["action"] = action
         if anomaly is not None:
             fields["values"] = {name: event_value(v) for name, v in anomaly.values.items()}
+        if verdict == TRANSIENT:
+            fields["hosts"] = self._implicated
         self._emit("replay_verdict", group=True, **fields)
         self._replaying = None
+        if verdict == TRANSIENT:
+            self._count_transient()
+
+    def _count_transient(self) -> None:
+        """The chief: one more transient on each implicated host; a host at the limit is suspected."""
+        for host in self._implicated:
+            self._transients[host] = self._transients.get(host, 0) + 1
+            if self._max_transients is not None and self._transients[host] >= self._max_transients:
+                ranks = [rank for rank, where in enumerate(self.hosts) if where == host]
+                self._emit("host_suspected", group=True, host=host, ranks=ranks,
+                           transients=self._transients[host], limit=self._max_transients)
+                self._suspect(host, ranks)
+        self._implicated = []
 
 
 def check_finite_state(named_values: list[tuple[str, Any]], *, global_step: int) -> None:

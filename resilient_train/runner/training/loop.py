@@ -71,7 +71,9 @@ import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.cluster.tf_config import ClusterInfo
-from resilient_train.job.config import DETERMINISTIC_SKIP, LOSS_SPIKE_OFF, REPLICA_CHECK_OFF, JobConfig
+from resilient_train.job.config import (
+    DETERMINISTIC_SKIP, LOSS_SPIKE_OFF, REPLICA_CHECK_OFF, TRANSIENTS_OFF, JobConfig,
+)
 from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import add_listener, emit
 from resilient_train.job.fingerprint import fingerprint_for_worker
@@ -88,7 +90,7 @@ from resilient_train.runner.state.tier import MemoryTier
 from resilient_train.runner.state.save_policy import SavePolicy
 from resilient_train.runner.state.saving import Saving
 from resilient_train.runner.process import startup_phases
-from resilient_train.runner.health.anomaly_policy import HealthGuard
+from resilient_train.runner.health.anomaly_policy import HealthGuard, HostSuspicion
 from resilient_train.runner.health.spikes import LossSpikes
 from resilient_train.runner.health.injection import BitFlip, NanInjection
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
@@ -166,7 +168,11 @@ class Trainer:
             is_chief=cluster.is_chief,
             clock=clock,
         )
-        self._votes = StopVotes(cluster.rank, policy, stop_requested=stop_requested,
+        # --max-transients-per-host: the chief's stop once a host is suspected (runner/health/).
+        suspicion = HostSuspicion(attempt_dir if cluster.is_chief else None)
+        self._votes = StopVotes(cluster.rank, policy,
+                                stop_requested=lambda: stop_requested() or suspicion.stop_requested(),
+                                source=suspicion.source,
                                 save_requested=save_requested, saved=saved)
         # The memory tier (--snapshot-every, runner/state/tier.py): None when off.
         tier_off = MemoryTier.off_reason(job, cluster)
@@ -182,12 +188,12 @@ class Trainer:
         # every save, and not an edit made to the file while the run goes on).
         fingerprint = fingerprint_for_worker(job, recipe.source, params).to_dict()
         self._setup(strategy, indices, tier_off, store=store, work_dir=work_dir, fingerprint=fingerprint,
-                    run_id=run_id, marker=marker, input_source=input_source)
+                    run_id=run_id, marker=marker, input_source=input_source, suspicion=suspicion)
 
     # ----------------------------------------------------------------- setup
     def _setup(self, strategy: tf.distribute.Strategy | None, indices: StepIndexLog | None, tier_off: str | None, *,
                store: CheckpointStore, work_dir: Path, fingerprint: dict[str, Any], run_id: str, marker: StepMarker,
-               input_source: Callable[[int, int], Any] | None) -> None:
+               input_source: Callable[[int, int], Any] | None, suspicion: HostSuspicion) -> None:
         # What is loaded by now (TensorFlow, Keras, the recipe: ~350k objects) lives as long
         # as the process: frozen out of the cyclic collector's sight, a full collection no
         # longer walks it. One such collection took 0.15-0.18 s of every restart (measured
@@ -233,7 +239,11 @@ class Trainer:
                                    events_path=RunDir(self.job.run_dir).events,
                                    skip=self.job.deterministic_anomaly == DETERMINISTIC_SKIP,
                                    spikes=None if self.job.loss_spike == LOSS_SPIKE_OFF else LossSpikes(
-                                       float(self.job.loss_spike)))
+                                       float(self.job.loss_spike)),
+                                   hosts=[address.rsplit(":", 1)[0] for address in self.cluster.addresses],
+                                   max_transients=(None if self.job.max_transients_per_host == TRANSIENTS_OFF
+                                                   else int(self.job.max_transients_per_host)),
+                                   suspect=suspicion)
         self._collectives = Collectives(self.strategy, rank=self.cluster.rank, workers=self.cluster.num_workers)
         self._call = TrainCall(
             strategy=self.strategy, model=self.model, optimizer=optimizer, recipe=self.recipe,

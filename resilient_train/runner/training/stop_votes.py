@@ -26,8 +26,11 @@ class StopVotes:
     not always in the same call)."""
 
     def __init__(self, rank: int, policy: SavePolicy, *, stop_requested: Callable[[], bool],
-                 save_requested: Callable[[], bool], saved: Callable[[], None]) -> None:
-        self._rank, self.policy = rank, policy  # (the loop reads its save points)
+                 save_requested: Callable[[], bool], saved: Callable[[], None],
+                 source: Callable[[], str | None] = lambda: None) -> None:
+        """``source()``: what asked this worker to stop when not a signal (``preemption_requested``'s
+        ``source``, e.g. ``notice:suspect-hardware``), else None."""
+        self._rank, self.policy, self._source = rank, policy, source  # (the loop reads its save points)
         self._stop_requested, self._save_requested, self._saved = stop_requested, save_requested, saved
         self.requested = False  # this worker's request was seen (preemption_requested is said once)
         # The group agreed to stop: some worker's request reached the all-reduce, so every
@@ -40,7 +43,7 @@ class StopVotes:
             return 0.0
         if not self.requested:
             self.requested = True
-            emit("preemption_requested", source=f"worker:{self._rank}")  # SIGTERM or SIGINT
+            emit("preemption_requested", source=self._source() or f"worker:{self._rank}")  # else SIGTERM/SIGINT
         return 1.0
 
     def save(self) -> float:

@@ -98,7 +98,7 @@ class LocalLauncher(Launcher):
         self.pool: StandbyPool | None = None
         self._standby_pids: set[int] = set()
         self._addresses: dict[int, str] = {}  # pid -> its TF_CONFIG host:port
-        self._started = False  # a first attempt was started (it waited for the template)
+        self._waited_for_template = False  # the first start waited for the template's import
 
     def prepare(self) -> None:
         self.pool = self._standby_pool()
@@ -134,9 +134,9 @@ class LocalLauncher(Launcher):
         spawner = self.standby_spawner
         if self.pool is None or not isinstance(spawner, ForkServerSpawner) or spawner.template is None:
             return
-        if not self._started:
+        if not self._waited_for_template:
             spawner.template.wait_ready(TEMPLATE_WAIT_S)
-        self._started = True
+        self._waited_for_template = True
         spawner.template.pump()
         if spawner.template.state is TemplateState.READY:
             self.pool.fill_now(ready_within_s=FORKED_READY_S)

@@ -12,7 +12,9 @@ import tensorflow as tf
 from resilient_train.errors import EXIT_FAILURE, EXIT_FATAL, AnomalyRollbackError, NumericalAnomalyError, exit_rule_for
 from resilient_train.runner.training import control_row
 from resilient_train.runner.failures.faults import FaultPlan
-from resilient_train.runner.health.anomaly_policy import HealthGuard, check_finite_state, pending_rollback
+from resilient_train.runner.health.anomaly_policy import (
+    HealthGuard, HostSuspicion, check_finite_state, implicated_hosts, pending_rollback, transients_per_host,
+)
 from resilient_train.runner.health.detector import Anomaly, first_anomaly, logs_nonfinite, step_nonfinite
 from resilient_train.runner.health.injection import NanInjection
 
@@ -135,7 +137,7 @@ def test_a_replay_that_passes_the_step_cleanly_is_transient_and_trains_on():
     assert [e["event"] for e in events] == ["rolled_back"]
     guard.after_call(None, last_global_step=8)
     assert events[1] == {"event": "replay_verdict", "run_id": "r", "group": True, "global_step": 6,
-                         "verdict": "transient", "values_before": {"loss": "nan"}}
+                         "verdict": "transient", "values_before": {"loss": "nan"}, "hosts": []}
     assert pending_rollback([{"event": "anomaly_detected", "run_id": "r", "action": "rollback", "global_step": 6},
                              *events], run_id="r") is None  # judged: a later attempt replays nothing
     guard.after_call(None, last_global_step=12)
@@ -211,3 +213,92 @@ def test_the_next_attempt_reads_the_skip_list_from_the_events_and_the_checkpoint
     other.arm_replay(is_chief=False, restored_step=4, gather=lambda v: [next(answers)])
     assert other.skipped == (2, 6)
     assert HealthGuard("rollback", emit=emit).extra() == {}
+
+
+def test_an_anomaly_points_at_its_named_ranks_hosts_or_at_the_one_host_of_a_run_that_names_none():
+    hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.2"]
+    assert implicated_hosts([1, 2], hosts) == ["10.0.0.2"]
+    assert implicated_hosts([0, 2], hosts) == ["10.0.0.1", "10.0.0.2"]
+    assert implicated_hosts(None, hosts) == []  # a non-finite step on several hosts: nobody to blame
+    assert implicated_hosts([], ["127.0.0.1", "127.0.0.1"]) == ["127.0.0.1"]
+    assert implicated_hosts([5], hosts) == []  # a rank this attempt does not have
+
+
+def test_transients_are_counted_per_host_from_this_runs_verdicts_only():
+    records = [{"event": "replay_verdict", "run_id": "r", "verdict": "transient", "hosts": ["a"]},
+               {"event": "replay_verdict", "run_id": "r", "verdict": "transient", "hosts": ["a", "b"]},
+               {"event": "replay_verdict", "run_id": "r", "verdict": "deterministic", "hosts": ["a"]},
+               {"event": "replay_verdict", "run_id": "old", "verdict": "transient", "hosts": ["a"]},
+               {"event": "replay_verdict", "run_id": "r", "verdict": "transient"}]  # written before hosts were
+    assert transients_per_host(records, run_id="r") == {"a": 2, "b": 1}
+
+
+def _judged_transient(tmp_path, *, before: int, limit: int | None, ranks: list[int] | None):
+    """A chief that replays a rolled-back anomaly naming ``ranks`` (2 ranks on host h1, 1 on h2),
+    with ``before`` earlier transients on h1 in events.jsonl, through to a transient verdict."""
+    path = tmp_path / "events.jsonl"
+    lines = [{"event": "replay_verdict", "run_id": "r", "global_step": 2 * k + 1, "verdict": "transient",
+              "hosts": ["h1"]} for k in range(before)]
+    lines.append({"event": "anomaly_detected", "run_id": "r", "action": "rollback", "global_step": 10,
+                  "values": {}, **({"ranks": ranks} if ranks is not None else {})})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    events, emit = recorder()
+    suspected = []
+    guard = HealthGuard("rollback", emit=emit, run_id="r", events_path=path, hosts=["h1", "h1", "h2"],
+                        max_transients=limit, suspect=lambda host, on: suspected.append((host, on)))
+    guard.arm_replay(is_chief=True, restored_step=8, gather=lambda v: [v])
+    guard.after_call(None, last_global_step=12)
+    return events, suspected
+
+
+def test_the_transient_that_reaches_the_limit_on_a_host_suspects_it_once(tmp_path):
+    events, suspected = _judged_transient(tmp_path, before=1, limit=2, ranks=[0])
+    assert [(e["event"], e.get("hosts")) for e in events] == [
+        ("rolled_back", None), ("replay_verdict", ["h1"]), ("host_suspected", None)]
+    assert {k: events[2][k] for k in ("host", "ranks", "transients", "limit", "group")} == {
+        "host": "h1", "ranks": [0, 1], "transients": 2, "limit": 2, "group": True}
+    assert suspected == [("h1", [0, 1])]
+
+
+def test_below_the_limit_without_a_limit_or_on_another_host_nothing_is_suspected(tmp_path):
+    for before, limit, ranks in ((0, 2, [1]), (5, None, [0]), (1, 2, [2]), (1, 2, None)):
+        events, suspected = _judged_transient(tmp_path, before=before, limit=limit, ranks=ranks)
+        assert suspected == [] and "host_suspected" not in [e["event"] for e in events], (before, limit, ranks)
+    events, _ = _judged_transient(tmp_path, before=0, limit=2, ranks=None)  # NaN on two hosts: unattributed
+    assert events[1]["hosts"] == []
+
+
+def test_a_suspected_host_gets_a_notice_marker_per_rank_and_the_chief_asks_to_stop(tmp_path):
+    attempt_dir = tmp_path / "attempt-3"
+    attempt_dir.mkdir()
+    suspicion = HostSuspicion(attempt_dir)
+    assert not suspicion.stop_requested() and suspicion.source() is None
+    suspicion("10.0.0.7", [2, 3])
+    assert suspicion.stop_requested() and suspicion.source() == "notice:suspect-hardware"
+    assert [(p.name, json.loads(p.read_text())) for p in sorted(attempt_dir.glob("notice-*.json"))] == [
+        (f"notice-{rank}.json", {"provider": "suspect-hardware", "kind": "transient-anomalies", "host": "10.0.0.7"})
+        for rank in (2, 3)]
+
+
+def test_the_host_limit_takes_n_or_off_and_refuses_anything_else():
+    from resilient_train.job.config import ConfigError, JobConfig
+
+    assert JobConfig(recipe="r.py").max_transients_per_host == 3
+    assert JobConfig(recipe="r.py", max_transients_per_host="off").max_transients_per_host == "off"
+    for bad in (0, -1, True, "2"):
+        with pytest.raises(ConfigError, match=rf"^Received max_transients_per_host={bad!r}; expected an integer >= 1 "
+                                              r"or 'off'$"):
+            JobConfig(recipe="r.py", max_transients_per_host=bad)
+
+
+def test_the_console_names_the_suspected_host_and_a_transient_verdicts_hosts():
+    from resilient_train.supervisor.console import _host_suspected, _preemption_requested, _replay_verdict
+
+    assert _replay_verdict({"verdict": "transient", "global_step": 10, "hosts": ["127.0.0.1"]}, None) == (
+        "replayed step 10 without the anomaly: it was transient on 127.0.0.1 (not the data or the model); "
+        "training goes on")
+    assert _host_suspected({"host": "h1", "transients": 2, "limit": 2, "ranks": [0, 1]}, None).startswith(
+        "host h1 had 2 transient anomalies (--max-transients-per-host 2): suspected faulty hardware")
+    assert _preemption_requested({"source": "notice:suspect-hardware"}, None) == (
+        "this host is suspected of faulty hardware (repeated transient anomalies; resume the run on other "
+        "hardware): the workers save at one agreed step, then stop")
