@@ -97,6 +97,12 @@ FAULT_EVENTS: Mapping[str, str] = {
     "stale_writer_fenced": "stale writer fenced",
     "chaos_fault_injected": "chaos fault injected",
     "attempt_incomplete": "attempt incomplete",
+    # numerical health (runner/health/): the anomaly, the rollback, the replay's verdict, a skip
+    "anomaly_detected": "anomaly detected",
+    "rolled_back": "rolled back",
+    "replay_verdict": "replay verdict",
+    "batch_skipped": "batch skipped",
+    "host_suspected": "host suspected",
 }
 _LEFT_RUNNING = frozenset({"stopping", "hung", "restarting", "resizing"})
 _WORKER_EVENT_ROLES = frozenset({"chief", "worker"})

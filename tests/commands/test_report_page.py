@@ -392,3 +392,29 @@ def test_every_fault_marker_has_the_consoles_words():
     assert [name for name in FAULT_EVENTS if name != "worker_exited"
             and CONSOLE.get(name) is None and name not in SAID_BY_SUPERVISOR] == []
     assert [name for name in SAID_BY_SUPERVISOR if CONSOLE[name] is not None] == []  # only for hidden ones
+
+
+def test_an_anomaly_its_rollback_its_verdict_and_a_suspected_host_are_markers_in_the_consoles_words(tmp_path):
+    events = _run_events()
+    at = {"rank": 0, "role": "chief", "run_id": "r1"}
+    events.insert(-2, {"event": "anomaly_detected", "ts": _ts(12.5), "attempt": 2, "kind": "replicas",
+                       "global_step": 12, "epoch": 1, "step_in_epoch": 2, "replicas": 2, "ranks": [0, 1], "values": {},
+                       "action": "rollback", **at})
+    events.insert(-2, {"event": "rolled_back", "ts": _ts(12.6), "attempt": 2, "global_step": 10, "anomaly_step": 12,
+                       **at})
+    events.insert(-2, {"event": "replay_verdict", "ts": _ts(12.7), "attempt": 2, "global_step": 12,
+                       "verdict": "transient", "values_before": {}, "hosts": ["127.0.0.1"], **at})
+    events.insert(-2, {"event": "host_suspected", "ts": _ts(12.8), "attempt": 2, "host": "127.0.0.1", "ranks": [0, 1],
+                       "transients": 1, "limit": 1, **at})
+    run_dir = _write_run(tmp_path, events)
+    dom, view = _dom(run_dir), load_run(run_dir)
+    health = [(e["event"], text) for _, e, text in view.faults()
+              if e["event"] in ("anomaly_detected", "rolled_back", "replay_verdict", "host_suspected")]
+    assert [(event, text[:10]) for event, text in health] == [
+        ("anomaly_detected", "00:00:12  "), ("rolled_back", "00:00:12  "), ("replay_verdict", "00:00:12  "),
+        ("host_suspected", "00:00:12  ")]
+    assert health[1][1] == "00:00:12  rolled back to global step 10: replaying up to step 12"
+    assert health[2][1] == ("00:00:12  replayed step 12 without the anomaly: it was transient on 127.0.0.1 (not the "
+                            "data or the model); training goes on")
+    assert all(text in dom.titles for _, text in health)
+    assert [m["data-event"] for m in dom.of_class("marker")].count("host_suspected") == 1
