@@ -13,7 +13,10 @@ whose weights differ, and the last one that matched before it; then the first ep
 first batch differs (input that is not a pure function of the seed and epoch shows up
 there before it shows up in the weights); then what differs in the two jobs' fingerprints
 (seed, params, workers, recipe source), which usually explains the rest. Steps only one
-run committed (a preemption's extra save, retention) are listed, not compared.
+run committed (a preemption's extra save, retention) are listed, not compared. The batches a
+run skipped after a deterministic anomaly (``--deterministic-anomaly skip``: the events'
+``batch_skipped``, the manifests' ``skipped_steps``) are named for each run: a run that skipped
+a batch the other trained on diverges from that step on, and this says why.
 
 Exit codes (errors.py): 0 the trajectories are identical over at least one common
 committed step; 1 they diverge, or they have no committed step in common (a comparison
@@ -66,6 +69,7 @@ class Trajectory:
     weights: Mapping[int, str] = field(default_factory=dict)
     inputs: Mapping[int, str] = field(default_factory=dict)
     fingerprint: Mapping[str, Any] | None = None
+    skipped: tuple[int, ...] = ()  # global steps whose batches were skipped (runner/health/anomaly_policy.py)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class Divergence:
     common_epochs: tuple[int, ...]
     first_divergent_epoch: int | None
     fingerprint_changes: tuple[tuple[str, Any, Any], ...]
+    skipped_a: tuple[int, ...] = ()  # skipped by A only
+    skipped_b: tuple[int, ...] = ()  # skipped by B only
 
     @property
     def identical(self) -> bool:
@@ -107,41 +113,51 @@ def compare_trajectories(a: Trajectory, b: Trajectory) -> Divergence:
         common_epochs=epochs,
         first_divergent_epoch=first_epoch,
         fingerprint_changes=changes,
+        skipped_a=tuple(sorted(set(a.skipped) - set(b.skipped))),
+        skipped_b=tuple(sorted(set(b.skipped) - set(a.skipped))),
     )
 
 
 # ------------------------------------------------------------------ loading
 
 
-def _from_events(records: Iterable[Mapping[str, Any]]) -> tuple[dict[int, str], dict[int, str], str | None]:
-    """weights, inputs and the storage URL (``run_started``) of a run dir's events."""
+def _from_events(records: Iterable[Mapping[str, Any]]
+                 ) -> tuple[dict[int, str], dict[int, str], str | None, tuple[int, ...]]:
+    """weights, inputs, the storage URL (``run_started``) and the skipped steps of a run dir's events."""
     weights: dict[int, str] = {}
     inputs: dict[int, str] = {}
     storage = None
+    skipped: set[int] = set()
     for record in records:
         name = record.get("event")
-        if name == "checkpoint_committed" and isinstance(record.get("weights_sha256"), str):
+        if name == "batch_skipped" and isinstance(record.get("global_step"), int):
+            skipped.add(record["global_step"])
+        elif name == "checkpoint_committed" and isinstance(record.get("weights_sha256"), str):
             weights[int(record["global_step"])] = record["weights_sha256"]
         elif name == _INPUT_DIGEST and isinstance(record.get("sha256"), str):
             inputs[int(record["epoch"])] = record["sha256"]
         elif name == "run_started" and record.get("storage"):
             storage = str(record["storage"])
-    return weights, inputs, storage
+    return weights, inputs, storage, tuple(sorted(skipped))
 
 
-def _from_manifests(manifests: Iterable[Any]) -> tuple[dict[int, str], dict[int, str], Mapping[str, Any] | None]:
-    """weights, inputs and the newest fingerprint of committed manifests (ascending steps)."""
+def _from_manifests(manifests: Iterable[Any]
+                    ) -> tuple[dict[int, str], dict[int, str], Mapping[str, Any] | None, tuple[int, ...]]:
+    """weights, inputs, the newest fingerprint and skip list of committed manifests (ascending steps)."""
     weights: dict[int, str] = {}
     inputs: dict[int, str] = {}
     fingerprint = None
+    skipped: tuple[int, ...] = ()
     for manifest in manifests:
+        if isinstance(manifest.extra.get("skipped_steps"), list):
+            skipped = tuple(int(step) for step in manifest.extra["skipped_steps"])
         weights[manifest.global_step] = manifest.weights_sha256
         recorded = manifest.extra.get(_INPUT_DIGEST)
         if isinstance(recorded, Mapping) and isinstance(recorded.get("sha256"), str) and "epoch" in recorded:
             inputs[int(recorded["epoch"])] = recorded["sha256"]
         if isinstance(manifest.extra.get("fingerprint"), Mapping):
             fingerprint = manifest.extra["fingerprint"]
-    return weights, inputs, fingerprint
+    return weights, inputs, fingerprint, skipped
 
 
 def _committed_manifests(url: str, storage_options: Mapping[str, Any]) -> tuple[str, list[Any]]:
@@ -165,23 +181,24 @@ def load_trajectory(location: str, storage_options: Mapping[str, Any]) -> Trajec
         raise ValueError(f"{location} does not exist; expected a run dir or a storage URL")
     run_dir = RunDir(path)
     if "://" not in location and run_dir.events.is_file():
-        weights, inputs, storage = _from_events(read_events(run_dir.events))
+        weights, inputs, storage, skipped = _from_events(read_events(run_dir.events))
         fingerprint = _read_json(run_dir.fingerprint)
         source = f"{location} (events.jsonl)"
         if not weights:  # events written before checkpoint_committed carried the digest
             url = storage or str(run_dir.checkpoints)
             url, manifests = _committed_manifests(url, storage_options)
-            weights, stored_inputs, stored_fingerprint = _from_manifests(manifests)
+            weights, stored_inputs, stored_fingerprint, stored_skips = _from_manifests(manifests)
             inputs = inputs or stored_inputs
             fingerprint = fingerprint or stored_fingerprint
+            skipped = skipped or stored_skips
             source = f"{location} (manifests in {url})"
-        return Trajectory(source, weights, inputs, fingerprint)
+        return Trajectory(source, weights, inputs, fingerprint, skipped)
     url, manifests = _committed_manifests(location, storage_options)
     if not manifests:
         raise ValueError(f"{location} is neither a run dir (no events.jsonl) nor a checkpoint root with a "
                          "committed checkpoint")
-    weights, inputs, fingerprint = _from_manifests(manifests)
-    return Trajectory(f"{url} (manifests)", weights, inputs, fingerprint)
+    weights, inputs, fingerprint, skipped = _from_manifests(manifests)
+    return Trajectory(f"{url} (manifests)", weights, inputs, fingerprint, skipped)
 
 
 def _read_json(path: Path) -> Mapping[str, Any] | None:
@@ -228,6 +245,12 @@ def format_text(a: Trajectory, b: Trajectory, result: Divergence) -> list[str]:
                      f"B {_short(b.inputs[epoch])})")
     elif result.common_epochs:
         lines.append(f"epoch inputs identical in all {len(result.common_epochs)} common epochs")
+    if result.skipped_a or result.skipped_b:
+        lines.append(f"batches skipped by one run only (deterministic anomalies, --deterministic-anomaly skip): "
+                     f"A {list(result.skipped_a)}, B {list(result.skipped_b)}; the weights differ from the first "
+                     "of those steps on")
+    elif a.skipped:
+        lines.append(f"batches skipped by both runs (deterministic anomalies): {list(a.skipped)}")
     if result.fingerprint_changes:
         lines.append("job fingerprint differs: " + ", ".join(_describe_change(*c) for c in result.fingerprint_changes))
     elif a.fingerprint is None or b.fingerprint is None:
@@ -254,6 +277,7 @@ def as_record(a: Trajectory, b: Trajectory, result: Divergence) -> dict[str, Any
         "first_divergent_epoch": epoch,
         "input_sha256": {"a": a.inputs[epoch], "b": b.inputs[epoch]} if epoch is not None else None,
         "fingerprint_changes": [{"field": name, "a": old, "b": new} for name, old, new in result.fingerprint_changes],
+        "skipped_steps": {"a": list(a.skipped), "b": list(b.skipped)},
     }
 
 

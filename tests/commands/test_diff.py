@@ -166,3 +166,34 @@ def test_a_run_dir_whose_events_predate_the_digest_falls_back_to_its_storage(tmp
     code, out, _ = run(str(old), store.url, as_json=True)
     record = json.loads(out)
     assert (code, record["a"], record["common_steps"]) == (EXIT_OK, f"{old} (manifests in {store.url})", [5, 10])
+
+
+def test_a_batch_one_run_skipped_is_named_beside_the_divergence_it_explains(tmp_path):
+    a = write_run_dir(tmp_path / "a", {4: W[1], 8: W[2], 12: W[3]}, {0: W[5]})
+    b = write_run_dir(tmp_path / "b", {4: W[1], 8: W[4], 12: W[6]}, {0: W[5]})
+    with open(b / "events.jsonl", "a") as events:  # B's batch of step 6 came back NaN when replayed: skipped
+        events.write(json.dumps({"event": "batch_skipped", "global_step": 6, "epoch": 0, "step_in_epoch": 5}) + "\n")
+    code, out, _ = run(str(a), str(b))
+    assert code == EXIT_FAILURE
+    lines = out.splitlines()
+    assert lines[2:5] == [
+        f"first divergent global step: 8 (A {W[2][:12]}, B {W[4][:12]})",
+        "last matching global step: 4",
+        "epoch inputs identical in all 1 common epochs"]
+    assert lines[5] == ("batches skipped by one run only (deterministic anomalies, --deterministic-anomaly skip): "
+                        "A [], B [6]; the weights differ from the first of those steps on")
+    assert json.loads(run(str(a), str(b), as_json=True)[1])["skipped_steps"] == {"a": [], "b": [6]}
+    both = compare_trajectories(Trajectory("t", {4: W[1]}, {}, FP, (6,)), Trajectory("t", {4: W[1]}, {}, FP, (6,)))
+    assert both.identical and (both.skipped_a, both.skipped_b) == ((), ())
+
+
+def test_the_skip_list_of_a_checkpoint_root_is_its_newest_manifests():
+    from resilient_train.commands.diff import _from_manifests
+
+    class Manifest:
+        def __init__(self, step: int, extra: dict) -> None:
+            self.global_step, self.weights_sha256, self.extra = step, W[step], extra
+
+    *_, skipped = _from_manifests([Manifest(1, {}), Manifest(2, {"skipped_steps": [6]}),
+                                   Manifest(3, {"skipped_steps": [6, 9]})])
+    assert skipped == (6, 9)
