@@ -146,8 +146,6 @@ SEVERAL_OUTPUTS_WEIGHTS_REFUSED = {
 }
 # A recipe's model with its own train_step and optimizers of its own (keras.io's GAN: compile(d_optimizer=...,
 # g_optimizer=...)), refused by runner/keras_recipes/own_step.py (a fit script's are checkpointed).
-OWN_OPTIMIZERS_REFUSED = ("not supported yet in a recipe: the runner builds them before a restore from a fit script's "
-                          "input (write it as a model.fit script)")
 # Pairs of fit() arguments refused together, and why.
 FIT_PAIRS_REFUSED = {
     ("sample_weight", "class_weight"): "Keras refuses both at once (pass one)",
@@ -494,21 +492,17 @@ def _own_train_step(node: ast.ClassDef) -> ast.FunctionDef | None:
 
 
 def _check_trainer_overrides(path: Path, node: ast.ClassDef, *, script: bool) -> None:
-    """A recipe's class may override none of ``_TRAINER_OVERRIDES`` (the runner's step would
-    ignore it). A script's class may override ``train_step`` (the runner then runs it:
-    runner/keras_recipes/own_step.py), and with it the methods its ``train_step`` calls."""
-    if script and _own_train_step(node) is not None:
+    """A class may override ``train_step`` (the runner then runs it: runner/keras_recipes/own_step.py),
+    and with it the methods its ``train_step`` calls; one that overrides any other of
+    ``_TRAINER_OVERRIDES`` without ``train_step`` is refused (the runner's step would ignore it)."""
+    if _own_train_step(node) is not None:
         return
     for item in node.body:
         if isinstance(item, ast.FunctionDef) and item.name in _TRAINER_OVERRIDES:
-            if script:
-                raise RecipeError(
-                    f"Script {path}: class {node.name} overrides {item.name} at line {item.lineno} but not train_step; "
-                    "the runner runs Keras' step or the model's own train_step, which would not call it"
-                )
             raise RecipeError(
-                f"Recipe {path}: class {node.name} overrides {item.name} at line {item.lineno}; the runner "
-                "runs its own training step (define loss()/metrics() in the recipe instead)"
+                f"{'Script' if script else 'Recipe'} {path}: class {node.name} overrides {item.name} at line "
+                f"{item.lineno} but not train_step; the runner runs Keras' step or the model's own train_step, "
+                "which would not call it"
             )
 
 

@@ -144,9 +144,12 @@ def test_compile_arguments_the_runner_accepts_pass(tmp_path):
     assert check_recipe_source(path).name == "r.py"
 
 
-def test_a_train_step_override_is_refused_before_workers(tmp_path):
+def test_a_train_step_override_runs_and_another_override_without_it_is_refused_before_workers(tmp_path):
     text = COMPILED.format(extra="") + "class Mine(keras.Model):\n    def train_step(self, data):\n        return {}\n"
-    with pytest.raises(RecipeError, match=r"class Mine overrides train_step at line 10; the runner runs its own training step"):
+    assert check_recipe_source(write(tmp_path, text)).name == "r.py"  # the runner runs it (own_step.py)
+    text = COMPILED.format(extra="") + "class Mine(keras.Model):\n    def compute_loss(self, *a):\n        return 0\n"
+    with pytest.raises(RecipeError, match=r"^Recipe .*r.py: class Mine overrides compute_loss at line 10 but not "
+                                          r"train_step; the runner runs Keras' step or the model's own train_step"):
         check_recipe_source(write(tmp_path, text))
 
 

@@ -37,7 +37,7 @@ Optimizers of its own (keras.io's GAN: ``compile(d_optimizer=..., g_optimizer=..
 overridden, each applied in ``train_step``) are attributes of the model, so the checkpoint
 holds them under ``model``; Keras builds them at their first ``apply_gradients``, so they are
 built before any restore by tracing ``train_step`` once (:meth:`OwnStep.build_own_optimizers`,
-from a fit script's input spec; a recipe's model with its own optimizers is refused).
+from a batch's spec: a fit script's input, or a recipe's dataset of epoch 0).
 
 Refused, one line each (``RecipeRefused``): ``run_eagerly`` / ``jit_compile`` /
 ``steps_per_execution`` as for any compiled model (runner/keras_recipes/compiled.py),
@@ -58,11 +58,11 @@ import keras
 import tensorflow as tf
 
 from resilient_train.errors import RecipeRefused
-from resilient_train.job.recipe import OWN_OPTIMIZERS_REFUSED, Recipe
+from resilient_train.job.recipe import Recipe
 from resilient_train.runner.keras_recipes.compiled import from_fit_script
 from resilient_train.runner.input.batches import with_autograph
 
-__all__ = ["has_own_step", "has_own_test_step", "own_optimizers", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
+__all__ = ["has_own_step", "has_own_test_step", "own_optimizers", "build_twin_optimizers", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
 
 _EXAMPLES = "__examples__"  # the held-out examples a test step saw, beside its logs
 
@@ -89,6 +89,17 @@ def own_optimizers(model: Any) -> dict[str, keras.optimizers.Optimizer]:
             if isinstance(value, keras.optimizers.Optimizer) and value is not getattr(model, "optimizer", None)}
 
 
+def build_twin_optimizers(model: keras.Model, twin: keras.Model) -> None:
+    """A recipe's twin (``build_model`` called again: runner/training/loop.py ``_build_twin``) has
+    its own optimizers unbuilt: build each over the twin's variables at the positions the live
+    one was built over (by :meth:`OwnStep.build_own_optimizers`), so the checkpoint keys agree."""
+    twin_of = {id(v): t for v, t in zip(model.trainable_variables, twin.trainable_variables)}
+    for name, optimizer in own_optimizers(model).items():
+        copy = getattr(twin, name, None)
+        if optimizer.built and isinstance(copy, keras.optimizers.Optimizer) and not copy.built:
+            copy.build([twin_of[id(v)] for v in optimizer._trainable_variables])
+
+
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
     """One line in the user's terms (a fit script compiled a model; a recipe's build_model returned one)."""
     if from_fit_script(recipe):
@@ -107,9 +118,6 @@ def from_own_step(recipe: Recipe, model: keras.Model) -> Recipe:
     if config.get("steps_per_execution", 1) != 1:
         raise _refuse(recipe, f"steps_per_execution={config['steps_per_execution']}; use the runner's "
                               "--steps-per-execution instead")
-    own = sorted(own_optimizers(model))
-    if own and not from_fit_script(recipe):  # a fit script's input gives the spec to build them with
-        raise _refuse(recipe, f"optimizers of its own ({', '.join(own)}); {OWN_OPTIMIZERS_REFUSED}")
     if model.optimizer is None:
         raise _refuse(recipe, "no optimizer; pass optimizer=... to compile()")
     if recipe.eval_dataset is not None and not has_own_test_step(model):

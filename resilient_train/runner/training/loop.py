@@ -80,7 +80,9 @@ from resilient_train.job.fingerprint import fingerprint_for_worker
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.keras_recipes.callbacks import CallbackRunner
 from resilient_train.runner.keras_recipes.compiled import from_compiled, is_compiled
-from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step
+from resilient_train.runner.keras_recipes.own_step import (
+    LastLogs, OwnStep, build_twin_optimizers, from_own_step, has_own_step,
+)
 from resilient_train.runner.input.data import epoch_dataset, record_first_batch
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.input.determinism import InputCheck
@@ -214,8 +216,14 @@ class Trainer:
             if own_step:  # its train_step is the step; the optimizer comes from compile()
                 self.recipe = from_own_step(self.recipe, self.model)
                 self._own_step = OwnStep(self.model, self.strategy, self.recipe)
-                if input_source is not None:  # its own optimizers, before a restore or a twin
-                    self._own_step.build_own_optimizers(input_source.element_spec)
+                # its own optimizers, before a restore or a twin, from a batch's spec: a fit
+                # script's input, or this worker's dataset of epoch 0 (built, never iterated;
+                # the recipe's RNGs are reseeded before each build, runner/input/data.py)
+                spec = input_source.element_spec if input_source is not None else epoch_dataset(
+                    self.strategy, self.recipe, epoch=0, seed=self.job.seed, start_step=0,
+                    steps_per_epoch=self.job.steps_per_epoch, global_batch_size=self.job.global_batch_size,
+                    params=self.params, worker=(self.cluster.rank, self.cluster.num_workers)).element_spec
+                self._own_step.build_own_optimizers(spec)
                 self.stats = LastLogs()
             elif is_compiled(self.model):  # optimizer, loss and metrics come from compile()
                 self.recipe = from_compiled(self.recipe, self.model)
@@ -339,6 +347,8 @@ class Trainer:
         model = _call_recipe(self.recipe, "build_model", self.params)
         optimizer = model.optimizer if is_compiled(self.model) else _call_recipe(self.recipe, "build_optimizer", self.params)
         optimizer.build(model.trainable_variables)
+        if self._own_step is not None:  # a recipe's own optimizers (a fit script's twin has them built)
+            build_twin_optimizers(self.model, model)
         checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer,
                                                 counters=ckpt_layout.new_counters(name_prefix="twin_"),
                                                 rng=ckpt_layout.twin_rng_state(self.model, model),

@@ -10,7 +10,7 @@ import tensorflow as tf
 from resilient_train.errors import RecipeError
 from resilient_train.job.recipe import Recipe
 from resilient_train.runner.keras_recipes.fitscript import model_then_twins
-from resilient_train.runner.keras_recipes.own_step import LastLogs, OwnStep, from_own_step, has_own_step, own_optimizers
+from resilient_train.runner.keras_recipes.own_step import build_twin_optimizers, LastLogs, OwnStep, from_own_step, has_own_step, own_optimizers
 from resilient_train.runner.state import ckpt_layout
 
 
@@ -129,25 +129,35 @@ def test_validation_and_run_eagerly_are_refused_in_the_users_terms():
                                  "run_eagerly=True; the runner compiles its step (leave run_eagerly unset)")
 
 
-def test_optimizers_of_its_own_are_refused_naming_them_in_a_recipe_only():
-    import dataclasses
-
+def test_a_recipes_own_optimizers_are_accepted_and_its_twins_built_at_the_live_ones_positions():
     import keras
 
-    from resilient_train.errors import RecipeRefused
-
     Pair, dense = vae_like(keras)
-    model = Pair(dense(2), dense(3, width=2))
-    model.compile(optimizer=keras.optimizers.SGD(0.1))
-    model.d_optimizer, model.g_optimizer = keras.optimizers.Adam(), keras.optimizers.Adam()  # keras.io's GAN
-    assert list(own_optimizers(model)) == ["d_optimizer", "g_optimizer"]
-    with pytest.raises(RecipeRefused) as caught:
-        from_own_step(recipe(), model)
-    assert str(caught.value) == ("recipe s: build_model() returned a model with its own train_step and optimizers of "
-                                 "its own (d_optimizer, g_optimizer); not supported yet in a recipe: the runner builds "
-                                 "them before a restore from a fit script's input (write it as a model.fit script)")
-    gan = Path(__file__).parents[3] / "tests/recipes/fit_gan.py"
-    from_own_step(dataclasses.replace(recipe(), source=str(gan)), model)  # a fit script's: accepted
+
+    class Gan(Pair):
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(self.decoder(self.encoder(data)) - data))
+            grads = tape.gradient(loss, self.decoder.trainable_weights)
+            self.g_optimizer.apply_gradients(zip(grads, self.decoder.trainable_weights))
+            self.total.update_state(loss)
+            return {"total": self.total.result()}
+
+    def build():  # a recipe's build_model: called again for the asynchronous checkpoint's twin
+        model = Gan(dense(2), dense(3, width=2))
+        model.compile(optimizer="sgd")
+        model.d_optimizer, model.g_optimizer = keras.optimizers.Adam(), keras.optimizers.Adam()
+        return model
+
+    model, twin = build(), build()
+    assert from_own_step(recipe(), model).build_optimizer({}) is model.optimizer  # a recipe's: accepted
+    OwnStep(model, tf.distribute.get_strategy(), recipe()).build_own_optimizers(tf.TensorSpec([4, 3], tf.float32))
+    assert model.g_optimizer.built and not model.d_optimizer.built and not twin.g_optimizer.built
+    build_twin_optimizers(model, twin)
+    assert [v.path for v in twin.g_optimizer._trainable_variables] == [v.path for v in twin.decoder.trainable_weights]
+    assert not twin.d_optimizer.built  # as the live one: never applied
+    live, theirs = (tf.train.Checkpoint(model=m) for m in (model, twin))
+    assert sorted(_keys(live)) == sorted(_keys(theirs))
 
 
 def test_own_optimizers_are_built_by_a_trace_that_runs_nothing_and_twinned_at_the_same_positions():
