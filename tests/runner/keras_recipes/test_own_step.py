@@ -1,7 +1,6 @@
 """A model's own train_step (runner/keras_recipes/own_step.py): its epoch logs as Keras picks
 them, its trackers in the checkpoint graph, and a twin of a subclass Keras cannot clone."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
