@@ -51,6 +51,7 @@ RAY_STRATEGIES = ("spread", "pack")
 CHECKPOINT_MODES = ("async", "sync")
 LOSS_SPIKE_OFF = "off"  # --loss-spike off (runner/health/spikes.py)
 REPLICA_CHECK_OFF = "off"  # --replica-check-every off (runner/health/replicas.py)
+STRAGGLER_OFF = "off"  # --straggler-threshold off (runner/health/stragglers.py)
 # --on-anomaly (runner/health/anomaly_policy.py): what a non-finite step does to the run.
 ON_ANOMALY_ROLLBACK = "rollback"
 ON_ANOMALY_STOP = "stop"
@@ -152,6 +153,15 @@ def _loss_spike(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'off'") from None
 
 
+def _straggler_threshold(text: str) -> float | str:
+    if text == STRAGGLER_OFF:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'off'") from None
+
+
 def _replica_check_every(text: str) -> int | str:
     return REPLICA_CHECK_OFF if text == REPLICA_CHECK_OFF else _integer(text)
 
@@ -246,6 +256,14 @@ class JobConfig:
         help="compare every replica's trainable weights (silent data corruption) every K global steps, and always "
         "before a save or snapshot; differing replicas are an anomaly (--on-anomaly); 0: only before saves and "
         "snapshots; off: never (default 100)"))
+    straggler_threshold: float | str = field(default=0.5, metadata=_flag(  # runner/health/stragglers.py
+        "--straggler-threshold", parse=_straggler_threshold, metavar="FRACTION|off",
+        help="a worker busy more than this fraction longer per step than the other workers' median (0.5: 50%% "
+        "slower) for all of --straggler-window is named a straggler: an event, a console line, a summary.json "
+        "entry; off: not watched (default 0.5)"))
+    straggler_window: float = field(default=20.0, metadata=_flag(
+        "--straggler-window", parse=float, metavar="SECONDS",
+        help="for how long a worker must stay slower than --straggler-threshold to be named (default 20)"))
     max_restarts: int = field(default=3, metadata=_flag(
         "--max-restarts", parse=_integer, help="gang restarts after failures (default 3)"))
     max_preemptions: int | None = field(default=None, metadata=_flag(
@@ -371,6 +389,14 @@ class JobConfig:
         if self.loss_spike != LOSS_SPIKE_OFF and (isinstance(self.loss_spike, bool) or not isinstance(
                 self.loss_spike, (int, float)) or not self.loss_spike > 0):
             raise ConfigError(f"Received loss_spike={self.loss_spike!r}; expected a number > 0 or {LOSS_SPIKE_OFF!r}")
+        if self.straggler_threshold != STRAGGLER_OFF and (isinstance(self.straggler_threshold, bool) or not isinstance(
+                self.straggler_threshold, (int, float)) or not 0 < self.straggler_threshold < math.inf):
+            raise ConfigError(f"Received straggler_threshold={self.straggler_threshold!r}; expected a finite number > 0 "
+                              f"or {STRAGGLER_OFF!r}")
+        if isinstance(self.straggler_window, bool) or not isinstance(self.straggler_window, (int, float)) \
+                or not 0 < self.straggler_window < math.inf:
+            raise ConfigError(f"Received straggler_window={self.straggler_window!r}; expected a finite number of "
+                              "seconds > 0")
         if self.replica_check_every != REPLICA_CHECK_OFF and (
                 isinstance(self.replica_check_every, bool) or not isinstance(self.replica_check_every, int)
                 or self.replica_check_every < 0):
