@@ -89,3 +89,25 @@ def test_the_first_call_of_an_attempt_is_not_counted():
 def test_options_are_validated(kwargs):
     with pytest.raises(ValueError, match="Received"):
         StragglerOptions(**kwargs)
+
+
+def test_the_slow_fault_sleeps_factor_minus_one_calls_on_its_rank_only(monkeypatch):
+    import json
+
+    from resilient_train.runner.failures.faults import FaultPlan
+    from resilient_train.runner.health import injection
+    from resilient_train.runner.health.injection import Slowdown
+
+    env = {"RT_FAULTS": json.dumps([{"point": "slow", "global_step": 10, "rank": 1, "factor": 3}])}
+    slept: list[float] = []
+    monkeypatch.setattr(injection.time, "sleep", slept.append)
+    slow = Slowdown.from_plan(FaultPlan.from_env(env, rank=1, attempt=1))
+    slow.after_call(5, 0.25)  # before step 10: nothing
+    slow.after_call(10, 0.25)
+    slow.after_call(20, 0.125)  # it lasts: every call after
+    assert slept == [0.5, 0.25]
+    Slowdown.from_plan(FaultPlan.from_env(env, rank=0, attempt=1)).after_call(20, 1.0)  # another rank: never
+    Slowdown.from_plan(FaultPlan.from_env(env, rank=1, attempt=2)).after_call(20, 1.0)  # another attempt: never
+    assert slept == [0.5, 0.25]
+    with pytest.raises(ValueError, match="factor"):
+        Slowdown(0, 0.5)
