@@ -195,7 +195,7 @@ def test_a_few_scenarios_field_by_field() -> None:
             (WorkerFault("after_step", 17, rank=rank),), (("save_every_steps", 50), ("snapshot_every", 3)), (16,))
     slow = by_name("slow-worker", CATALOGUE_DIR)
     assert (slow.faults, slow.job) == ((WorkerFault("slow", 0, rank=1, factor=3),), (
-        ("epochs", 1), ("steps_per_epoch", 150), ("save_every_steps", 50), ("straggler_window", 3)))
+        ("recipe", "recipes/digits_cnn.py"), ("epochs", 1), ("steps_per_epoch", 150), ("save_every_steps", 50), ("straggler_window", 3)))
     assert slow.faults[0].describe() == "rank 1 3x slower after step 0 (attempt 1)"
     hang = by_name("rescue-hang-between-saves", CATALOGUE_DIR)
     assert (hang.faults, hang.job, hang.expect_restored) == (
