@@ -18,10 +18,10 @@ global step, in the order of an epoch end (runner/training/epoch_end.py ``EpochE
 without, or after a restore that evaluates again), ``after_epoch_end_callbacks`` (``on_epoch_end``
 ran and the stop was agreed, before the save), ``after_epoch_finished`` (the epoch's
 ``epoch_finished`` was emitted); the commit between them is ``before_commit`` / ``after_commit``. ``attempt`` defaults to 1, so a restarted group runs clean.
-``slow`` (a straggler: runner/health/injection.py ``Slowdown``) lasts instead of firing once:
-``{"point": "slow", "global_step": 0, "rank": 1, "factor": 3}`` makes rank 1 about 3 times slower
-from the first call after global step 0 on. The signal is real (``os.kill`` on the own pid; SIGSTOP on the calling thread), so the
-supervisor sees a real death. Each fault fires once.
+The signal is real (``os.kill`` on the own pid; SIGSTOP on the calling thread), so the
+supervisor sees a real death. Each fault fires once, but ``slow`` (a straggler:
+runner/health/injection.py ``Slowdown``), which lasts: ``{"point": "slow", "global_step": 0,
+"rank": 1, "factor": 3}`` makes rank 1 about 3 times slower after every call from global step 0 on.
 
 ``"signal": "SIGSTOP"`` freezes the whole process instead of killing it (a partitioned
 node, a paused VM): with ``mid_upload`` the chief stops between two file uploads of a
@@ -54,7 +54,8 @@ from typing import Mapping
 __all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
 
 POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join",
-          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss", "loss_spike", "bitflip", "slow")
+          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss", "loss_spike", "bitflip",
+          "slow")
 HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
 
 
