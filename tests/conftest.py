@@ -61,6 +61,7 @@ def digits_reference_run(tmp_path_factory):
     assert job.returncode == 0, job.output
     summary = job.summary
     assert (summary["status"], summary["global_step"], summary["restarts"]) == ("completed", 20, 0)
+    assert summary["stragglers"] == []  # a clean run names no slow worker (runner/health/stragglers.py)
     return job
 
 

@@ -207,6 +207,11 @@ def _attempts(value: Any) -> str | None:
     return "'all' or a non-empty array of attempt numbers >= 1"
 
 
+def _factor(value: Any) -> str | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value < float("inf")
+    return None if ok else "a number >= 1 (point slow: how many times slower)"
+
+
 def _rank(value: Any) -> str | None:
     return None if (_is_int(value) and value >= 0) or value in RANK_WORDS else \
         f"an integer >= 0 (a rank) or one of {', '.join(repr(w) for w in RANK_WORDS)}"
@@ -219,12 +224,13 @@ _JOB: dict[str, Check] = {
     "recipe": _string, "workers": _integer(1), "epochs": _integer(1), "steps_per_epoch": _integer(1),
     "save_every_steps": _integer(1), "hang_timeout": _seconds, "storage_timeout": _seconds,
     "startup_timeout": _seconds, "strategy": _one_of(STRATEGIES), "ps": _integer(1),
-    "snapshot_every": _integer(1),
+    "snapshot_every": _integer(1), "straggler_window": _seconds,
 }
 _EXPECT: dict[str, Check] = {"restored": _steps}
 KINDS = ("worker", "external", "storage")
 _WORKER: dict[str, Check] = {"kind": lambda v: None, "point": _one_of(WORKER_POINTS), "global_step": _integer(0),
-                             "rank": _rank, "attempt": _integer(1), "signal": _one_of(SIGNALS)}
+                             "rank": _rank, "attempt": _integer(1), "signal": _one_of(SIGNALS),
+                             "factor": _factor}
 _WORKER_REQUIRED = ("point", "global_step")
 _EXTERNAL: dict[str, Check] = {"kind": lambda v: None, "op": _one_of(EXTERNAL_OPS), "rank": _rank,
                                "when": lambda v: None}

@@ -67,6 +67,7 @@ class JobSpec:
     storage_timeout: float | None = None  # None: the job's default; no part of the reference key
     startup_timeout: float | None = None  # None: the job's default; no part of the reference key
     snapshot_every: int | None = None  # --snapshot-every (the memory tier); None: off (argv); no part of the key
+    straggler_window: float | None = None  # None: the job's default; no part of the reference key
     strategy: str = "mirrored"  # or "parameter-server" (then ``ps`` parameter servers)
     ps: int = 0
 
@@ -104,7 +105,8 @@ class JobSpec:
         spec = self.resolved()
         flags = []
         for flag, value in (("--hang-timeout", spec.hang_timeout), ("--storage-timeout", spec.storage_timeout),
-                            ("--startup-timeout", spec.startup_timeout)):
+                            ("--startup-timeout", spec.startup_timeout),
+                            ("--straggler-window", spec.straggler_window)):
             if value is not None:
                 flags += [flag, f"{value:g}"]
         # The memory tier off unless the scenario sets it: with the tier (on by default) a
@@ -194,7 +196,8 @@ def _fault_env(faults: tuple[Any, ...], base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     env.pop("RT_FAULTS", None)
     env.pop("RT_FAULTFS", None)
-    in_worker = [dataclasses.asdict(f) for f in faults if isinstance(f, WorkerFault)]
+    in_worker = [{k: v for k, v in dataclasses.asdict(f).items() if k != "factor" or f.point == "slow"}
+                 for f in faults if isinstance(f, WorkerFault)]  # factor: point slow's only
     if in_worker:
         env["RT_FAULTS"] = json.dumps(in_worker)
     storage: dict[str, Any] = {}
@@ -271,6 +274,9 @@ def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> di
     if fault.point in ("nan_loss", "loss_spike"):  # the group saw it at that step of that attempt (runner/health/)
         fired = any(r.get("event") == "anomaly_detected" and r.get("attempt") == fault.attempt
                     and r.get("global_step") == fault.global_step for r in records)
+    elif fault.point == "slow":  # the straggler detector named that rank in that attempt (runner/health/stragglers.py)
+        fired = any(r.get("event") == "straggler_detected" and r.get("attempt") == fault.attempt
+                    and r.get("rank") == fault.rank for r in records)
     elif fault.point == "bitflip":  # the replicas' comparison found it, at the next check after that step
         fired = any(r.get("event") == "anomaly_detected" and r.get("attempt") == fault.attempt
                     and r.get("kind") == "replicas" and r.get("global_step", 0) > fault.global_step for r in records)

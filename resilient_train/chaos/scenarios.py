@@ -55,6 +55,9 @@ WORKER_POINTS = WORKER_POINTS + ("nan_loss",)
 WORKER_POINTS = WORKER_POINTS + ("bitflip",)
 # loss_spike: the rank's loss times 100 at that global step (a poisoned batch), for --loss-spike
 WORKER_POINTS = WORKER_POINTS + ("loss_spike",)
+# slow: the rank's host loop sleeps factor - 1 times each call's duration after that global step, for
+# the rest of the attempt (runner/health/injection.py); the straggler detector names it (runner/health/stragglers.py)
+WORKER_POINTS = WORKER_POINTS + ("slow",)
 EXTERNAL_OPS = (
     "sigkill_worker",       # kill -9 one worker (rank given, "chief" = 0, or "random")
     "sigterm_worker",       # graceful preemption of one worker
@@ -97,6 +100,7 @@ class WorkerFault:
     rank: int | str = 0
     attempt: int = 1
     signal: str = "SIGKILL"
+    factor: float = 1.0  # point slow only: how many times slower
 
     def __post_init__(self) -> None:
         if self.point not in WORKER_POINTS:
@@ -106,6 +110,9 @@ class WorkerFault:
         if self.point == "input" and self.signal != HANG:
             raise ValueError(f"Received point='input' with signal={self.signal!r}; expected signal={HANG!r} "
                              "(an input pipeline thread can block, not die alone)")
+        if self.point == "slow" and not self.factor > 1:
+            raise ValueError(f"Received point='slow' with factor={self.factor!r}; expected a factor > 1 (how many "
+                             "times slower)")
         if self.point == "before_join" and (self.global_step != 0 or self.signal == HANG):
             raise ValueError(f"Received point='before_join' with global_step={self.global_step!r}, "
                              f"signal={self.signal!r}; expected global_step=0 and no HANG (nothing has run yet)")
@@ -123,6 +130,8 @@ class WorkerFault:
             return f"NaN loss on rank {self.rank} at step {self.global_step} (attempt {self.attempt})"
         if self.point == "loss_spike":
             return f"a 100x loss on rank {self.rank} at step {self.global_step} (attempt {self.attempt})"
+        if self.point == "slow":
+            return f"rank {self.rank} {self.factor:g}x slower after step {self.global_step} (attempt {self.attempt})"
         if self.point == "bitflip":
             return f"a flipped bit in rank {self.rank}'s weights after step {self.global_step} (attempt {self.attempt})"
         what = "raise" if self.point == "raise" else "hang" if self.hangs else self.signal

@@ -52,6 +52,7 @@ CHECKPOINT_MODES = ("async", "sync")
 LOSS_SPIKE_OFF = "off"  # --loss-spike off (runner/health/spikes.py)
 REPLICA_CHECK_OFF = "off"  # --replica-check-every off (runner/health/replicas.py)
 TRANSIENTS_OFF = "off"  # --max-transients-per-host off (runner/health/anomaly_policy.py)
+STRAGGLER_OFF = "off"  # --straggler-threshold off (runner/health/stragglers.py)
 # --on-anomaly (runner/health/anomaly_policy.py): what a non-finite step does to the run.
 ON_ANOMALY_ROLLBACK = "rollback"
 ON_ANOMALY_STOP = "stop"
@@ -146,6 +147,15 @@ def _workers(text: str) -> int | str:
 
 def _loss_spike(text: str) -> float | str:
     if text == LOSS_SPIKE_OFF:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'off'") from None
+
+
+def _straggler_threshold(text: str) -> float | str:
+    if text == STRAGGLER_OFF:
         return text
     try:
         return float(text)
@@ -256,6 +266,14 @@ class JobConfig:
         help="after N anomalies on one host that a replay did not reproduce (transient: suspected faulty hardware), "
         "treat that host like one with a preemption notice: the group saves and stops, a local run stops (143), "
         "Ray and Slurm place no worker there again (default 3)"))
+    straggler_threshold: float | str = field(default=0.5, metadata=_flag(  # runner/health/stragglers.py
+        "--straggler-threshold", parse=_straggler_threshold, metavar="FRACTION|off",
+        help="a worker busy more than this fraction longer per step than the other workers' median (0.5: 50%% "
+        "slower) for all of --straggler-window is named a straggler: an event, a console line, a summary.json "
+        "entry; off: not watched (default 0.5)"))
+    straggler_window: float = field(default=20.0, metadata=_flag(
+        "--straggler-window", parse=float, metavar="SECONDS",
+        help="for how long a worker must stay slower than --straggler-threshold to be named (default 20)"))
     max_restarts: int = field(default=3, metadata=_flag(
         "--max-restarts", parse=_integer, help="gang restarts after failures (default 3)"))
     max_preemptions: int | None = field(default=None, metadata=_flag(
@@ -386,6 +404,14 @@ class JobConfig:
                 or self.max_transients_per_host < 1):
             raise ConfigError(f"Received max_transients_per_host={self.max_transients_per_host!r}; expected an "
                               f"integer >= 1 or {TRANSIENTS_OFF!r}")
+        if self.straggler_threshold != STRAGGLER_OFF and (isinstance(self.straggler_threshold, bool) or not isinstance(
+                self.straggler_threshold, (int, float)) or not 0 < self.straggler_threshold < math.inf):
+            raise ConfigError(f"Received straggler_threshold={self.straggler_threshold!r}; expected a finite number > 0 "
+                              f"or {STRAGGLER_OFF!r}")
+        if isinstance(self.straggler_window, bool) or not isinstance(self.straggler_window, (int, float)) \
+                or not 0 < self.straggler_window < math.inf:
+            raise ConfigError(f"Received straggler_window={self.straggler_window!r}; expected a finite number of "
+                              "seconds > 0")
         if self.replica_check_every != REPLICA_CHECK_OFF and (
                 isinstance(self.replica_check_every, bool) or not isinstance(self.replica_check_every, int)
                 or self.replica_check_every < 0):

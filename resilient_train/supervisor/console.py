@@ -221,6 +221,14 @@ def _anomaly_detected(r: Mapping[str, Any], _: Facts) -> str:
     return f"non-finite loss or gradients {where} on {r['replicas']} replica(s): {values}; {then}"
 
 
+def _straggler_detected(r: Mapping[str, Any], _: Facts) -> str:
+    return (f"rank {r['rank']} ({r['host']}) is a straggler: busy {r['slower']}x as long per step as the other "
+            f"workers ({r['busy_ms_per_step']} ms against {r['others_ms_per_step']} ms) for {r['window_s']:g} s, "
+            f"at global step {r['global_step']}; it costs the group {r['steps_per_s_lost']} steps/s "
+            f"({r['steps_per_s']} instead of about {r['steps_per_s_without']}), about {r['time_lost_s']:g} s to the "
+            f"end of the run; training goes on (warn)")
+
+
 def _rolled_back(r: Mapping[str, Any], _: Facts) -> str:
     return f"rolled back to global step {r['global_step']}: replaying up to step {r['anomaly_step']}"
 
@@ -394,6 +402,7 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "epoch_finished": _epoch_finished,
     "training_stopped": _training_stopped,
     "anomaly_detected": _anomaly_detected,  # runner/health/
+    "straggler_detected": _straggler_detected,  # runner/health/stragglers.py
     "rolled_back": _rolled_back,
     "replay_verdict": _replay_verdict,
     "host_suspected": _host_suspected,

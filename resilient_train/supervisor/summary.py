@@ -20,7 +20,7 @@ from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.redact import redact
 from resilient_train.rundir import stepmarker
 
-__all__ = ["RootCauseRecord", "RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "anomalies", "build_summary", "write_summary"]
+__all__ = ["RootCauseRecord", "RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "anomalies", "stragglers", "build_summary", "write_summary"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,13 @@ def anomalies(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             for record in records if record.get("event") == "anomaly_detected"]
 
 
+def stragglers(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every ``straggler_detected`` (runner/health/stragglers.py), with its attempt."""
+    keys = ("attempt", "rank", "host", "global_step", "slower", "busy_ms_per_step", "others_ms_per_step",
+            "steps_per_s", "steps_per_s_lost", "time_lost_s", "action")
+    return [{key: record.get(key) for key in keys} for record in records if record.get("event") == "straggler_detected"]
+
+
 def attempt_world_sizes(records: Iterable[dict[str, Any]]) -> dict[str, int]:
     """``{attempt: workers it ran at}`` (as strings, JSON's keys), from ``worker_started``."""
     ranks: dict[int, set[int | None]] = {}  # a record without a rank still counts once
@@ -164,6 +171,7 @@ def build_summary(
         "membership_changes": totals.membership_changes,
         "lost_steps": totals.lost_steps,
         "anomalies": anomalies(records),
+        "stragglers": stragglers(records),
         "root_cause": totals.root_cause.to_json() if totals.root_cause is not None else None,
         "workers": workers,
         "world_sizes": attempt_world_sizes(records),

@@ -80,6 +80,9 @@ def test_fault_env_arms_worker_faults_and_attempt_scoped_storage_faults() -> Non
     env = _fault_env(faults, {"RT_FAULTFS": "{}", "PYTHONPATH": "/x"})
     assert json.loads(env["RT_FAULTS"]) == [
         {"point": "after_step", "global_step": 8, "rank": 0, "attempt": 1, "signal": "SIGKILL"}]
+    slow = _fault_env((WorkerFault("slow", 0, rank=1, factor=3),), {})
+    assert json.loads(slow["RT_FAULTS"]) == [
+        {"point": "slow", "global_step": 0, "rank": 1, "attempt": 1, "signal": "SIGKILL", "factor": 3}]
     assert json.loads(env["RT_CHAOS_FAULTFS"]) == {"1": {"stop_after_files": 4}, "*": {"latency_s": 0.01}}
     assert "RT_FAULTFS" not in env
     assert env["PYTHONPATH"] == "/x"  # faultfs reads the attempt's entry itself (test_faultfs.py)

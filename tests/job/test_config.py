@@ -263,3 +263,26 @@ def test_snapshot_every_refuses_what_it_cannot_do(settings, message):
     with pytest.raises(ConfigError) as raised:
         JobConfig(recipe="r.py", **settings)
     assert str(raised.value).startswith(message)
+
+
+def test_straggler_flags_parse_a_fraction_or_off_and_seconds(capsys):
+    import argparse
+
+    from resilient_train.job.config import add_job_arguments, job_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("recipe")
+    add_job_arguments(parser)
+    default = job_from_args(parser.parse_args(["r.py"]))
+    assert (default.straggler_threshold, default.straggler_window) == (0.5, 20.0)
+    job = job_from_args(parser.parse_args(["r.py", "--straggler-threshold", "1", "--straggler-window", "3"]))
+    assert (job.straggler_threshold, job.straggler_window) == (1.0, 3.0)
+    assert JobConfig.from_json(job.to_json()).straggler_window == 3.0  # job.json carries it to the workers
+    assert job_from_args(parser.parse_args(["r.py", "--straggler-threshold", "off"])).straggler_threshold == "off"
+    with pytest.raises(ConfigError, match=r"Received straggler_threshold=0\.0; expected a finite number > 0 or 'off'"):
+        job_from_args(parser.parse_args(["r.py", "--straggler-threshold", "0"]))
+    with pytest.raises(ConfigError, match=r"Received straggler_window=-1\.0; expected a finite number of seconds > 0"):
+        job_from_args(parser.parse_args(["r.py", "--straggler-window", "-1"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["r.py", "--straggler-threshold", "slow"])
+    assert "argument --straggler-threshold: 'slow' is not a number or 'off'" in capsys.readouterr().err

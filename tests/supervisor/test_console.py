@@ -47,7 +47,7 @@ def documented_events():
 
 SHOWN = {
     "run_started", "run_finished", "job_changed", "worker_restarted", "fresh_start", "restored", "epoch_finished",
-    "training_stopped", "anomaly_detected", "rolled_back", "replay_verdict", "host_suspected", "batch_skipped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
+    "training_stopped", "anomaly_detected", "straggler_detected", "rolled_back", "replay_verdict", "host_suspected", "batch_skipped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
     "checkpoint_committed", "checkpoint_rejected", "checkpoint_failed", "storage_retry", "storage_claimed",
     "stale_writer_fenced", "gang_restart", "hang_detected", "model_exported", "model_export_failed",
     "ray_connected", "node_lost", "chaos_fault_injected", "script_output",
@@ -58,7 +58,7 @@ SHOWN = {
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 79
+    assert len(documented) == 80
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN
@@ -140,6 +140,12 @@ SENTENCES = [
      "the replicas' trainable weights differ at global step 10 (epoch 0, batch 9 of the epoch): 2 replica(s) on "
      "rank(s) 0, 1 differ from the others (silent data corruption?); its state is not saved; rolling back to the "
      "newest commit to replay it"),
+    ({"event": "straggler_detected", "rank": 1, "host": "10.0.0.2", "global_step": 51, "slower": 2.86,
+      "busy_ms_per_step": 61.758, "others_ms_per_step": 21.626, "window_s": 20.0, "steps_per_s": 16.19,
+      "steps_per_s_without": 46.24, "steps_per_s_lost": 30.05, "steps_left": 249, "time_lost_s": 10.0, "action": "warn"},
+     "rank 1 (10.0.0.2) is a straggler: busy 2.86x as long per step as the other workers (61.758 ms against "
+     "21.626 ms) for 20 s, at global step 51; it costs the group 30.05 steps/s (16.19 instead of about 46.24), "
+     "about 10 s to the end of the run; training goes on (warn)"),
     ({"event": "input_mismatch", "epoch": 1, "checkpoint": "s/ckpt-000000000040", "expected_sha256": "a" * 64,
       "found_sha256": "b" * 64, "strict": False},
      "epoch 2's input differs from the one recorded with s/ckpt-000000000040, so the resumed run will not match "

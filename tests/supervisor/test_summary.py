@@ -14,6 +14,7 @@ from resilient_train.supervisor.summary import (
     count_lost_steps,
     final_validation,
     reached_step,
+    stragglers,
     write_summary,
 )
 
@@ -75,7 +76,7 @@ def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomica
         "status": "completed", "run_id": "r", "recipe": "recipes/x.py",
         "epochs": 2, "global_step": 20, "weights_sha256": "a" * 64, "checkpoint": "file:///s/ckpt-000000000020",
         "exact": True, "inexact": [], "attempts": 2, "restarts": 1, "preemptions": 2, "membership_changes": 0, "lost_steps": 3,
-        "anomalies": [],
+        "anomalies": [], "stragglers": [],
         "root_cause": {"rank": 1, "pid": 42, "exit": "exit code 1", "type": "ValueError", "message": "bad",
                        "global_step": 7, "attempt": 2},
         "workers": 2, "world_sizes": {"1": 2, "2": 1}, "run_dir": str(run_dir.path), "storage": "file:///s", "events": str(run_dir.events),
@@ -85,6 +86,17 @@ def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomica
     write_summary(run_dir, summary)
     assert json.loads(run_dir.summary.read_text()) == summary
     assert [p.name for p in run_dir.path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def test_every_straggler_detected_is_listed_with_its_attempt():
+    records = [{"event": "train_progress", "global_step": 5},
+               {"event": "straggler_detected", "attempt": 2, "rank": 1, "host": "h1", "global_step": 51, "slower": 2.86,
+                "busy_ms_per_step": 61.8, "others_ms_per_step": 21.6, "window_s": 3.0, "steps_per_s": 16.19,
+                "steps_per_s_without": 46.24, "steps_per_s_lost": 30.05, "steps_left": 249, "time_lost_s": 10.0,
+                "action": "warn", "role": "chief"}]
+    assert stragglers(records) == [{"attempt": 2, "rank": 1, "host": "h1", "global_step": 51, "slower": 2.86,
+                                    "busy_ms_per_step": 61.8, "others_ms_per_step": 21.6, "steps_per_s": 16.19,
+                                    "steps_per_s_lost": 30.05, "time_lost_s": 10.0, "action": "warn"}]
 
 
 def test_a_root_cause_record_is_the_summary_object_and_a_hangs_adds_its_details_after_attempt():

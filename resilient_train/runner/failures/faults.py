@@ -19,7 +19,9 @@ without, or after a restore that evaluates again), ``after_epoch_end_callbacks``
 ran and the stop was agreed, before the save), ``after_epoch_finished`` (the epoch's
 ``epoch_finished`` was emitted); the commit between them is ``before_commit`` / ``after_commit``. ``attempt`` defaults to 1, so a restarted group runs clean.
 The signal is real (``os.kill`` on the own pid; SIGSTOP on the calling thread), so the
-supervisor sees a real death. Each fault fires once.
+supervisor sees a real death. Each fault fires once, but ``slow`` (a straggler:
+runner/health/injection.py ``Slowdown``), which lasts: ``{"point": "slow", "global_step": 0,
+"rank": 1, "factor": 3}`` makes rank 1 about 3 times slower after every call from global step 0 on.
 
 ``"signal": "SIGSTOP"`` freezes the whole process instead of killing it (a partitioned
 node, a paused VM): with ``mid_upload`` the chief stops between two file uploads of a
@@ -52,7 +54,8 @@ from typing import Mapping
 __all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
 
 POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join",
-          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss", "loss_spike", "bitflip")
+          "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss", "loss_spike", "bitflip",
+          "slow")
 HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
 
 
@@ -67,6 +70,7 @@ class _Fault:
     rank: int = 0
     attempt: int = 1
     signal: str = "SIGKILL"
+    factor: float = 1.0  # point ``slow`` only: how many times slower (runner/health/injection.py)
 
 
 class FaultPlan:
@@ -93,6 +97,10 @@ class FaultPlan:
     def armed_steps(self, point: str) -> list[int]:
         """The global steps armed at ``point`` (for a fault the traced step makes: ``nan_loss``)."""
         return sorted(step for (p, step) in self._armed if p == point)
+
+    def armed(self, point: str) -> list[tuple[int, float]]:
+        """(global_step, factor) of every fault armed at ``point``, left armed (``slow``: it lasts)."""
+        return sorted((step, fault.factor) for (p, step), fault in self._armed.items() if p == point)
 
     def take(self, point: str, global_step: int) -> bool:
         """Whether a fault is armed here (once), for a point whose effect the caller makes."""

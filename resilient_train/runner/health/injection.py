@@ -21,10 +21,20 @@ flips bit 23 of element 0 of the first trainable variable in that rank's copies 
 lowest exponent bit: the value halves or doubles and stays finite, so only the replicas'
 comparison can see it, runner/health/replicas.py), once, between calls: before the first call
 that starts at or after global step 8. The other ranks' copies are untouched.
+
+Point ``slow`` (a straggler: a noisy neighbour, a throttled CPU)::
+
+    [{"point": "slow", "global_step": 0, "rank": 1, "factor": 3}]
+
+makes that rank about ``factor`` times slower for the rest of the attempt, from the first call
+that starts after global step 0: after each training call the rank's host loop sleeps
+``factor - 1`` times the call's own duration on that rank (its peers wait for it in the next
+call's all-reduce). The straggler detector names it (runner/health/stragglers.py).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,13 +43,14 @@ import tensorflow as tf
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.health.replicas import tf_variable_of
 
-__all__ = ["NanInjection", "BitFlip"]
+__all__ = ["NanInjection", "BitFlip", "Slowdown"]
 
 POINT = "nan_loss"
 SPIKE_POINT = "loss_spike"
 SPIKE_FACTOR = 100.0
 FLIP_POINT = "bitflip"
 FLIPPED_BIT = 23
+SLOW_POINT = "slow"
 
 
 class NanInjection:
@@ -90,3 +101,23 @@ class BitFlip:
             flat = value.reshape(-1).view(f"u{value.dtype.itemsize}")
             flat[0] ^= np.array(1 << FLIPPED_BIT, dtype=flat.dtype)
             copy.assign(value)
+
+
+class Slowdown:
+    """RT_FAULTS ``slow``: after global step ``after``, this process's host loop sleeps
+    ``factor - 1`` times each training call's duration (``factor`` 1: never armed)."""
+
+    def __init__(self, after: int = 0, factor: float = 1.0) -> None:
+        if not factor >= 1:
+            raise ValueError(f"Received factor={factor!r}; expected a number >= 1 (how many times slower)")
+        self.after, self.factor = after, factor
+
+    @classmethod
+    def from_plan(cls, plan: FaultPlan) -> "Slowdown":
+        armed = plan.armed(SLOW_POINT)
+        return cls(*armed[0]) if armed else cls()
+
+    def after_call(self, started_at_step: int, call_s: float) -> None:
+        """At a call's end, on the host: the slow rank's extra time (a no-op unless armed)."""
+        if self.factor > 1 and started_at_step >= self.after:
+            time.sleep((self.factor - 1) * call_s)

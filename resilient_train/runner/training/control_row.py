@@ -19,6 +19,15 @@ Two kinds of control column, by who adds a value into the SUM:
 
 A new per-step signal is one new ``Column`` here and one field of ``Votes``; the step
 function, the host's encoding and the decoding all follow this table.
+
+After the control columns, with more than one worker, comes the timing block: one column per
+worker (``__host_s_rank<r>__``, a one-hot by rank, added by the worker's first replica only),
+holding that rank's host seconds before the call (its loop since the previous call's result:
+events, saves, callbacks, a slow host), a share per step. The SUM so gives every worker every
+rank's host time, with no collective of its own: under MWMS the step time is the same on every
+rank (the early ones wait in the call's first all-reduce for the last one), and what differs
+is how long each is busy before it enters it (runner/health/stragglers.py). The step's own
+compute is not timed in the graph: ``tf.timestamp`` is refused under op determinism.
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["Column", "Votes", "CONTROL", "encode", "in_replica", "layout", "split"]
+__all__ = ["Column", "Votes", "CONTROL", "encode", "host_names", "host_seconds", "in_replica", "in_replica_host",
+           "layout", "split"]
 
 
 class Adds(str, Enum):
@@ -89,13 +99,41 @@ def in_replica(flags: tf.Tensor, nonfinite: tf.Tensor | None = None) -> tf.Tenso
     return tf.concat([every_worker, flags[_CHIEF_FROM:] * first_replica], axis=0)
 
 
-def layout(value_names: Sequence[str]) -> list[str]:
-    """The row's named columns: the step's values, then the control columns."""
-    return [*value_names, *(column.name for column in CONTROL)]
+def host_names(workers: int) -> list[str]:
+    """The timing block's columns: one per worker with more than one worker, else none."""
+    return [f"__host_s_rank{rank}__" for rank in range(workers)] if workers > 1 else []
+
+
+def in_replica_host(host_s: tf.Tensor, *, rank: int, workers: int, local_replicas: int) -> tf.Tensor:
+    """Inside the step, per replica: the timing block this replica adds to the SUM (its worker's
+    column, from the worker's first replica only; no columns with one worker)."""
+    if workers <= 1:
+        return tf.zeros([0], tf.float32)
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    first_of_worker = tf.cast(tf.equal(replica, rank * local_replicas), tf.float32)
+    return tf.one_hot(rank, workers, dtype=tf.float32) * tf.cast(host_s, tf.float32) * first_of_worker
+
+
+def layout(value_names: Sequence[str], workers: int = 1) -> list[str]:
+    """The row's named columns: the step's values, the control columns, the timing block."""
+    return [*value_names, *(column.name for column in CONTROL), *host_names(workers)]
+
+
+def _control_start(names: Sequence[str]) -> int:
+    return list(names).index(CONTROL[0].name)
 
 
 def split(row: Any, names: Sequence[str]) -> tuple[dict[str, float], Votes]:
     """One reduced row: its values by name (loss, metrics) and the group's control SUMs."""
-    values = {name: float(row[k]) for k, name in enumerate(names[:len(names) - len(CONTROL)])}
-    control = row[len(names) - len(CONTROL):len(names)]
-    return values, Votes(*(float(v) for v in control))
+    start = _control_start(names)
+    values = {name: float(row[k]) for k, name in enumerate(names[:start])}
+    return values, Votes(*(float(v) for v in row[start:start + len(CONTROL)]))
+
+
+def host_seconds(rows: np.ndarray, names: Sequence[str]) -> tuple[float, ...]:
+    """A call's reduced rows: each rank's host seconds before the call, summed over its steps (() without a
+    timing block: one worker)."""
+    start = _control_start(names) + len(CONTROL)
+    if len(names) == start or len(rows) == 0:
+        return ()
+    return tuple(float(v) for v in np.asarray(rows, dtype=np.float64)[:, start:len(names)].sum(axis=0))

@@ -72,7 +72,7 @@ import tensorflow as tf
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.job.config import (
-    DETERMINISTIC_SKIP, LOSS_SPIKE_OFF, REPLICA_CHECK_OFF, TRANSIENTS_OFF, JobConfig,
+    DETERMINISTIC_SKIP, LOSS_SPIKE_OFF, REPLICA_CHECK_OFF, STRAGGLER_OFF, TRANSIENTS_OFF, JobConfig,
 )
 from resilient_train.errors import RecipeError
 from resilient_train.rundir.events import add_listener, emit
@@ -94,7 +94,8 @@ from resilient_train.runner.state.saving import Saving
 from resilient_train.runner.process import startup_phases
 from resilient_train.runner.health.anomaly_policy import HealthGuard, HostSuspicion
 from resilient_train.runner.health.spikes import LossSpikes
-from resilient_train.runner.health.injection import BitFlip, NanInjection
+from resilient_train.runner.health.injection import BitFlip, NanInjection, Slowdown
+from resilient_train.runner.health.stragglers import StragglerDetector, StragglerOptions
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
 from resilient_train.runner.training.collectives import Collectives
 from resilient_train.runner.training.progress import Progress
@@ -265,7 +266,7 @@ class Trainer:
             nan_injection=NanInjection.from_plan(self.faults), bitflip=BitFlip.from_plan(self.faults),
             replica_check_every=(None if self.job.replica_check_every == REPLICA_CHECK_OFF
                                  else int(self.job.replica_check_every)), rank=self.cluster.rank,
-            sum_over_workers=self._collectives.sum)
+            sum_over_workers=self._collectives.sum, slowdown=Slowdown.from_plan(self.faults))
         self._saving = Saving(
             self.job, self.cluster, store=store, run_id=run_id, work_dir=work_dir, faults=self.faults,
             checkpoint=checkpoint, model=self.model, strategy=self.strategy,
@@ -408,7 +409,7 @@ class Trainer:
                                     ends_epoch=step_in_epoch + steps == steps_per_epoch)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
-                              means=self.stats.means(), steps_per_call=self._call.steps)
+                              means=self.stats.means(), steps_per_call=self._call.steps, host_s=agreed.host_s)
             hit_step_faults(self.faults, global_step - steps + 1, global_step)
             if self._callbacks and self._batch_end_stops_early(step_in_epoch - 1):
                 return True  # Keras ends the epoch here: on_epoch_end, on_train_end, final save
@@ -486,8 +487,12 @@ class Trainer:
             self._callbacks.train_begin(resuming=callback_state is not None)
             if callback_state is not None:
                 self._epoch_end.stopped_early = self._callbacks.restore(callback_state)
+        stragglers = None if self.cluster.num_workers < 2 or self.job.straggler_threshold == STRAGGLER_OFF \
+            else StragglerDetector(StragglerOptions(float(self.job.straggler_threshold), self.job.straggler_window),
+                                   [address.rsplit(":", 1)[0] for address in self.cluster.addresses],
+                                   self._votes.policy.clock)  # runner/health/stragglers.py
         progress = Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs,
-                            self._votes.policy.clock)
+                            self._votes.policy.clock, stragglers)
         while not self._epoch_end.stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
             if self._own_step is not None and start == 0:  # Keras' fit resets the trackers every epoch

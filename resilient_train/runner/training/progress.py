@@ -1,12 +1,15 @@
 """What a run reports while it trains: ``first_step`` once per attempt (the recovery
 benchmark's "training again" moment, with the start-up phases), then ``train_progress``
-at most every ``--progress-every-s`` (the console's percentage and ETA)."""
+at most every ``--progress-every-s`` (the console's percentage and ETA, and with several workers
+each rank's busy ms per step); ``straggler_detected`` when a rank stays slow
+(runner/health/stragglers.py)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from resilient_train.rundir.events import emit
+from resilient_train.runner.health.stragglers import StragglerDetector
 from resilient_train.runner.process import startup_phases
 
 __all__ = ["Progress"]
@@ -16,7 +19,9 @@ class Progress:
     """``first_step`` once per attempt, then ``train_progress`` at most every ``every_s``
     (with ``epochs``, the planned total: the console's percentage and ETA, a fit script's too)."""
 
-    def __init__(self, every_s: float, steps_per_epoch: int, epochs: int, clock: Callable[[], float]) -> None:
+    def __init__(self, every_s: float, steps_per_epoch: int, epochs: int, clock: Callable[[], float],
+                 stragglers: StragglerDetector | None = None) -> None:
+        self.stragglers = stragglers
         self.every_s = every_s
         self.steps_per_epoch = steps_per_epoch
         self.epochs = epochs
@@ -26,13 +31,18 @@ class Progress:
         self.window_steps = 0
 
     def advanced(self, steps: int, *, epoch: int, step_in_epoch: int, global_step: int, means: dict[str, float],
-                 steps_per_call: int) -> None:
+                 steps_per_call: int, host_s: Sequence[float] = ()) -> None:
         if self.first_pending:  # the recovery benchmark's "training again" moment
             self.first_pending = False
             emit("first_step", group=True, global_step=global_step)
             # Every rank's: the chief's strategy/agree phases wait for the slowest peer's own start-up.
             emit("startup_phases", global_step=global_step, **startup_phases.report())
         self.window_steps += steps
+        if self.stragglers is not None:
+            for straggler in self.stragglers.observed(
+                    host_s, steps, global_step=global_step,
+                    steps_left=max(0, self.epochs * self.steps_per_epoch - global_step)):
+                emit("straggler_detected", group=True, **straggler.fields())
         now = self.clock()
         if now - self.last < self.every_s:
             return
@@ -46,6 +56,8 @@ class Progress:
             global_step=global_step,
             steps_per_s=round(self.window_steps / max(now - self.window_start, 1e-9), 2),
             steps_per_call=steps_per_call,
+            **({"busy_ms_per_step": self.stragglers.latest_ms}
+               if self.stragglers is not None and self.stragglers.latest_ms is not None else {}),
             **{k: round(v, 6) for k, v in means.items()},
         )
         self.last = self.window_start = now

@@ -5,12 +5,13 @@ result), so a call runs up to ``--steps-per-execution`` steps (call_size.py size
 time) and the host reads ONE small tensor per call: the packed all-reduce's rows, stacked.
 Per step, besides the gradients' all-reduce, that one packed all-reduce carries
 
-    [loss, metric means..., metric state shares..., the control columns, the comparisons]
+    [loss, metric means..., metric state shares..., the control columns, the timing block, the comparisons]
 
 where the control columns are control_row.py's table (the stop and save votes, the chief's
-next call size and memory-tier intervals: the single definition of their layout) and the
-comparisons, carried only by the last step of a "checked" call, are the memory tier's
-fingerprint of the may-differ variables (runner/state/worker_agreement.py) and every
+next call size and memory-tier intervals: the single definition of their layout), the timing
+block each rank's share of its host time before the call (control_row.py: the straggler
+detector's input, runner/health/stragglers.py), and the comparisons, carried only by the last
+step of a "checked" call, are the memory tier's fingerprint of the may-differ variables (runner/state/worker_agreement.py) and every
 replica's hash of its trainable weights (runner/health/replicas.py). A call is checked when
 it ends at a snapshot, a step-count save point, an epoch end or a multiple of
 ``--replica-check-every``: nothing is saved or snapshotted that was not compared at its step.
@@ -40,7 +41,7 @@ from resilient_train.rundir.stepmarker import StepMarker
 from resilient_train.runner.health import detector as health_detector
 from resilient_train.runner.health.anomaly_policy import HealthGuard
 from resilient_train.runner.health.detector import REPLICAS, SPIKE, Anomaly
-from resilient_train.runner.health.injection import BitFlip, NanInjection
+from resilient_train.runner.health.injection import BitFlip, NanInjection, Slowdown
 from resilient_train.runner.health.replicas import ReplicaCheck
 from resilient_train.runner.process import startup_phases
 from resilient_train.runner.failures.faults import FaultPlan
@@ -61,6 +62,7 @@ class CallOutcome:
 
     stop: bool  # some worker asked to stop (SIGTERM/SIGINT): every worker stops after this call
     save: bool  # the chief's time-based vote or a preemption notice: every worker saves after it
+    host_s: tuple[float, ...] = ()  # each rank's host seconds before the call (one worker: none)
 
 
 class TrainCall:
@@ -78,6 +80,7 @@ class TrainCall:
     ``nan_injection``: RT_FAULTS ``nan_loss`` (compiled in only when armed); ``bitflip``: RT_FAULTS
     ``bitflip`` (between calls). ``replica_check_every``: ``--replica-check-every`` (0: the
     replicas are compared only where something is saved or snapshotted; None: never).
+    ``slowdown``: RT_FAULTS ``slow`` (a straggler, after each call; a no-op unless armed).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class TrainCall:
         replica_check_every: int | None,
         rank: int,
         sum_over_workers: Callable[[tf.Tensor], tf.Tensor],
+        slowdown: Slowdown | None = None,
     ) -> None:
         self._recipe = recipe
         self._health, self._settle, self._position = health, settle, position
@@ -116,6 +120,11 @@ class TrainCall:
             model.trainable_variables, every=replica_check_every, rank=rank,
             replicas=strategy.num_replicas_in_sync, local_replicas=len(strategy.extended.worker_devices),
             sum_over_workers=sum_over_workers, strategy=strategy)
+        local_replicas = len(strategy.extended.worker_devices)
+        self._timing = dict(rank=rank, workers=strategy.num_replicas_in_sync // local_replicas,
+                            local_replicas=local_replicas)  # the timing block (control_row.py)
+        self._slowdown = slowdown or Slowdown()
+        self._host_from: float | None = None  # when the previous call's result was read (the host time since: timing block)
         self._tier_width = 0  # the tier's comparison columns in a checked call's last row (set when traced)
         self._tier = tier
         self._is_chief = is_chief
@@ -148,6 +157,7 @@ class TrainCall:
         recipe_metrics = None if recipe.metrics is None else with_autograph(recipe.metrics)
         states = recipe.metric_states  # summed metric states (AUC, Precision...): metric_states.py
         replicas = self.replicas
+        timing = self._timing
 
         def runner_step(batch):
             features, labels, sample_weight = unpack_batch(batch, recipe.name)
@@ -172,7 +182,7 @@ class TrainCall:
             shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
             return values, shares, nonfinite
 
-        def step_fn(element, flags, fingerprint: bool):
+        def step_fn(element, flags, host_s, fingerprint: bool):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
@@ -194,9 +204,10 @@ class TrainCall:
             if fingerprint and replicas is not None:  # every replica's hash of its weights (runner/health/replicas.py)
                 agreement = tf.concat([agreement, replicas.columns()], axis=0)
             state_columns = [] if states is None else states.columns()
-            names[:] = control_row.layout(list(values) + state_columns)  # fixed at trace time
+            names[:] = control_row.layout(list(values) + state_columns, timing["workers"])  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
-                                control_row.in_replica(flags, nonfinite), agreement], axis=0)
+                                control_row.in_replica(flags, nonfinite), control_row.in_replica_host(host_s, **timing),
+                                agreement], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
             if not record:
@@ -207,7 +218,7 @@ class TrainCall:
             return reduced, context.all_gather(tf.identity(indices), axis=0)
 
         @tf.function(autograph=False)  # the loop below is a tf.while_loop; the recipe's code is converted (above)
-        def train_call(iterator, steps, flags, fingerprint: bool):
+        def train_call(iterator, steps, flags, host_s, fingerprint: bool):
             # ``fingerprint`` is a Python bool, so two variants: the second, whose last step
             # also carries the comparison's columns, is traced at the first call that ends at
             # a memory-tier snapshot (every worker at the same call). Its other rows are
@@ -220,7 +231,8 @@ class TrainCall:
                 self._tier_width = tier_width
 
             def one_step(i, rows, index_rows, with_fingerprint: bool):
-                result = strategy.run(step_fn, args=(next(iterator), flags), kwargs={"fingerprint": with_fingerprint})
+                result = strategy.run(step_fn, args=(next(iterator), flags, host_s),
+                                      kwargs={"fingerprint": with_fingerprint})
                 if record:
                     result, gathered = result
                     index_rows = index_rows.write(i, strategy.experimental_local_results(gathered)[0])
@@ -276,6 +288,9 @@ class TrainCall:
             next_call=self.sizer.proposal() if chief else 0.0, snapshot_every=snapshot_every,
             capture_every=capture_every))
         started, traces = time.perf_counter(), startup_phases.traces()
+        # This rank's host time since the previous call's result (its loop, its input, a slow
+        # host), a share per step in the timing block; 0 for an attempt's first call.
+        host_s = 0.0 if self._host_from is None else (started - self._host_from) / steps
         # Does a snapshot follow this call? Then its last step fingerprints for the comparison
         # (memory tier; a snapshot after a call without them compares with its own all-reduce).
         ends = global_step + steps
@@ -284,13 +299,14 @@ class TrainCall:
             ends_epoch or self.replicas.due(ends) or self._save_at(ends)
             or (tier is not None and tier.schedule.due(ends)))
         fingerprint = bool(tier_due or check_due)
-        result = self._call(iterator, tf.constant(steps, tf.int32), flags, fingerprint)
+        result = self._call(iterator, tf.constant(steps, tf.int32), flags, tf.constant(host_s, tf.float32), fingerprint)
         if self._indices is not None:
             result, index_rows = result
             for offset, indices in enumerate(index_rows.numpy(), 1):
                 self._indices.write(global_step + offset, indices.tolist())
             self._indices.flush()
         rows = result.numpy()
+        self._host_from = time.perf_counter()
         startup_phases.mark("first_call")
         self.trained = True
         # A non-finite step, or replicas that differ, are acted on here (--on-anomaly), before
@@ -325,7 +341,10 @@ class TrainCall:
         self.steps = max(1, int(round(agreed.next_call)))
         if tier is not None:
             tier.adopt(agreed.snapshot_every, agreed.capture_every)
-        return CallOutcome(stop=agreed.stop > 0, save=agreed.save > 0)
+        if startup_phases.traces() == traces:  # RT_FAULTS slow (a no-op unless armed), not after a tracing call
+            self._slowdown.after_call(global_step, self._host_from - started)
+        return CallOutcome(stop=agreed.stop > 0, save=agreed.save > 0,
+                           host_s=control_row.host_seconds(rows, self._value_names))
 
     def _skip(self, iterator: Any, global_step: int) -> CallOutcome:
         """A skipped batch (a deterministic anomaly, runner/health/anomaly_policy.py): consumed

@@ -1,0 +1,113 @@
+"""The straggler detector's statistics (runner/health/stragglers.py): pure logic on a stepped clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from resilient_train.runner.health.stragglers import StragglerDetector, StragglerOptions, slowness
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _feed(detector: StragglerDetector, clock: Clock, per_step_s: list[list[float]], *, steps: int = 10,
+          call_s: float = 1.0, start_step: int = 0, total: int = 10_000) -> list:
+    """One call per entry: ``steps`` steps of ``call_s`` wall seconds, each rank's host seconds per step
+    before it (a step of 0.1 s: a rank with 0.05 s more host time is busy twice as long as the others)."""
+    found, step = [], start_step
+    for ranks in per_step_s:
+        clock.now += call_s
+        step += steps
+        found += detector.observed([s * steps for s in ranks], steps, global_step=step, steps_left=total - step)
+    return found
+
+
+def test_slowness_compares_each_rank_with_the_median_of_the_others():
+    assert slowness([0.02, 0.01]) == [2.0, 0.5]
+    assert slowness([0.01, 0.01, 0.03, 0.01]) == [1.0, 1.0, 3.0, 1.0]
+    assert slowness([0.0, 0.0]) == [1.0, 1.0]
+
+
+SLOW1 = [0.001, 0.051]  # rank 1: 50 ms more host time per 100 ms step: busy 100 ms, rank 0 busy 50 ms
+
+
+def test_a_rank_slow_for_the_whole_window_is_named_once_with_its_cost():
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=15.0), ["h0", "h1"], clock)
+    # Buckets of 5 s (1 s calls): the first call is start-up (not counted); 3 full buckets end at call 16.
+    assert _feed(detector, clock, [SLOW1] * 15) == []
+    [straggler] = _feed(detector, clock, [SLOW1], start_step=150)
+    assert (straggler.rank, straggler.host, straggler.global_step, straggler.action) == (1, "h1", 160, "warn")
+    assert straggler.slower == 2.0
+    assert (straggler.busy_ms_per_step, straggler.others_ms_per_step) == (100.0, 50.0)
+    # 10 steps per 1 s call: 0.1 s a step, 50 ms of it rank 1's excess: 1/0.05 steps/s without it.
+    assert (straggler.steps_per_s, straggler.steps_per_s_without, straggler.steps_per_s_lost) == (10.0, 20.0, 10.0)
+    assert (straggler.steps_left, straggler.time_lost_s) == (10_000 - 160, 492.0)
+    assert detector.latest_ms == [50.0, 100.0]
+    assert _feed(detector, clock, [SLOW1] * 20) == []  # once per attempt
+
+
+def test_the_chiefs_own_host_work_names_nothing():
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=3.0), ["h0", "h1"], clock)
+    # The chief's events and progress: 4 times the other rank's host time, 1.5 % of the step.
+    assert _feed(detector, clock, [[0.002, 0.0005]] * 40) == []
+    assert detector.latest_ms == [100.0, 98.5]
+
+
+def test_one_even_bucket_in_the_window_names_nothing():
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=15.0), ["h0", "h1"], clock)
+    slow, even = SLOW1, [0.001, 0.001]
+    # start-up, then buckets of 5 calls: slow, slow, even, slow, slow: never 3 slow in a row.
+    assert _feed(detector, clock, [slow] + [slow] * 10 + [even] * 5 + [slow] * 10) == []
+    assert [s.rank for s in _feed(detector, clock, [slow] * 5)] == [1]  # the third slow bucket in a row
+
+
+def test_below_the_threshold_and_unmeasured_calls_name_nothing():
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=3.0), ["h0", "h1", "h2"], clock)
+    assert _feed(detector, clock, [[0.001, 0.029, 0.001]] * 40) == []  # 100 ms against 72: 39 % slower
+    assert detector.latest_ms == [72.0, 100.0, 72.0]
+    assert [s.rank for s in _feed(detector, clock, [[0.001, 0.001, 0.041]] * 4)] == [2]  # 100 against 60
+
+
+def test_the_first_call_of_an_attempt_is_not_counted():
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=3.0), ["h0", "h1"], clock)
+    # A huge first call (tracing, first allocations on one rank), then even calls: nothing.
+    assert _feed(detector, clock, [[0.001, 5.0]] + [[0.001, 0.001]] * 10) == []
+
+
+@pytest.mark.parametrize("kwargs", [{"threshold": 0}, {"threshold": float("inf")}, {"window_s": -1},
+                                    {"threshold": True}])
+def test_options_are_validated(kwargs):
+    with pytest.raises(ValueError, match="Received"):
+        StragglerOptions(**kwargs)
+
+
+def test_the_slow_fault_sleeps_factor_minus_one_calls_on_its_rank_only(monkeypatch):
+    import json
+
+    from resilient_train.runner.failures.faults import FaultPlan
+    from resilient_train.runner.health import injection
+    from resilient_train.runner.health.injection import Slowdown
+
+    env = {"RT_FAULTS": json.dumps([{"point": "slow", "global_step": 10, "rank": 1, "factor": 3}])}
+    slept: list[float] = []
+    monkeypatch.setattr(injection.time, "sleep", slept.append)
+    slow = Slowdown.from_plan(FaultPlan.from_env(env, rank=1, attempt=1))
+    slow.after_call(5, 0.25)  # before step 10: nothing
+    slow.after_call(10, 0.25)
+    slow.after_call(20, 0.125)  # it lasts: every call after
+    assert slept == [0.5, 0.25]
+    Slowdown.from_plan(FaultPlan.from_env(env, rank=0, attempt=1)).after_call(20, 1.0)  # another rank: never
+    Slowdown.from_plan(FaultPlan.from_env(env, rank=1, attempt=2)).after_call(20, 1.0)  # another attempt: never
+    assert slept == [0.5, 0.25]
+    with pytest.raises(ValueError, match="factor"):
+        Slowdown(0, 0.5)
