@@ -20,6 +20,10 @@ at its step (its manifest's ``extra["inexact"]``: an inexact resume in its histo
 checkpoint in ``--json``. The checkpoint is still intact and restorable: the exit code does
 not change.
 
+Both also name the batches a run skipped after deterministic anomalies (``skipped batches:``,
+from the newest restorable checkpoint's ``extra["skipped_steps"]``; ``skipped_steps`` per
+checkpoint in ``--json``): a resume or re-run of the job skips them too.
+
 ``verify --deep`` then restores the newest checkpoint that passed (``--all``: each) into
 the recipe's model and optimizer (see "--deep" below); any variable missing, unexpected or
 of another shape or dtype, a counter that differs from the manifest, or a weights digest
@@ -152,6 +156,13 @@ def format_rows(infos: Iterable[CheckpointInfo]) -> str:
     return "\n".join(lines)
 
 
+def _skipped(info: CheckpointInfo) -> list[int]:
+    """The global steps whose batches the run skipped up to this checkpoint (its manifest's
+    ``extra["skipped_steps"]``, runner/health/anomaly_policy.py)."""
+    steps = info.manifest.extra.get("skipped_steps") if info.manifest is not None else None
+    return [int(step) for step in steps] if isinstance(steps, list) else []
+
+
 def newest_restorable(infos: Iterable[CheckpointInfo]) -> CheckpointInfo | None:
     good = [info for info in infos if info.status is Status.OK]
     return good[-1] if good else None
@@ -169,6 +180,7 @@ def _as_json(url: str, infos: list[CheckpointInfo], newest: CheckpointInfo | Non
             "path": info.path,
             "exact": not info.manifest.inexact if info.manifest else None,
             "inexact": info.manifest.inexact if info.manifest else [],
+            "skipped_steps": _skipped(info),
         }
         for info in infos
     ]
@@ -226,6 +238,9 @@ def verify_command(
             if newest.manifest is not None and newest.manifest.inexact:
                 out.write(f"not exact: global_step {newest.global_step} is not an uninterrupted run's: "
                           f"{inexact_text(newest.manifest.inexact)}\n")
+            if _skipped(newest):
+                out.write(f"skipped batches: global steps {', '.join(str(s) for s in _skipped(newest))} (deterministic "
+                          "anomalies, --deterministic-anomaly skip); a resume or re-run of this job skips them too\n")
         else:
             out.write("newest restorable: none\n")
         if bad:

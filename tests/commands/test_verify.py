@@ -34,11 +34,11 @@ def test_all_good_exits_0_and_json_lists_every_directory(memory_backend: Backend
     assert record["newest_restorable"] == 25
     assert record["checkpoints"] == [
         {"global_step": 11, "epoch": 1, "step_in_epoch": 1, "size": sum(FILES.values()), "status": "ok",
-         "detail": "", "path": f"{store.url}/ckpt-000000000011", "exact": True, "inexact": []},
+         "detail": "", "path": f"{store.url}/ckpt-000000000011", "exact": True, "inexact": [], "skipped_steps": []},
         {"global_step": 25, "epoch": 2, "step_in_epoch": 5, "size": sum(FILES.values()), "status": "ok",
-         "detail": "", "path": f"{store.url}/ckpt-000000000025", "exact": True, "inexact": []},
+         "detail": "", "path": f"{store.url}/ckpt-000000000025", "exact": True, "inexact": [], "skipped_steps": []},
         {"global_step": 30, "epoch": None, "step_in_epoch": None, "size": 14, "status": "uncommitted",
-         "detail": "no manifest", "path": f"{store.url}/ckpt-000000000030", "exact": None, "inexact": []},
+         "detail": "no manifest", "path": f"{store.url}/ckpt-000000000030", "exact": None, "inexact": [], "skipped_steps": []},
     ]
 
 
@@ -216,3 +216,28 @@ def test_a_checkpoint_with_an_inexact_resume_behind_it_is_said_not_exact_and_sti
     assert verify_command(store.url, {}, as_json=True, hash=True, out=out) == EXIT_OK
     assert [(c["global_step"], c["exact"], c["inexact"]) for c in json.loads(out.getvalue())["checkpoints"]] == [
         (10, True, []), (20, False, [entry])]
+
+
+def test_the_batches_a_run_skipped_are_named_for_the_newest_and_listed_per_checkpoint(tmp_path) -> None:
+    # Issue 48: a deterministic anomaly's batch skipped (--deterministic-anomaly skip) is in every
+    # later checkpoint's extra; verify and ls name them, --json lists them per checkpoint.
+    from resilient_train.checkpoint import CheckpointStore
+
+    store = CheckpointStore(str(tmp_path / "ckpts"))
+    for step, extra in ((4, {}), (8, {"skipped_steps": [6]}), (12, {"skipped_steps": [6, 11]})):
+        local = tmp_path / f"fake-{step}"
+        local.mkdir()
+        (local / "weights").write_bytes(b"w")
+        store.commit(local, run_id="fake", epoch=0, step_in_epoch=step, global_step=step, world_size=2,
+                     weights_sha256="0" * 64, tf_version="fake", extra=extra)
+    for command in (lambda out: verify_command(store.url, {}, as_json=False, hash=True, out=out),
+                    lambda out: ls_command(store.url, {}, as_json=False, out=out)):
+        out = io.StringIO()
+        assert command(out) == EXIT_OK
+        assert out.getvalue().splitlines()[-1] == (
+            "skipped batches: global steps 6, 11 (deterministic anomalies, --deterministic-anomaly skip); a resume or "
+            "re-run of this job skips them too")
+    out = io.StringIO()
+    assert verify_command(store.url, {}, as_json=True, hash=True, out=out) == EXIT_OK
+    assert [(c["global_step"], c["skipped_steps"]) for c in json.loads(out.getvalue())["checkpoints"]] == [
+        (4, []), (8, [6]), (12, [6, 11])]
