@@ -409,7 +409,8 @@ class Trainer:
                                     ends_epoch=step_in_epoch + steps == steps_per_epoch)
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
-                              means=self.stats.means(), steps_per_call=self._call.steps, host_s=agreed.host_s)
+                              means=self.stats.means(), steps_per_call=self._call.steps, host_s=agreed.host_s,
+                              traced=agreed.traced)
             hit_step_faults(self.faults, global_step - steps + 1, global_step)
             if self._callbacks and self._batch_end_stops_early(step_in_epoch - 1):
                 return True  # Keras ends the epoch here: on_epoch_end, on_train_end, final save

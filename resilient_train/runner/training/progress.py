@@ -31,7 +31,7 @@ class Progress:
         self.window_steps = 0
 
     def advanced(self, steps: int, *, epoch: int, step_in_epoch: int, global_step: int, means: dict[str, float],
-                 steps_per_call: int, host_s: Sequence[float] = ()) -> None:
+                 steps_per_call: int, host_s: Sequence[float] = (), traced: bool = False) -> None:
         if self.first_pending:  # the recovery benchmark's "training again" moment
             self.first_pending = False
             emit("first_step", group=True, global_step=global_step)
@@ -40,7 +40,7 @@ class Progress:
         self.window_steps += steps
         if self.stragglers is not None:
             for straggler in self.stragglers.observed(
-                    host_s, steps, global_step=global_step,
+                    host_s, steps, global_step=global_step, traced=traced,
                     steps_left=max(0, self.epochs * self.steps_per_epoch - global_step)):
                 emit("straggler_detected", group=True, **straggler.fields())
         now = self.clock()

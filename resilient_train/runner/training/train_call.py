@@ -63,6 +63,7 @@ class CallOutcome:
     stop: bool  # some worker asked to stop (SIGTERM/SIGINT): every worker stops after this call
     save: bool  # the chief's time-based vote or a preemption notice: every worker saves after it
     host_s: tuple[float, ...] = ()  # each rank's host seconds before the call (one worker: none)
+    traced: bool = False  # the call traced a variant (its time is start-up, not the run's pace)
 
 
 class TrainCall:
@@ -344,7 +345,8 @@ class TrainCall:
         if startup_phases.traces() == traces:  # RT_FAULTS slow (a no-op unless armed), not after a tracing call
             self._slowdown.after_call(global_step, self._host_from - started)
         return CallOutcome(stop=agreed.stop > 0, save=agreed.save > 0,
-                           host_s=control_row.host_seconds(rows, self._value_names))
+                           host_s=control_row.host_seconds(rows, self._value_names),
+                           traced=startup_phases.traces() != traces)
 
     def _skip(self, iterator: Any, global_step: int) -> CallOutcome:
         """A skipped batch (a deterministic anomaly, runner/health/anomaly_policy.py): consumed

@@ -84,6 +84,24 @@ def test_the_first_call_of_an_attempt_is_not_counted():
     assert _feed(detector, clock, [[0.001, 5.0]] + [[0.001, 0.001]] * 10) == []
 
 
+def test_a_call_that_traced_starts_the_bucket_over():
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=15.0), ["h0", "h1"], clock)
+    # Rank 1 slow throughout; two slow buckets, then a call that traced (the replicas' check's
+    # variant: 8 s, every rank alike) would make the third bucket even. It is not counted.
+    assert _feed(detector, clock, [SLOW1] * 11) == []
+    clock.now += 8.0
+    assert detector.observed([0.0, 0.0], 1, global_step=111, steps_left=100, traced=True) == []
+    assert [s.rank for s in _feed(detector, clock, [SLOW1] * 5, start_step=111)] == [1]
+    # Counted, the same trace hides the straggler: the third bucket is nearly even.
+    clock = Clock()
+    other = StragglerDetector(StragglerOptions(threshold=0.5, window_s=15.0), ["h0", "h1"], clock)
+    assert _feed(other, clock, [SLOW1] * 11) == []
+    clock.now += 8.0
+    assert other.observed([0.0, 0.0], 1, global_step=111, steps_left=100) == []
+    assert _feed(other, clock, [SLOW1] * 5, start_step=111) == []  # slow, even, slow: not 3 in a row
+
+
 @pytest.mark.parametrize("kwargs", [{"threshold": 0}, {"threshold": float("inf")}, {"window_s": -1},
                                     {"threshold": True}])
 def test_options_are_validated(kwargs):

@@ -79,14 +79,16 @@ def test_a_call_of_n_steps_trains_and_sums_as_n_calls_of_one():
     assert stats_1.batches == stats_3.batches == _STEPS
     assert stats_1.sums == stats_3.sums  # exact: the host adds each step's row, whatever the call size
     assert set(stats_3.sums) == {"loss", "mae"}
-    assert outcomes == [CallOutcome(stop=False, save=False)] * 2
+    # Both calls traced: the first its plain variant, the second (it ends the epoch: checked for
+    # replicas that differ) the variant that carries the comparison.
+    assert outcomes == [CallOutcome(stop=False, save=False, traced=True)] * 2
     assert call.trained
     assert call.steps == 3  # a fixed size: the chief proposes it, every worker adopts it from the row
 
 
 def test_the_votes_come_back_agreed():
     _, _, _, call, outcomes = _train(2, stop=1.0, save=1.0)
-    assert outcomes == [CallOutcome(stop=True, save=True)] * 3
+    assert outcomes == [CallOutcome(stop=True, save=True, traced=True)] + [CallOutcome(stop=True, save=True)] * 2
 
 
 class _Recorder:
