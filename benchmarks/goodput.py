@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the killed runs' --snapshot-every values, one run each (default off,auto: "
                         "without and with issue 32's memory tier)")
     parser.add_argument("--out", default=str(RESULTS / "goodput.json"))
+    parser.add_argument("--keep", metavar="DIR", help="keep the run dirs there (default: deleted), to read a restart's "
+                        "events (`resilient-train report`)")
     add_smoke_flag(parser)  # one kill 1 s into a 1000-step job, a save every 100, per compared value
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
@@ -260,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         print("reference", json.dumps(reference), flush=True)
         compare = {value: measure(work, args, value, reference) for value in args.compare}
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            shutil.rmtree(args.keep, ignore_errors=True)
+            shutil.move(str(work), args.keep)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     report = {
         "benchmark": "goodput",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
