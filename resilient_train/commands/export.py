@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CheckpointCorruptError, CheckpointIncompatibleError
 
-__all__ = ["add_parser", "main", "export_command", "committed_steps_text", "training_checkpoint"]
+__all__ = ["add_parser", "main", "export_command", "committed_steps_text", "training_checkpoint", "script_recipe"]
 
 _FORMATS = ("keras", "saved_model")  # runner/outputs/model_export.py FORMATS, without importing numpy to build the parser
 
@@ -100,7 +100,7 @@ def export_command(
         try:
             manifest, local_dir = store.fetch(step, Path(scratch))
             if recipe is None:
-                recipe = _script_recipe(recipe_spec, int(manifest.extra.get("fingerprint", {}).get("seed", 0)))
+                recipe = script_recipe(recipe_spec, int(manifest.extra.get("fingerprint", {}).get("seed", 0)))
             model = _restore_weights(recipe, params, local_dir / "ckpt", f"{url}/{CheckpointStore.dir_name(step)}")
             record = export_model(
                 model,
@@ -130,7 +130,7 @@ def committed_steps_text(steps: Sequence[int], *, shown: int = 8) -> str:
     return f"committed: {', '.join(map(str, head))}, ..., {', '.join(map(str, tail))} ({len(steps)} in all)"
 
 
-def _script_recipe(spec: str, seed: int) -> Any:
+def script_recipe(spec: str, seed: int) -> Any:
     """A recipe whose ``build_model`` is the fit script's model, rebuilt as the run built it."""
     from resilient_train.job.recipe import Recipe, check_recipe_source, recipe_name
     from resilient_train.runner.keras_recipes.fitscript import script_model
@@ -161,14 +161,40 @@ def training_checkpoint(recipe: Any, params: Mapping[str, Any]) -> tuple[Any, An
     """
     from resilient_train.runner.state import ckpt_layout
 
+    from resilient_train.runner.keras_recipes.compiled import is_compiled
+    from resilient_train.runner.keras_recipes.own_step import has_own_step
+
     model = _fresh_model(recipe, params)
+    own_step = is_compiled(model) and has_own_step(model)  # as the worker decides (runner/training/loop.py)
+    if own_step:
+        _build_own_optimizers(recipe, params, model)
     # A compiled-model recipe's optimizer is the one compile() was given (runner/keras_recipes/compiled.py).
     optimizer = recipe.build_optimizer(dict(params)) if recipe.build_optimizer is not None else model.optimizer
     optimizer.build(model.trainable_variables)
     counters = ckpt_layout.new_counters()
     checkpoint = ckpt_layout.training_graph(model=model, optimizer=optimizer, counters=counters,
-                                            rng=ckpt_layout.rng_state(model))
+                                            rng=ckpt_layout.rng_state(model),
+                                            metrics=ckpt_layout.metric_state(model) if own_step else None)
     return checkpoint, model, counters
+
+
+def _build_own_optimizers(recipe: Any, params: Mapping[str, Any], model: Any) -> None:
+    """A recipe's model with its own ``train_step`` and optimizers of its own (keras.io's GAN):
+    build them as a worker does before its restore (runner/training/loop.py), from the spec
+    of the recipe's dataset of epoch 0 (built, never iterated), so their keys are in the layout.
+    A fit script's are built by ``script_model`` from its ``fit`` input."""
+    import tensorflow as tf
+
+    from resilient_train.runner.input.data import epoch_dataset
+    from resilient_train.runner.keras_recipes.own_step import build_own_optimizers, own_optimizers
+
+    if recipe.dataset is None and recipe.example is None or not own_optimizers(model):
+        return  # a fit script's (its recipe has no dataset): built by script_model
+    strategy = tf.distribute.get_strategy()
+    batch = int(dict(recipe.defaults).get("global_batch_size", 1))
+    spec = epoch_dataset(strategy, recipe, epoch=0, seed=0, start_step=0, steps_per_epoch=1, global_batch_size=batch,
+                         params=dict(params), worker=(0, 1)).element_spec
+    build_own_optimizers(model, strategy, spec)
 
 
 def _restore_weights(recipe: Any, params: dict[str, Any], prefix: Path, where: str) -> Any:

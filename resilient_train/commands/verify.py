@@ -481,21 +481,28 @@ class DeepReport:
 
 def _recipe_for(options: DeepOptions, manifest: Any) -> tuple[Any, dict[str, Any], str | None]:
     """The recipe, its params (the job's, then ``--set``) and the fingerprint's recipe sha256."""
-    from resilient_train.job.recipe import load_recipe, resolve_params
+    from resilient_train.commands.export import script_recipe
+    from resilient_train.job.recipe import is_fit_script, load_recipe, resolve_params
 
     spec = options.recipe or manifest.extra.get("recipe_source")
     if not spec:
         raise ConfigError(f"the manifest of global step {manifest.global_step} records no recipe file "
                           "(written before recipe_source was recorded); pass --recipe")
-    recipe = load_recipe(str(spec))
     fingerprint = manifest.extra.get("fingerprint")
     fingerprint = fingerprint if isinstance(fingerprint, Mapping) else {}
+    sha = fingerprint.get("recipe_sha256")
+    sha = sha if isinstance(sha, str) else None
+    if is_fit_script(str(spec)):  # its model rebuilt as the run built it, as ``export`` does
+        if options.overrides:
+            raise ConfigError(f"--set {', '.join(options.overrides)} with the fit() script {spec}: a script has no "
+                              "parameters")
+        return script_recipe(str(spec), int(fingerprint.get("seed", 0) or 0)), {}, sha
+    recipe = load_recipe(str(spec))
     base = dict(recipe.params)
     recorded = fingerprint.get("params")
     if isinstance(recorded, Mapping):
         base.update({key: value for key, value in recorded.items() if key in base})
-    sha = fingerprint.get("recipe_sha256")
-    return recipe, resolve_params(base, options.overrides), sha if isinstance(sha, str) else None
+    return recipe, resolve_params(base, options.overrides), sha
 
 
 def run_deep(store: CheckpointStore, infos: list[CheckpointInfo], options: DeepOptions) -> DeepReport | None:

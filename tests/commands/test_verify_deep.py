@@ -151,3 +151,37 @@ def test_newest_n_restores_the_n_newest(tmp_path):
         assert (code, [c["global_step"] for c in record["deep"]["checkpoints"]]) == (EXIT_OK, steps)
     with pytest.raises(ValueError, match=r"Received newest=0; expected an int >= 1"):
         DeepOptions(newest=0)
+
+
+def test_a_recipes_gan_lays_out_its_own_optimizers_and_trackers_as_a_worker_saves_them():
+    # keras.io's GAN as a recipe (its own train_step, compile(d_optimizer=..., g_optimizer=...)):
+    # the worker builds both optimizers before its restore and saves its trackers under
+    # "metrics" (runner/training/loop.py); the deep check's graph must hold the same keys, or
+    # every such checkpoint reads as "unexpected variable" (tests/integration/test_own_train_step.py
+    # restores real ones).
+    from resilient_train.commands.verify import expected_layout
+
+    recipe = load_recipe(str(REPO / "tests" / "recipes" / "gan_recipe.py"))
+    checkpoint, model, _ = training_checkpoint(recipe, recipe.params)
+    keys = expected_layout(checkpoint)
+    optimizers = {k.split("/")[1] for k in keys if k.startswith("model/") and k.split("/")[1].endswith("_optimizer")}
+    assert optimizers == {"d_optimizer", "g_optimizer"}
+    assert model.d_optimizer.built and model.g_optimizer.built
+    assert sorted(k.split("/")[1] for k in keys if k.startswith("metrics/")) == [
+        "d_loss_count", "d_loss_total", "g_loss_count", "g_loss_total"]
+
+
+def test_a_fit_scripts_run_is_rebuilt_from_the_script_and_takes_no_set():
+    from types import SimpleNamespace
+
+    from resilient_train.commands.verify import _recipe_for
+    from resilient_train.errors import ConfigError
+
+    script = str(REPO / "tests" / "recipes" / "fit_gan.py")
+    manifest = SimpleNamespace(global_step=5, extra={"recipe_source": script,
+                                                     "fingerprint": {"seed": 3, "recipe_sha256": "a" * 64}})
+    recipe, params, sha = _recipe_for(DeepOptions(), manifest)
+    assert (recipe.name, recipe.source, params, sha) == ("fit_gan", script, {}, "a" * 64)
+    assert recipe.dataset is None and recipe.build_optimizer is None  # the script's compile() decides
+    with pytest.raises(ConfigError, match=r"^--set lr with the fit\(\) script .*fit_gan.py: a script has no parameters$"):
+        _recipe_for(DeepOptions(overrides={"lr": "0.1"}), manifest)

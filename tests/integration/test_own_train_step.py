@@ -32,7 +32,9 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
 * keras.io's GAN (tests/recipes/fit_gan.py: compile() overridden to take two optimizers, a
   seeded latent sampler) on 2 workers, the chief killed with -9 after the commit of step 15
   (mid-epoch 1): it ends with the uninterrupted run's digest (both optimizers are built before
-  the restore and restored with the model: runner/keras_recipes/own_step.py).
+  the restore and restored with the model: runner/keras_recipes/own_step.py). (slow) A SIGTERM
+  inside epoch 1 saves at an agreed step, exits 143, and the re-run ends with that digest and
+  the same d_loss/g_loss logs.
 * (slow) tests/recipes/fit_own_test_step.py with a CSVLogger on 2 workers: a kill -9 of the chief
   mid-epoch, and a SIGTERM and re-run, each end with the uninterrupted run's digest and its CSV
   log byte for byte.
@@ -144,24 +146,75 @@ def test_fit_x_without_y_trains_as_plain_keras_on_one_worker(tmp_path):
     assert all(np.allclose(ours[k], theirs[k], rtol=1e-5, atol=1e-7) for k in theirs.files)
 
 
-def test_a_gan_with_two_optimizers_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest(tmp_path):
-    script = str(REPO / "tests/recipes/fit_gan.py")
-    flags = ("--save-every-steps", "5")
-    (tmp_path / "ref").mkdir()
-    reference = run_job(script, tmp_path / "ref" / "run", *flags, cwd=tmp_path / "ref", tier_default=True)
-    assert reference.returncode == 0, reference.output
-    assert reference.summary["global_step"] == 2 * 10
-    killed = run_job(script, tmp_path / "run", *flags, cwd=tmp_path, tier_default=True,
+GAN_SCRIPT = REPO / "tests/recipes/fit_gan.py"
+GAN_FIT = "gan.fit(dataset, epochs=2, steps_per_epoch=10)"
+GAN_FLAGS = ("--save-every-steps", "5")
+
+
+def gan_metrics(job):
+    return [e["metrics"] for e in job.named("epoch_finished")]
+
+
+@pytest.fixture(scope="module")
+def gan_reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gan_reference")
+    job = run_job(str(GAN_SCRIPT), root / "run", *GAN_FLAGS, cwd=root, tier_default=True)
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == 2 * 10
+    return job
+
+
+def test_a_gan_with_two_optimizers_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest(tmp_path, gan_reference):
+    killed = run_job(str(GAN_SCRIPT), tmp_path / "run", *GAN_FLAGS, cwd=tmp_path, tier_default=True,
                      faults=[{"point": "after_commit", "global_step": 15, "rank": 0}])
     assert killed.returncode == 0, killed.output
     assert killed.summary["restarts"] == 1
     [restored] = killed.named("restored")
     assert restored["global_step"] == 15  # mid-epoch 1 (10 steps an epoch)
-    assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    assert killed.summary["weights_sha256"] == gan_reference.summary["weights_sha256"]
     # d_loss and g_loss, the trackers' results (no "loss" log); epoch 1 resumed mid-way.
-    metrics = lambda job: [e["metrics"] for e in job.named("epoch_finished")]  # noqa: E731
-    assert [sorted(m) for m in metrics(killed)] == [["d_loss", "g_loss"]] * 2
-    assert all(close(a, b) for a, b in zip(metrics(killed), metrics(reference), strict=True))
+    assert [sorted(m) for m in gan_metrics(killed)] == [["d_loss", "g_loss"]] * 2
+    assert all(close(a, b) for a, b in zip(gan_metrics(killed), gan_metrics(gan_reference), strict=True))
+    # verify --deep rebuilds the script's model (its two optimizers from its fit input, its
+    # trackers) and restores every kept checkpoint into it: nothing missing or unexpected.
+    deep_check_all(killed, tmp_path)
+
+
+def deep_check_all(job, cwd):
+    """``verify --deep --all`` of ``job``'s checkpoints: each consistent, with the committed digest."""
+    checked = subprocess.run([sys.executable, "-m", "resilient_train", "verify", str(job.run_dir / "checkpoints"),
+                              "--deep", "--all", "--json"], cwd=cwd, env=environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, timeout=180)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    deep = json.loads(checked.stdout)["deep"]
+    committed = {e["global_step"]: e["weights_sha256"] for e in job.named("checkpoint_committed")}
+    assert deep["checkpoints"] and all(c["consistent"] and c["unexpected"] == [] and c["missing"] == []
+                                       for c in deep["checkpoints"])
+    assert all(c["weights_sha256"]["restored"] == committed[c["global_step"]] for c in deep["checkpoints"])
+
+
+@pytest.mark.slow
+def test_a_gan_sigterm_saves_exits_143_and_the_rerun_ends_with_the_uninterrupted_digest(tmp_path, gan_reference):
+    # The default kill test above covers the restore of both optimizers mid-epoch; this one the
+    # agreed save of a SIGTERM inside epoch 1 (a batch-end sleep: the arithmetic is the same).
+    source = GAN_SCRIPT.read_text()
+    assert GAN_FIT in source
+    script = tmp_path / "fit_gan_slowed.py"
+    script.write_text("import time\n" + source.replace(GAN_FIT, GAN_FIT[:-1] + ", callbacks=[keras.callbacks."
+                                                       "LambdaCallback(on_train_batch_end=lambda b, l: time.sleep(0.3))])"))
+    flags = (*GAN_FLAGS, "--steps-per-execution", "1")
+    epoch_0_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 0 for e in events)  # noqa: E731
+    preempted = run_job_until(str(script), tmp_path / "run", *flags, when=epoch_0_done, cwd=tmp_path,
+                              tier_default=True, action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 10 <= stop["global_step"] < 20
+    rerun = run_job(str(script), tmp_path / "run", *flags, cwd=tmp_path, tier_default=True)
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == gan_reference.summary["weights_sha256"]
+    assert all(close(a, b) for a, b in zip(gan_metrics(rerun), gan_metrics(gan_reference), strict=True))
 
 
 def test_a_recipes_gan_builds_its_optimizers_from_the_recipes_batch_spec_and_resumes_exactly(tmp_path):
@@ -183,6 +236,7 @@ def test_a_recipes_gan_builds_its_optimizers_from_the_recipes_batch_spec_and_res
     keys = tf.train.load_checkpoint(str(newest.with_suffix(""))).get_variable_to_shape_map()
     own = sorted({k.split("/")[1] for k in keys if k.startswith("model/") and k.split("/")[1].endswith("_optimizer")})
     assert own == ["d_optimizer", "g_optimizer"]
+    deep_check_all(killed, tmp_path)  # the recipe's optimizers built from its dataset's spec (commands/export.py)
 
 
 @pytest.fixture(scope="module")

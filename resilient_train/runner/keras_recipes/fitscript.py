@@ -86,7 +86,9 @@ from resilient_train.job.recipe import (
 from resilient_train.runner.input.indexed import IndexPlan, indexed_dataset
 from resilient_train.runner.input.iterator_state import INDEXED
 from resilient_train.runner.keras_recipes.callbacks import refused_callback
-from resilient_train.runner.keras_recipes.own_step import has_own_step, has_own_test_step
+from resilient_train.runner.keras_recipes.own_step import (
+    build_own_optimizers, has_own_step, has_own_test_step, own_optimizers,
+)
 from resilient_train.runner.outputs.evaluation import Evaluator
 from resilient_train.runner.training.strategy import make_strategy
 
@@ -512,11 +514,22 @@ class FitScript:
 
 
 class _ModelReached(BaseException):
-    """Ends a script at its ``fit`` call, carrying the model (:func:`script_model`)."""
+    """Ends a script at its ``fit`` call, carrying the model and ``fit``'s input (:func:`script_model`)."""
 
-    def __init__(self, model: keras.Model) -> None:
+    def __init__(self, model: keras.Model, args: tuple, kwargs: dict) -> None:
         super().__init__("fit() reached")
         self.model = model
+        self.args, self.kwargs = args, kwargs
+
+
+def _fit_input_spec(args: tuple, kwargs: dict) -> Any:
+    """The element spec of what ``fit(x, y, ...)`` was given: a dataset's, else the arrays'
+    (``(x, y)``, or ``x`` alone) batched; only the shapes past the batch and the dtypes matter."""
+    x = args[0] if args else kwargs.get("x")
+    y = args[1] if len(args) > 1 else kwargs.get("y")
+    if isinstance(x, tf.data.Dataset):
+        return x.element_spec
+    return tf.data.Dataset.from_tensor_slices(x if y is None else (x, y)).batch(1).element_spec
 
 
 def script_model(path: str | Path, *, seed: int) -> keras.Model:
@@ -538,7 +551,7 @@ def script_model(path: str | Path, *, seed: int) -> keras.Model:
             return tf.distribute.get_strategy()
 
     def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
-        raise _ModelReached(model)
+        raise _ModelReached(model, args, kwargs)
 
     saved = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.MultiWorkerMirroredStrategy,
              keras.Model.__dict__["fit"] if "fit" in vars(keras.Model) else None)
@@ -548,6 +561,10 @@ def script_model(path: str | Path, *, seed: int) -> keras.Model:
         with contextlib.redirect_stdout(sys.stderr):
             runpy.run_path(str(path), run_name="__main__")
     except _ModelReached as reached:
+        # its own optimizers (keras.io's GAN) exist in the checkpoint: built as a worker builds them
+        if own_optimizers(reached.model) and has_own_step(reached.model):
+            build_own_optimizers(reached.model, tf.distribute.get_strategy(),
+                                 _fit_input_spec(reached.args, reached.kwargs))
         return reached.model
     finally:
         tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.MultiWorkerMirroredStrategy = saved[:2]

@@ -62,7 +62,7 @@ from resilient_train.job.recipe import Recipe
 from resilient_train.runner.keras_recipes.compiled import from_fit_script
 from resilient_train.runner.input.batches import with_autograph
 
-__all__ = ["has_own_step", "has_own_test_step", "own_optimizers", "build_twin_optimizers", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
+__all__ = ["has_own_step", "has_own_test_step", "own_optimizers", "build_own_optimizers", "build_twin_optimizers", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
 
 _EXAMPLES = "__examples__"  # the held-out examples a test step saw, beside its logs
 
@@ -98,6 +98,22 @@ def build_twin_optimizers(model: keras.Model, twin: keras.Model) -> None:
         copy = getattr(twin, name, None)
         if optimizer.built and isinstance(copy, keras.optimizers.Optimizer) and not copy.built:
             copy.build([twin_of[id(v)] for v in optimizer._trainable_variables])
+
+
+def build_own_optimizers(model: keras.Model, strategy: tf.distribute.Strategy, element_spec: Any) -> None:
+    """Create the variables of ``model``'s own optimizers (:func:`own_optimizers`) before any restore.
+
+    Keras builds an optimizer at its first ``apply_gradients``, over the variables it is
+    given there, and its checkpoint keys are positions in that list: only the step knows
+    them. Tracing ``train_step`` once under ``strategy.run`` (``element_spec`` with any
+    batch size) builds each optimizer as the first step will, and runs nothing: no
+    update, no counter, no random draw (its ops are in a graph never called). Also how
+    ``verify --deep`` and ``export`` lay out such a model's checkpoint (the default strategy)."""
+    if all(optimizer.built for optimizer in own_optimizers(model).values()):
+        return
+    spec = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), element_spec)
+    step = with_autograph(model.train_step)
+    tf.function(lambda data: strategy.run(step, args=(data,)), autograph=False).get_concrete_function(spec)
 
 
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
@@ -144,18 +160,9 @@ class OwnStep:
         self._results = tf.function(lambda: {m.name: m.result() for m in model.metrics}, autograph=False)
 
     def build_own_optimizers(self, element_spec: Any) -> None:
-        """Create the variables of the model's own optimizers before any restore.
-
-        Keras builds an optimizer at its first ``apply_gradients``, over the variables it is
-        given there, and its checkpoint keys are positions in that list: only the step knows
-        them. Tracing ``train_step`` once under ``strategy.run`` (``element_spec`` with any
-        batch size) builds each optimizer as the first step will, and runs nothing: no
-        update, no counter, no random draw (its ops are in a graph never called)."""
-        if all(optimizer.built for optimizer in own_optimizers(self.model).values()):
-            return
-        spec = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), element_spec)
-        step = with_autograph(self.model.train_step)
-        tf.function(lambda data: self.strategy.run(step, args=(data,)), autograph=False).get_concrete_function(spec)
+        """Create the variables of the model's own optimizers before any restore
+        (:func:`build_own_optimizers`)."""
+        build_own_optimizers(self.model, self.strategy, element_spec)
 
     def step(self, data: Any) -> dict[str, tf.Tensor]:
         """One replica's step: ``train_step(data)``; its logs divided by the replicas (their
