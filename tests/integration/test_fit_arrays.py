@@ -9,6 +9,7 @@ left out: docs/keras.md). Uninterrupted (the module's one reference run) EarlySt
 re-run by the supervisor, it must re-enter the epoch's index range at the step (input_reentry
 ``indexed``) and end as the reference: same digest, same CSV bytes, same ``val_`` numbers in every
 ``epoch_finished``, same early-stop epoch, the same History after fit() on every worker.
+(slow) So must a SIGTERM inside epoch 2 and a re-run.
 
 With ``FIT_ARRAYS_SPLIT=1`` it is ``fit(x, y, batch_size=64, epochs=1, validation_split=0.2)``:
 Keras holds out the last 1797 - floor(1797 * 0.8) = 360 examples before shuffling, and the
@@ -16,10 +17,12 @@ script's evaluate() of exactly those after fit gives the epoch's val_loss to the
 """
 
 import json
+import signal
 
 import pytest
 
-from tests.integration.harness import REPO, run_job
+from resilient_train.errors import EXIT_PREEMPTED
+from tests.integration.harness import REPO, run_job, run_job_until
 
 SCRIPT = str(REPO / "tests/recipes/fit_arrays.py")  # absolute: run from the test's out dir
 STEPS_PER_EPOCH = 23  # 1500 // 64
@@ -75,6 +78,34 @@ def test_arrays_kill_chief_mid_epoch_reenter_at_the_step_and_end_as_the_referenc
     assert finished[-(STOP_EPOCH):] == ref_finished[1:]
     assert [e["epoch"] for e in killed.named("training_stopped")] == [STOP_EPOCH]
     assert after_fit_lines(tmp_path / "out") == after_fit_lines(ref_out)
+
+
+@pytest.mark.slow
+def test_arrays_sigterm_mid_epoch_saves_and_the_rerun_stops_early_at_the_references_epoch(tmp_path, reference):
+    # The kill test above covers the indexed re-entry and EarlyStopping's restored state on the
+    # default suite; this one a SIGTERM inside epoch 2 (each batch slowed by a callback: the
+    # arithmetic is the same): every worker saves the same step, exits 143, and the re-run
+    # re-enters there, loses nothing and stops at the reference's epoch with its CSV bytes.
+    ref_job, ref_out = reference
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    flags = ("--save-every-steps", "10", "--steps-per-execution", "1")
+    env = {"FIT_SCRIPT_OUT": str(out_dir), "FIT_STEP_DELAY_S": "0.2"}
+    epoch_1_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 1 for e in events)  # noqa: E731
+    preempted = run_job_until(SCRIPT, tmp_path / "run", *flags, when=epoch_1_done, cwd=out_dir, env=env,
+                              action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 2 * STEPS_PER_EPOCH < stop["global_step"] < 3 * STEPS_PER_EPOCH, stop  # inside epoch 2
+    rerun = run_script(tmp_path / "run", out_dir, *flags, env={"FIT_STEP_DELAY_S": "0.2"})
+    assert rerun.returncode == 0, rerun.output
+    assert [(r["global_step"], r["input_reentry"]) for r in rerun.named("restored")] == [(stop["global_step"], "indexed")]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == ref_job.summary["weights_sha256"]
+    assert (out_dir / "training_log.csv").read_bytes() == (ref_out / "training_log.csv").read_bytes()
+    assert epochs_finished(rerun) == epochs_finished(ref_job)
+    assert [e["epoch"] for e in rerun.named("training_stopped")] == [STOP_EPOCH]
+    assert after_fit_lines(out_dir) == after_fit_lines(ref_out)
 
 
 def test_validation_split_holds_out_the_last_fifth_before_shuffling(tmp_path):

@@ -3,8 +3,11 @@
 # FIT_ARRAYS_SPLIT=1: fit(x, y, validation_split=0.2) for one epoch instead, then evaluate() on
 # the last 20% (the examples Keras holds out), so the test compares it with the epoch's val_loss.
 # FIT_SCRIPT_OUT: where the code after fit() appends one line per worker.
+# FIT_STEP_DELAY_S: seconds each batch sleeps (a batch-end callback, only when set): time for a
+# SIGTERM to land inside an epoch; the arithmetic is the same.
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +31,9 @@ with strategy.scope():
 split = os.environ.get("FIT_ARRAYS_SPLIT") == "1"
 callbacks = [tf.keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=0.1),
              tf.keras.callbacks.CSVLogger("training_log.csv")]
+delay = float(os.environ.get("FIT_STEP_DELAY_S", "0"))
+if delay:
+  callbacks.append(tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(delay)))
 history = model.fit(x if split else x[:1500], y if split else y[:1500], batch_size=64, epochs=1 if split else 8,
                     shuffle=True, validation_data=None if split else (x[1500:], y[1500:]),
                     validation_split=0.2 if split else 0.0, callbacks=[] if split else callbacks)
