@@ -70,12 +70,30 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-__all__ = ["CATEGORIES", "AttemptAccount", "TimeAccount", "account_time", "invocation_bounds", "last_invocation",
+__all__ = ["CATEGORIES", "DEFINITIONS", "AttemptAccount", "TimeAccount", "account_time", "invocation_bounds", "last_invocation",
            "timestamp", "INVOCATION_OPENS", "is_preparing"]
 
 # In the order the report's bar and table show them.
 CATEGORIES = ("productive", "startup", "tracing", "restore", "replayed", "standstill", "save_blocking", "evaluation",
               "epoch_ends", "slow_rank_wait", "stopping", "finish", "between_runs", "other")
+# Each category in one line: the report page's table says it (the module docstring in full).
+DEFINITIONS: Mapping[str, str] = {
+    "productive": "each attempt's first step to its training end, less everything below measured inside it",
+    "startup": "an attempt's start to its first step, by the chief's startup_phases (launch: before its own "
+               "clock; supervisor: before the first attempt), tracing and restore apart",
+    "tracing": "the startup phases trace and first_call",
+    "restore": "the startup phases fetch and restore",
+    "replayed": "steps that ran and a restore discarded (lost_steps), at the run's steps/s",
+    "standstill": "a failure (an abnormal exit, a hang's last progress, a resize) to the next attempt's start",
+    "save_blocking": "the chief blocked by saves: an async save's snapshot and wait, a sync save's commit",
+    "evaluation": "epoch ends' held-out evaluation (epoch_finished eval_s)",
+    "epoch_ends": "the rest of the epoch ends (epoch_finished seconds): callbacks, the epoch-end commit's wait",
+    "slow_rank_wait": "waiting for a named straggler: its excess busy ms per step times the steps since its window",
+    "stopping": "a stop request (SIGTERM, Ctrl-C, a notice) to the end of its run: the agreed save and exit",
+    "finish": "training_completed to the end of the run: export, the workers' exit",
+    "between_runs": "no resilient-train run under way (stopped between runs)",
+    "other": "the wall time minus all the above: no event explains it",
+}
 _PHASE_CATEGORY = {"trace": "tracing", "first_call": "tracing", "fetch": "restore", "restore": "restore"}
 _WORKER_ROLES = frozenset({"chief", "worker"})
 _LEFT_RUNNING = frozenset({"stopping", "hung", "restarting", "resizing"})
