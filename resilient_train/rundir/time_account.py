@@ -15,7 +15,8 @@ The timeline, per attempt ``a`` (its events carry ``attempt``):
   of its invocation (a ``resilient-train run``: see :func:`invocation_bounds`);
 * its *first step*: ``first_step``; its *training end*: the first of a worker's abnormal
   exit, the ``run_state`` leaving ``running``, a hang's last progress (``hang_detected``'s
-  ``seconds`` before it), a stop request (the supervisor's ``preemption_requested``),
+  ``seconds`` before it), a stop request (``preemption_requested``, the supervisor's or a
+  worker's; a ``run_state`` to ``stopping`` for a ``stop requested``),
   ``training_completed`` / ``training_stopped``; without any, its last event from a worker.
 
 Categories (seconds):
@@ -300,18 +301,17 @@ def _training_end(mine: Sequence[tuple[float, Mapping[str, Any]]], a: int, first
                 and e.get("state") != "killed":
             found.append((t, "failure"))
         elif name == "run_state" and e.get("from") == "running" and e.get("to") in _LEFT_RUNNING:
-            found.append((t, "failure" if e.get("to") != "stopping" or "stop requested" not in
-                          str(e.get("reason", "")) else "stop"))
+            found.append((t, "stop" if str(e.get("reason", "")).startswith("stop requested") else "failure"))
         elif name == "hang_detected" and isinstance(e.get("seconds"), (int, float)):
             found.append((t - float(e["seconds"]), "failure"))
-        elif name == "preemption_requested" and not str(e.get("source", "")).startswith("worker:") \
-                and first_step <= t <= end:
+        elif name == "preemption_requested" and first_step <= t <= end:  # the supervisor's, or a worker's
             found.append((t, "stop"))
         elif name in ("training_completed", "training_stopped") and _is_chief(e):
             found.append((t, "completed"))
     found = [(max(first_step, min(t, end)), why) for t, why in found]
     if found:
-        return min(found)
+        # Ties: a stop request and the run_state it causes are one stop, not a failure.
+        return min(found, key=lambda f: (f[0], f[1] != "stop"))
     workers = [t for t, e in mine if e.get("attempt") == a and e.get("role") in _WORKER_ROLES]
     return (max([first_step, *workers]) if workers else end), "unknown"
 

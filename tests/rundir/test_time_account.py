@@ -174,3 +174,20 @@ def test_a_hang_stands_still_from_its_last_progress_and_a_start_up_that_never_tr
     expected = {"startup": 2 + 4, "productive": 8, "standstill": 31 - 10}
     assert account.seconds == pytest.approx({c: expected.get(c, 0.0) for c in CATEGORIES}, abs=1e-6)
     assert account.phases == pytest.approx({"supervisor": 0.0, "launch": 2.0, "never_trained": 4.0})
+
+
+def test_a_workers_sigterm_is_a_stop_not_a_failure():
+    e = _Log()
+    sup = {"role": "supervisor"}
+    e.add(0, "run_started", workers=2, **sup)
+    e.add(0, "run_state", **{"from": "preparing", "to": "starting"}, attempt=1, **sup)
+    e.add(2, "first_step", global_step=1, attempt=1, rank=0, role="chief")
+    e.add(9, "preemption_requested", source="worker:1", attempt=1, rank=1, role="worker")
+    e.add(10, "preempted", global_step=90, attempt=1, rank=0, role="chief")
+    e.add(10.5, "worker_exited", rank=1, attempt=1, exit_code=143, state="exited", **sup)
+    e.add(11, "run_state", **{"from": "running", "to": "stopping"}, attempt=1, reason="every worker exited", **sup)
+    e.add(11, "run_state", **{"from": "stopping", "to": "preempted"}, attempt=1, **sup)
+    account = account_time(e)
+    assert [a.ended for a in account.attempts] == ["stop"]
+    expected = {"startup": 2, "productive": 7, "stopping": 2}
+    assert account.seconds == pytest.approx({c: expected.get(c, 0.0) for c in CATEGORIES}, abs=1e-6)
