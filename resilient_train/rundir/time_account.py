@@ -46,7 +46,8 @@ Categories (seconds):
   (``attempt_reached`` of ``a`` minus the next attempt's ``restored`` / ``fresh_start``
   step, summary.json's ``lost_steps``) at the run's step rate (steps over seconds between the
   first and the last ``train_progress`` of each attempt, pooled: ``benchmarks/goodput.py``'s
-  rate), carved out of attempt ``a``'s training, where they ran;
+  rate; without two in any attempt, attempt ``a``'s own: its training over the steps it ran),
+  carved out of attempt ``a``'s training, where they ran;
 * ``productive``: the rest of each attempt's first step to its training end;
 * ``standstill``: from a failure (the training end above: an abnormal exit, a hang's last
   progress, a resize) to the next attempt's start: detection, the rescue, teardown, the
@@ -329,10 +330,12 @@ def _attempt(a: int, start: float, end: float, mine: Sequence[tuple[float, Mappi
     train_end, ended = _training_end(mine, a, first_step, end)
     training = train_end - first_step
     carved = _carve(mine, a, first_step, train_end)
-    lost_steps = _lost_steps(events, a)
+    lost_steps, reached = _lost_steps(events, a)
     if lost_steps:
-        steps_run = _steps_in(mine, a, first_step, train_end)
-        per_step = 1.0 / rate if rate else (training / steps_run if steps_run else 0.0)
+        # the run's rate; without two train_progress in any attempt, this attempt's own average
+        first_global = next((e.get("global_step") for _, e in _of(mine, a, "first_step")), None)
+        steps_run = reached - first_global + 1 if isinstance(first_global, int) else 0
+        per_step = 1.0 / rate if rate else (training / steps_run if steps_run > 0 else 0.0)
         carved["replayed"] = lost_steps * per_step
     remaining = training
     for category in ("save_blocking", "evaluation", "epoch_ends", "slow_rank_wait", "replayed"):
@@ -438,12 +441,13 @@ def _pooled_rate(events: Sequence[Mapping[str, Any]], rel: Sequence[float]) -> f
     return steps / seconds if seconds > 0 and steps > 0 else None
 
 
-def _lost_steps(events: Sequence[Mapping[str, Any]], a: int) -> int:
-    """Steps attempt ``a`` ran that attempt ``a+1``'s restore discarded (summary.json's ``lost_steps``)."""
+def _lost_steps(events: Sequence[Mapping[str, Any]], a: int) -> tuple[int, int]:
+    """(steps attempt ``a`` ran that attempt ``a+1``'s restore discarded: summary.json's
+    ``lost_steps``, the step ``a`` reached); (0, 0) when the events do not say."""
     reached = [e.get("global_step") for e in events if e.get("event") == "attempt_reached" and e.get("attempt") == a]
     resumed = [e.get("global_step") for e in events if e.get("event") in ("restored", "fresh_start")
                and e.get("attempt") == a + 1]
     if not reached or not resumed or not isinstance(reached[-1], int) or not isinstance(resumed[0], int):
-        return 0
-    return max(0, reached[-1] - resumed[0])
+        return 0, 0
+    return max(0, reached[-1] - resumed[0]), reached[-1]
 

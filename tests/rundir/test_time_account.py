@@ -191,3 +191,19 @@ def test_a_workers_sigterm_is_a_stop_not_a_failure():
     assert [a.ended for a in account.attempts] == ["stop"]
     expected = {"startup": 2, "productive": 7, "stopping": 2}
     assert account.seconds == pytest.approx({c: expected.get(c, 0.0) for c in CATEGORIES}, abs=1e-6)
+
+
+def test_replayed_steps_without_a_step_rate_cost_the_attempts_own_average():
+    # no two train_progress in any attempt: attempt 1 ran steps 1..20 in its 22 s of training
+    events = [r for r in _killed_then_completed() if r["event"] != "train_progress"]
+    for r in events:
+        if r["event"] == "attempt_reached":
+            r["global_step"] = 20
+        if r["event"] == "restored":
+            r["global_step"] = 15
+    for r in events:  # no straggler's steps to count either, nor saves: only the replay is carved
+        if r["event"] in ("straggler_detected", "checkpoint_committed", "checkpoint_waited", "epoch_finished"):
+            r["event"] = "ignored"
+    account = account_time(events, wall_s=57.0)
+    assert account.attempts[0].replayed_steps == 5
+    assert account.attempts[0].seconds["replayed"] == pytest.approx(5 * 22 / 20, abs=1e-6)
