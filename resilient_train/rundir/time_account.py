@@ -96,6 +96,9 @@ DEFINITIONS: Mapping[str, str] = {
     "between_runs": "no resilient-train run under way (stopped between runs)",
     "other": "the wall time minus all the above: no event explains it",
 }
+# The order start-up runs in (runner/process/startup_phases.py); the table lists phases so.
+_PHASE_ORDER = ("supervisor", "launch", "standby_import", "handover", "imports", "bootstrap", "reach_peers",
+                "recipe_store", "chief_server", "strategy", "model_build", "setup", "agree", "input", "never_trained")
 _PHASE_CATEGORY = {"trace": "tracing", "first_call": "tracing", "fetch": "restore", "restore": "restore"}
 _WORKER_ROLES = frozenset({"chief", "worker"})
 _LEFT_RUNNING = frozenset({"stopping", "hung", "restarting", "resizing"})
@@ -271,7 +274,9 @@ def account_time(events: Sequence[Mapping[str, Any]], *, wall_s: float | None = 
     accounted = sum(v for c, v in run.seconds.items() if c != "other")
     run.seconds["other"] = wall - accounted
     replayed_steps = sum(a.replayed_steps for a in attempts)
-    return TimeAccount(wall, dict(run.seconds), dict(run.phases), tuple(attempts), replayed_steps, tuple(notes))
+    order = {name: n for n, name in enumerate(_PHASE_ORDER)}
+    phases = dict(sorted(run.phases.items(), key=lambda item: order.get(item[0], len(order))))
+    return TimeAccount(wall, dict(run.seconds), phases, tuple(attempts), replayed_steps, tuple(notes))
 
 
 def _attempt_start(mine: Sequence[tuple[float, Mapping[str, Any]]], a: int) -> float:
