@@ -32,9 +32,12 @@ Definitions (also stated on the page):
   ended the first (a SIGTERM or Ctrl-C stop, a preemption, a failure, a completion, a killed
   supervisor): no ``run`` was under way, so nothing was supposed to train and the time is
   nobody's downtime; shown as a gap, never a fault band;
-* *training time*: per attempt, from its ``first_step`` (else its first ``train_progress``)
-  to its last event from a worker; summed over attempts;
-* *goodput*: training time / (wall time - stopped between runs);
+* *where the time went*: every second of the wall time in one category (productive training,
+  start-up by phase, tracing, restore, replayed steps, standstill, save blocking, evaluation,
+  epoch ends, waiting for a slow rank, stopping, finish, between runs, other), each defined in
+  rundir/time_account.py, which summary.json's ``time_account`` uses too; one bar per attempt
+  and a table;
+* *goodput*: the account's productive training / (wall time - stopped between runs);
 * *downtime* of a restart or resize: from the moment the run left ``running`` (a
   ``run_state`` to ``stopping``, ``hung``, ``restarting`` or ``resizing``) to the next
   attempt's ``first_step`` (after a hang, from the last progress: ``hang_detected``'s
@@ -58,12 +61,13 @@ import html
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.time_account import (CATEGORIES, DEFINITIONS, TimeAccount, account_time,
+                                                 invocation_bounds, timestamp)
 from resilient_train.supervisor.console import checkpoint_position, event_line, inexact_text
 
 __all__ = ["RunView", "Band", "Gap", "Invocation", "load_run", "parse_events", "render_page", "FAULT_EVENTS",
@@ -105,11 +109,6 @@ FAULT_EVENTS: Mapping[str, str] = {
     "host_suspected": "host suspected",
 }
 _LEFT_RUNNING = frozenset({"stopping", "hung", "restarting", "resizing"})
-_WORKER_EVENT_ROLES = frozenset({"chief", "worker"})
-# An invocation's first own event: supervisor.py writes one of these once per `run`.
-_INVOCATION_OPENS = frozenset({"run_started", "run_already_complete"})
-# What its supervisor writes before that (supervisor.py _prepare), and so belongs to it too.
-_PREPARING = frozenset({"storage_claimed", "job_changed", "storage_retry"})
 
 # Layout of the timeline (px).
 _WIDTH = 1100
@@ -186,7 +185,7 @@ class RunView:
     _invocations: tuple[Invocation, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
-        times = tuple(_timestamp(e) for e in self.events)
+        times = tuple(timestamp(e) for e in self.events)
         known = [t for t in times if not math.isnan(t)]
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "t0", min(known) if known else 0.0)
@@ -257,16 +256,7 @@ class RunView:
         return len(self._invocations)
 
     def _split_invocations(self) -> list[Invocation]:
-        opens: list[int] = []
-        for i, e in enumerate(self.events):
-            if e.get("event") in _INVOCATION_OPENS:
-                first = i
-                while first > (opens[-1] + 1 if opens else 0) and _preparing(self.events[first - 1]):
-                    first -= 1
-                opens.append(first)
-        if not opens or opens[0] > 0:
-            opens.insert(0, 0)  # events before the first run_started (or none at all): one invocation
-        bounds = [*opens, len(self.events)]
+        bounds = [*invocation_bounds(self.events), len(self.events)]
         return [self._invocation(first, stop) for first, stop in zip(bounds, bounds[1:]) if stop > first] \
             or [Invocation(0, 0, 0.0, 0.0, None, None)]
 
@@ -321,18 +311,10 @@ class RunView:
                 bands.append(Band(open_kind, open_attempt, open_at, run.end, open_reason))
         return bands
 
-    def training_seconds(self) -> float:
-        first: dict[int, float] = {}
-        last: dict[int, float] = {}
-        for i, e in enumerate(self.events):
-            a, t = e.get("attempt"), self.at(i)
-            if not isinstance(a, int) or math.isnan(t):
-                continue
-            if e.get("event") in ("first_step", "train_progress") and a not in first:
-                first[a] = t
-            if e.get("role") in _WORKER_EVENT_ROLES:
-                last[a] = t
-        return sum(max(0.0, last[a] - first[a]) for a in first if a in last)
+    def time_account(self) -> TimeAccount:
+        """Where the wall time went (rundir/time_account.py): the gaps between invocations are
+        ``between_runs``; summary.json's wall time when it covers the run, else first to last event."""
+        return account_time(self.events, wall_s=self.wall_seconds(), gaps=[(g.start, g.end) for g in self.gaps()])
 
     def wall_seconds(self) -> float:
         # summary.json describes the last invocation only; several are measured by their events
@@ -341,9 +323,9 @@ class RunView:
         return self.t_end - self.t0
 
     def goodput(self) -> float | None:
-        """Training time / the wall time the run was under way (wall time - stopped between runs)."""
-        under_way = self.wall_seconds() - sum(g.seconds for g in self.gaps())
-        return self.training_seconds() / under_way if under_way > 0 else None
+        """Productive training / the wall time the run was under way (wall time - stopped between
+        runs): the time account's (rundir/time_account.py), summary.json's definition too."""
+        return self.time_account().goodput
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """(label, value) of the summary table, from summary.json where present, else events."""
@@ -369,7 +351,8 @@ class RunView:
         preemptions = pick("preemptions")
         if preemptions is None:
             preemptions = sum(e.get("event") == "preempted" for e in self.events)
-        wall, training, goodput = self.wall_seconds(), self.training_seconds(), self.goodput()
+        account = self.time_account()
+        wall, training, goodput = self.wall_seconds(), account.seconds["productive"], account.goodput
         lost_time = sum(b.downtime_s for b in self.bands())
         between = sum(g.seconds for g in self.gaps())
         root = s.get("root_cause") or {}
@@ -385,7 +368,7 @@ class RunView:
             ("lost steps", _text(pick("lost_steps"))),
             ("wall time", f"{wall:.1f} s"),
             ("stopped between runs", f"{between:.1f} s"),
-            ("training time", f"{training:.1f} s"),
+            ("productive training", f"{training:.1f} s"),
             ("time lost (downtime)", f"{lost_time:.1f} s"),
             ("goodput", f"{goodput:.1%}" if goodput is not None else "-"),
         ]
@@ -433,13 +416,6 @@ def _exact_row(exact: Any, inexact: Any) -> list[tuple[str, str]]:
     return [("exact", "NO: not an uninterrupted run's weights: " + inexact_text(inexact or []))]
 
 
-def _preparing(e: Mapping[str, Any]) -> bool:
-    """An event a supervisor writes before its ``run_started`` (supervisor.py ``_prepare``)."""
-    if e.get("role") in _WORKER_EVENT_ROLES:
-        return False
-    return e.get("event") in _PREPARING or (e.get("event") == "run_state" and e.get("from") == "preparing")
-
-
 def _resume_band(before: Invocation) -> tuple[str, str] | None:
     """(kind, reason) of the band from a later invocation's start to its first step, or None
     when that start-up is plain start-up (module docstring, *downtime*)."""
@@ -448,13 +424,6 @@ def _resume_band(before: Invocation) -> tuple[str, str] | None:
     if before.status == "preempted" and before.stopped_by and not before.stopped_by.startswith("SIG"):
         return "preemption", f"resumed after a preemption ({before.stopped_by})"
     return None
-
-
-def _timestamp(record: Mapping[str, Any]) -> float:
-    try:
-        return datetime.fromisoformat(str(record["ts"])).timestamp()
-    except (KeyError, ValueError):
-        return math.nan
 
 
 def _text(value: Any) -> str:
@@ -621,6 +590,70 @@ def _timeline(view: RunView) -> str:
     return "\n".join(out)
 
 
+_CATEGORY_COLOURS: Mapping[str, str] = {
+    "productive": "#2ca02c", "startup": "#9ecae1", "tracing": "#6baed6", "restore": "#3182bd", "replayed": "#d62728",
+    "standstill": "#ff9896", "save_blocking": "#ffbb78", "evaluation": "#c5b0d5", "epoch_ends": "#9467bd",
+    "slow_rank_wait": "#e377c2", "stopping": "#c49c94", "finish": "#8c564b", "between_runs": "#d9d9d9",
+    "other": "#7f7f7f",
+}
+_BAR_W, _BAR_H, _BAR_LABEL_W = 860, 18, 110
+
+
+def _time_bars(account: TimeAccount) -> str:
+    """One stacked bar for the run and one per attempt, each its own span at full width; a
+    segment per category with seconds (class ``time-seg``, ``data-category``, ``data-seconds``)."""
+    rows: list[tuple[str, str, Mapping[str, float], float]] = [("run", "run", account.seconds, account.wall_s)]
+    rows += [(f"attempt {a.attempt}", str(a.attempt), a.seconds, a.span_s) for a in account.attempts]
+    height = len(rows) * (_BAR_H + 8) + 4
+    out = [f'<svg id="time-bars" xmlns="http://www.w3.org/2000/svg" width="{_BAR_LABEL_W + _BAR_W + 10}" '
+           f'height="{height}" viewBox="0 0 {_BAR_LABEL_W + _BAR_W + 10} {height}">']
+    for n, (label, key, seconds, total) in enumerate(rows):
+        y = 2 + n * (_BAR_H + 8)
+        out.append(f'<g class="time-bar" data-attempt="{_e(key)}" data-seconds="{total:.3f}">'
+                   f'<text x="4" y="{y + _BAR_H - 5}" font-size="12">{_e(label)}</text>')
+        x = float(_BAR_LABEL_W)
+        for category in CATEGORIES:
+            value = seconds.get(category, 0.0)
+            if value <= 0:
+                continue
+            width = _BAR_W * value / total if total > 0 else 0.0
+            share = value / total if total > 0 else 0.0
+            out.append(f'<rect class="time-seg" data-category="{category}" data-seconds="{value:.3f}" x="{x:.1f}" '
+                       f'y="{y}" width="{width:.1f}" height="{_BAR_H}" fill="{_CATEGORY_COLOURS[category]}">'
+                       f'<title>{_e(label)}: {category} {value:.1f} s ({share:.1%})</title></rect>')
+            x += width
+        out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _time_table(account: TimeAccount) -> str:
+    """The run's seconds and share per category, with each one's definition; start-up by phase."""
+    wall = account.wall_s
+    rows = []
+    for category in CATEGORIES:
+        value = account.seconds[category]
+        share = f"{value / wall:.1%}" if wall > 0 else "-"
+        rows.append(f'<tr class="time-row" data-category="{category}" data-seconds="{value:.3f}"><td>'
+                    f'<span style="color:{_CATEGORY_COLOURS[category]}">&#9632;</span> {category}</td>'
+                    f'<td>{value:.1f} s</td><td>{share}</td><td class="note">{_e(DEFINITIONS[category])}</td></tr>')
+        if category == "startup":
+            rows += [f'<tr class="time-phase" data-phase="{_e(phase)}" data-seconds="{seconds:.3f}"><td>'
+                     f'&nbsp;&nbsp;{_e(phase)}</td><td>{seconds:.1f} s</td><td></td><td></td></tr>'
+                     for phase, seconds in account.phases.items() if seconds > 0]
+    total = sum(account.seconds.values())
+    rows.append(f'<tr class="time-total" data-seconds="{total:.3f}"><td>wall time</td><td>{wall:.1f} s</td>'
+                f'<td>100%</td><td class="note">the categories add up to it: other is what no event explains</td></tr>')
+    notes = "".join(f'<p class="note time-note">{_e(n)}</p>' for n in account.notes)
+    goodput = f"{account.goodput:.1%}" if account.goodput is not None else "-"
+    return ('<table class="time-account">\n' + "\n".join(rows) + "\n</table>\n" + notes +
+            f'<p class="note" id="goodput-definition" data-goodput="{_e(goodput)}">goodput = productive / (wall time '
+            f'- between_runs) = {goodput}. <code>benchmarks/goodput.py</code> measures another window: from a kill '
+            f'to the next, with what a failure costs (standstill, the restart\'s start-up, tracing and restore, '
+            f'replayed steps: here {account.failure_cost_s:.1f} s) as the only loss, so its figure leaves out the '
+            f'first start-up, saves, epoch ends and the finish, and is higher.</p>')
+
+
 def _commit_text(e: Mapping[str, Any]) -> str:
     """A commit tick's tooltip, in the console's words (1-based epochs: checkpoint_position)."""
     where = f" ({checkpoint_position(e)})" if isinstance(e.get("epoch"), int) and \
@@ -694,6 +727,7 @@ def render_page(view: RunView, *, title: str | None = None) -> str:
     legend = ('<p class="legend"><span>&#9670; fault (hover: root cause)</span><span>| checkpoint commit</span>'
               '<span>red: restart / resize / preemption downtime</span><span>grey: between runs (no run under '
               'way)</span><span>bars: attempts and worker processes</span></p>')
+    account = view.time_account()
     charts = "\n".join(_chart(name, points, restores) for name, points in curves.items()) \
         or '<p class="note">no train_progress or epoch_finished events</p>'
     return f"""<!DOCTYPE html>
@@ -706,10 +740,15 @@ def render_page(view: RunView, *, title: str | None = None) -> str:
 <table class="summary">
 {summary}
 </table>
-<p class="note">goodput = training time / (wall time - stopped between runs); training time: each attempt from
-its first step to its last worker event; downtime: from leaving <code>running</code> to the next attempt's first
-step; stopped between runs: from the end of one <code>resilient-train run</code> to the start of the next (a stop,
-a failure, a killed supervisor), when nothing was supposed to train.</p>
+<p class="note">goodput = productive training / (wall time - stopped between runs) (where the time went,
+below); downtime: from leaving <code>running</code> to the next attempt's first step; stopped between runs: from
+the end of one <code>resilient-train run</code> to the start of the next (a stop, a failure, a killed
+supervisor), when nothing was supposed to train.</p>
+<h2>Where the time went</h2>
+<p class="note">Every second of the wall time in one category; one bar for the run and one per attempt (each
+its own span), from events.jsonl (<code>resilient_train/rundir/time_account.py</code>).</p>
+{_time_bars(account)}
+{_time_table(account)}
 <h2>Timeline</h2>
 {legend}
 {_timeline(view)}

@@ -19,6 +19,7 @@ from resilient_train.rundir.atomic import write_atomic
 from resilient_train.rundir.layout import RunDir
 from resilient_train.rundir.redact import redact
 from resilient_train.rundir import stepmarker
+from resilient_train.rundir.time_account import account_time, last_invocation
 
 __all__ = ["RootCauseRecord", "RunTotals", "reached_step", "count_lost_steps", "final_validation", "attempt_world_sizes", "anomalies", "stragglers", "build_summary", "write_summary"]
 
@@ -179,6 +180,8 @@ def build_summary(
         "storage": storage_url,
         "events": str(run_dir.events),
         **final_validation(records),
+        # This invocation's wall time, every second in one category (rundir/time_account.py).
+        "time_account": account_time(last_invocation(records), wall_s=wall_time_s).to_json(),
         "wall_time_s": round(wall_time_s, 3),
         "finished_at": finished_at.isoformat(timespec="seconds"),
     }

@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 
 from resilient_train.cli import main as cli_main
 from resilient_train.commands.report_page import load_run, parse_events, render_page
@@ -146,10 +148,11 @@ def test_the_summary_from_events_and_goodput(tmp_path):
     assert rows["lost steps"] == "5"
     assert rows["wall time"] == "17.0 s"
     assert rows["stopped between runs"] == "0.0 s"  # one invocation
-    # attempt 1: first step 3 s to its last worker event 5 s; attempt 2: 14 s to 16 s
-    assert rows["training time"] == "4.0 s"
+    # the time account's productive training (rundir/time_account.py): attempt 1 from its first step
+    # at 3 s to rank 1's death at 6 s; attempt 2 from 14 s to training_completed at 16 s
+    assert rows["productive training"] == "5.0 s"
     assert rows["time lost (downtime)"] == "8.0 s"
-    assert rows["goodput"] == "23.5%"
+    assert rows["goodput"] == "29.4%"  # 5 / 17
 
 
 def test_summary_json_wins_over_the_events(tmp_path):
@@ -157,7 +160,7 @@ def test_summary_json_wins_over_the_events(tmp_path):
                "root_cause": {"rank": 1, "exit": "killed by SIGKILL", "global_step": 15, "attempt": 1}}
     dom = _dom(_write_run(tmp_path, _run_events(), summary=summary))
     rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
-    assert (rows["lost steps"], rows["wall time"], rows["goodput"]) == ("7", "40.0 s", "10.0%")
+    assert (rows["lost steps"], rows["wall time"], rows["goodput"]) == ("7", "40.0 s", "12.5%")  # 5 / 40
     assert rows["root cause"] == "rank 1 killed by SIGKILL at global_step 15 (attempt 1)"
 
 
@@ -313,9 +316,10 @@ def test_a_stop_and_a_rerun_20_s_later_is_a_gap_not_downtime(tmp_path):
     rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
     assert (rows["wall time"], rows["stopped between runs"], rows["time lost (downtime)"]) == (
         "41.6 s", "20.0 s", "0.0 s")
-    # training: attempt 1 from 3 s to its chief's last event 11 s, attempt 2 from 34.6 s to 40.6 s = 14 s
-    # of the 41.6 - 20.0 = 21.6 s the run was under way (it was 14 / 41.6 = 33.7% with the pause counted)
-    assert (rows["training time"], rows["goodput"]) == ("14.0 s", "64.8%")
+    # productive: attempt 1 from 3 s to the stop request at 10 s (its save and exit, 10 s to 11.6 s, are
+    # stopping), attempt 2 from 34.6 s to 40.6 s = 13 s of the 41.6 - 20.0 = 21.6 s the run was under way
+    # (13 / 41.6 = 31.2% with the pause counted)
+    assert (rows["productive training"], rows["goodput"]) == ("13.0 s", "60.2%")
 
 
 def test_a_rerun_after_a_preemption_notice_pays_its_start_up_as_downtime(tmp_path):
@@ -325,7 +329,7 @@ def test_a_rerun_after_a_preemption_notice_pays_its_start_up_as_downtime(tmp_pat
     assert [(b["data-kind"], b["data-attempt"], b["data-downtime"]) for b in dom.of_class("band")] == [
         ("preemption", "2", "3.000")]
     rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
-    assert (rows["stopped between runs"], rows["time lost (downtime)"], rows["goodput"]) == ("20.0 s", "3.0 s", "64.8%")
+    assert (rows["stopped between runs"], rows["time lost (downtime)"], rows["goodput"]) == ("20.0 s", "3.0 s", "60.2%")
 
 
 def test_a_killed_supervisor_ends_its_invocation_at_its_last_event(tmp_path):
@@ -418,3 +422,23 @@ def test_an_anomaly_its_rollback_its_verdict_and_a_suspected_host_are_markers_in
                             "data or the model); training goes on")
     assert all(text in dom.titles for _, text in health)
     assert [m["data-event"] for m in dom.of_class("marker")].count("host_suspected") == 1
+
+
+def test_where_the_time_went_one_bar_per_attempt_and_a_table_that_adds_up(tmp_path):
+    dom = _dom(_write_run(tmp_path, _stopped_and_rerun()))
+    bars = dom.of_class("time-bar")
+    assert [(b["data-attempt"], b["data-seconds"]) for b in bars] == [("run", "41.600"), ("1", "11.500"),
+                                                                      ("2", "9.900")]
+    segments = [(s["data-category"], round(float(s["data-seconds"]), 2)) for s in dom.of_class("time-seg")]
+    # the run's bar first: its categories in the table's order, then attempt 1's (0.1 s to the end of its
+    # invocation, 11.6 s), then attempt 2's (31.7 s to 41.6 s; each supervisor's 0.1 s before its first
+    # attempt is the run's start-up, in no attempt)
+    assert segments == [
+        ("productive", 13.0), ("startup", 6.0), ("stopping", 1.6), ("finish", 1.0), ("between_runs", 20.0),
+        ("productive", 7.0), ("startup", 2.9), ("stopping", 1.6),
+        ("productive", 6.0), ("startup", 2.9), ("finish", 1.0)]
+    table = {r["data-category"]: float(r["data-seconds"]) for r in dom.of_class("time-row")}
+    assert sum(table.values()) == pytest.approx(41.6, abs=1e-3) and table["other"] == pytest.approx(0, abs=1e-3)
+    assert [r["data-phase"] for r in dom.of_class("time-phase")] == ["supervisor", "launch"]
+    [definition] = [attrs for _, attrs in dom.elements if attrs.get("id") == "goodput-definition"]
+    assert definition["data-goodput"] == "60.2%"  # the summary's goodput: one definition

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from resilient_train.commands.report_page import load_run
 from tests.integration.conftest import DIGITS, DIGITS_FLAGS
 from tests.integration.harness import run_job, run_job_until, worker_pids
 from resilient_train.errors import EXIT_FAILURE
@@ -79,6 +80,20 @@ def test_kill_non_chief_gang_restart_is_exact(tmp_path, digits_reference):
     logs = "".join(p.read_text() for p in sorted((tmp_path / "run").glob("attempt-*/worker-*.log")))
     assert logs.count("iterator_state_sized") >= 1  # the iterator-state gathers ran
     assert (logs.count("eagerly has significant overhead"), logs.count("`deterministic` argument")) == (0, 0)
+    # Where the time went (issue 49; rundir/time_account.py): every second of the wall time in one
+    # category; the kill's standstill and the steps it made the group run twice are there.
+    account = job.summary["time_account"]
+    assert sum(account["seconds"].values()) == pytest.approx(job.summary["wall_time_s"], rel=0.01)
+    assert account["wall_s"] == job.summary["wall_time_s"]
+    assert account["seconds"]["standstill"] > 0 and account["seconds"]["productive"] > 0
+    assert {n: a["ended"] for n, a in account["attempts"].items()} == {"1": "failure", "2": "completed"}
+    assert account["replayed_steps"] == account["attempts"]["1"]["replayed_steps"] == job.summary["lost_steps"]
+    assert (account["seconds"]["replayed"] > 0) == (job.summary["lost_steps"] > 0)
+    assert account["goodput"] == pytest.approx(account["seconds"]["productive"] / job.summary["wall_time_s"], abs=1e-4)
+    # the page's account is the same (it also sees run_finished, written after summary.json)
+    page = load_run(tmp_path / "run").time_account()
+    assert page.seconds["productive"] == pytest.approx(account["seconds"]["productive"], abs=2e-3)
+    assert page.goodput == pytest.approx(account["goodput"], abs=1e-4)
 
 
 @pytest.mark.slow  # the chaos CI scenario seeds-experiment runs the same kill

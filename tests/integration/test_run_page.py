@@ -72,7 +72,9 @@ def test_the_pause_between_the_runs_is_a_gap_not_downtime(stopped_and_resumed):
     assert dom.of_class("band") == []  # no restart in either invocation, and a person's stop is no fault
     rows = dict(zip(dom.cells[0::2], dom.cells[1::2]))
     assert rows["stopped between runs"] == f"{gap.seconds:.1f} s"
-    assert rows["goodput"] == f"{view.training_seconds() / (view.wall_seconds() - gap.seconds):.1%}"
+    account = view.time_account()  # productive training over the time the run was under way
+    assert rows["goodput"] == f"{account.seconds['productive'] / (view.wall_seconds() - gap.seconds):.1%}"
+    assert account.seconds["between_runs"] == pytest.approx(gap.seconds)
     preempted = next(e for e in view.events if e["event"] == "preempted")
     assert f"saved global step {preempted['global_step']} (epoch {preempted['epoch'] + 1}, step " \
            f"{preempted['step_in_epoch']}) and stopped" in "\n".join(dom.titles)

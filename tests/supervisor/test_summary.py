@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 from resilient_train.rundir.layout import RunDir
+from resilient_train.rundir.time_account import CATEGORIES
 from resilient_train.supervisor.summary import (
     RootCauseRecord,
     RunTotals,
@@ -72,6 +73,10 @@ def test_summary_names_the_checkpoint_totals_and_attempts_and_is_written_atomica
                  {"event": "worker_started", "attempt": 2, "rank": 0}], wall_time_s=1.23456,
         finished_at=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
     )
+    # events without a ts place no second: the whole wall time is "other", never hidden
+    account = summary.pop("time_account")
+    assert account["seconds"] == {**{c: 0.0 for c in CATEGORIES}, "other": 1.235}
+    assert (account["wall_s"], account["goodput"]) == (1.235, 0.0)
     assert summary == {
         "status": "completed", "run_id": "r", "recipe": "recipes/x.py",
         "epochs": 2, "global_step": 20, "weights_sha256": "a" * 64, "checkpoint": "file:///s/ckpt-000000000020",

@@ -18,6 +18,7 @@ its last step: :meth:`EpochEnd.extra`) and whether a callback stopped training
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -109,6 +110,7 @@ class EpochEnd:
         # every worker: the run completes at this epoch's end (training_stopped; the manifest's
         # stopped_early, callbacks.json's stopped). Not a preemption.
         self.stopped_early = False
+        self._eval_s = 0.0  # this epoch end's evaluation so far (epoch_finished's eval_s)
 
     def extra(self, global_step: int) -> dict[str, Any]:
         """The epoch's results for the save of ``global_step`` when it is the epoch-end checkpoint."""
@@ -128,6 +130,7 @@ class EpochEnd:
         the epoch again, which reports it then; a kill after it leaves the report to the
         restore (:meth:`report_after_restore`). Exactly once either way.
         """
+        started, self._eval_s = time.perf_counter(), 0.0
         if self._own_step is not None:  # the trackers' results, or the last step's logs (Keras' choice)
             means = self._own_step.epoch_logs(means)
         validation, logs = self._callbacks_epoch_end(epoch, means) if self._callbacks else (None, None)
@@ -145,7 +148,9 @@ class EpochEnd:
         if validation is None:
             validation = self.evaluate(epoch)
         self._saving.checkpointer.flush()  # the epoch-end checkpoint is committed (the chief's wait; others have none)
-        self._report(self.results, validation, stopped_early=self.stopped_early)
+        # Where the epoch end's time went (rundir/time_account.py): the whole of it, and its evaluation.
+        timing = {"seconds": round(time.perf_counter() - started, 4), "eval_s": round(self._eval_s, 4)}
+        self._report(self.results, validation, stopped_early=self.stopped_early, timing=timing)
         self._faults.hit("after_epoch_finished", global_step)
 
     def evaluate(self, epoch: int) -> dict[str, Any]:
@@ -155,11 +160,12 @@ class EpochEnd:
         evaluation never finished, it runs then."""
         if self._evaluator is None:
             return {}
-        previous = self._phase.enter(PHASE_EVAL)
+        previous, started = self._phase.enter(PHASE_EVAL), time.perf_counter()
         try:
             fields = self._evaluator.after_epoch(epoch + 1)
         finally:
             self._phase.restore(previous)
+            self._eval_s += time.perf_counter() - started
         self._faults.hit("after_evaluation", int(self._counters.global_step.numpy()))
         return fields
 
@@ -186,10 +192,10 @@ class EpochEnd:
 
     @staticmethod
     def _report(results: EpochResults, validation: dict[str, Any], *, stopped_early: bool,
-                after_restore: bool = False) -> None:
+                after_restore: bool = False, timing: dict[str, float] | None = None) -> None:
         """``epoch_finished`` (and ``training_stopped`` when a callback ended training there)."""
         emit("epoch_finished", group=True, **results.event_fields(validation),
-             **({"after_restore": True} if after_restore else {}))
+             **({"after_restore": True} if after_restore else {}), **(timing or {}))
         if stopped_early:
             emit("training_stopped", group=True, epoch=results.epoch, global_step=results.global_step,
                  reason="model.stop_training")
