@@ -223,13 +223,25 @@ class CheckpointStore(OnStorage):
         extra: dict[str, Any] | None = None,
         on_uploaded: Callable[[str], None] | None = None,
         known: Mapping[str, FileEntry] | None = None,
+        shares: Mapping[str, FileEntry] | None = None,
+        before_manifest: Callable[[], None] | None = None,
     ) -> Manifest:
         """See ``CommitPath.commit``."""
         return self._writer.commit(
             local_dir, run_id=run_id, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
             world_size=world_size, weights_sha256=weights_sha256, tf_version=tf_version, extra=extra,
-            on_uploaded=on_uploaded, known=known,
+            on_uploaded=on_uploaded, known=known, shares=shares, before_manifest=before_manifest,
         )
+
+    def upload_share(self, local_files: Mapping[str, Path], *, global_step: int, rank: int,
+                     known: Mapping[str, FileEntry] | None = None) -> dict[str, FileEntry]:
+        """See ``CommitPath.upload_share``."""
+        return self._writer.upload_share(local_files, global_step=global_step, rank=rank, known=known)
+
+    def wait_for_shares(self, global_step: int, ranks: Mapping[int, Mapping[str, FileEntry]], *,
+                        timeout_s: float) -> None:
+        """See ``CommitPath.wait_for_shares``."""
+        self._writer.wait_for_shares(global_step, ranks, timeout_s=timeout_s)
 
     # -- deletion (checkpoint/retention.py) ------------------------------------------------
 

@@ -162,11 +162,14 @@ def commit_checkpoint(
     keep: int,
     emit: Callable[..., None] = _default_emit,
     known: dict[str, FileEntry] | None = None,
+    shares: dict[str, FileEntry] | None = None,
+    before_manifest: Callable[[], None] | None = None,
 ) -> Manifest:
     """Upload ``local_dir`` and write the manifest (the commit), then apply retention.
 
     Shared by the sync and async paths so both commit exactly the same way. The fault
     points ``before_commit`` / ``after_commit`` fire in whichever thread commits.
+    ``shares`` / ``before_manifest``: a sharded save's chief (runner/state/sharded_save.py).
     """
     step = request.global_step
     faults.hit("before_commit", step)
@@ -183,6 +186,8 @@ def commit_checkpoint(
         extra=dict(request.extra),
         on_uploaded=lambda name: faults.hit("mid_upload", step),
         known=known,
+        shares=shares,
+        before_manifest=before_manifest,
     )
     emit(
         "checkpoint_committed",
@@ -195,6 +200,8 @@ def commit_checkpoint(
         size=manifest.total_size,
         commit_s=round(time.perf_counter() - started, 4),
         **({"blocked_ms": request.blocked_ms} if request.blocked_ms is not None else {}),
+        **({"writers": len({*manifest.extra["sharded_save"]["writers"].values()})}
+           if "sharded_save" in manifest.extra else {}),
     )
     faults.hit("after_commit", step)
     store.retain(keep)
