@@ -136,6 +136,7 @@ class CommitPath(OnStorage):
         known: Mapping[str, FileEntry] | None = None,
         shares: Mapping[str, FileEntry] | None = None,
         before_manifest: Callable[[], None] | None = None,
+        share_copies: Mapping[str, Path] | None = None,
     ) -> Manifest:
         """Upload every file under ``local_dir`` into ckpt-<global_step>/, then the manifest.
 
@@ -143,7 +144,8 @@ class CommitPath(OnStorage):
         ``upload_share``); the manifest lists them with these entries, and ``local_dir`` must
         not hold them. ``before_manifest()`` runs after this writer's uploads, before the
         manifest: a sharded save's chief waits there for the others (``wait_for_shares``),
-        so its own upload overlaps theirs.
+        so its own upload overlaps theirs. ``share_copies``: this host's copies of those files
+        (the chief wrote every share locally), so the host cache still gets the whole checkpoint.
 
         ``on_uploaded(relative_name)`` is called after each data file is uploaded (progress,
         and the chaos suite's "killed mid-upload" fault point). ``known``: the size and
@@ -206,14 +208,16 @@ class CommitPath(OnStorage):
             if removed:  # same type: a transient failure must stay restartable (errors.py EXIT_RULES)
                 error = type(error)(f"{error} (the partial upload was removed)")
             raise error from None
-        if self._host_cache is not None and not shares:  # a sharded save's chief does not hold every file
-            write_through(self._host_cache, name, local_files, manifest, emit=self._emit)
+        cached = {**local_files, **(share_copies or {})}
+        if self._host_cache is not None and cached.keys() == manifest.files.keys():
+            write_through(self._host_cache, name, cached, manifest, emit=self._emit)
         return manifest
 
     # -- sharded saves (checkpoint/shares.py) ----------------------------------------
 
     def upload_share(self, local_files: Mapping[str, Path], *, global_step: int, rank: int,
-                     known: Mapping[str, FileEntry] | None = None) -> dict[str, FileEntry]:
+                     known: Mapping[str, FileEntry] | None = None,
+                     on_uploaded: Callable[[str], None] | None = None) -> dict[str, FileEntry]:
         """A non-chief writer's part of a sharded save: upload ``local_files`` (name in the
         checkpoint directory -> local path) into ckpt-<global_step>/, then its share record.
 
@@ -221,6 +225,8 @@ class CommitPath(OnStorage):
         committed already, nothing is overwritten: files the manifest lists with the same
         bytes are left as they are (the record still confirms them), other bytes are refused
         (StorageError), since replacing a file under a live manifest tears the checkpoint.
+        ``on_uploaded(name)``: after each file, before the record (the chaos suite's
+        "killed mid-upload" point, as in ``commit``).
         """
         name = self.dir_name(global_step)
         try:
@@ -242,6 +248,8 @@ class CommitPath(OnStorage):
                         self._check_fence("upload", f"{name}/{rel}")
                         checked = _monotonic()
                     entries[rel] = self._upload(Path(src), f"{name}/{rel}", (known or {}).get(rel))
+                    if on_uploaded is not None:
+                        on_uploaded(rel)
             self._check_fence("write share record", name)
             record = share_record(rank, entries, generation=None if self._fence is None else self._fence.generation)
             self._put_small(f"{name}/{share_record_name(rank)}", record)

@@ -164,12 +164,13 @@ def commit_checkpoint(
     known: dict[str, FileEntry] | None = None,
     shares: dict[str, FileEntry] | None = None,
     before_manifest: Callable[[], None] | None = None,
+    share_copies: dict[str, Path] | None = None,
 ) -> Manifest:
     """Upload ``local_dir`` and write the manifest (the commit), then apply retention.
 
     Shared by the sync and async paths so both commit exactly the same way. The fault
     points ``before_commit`` / ``after_commit`` fire in whichever thread commits.
-    ``shares`` / ``before_manifest``: a sharded save's chief (runner/state/sharded_save.py).
+    ``shares`` / ``before_manifest`` / ``share_copies``: a sharded save's chief (runner/state/sharded_save.py).
     """
     step = request.global_step
     faults.hit("before_commit", step)
@@ -188,6 +189,7 @@ def commit_checkpoint(
         known=known,
         shares=shares,
         before_manifest=before_manifest,
+        share_copies=share_copies,
     )
     emit(
         "checkpoint_committed",

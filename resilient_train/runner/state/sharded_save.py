@@ -169,7 +169,9 @@ def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, 
     if context.finite_only and context.rank == 0:
         check_finite_state(twin.named_values(), global_step=step)
     local_dir = Path(context.staging_root) / CheckpointStore.dir_name(step)
-    shutil.rmtree(local_dir, ignore_errors=True)
+    aside = local_dir.with_name(local_dir.name + ".shares")
+    for leftover in (local_dir, aside):
+        shutil.rmtree(leftover, ignore_errors=True)
     local_dir.mkdir(parents=True)
     try:
         writer.write(str(local_dir / PREFIX))
@@ -177,22 +179,28 @@ def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, 
         if context.rank != 0:
             mine = data[context.rank]
             started = time.perf_counter()
-            entries = context.store.upload_share({mine.name: mine}, global_step=step, rank=context.rank)
+            entries = context.store.upload_share({mine.name: mine}, global_step=step, rank=context.rank,
+                                                 on_uploaded=lambda name: context.faults.hit("mid_upload", step))
             emit("checkpoint_share_uploaded", global_step=step, shard=context.rank, file=mine.name,
                  size=entries[mine.name].size, upload_s=round(time.perf_counter() - started, 4))
             return None
+        # The other shares' copies move out of the directory the chief uploads (their owners
+        # upload them); the manifest takes the hashes computed here, the host cache the copies.
+        aside.mkdir(parents=True)
         expected: dict[int, dict[str, FileEntry]] = {}
+        copies: dict[str, Path] = {}
         for k in range(1, writer.shares):
             expected[k] = {data[k].name: sha256_file(data[k])}
-            data[k].unlink()  # uploaded by its owner; the manifest takes the hash computed here
+            copies[data[k].name] = data[k].rename(aside / data[k].name)
         shares = {name: entry for files in expected.values() for name, entry in files.items()}
         known = write_request_files(local_dir, request)
         sharded_request = dataclasses.replace(request, extra={**request.extra, SHARDED_EXTRA_KEY: writer.extra()})
         return commit_checkpoint(
             context.store, local_dir, sharded_request, run_id=context.run_id, world_size=context.world_size,
             weights_sha256=context.digest(twin.digest_view), faults=context.faults, keep=context.keep, emit=emit,
-            known=known, shares=shares,
+            known=known, shares=shares, share_copies=copies,
             before_manifest=lambda: context.store.wait_for_shares(step, expected, timeout_s=context.wait_timeout_s),
         )
     finally:
-        shutil.rmtree(local_dir, ignore_errors=True)
+        for done in (local_dir, aside):
+            shutil.rmtree(done, ignore_errors=True)
