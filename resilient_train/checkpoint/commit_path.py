@@ -21,7 +21,7 @@ import stat
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from resilient_train.checkpoint._files import abandon_write, create_or_confirm, write_create_only
 from resilient_train.checkpoint._storage import OnStorage, StorageRoot
@@ -134,18 +134,18 @@ class CommitPath(OnStorage):
         extra: dict[str, Any] | None = None,
         on_uploaded: Callable[[str], None] | None = None,
         known: Mapping[str, FileEntry] | None = None,
-        shares: Mapping[str, FileEntry] | None = None,
-        before_manifest: Callable[[], None] | None = None,
+        shares: Collection[str] = (),
+        before_manifest: Callable[[], Mapping[str, FileEntry]] | None = None,
         share_copies: Mapping[str, Path] | None = None,
     ) -> Manifest:
         """Upload every file under ``local_dir`` into ckpt-<global_step>/, then the manifest.
 
-        ``shares``: files of this checkpoint that other writers upload (a sharded save:
-        ``upload_share``); the manifest lists them with these entries, and ``local_dir`` must
-        not hold them. ``before_manifest()`` runs after this writer's uploads, before the
-        manifest: a sharded save's chief waits there for the others (``wait_for_shares``),
-        so its own upload overlaps theirs. ``share_copies``: this host's copies of those files
-        (the chief wrote every share locally), so the host cache still gets the whole checkpoint.
+        ``shares``: names of files of this checkpoint that other writers upload (a sharded
+        save: ``upload_share``); ``local_dir`` must not hold them. ``before_manifest()`` runs
+        after this writer's uploads, before the manifest, and returns their entries: a sharded
+        save's chief waits there for the others (``wait_for_shares``), so its own upload
+        overlaps theirs. ``share_copies``: this host's copies of those files (the chief wrote
+        every share locally), so the host cache still gets the whole checkpoint.
 
         ``on_uploaded(relative_name)`` is called after each data file is uploaded (progress,
         and the chaos suite's "killed mid-upload" fault point). ``known``: the size and
@@ -160,10 +160,11 @@ class CommitPath(OnStorage):
         local_files = {p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*")) if p.is_file()}
         if not local_files:
             raise ValueError(f"Received local_dir={str(local_dir)!r}; expected at least one file in it")
-        shares = dict(shares or {})
-        if shares.keys() & local_files.keys():
-            raise ValueError(f"Received shares {sorted(shares.keys() & local_files.keys())} that are also in "
-                             f"local_dir={str(local_dir)!r}; expected each file from one writer")
+        shares = sorted(shares)
+        if set(shares) & local_files.keys() or (shares and before_manifest is None):
+            raise ValueError(f"Received shares={shares} with files {sorted(local_files)} in local_dir and "
+                             f"before_manifest={before_manifest!r}; expected files from other writers only, "
+                             "and before_manifest to give their entries")
         # Validates every field before the first byte is uploaded.
         extra = dict(extra or {})
         if self._fence is not None:
@@ -195,9 +196,12 @@ class CommitPath(OnStorage):
                     if on_uploaded is not None:
                         on_uploaded(rel)
                 uploading = False  # past here a failure may be another writer's manifest: keep files
-                entries.update(shares)
             if before_manifest is not None:
-                before_manifest()
+                shared = dict(before_manifest())
+                if sorted(shared) != shares or any(entries.get(rel, shared[rel]) != shared[rel] for rel in shared):
+                    raise StorageError(f"cannot commit {self._url(name)}: the other writers' files {sorted(shared)} "
+                                       f"are not the expected {shares}, or not the committed ones")
+                entries.update(shared)
             manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
             self._check_fence("write manifest", f"{name}/{MANIFEST_NAME}")
             self._put_manifest(name, manifest.to_json().encode(), replace=replacing)
@@ -258,11 +262,12 @@ class CommitPath(OnStorage):
         return entries
 
     def wait_for_shares(self, global_step: int, ranks: Mapping[int, Mapping[str, FileEntry]], *,
-                        timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> None:
+                        timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> dict[str, FileEntry]:
         """The chief's wait in a sharded save: until every rank in ``ranks`` recorded its
         share of ckpt-<global_step>/ with exactly the expected entries (the chief's own copy
         of the same bytes: the replicas agree), in this fence's generation.
 
+        Returns every share's files (name -> entry), for the manifest.
         Raises StorageUnavailableError naming the missing ranks after ``timeout_s`` without
         one (restartable: a worker that died is restarted with the group anyway), and
         CheckpointCorruptError when a share holds other bytes than the chief's.
@@ -301,6 +306,7 @@ class CommitPath(OnStorage):
                     f"cannot commit {self._url(name)}: no share from worker(s) {sorted(pending)} within "
                     f"{timeout_s:g} s")
             sleep(SHARE_POLL_S)
+        return {rel: entry for files in ranks.values() for rel, entry in files.items()}
 
     def _adopt_root_mode(self, name: str) -> None:
         """On a local disk, the committed directory and files take the storage root's mode.
@@ -336,7 +342,7 @@ class CommitPath(OnStorage):
         return True
 
     def _reuse_committed(self, step: int, local_files: dict[str, Path],
-                         shares: Mapping[str, FileEntry] | None = None) -> dict[str, FileEntry] | None:
+                         shares: Collection[str] = ()) -> dict[str, FileEntry] | None:
         """Entries to commit without uploading, when ``step`` is already committed with these bytes.
 
         When a different checkpoint is committed at ``step``, its manifest is deleted
@@ -348,11 +354,14 @@ class CommitPath(OnStorage):
             return None
         info = self._reader.inspect(step, files)
         if info.status is Status.OK and info.manifest is not None:
-            local = {**{rel: sha256_file(path) for rel, path in local_files.items()}, **(shares or {})}
+            local = {rel: sha256_file(path) for rel, path in local_files.items()}
+            committed = info.manifest.files
             # Same bytes by the manifest is not enough: the remote copy may have rotted
             # (a flipped byte is exactly what sends a run back to re-commit this step).
-            if local == info.manifest.files and self._reader.hash_check(info).status is Status.OK:
-                return local
+            # Other writers' files (a sharded save) are compared when they confirm them.
+            if (committed.keys() == {*local, *shares} and all(committed[rel] == e for rel, e in local.items())
+                    and self._reader.hash_check(info).status is Status.OK):
+                return dict(committed)
         self._check_fence("delete", f"{name}/{MANIFEST_NAME}")
         self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))
         return None

@@ -58,7 +58,7 @@ import builtins
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import fsspec
 
@@ -223,8 +223,8 @@ class CheckpointStore(OnStorage):
         extra: dict[str, Any] | None = None,
         on_uploaded: Callable[[str], None] | None = None,
         known: Mapping[str, FileEntry] | None = None,
-        shares: Mapping[str, FileEntry] | None = None,
-        before_manifest: Callable[[], None] | None = None,
+        shares: Collection[str] = (),
+        before_manifest: Callable[[], Mapping[str, FileEntry]] | None = None,
         share_copies: Mapping[str, Path] | None = None,
     ) -> Manifest:
         """See ``CommitPath.commit``."""
@@ -243,9 +243,9 @@ class CheckpointStore(OnStorage):
                                          on_uploaded=on_uploaded)
 
     def wait_for_shares(self, global_step: int, ranks: Mapping[int, Mapping[str, FileEntry]], *,
-                        timeout_s: float) -> None:
+                        timeout_s: float) -> dict[str, FileEntry]:
         """See ``CommitPath.wait_for_shares``."""
-        self._writer.wait_for_shares(global_step, ranks, timeout_s=timeout_s)
+        return self._writer.wait_for_shares(global_step, ranks, timeout_s=timeout_s)
 
     # -- deletion (checkpoint/retention.py) ------------------------------------------------
 

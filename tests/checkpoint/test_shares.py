@@ -8,6 +8,7 @@ tests/runner/state/test_sharded_save.py; the real 2-worker run, tests/integratio
 from __future__ import annotations
 
 import itertools
+import uuid
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,8 @@ def test_the_choice_and_its_reason(setting, state_bytes, workers, async_twin, sh
 
 
 def _stage(tmp_path: Path, name: str, files: dict[str, bytes]) -> Path:
-    path = tmp_path / name
-    path.mkdir()
+    path = tmp_path / name / uuid.uuid4().hex[:8]
+    path.mkdir(parents=True)
     for rel, data in files.items():
         (path / rel).write_bytes(data)
     return path
@@ -100,14 +101,18 @@ def _sharded_commit(backend: Backend, chief, worker, *, step: int, worker_bytes:
         worker.upload_share({SHARE_1: staged_share / SHARE_1}, global_step=step, rank=1)
     return chief.commit(
         _stage(backend.tmp_path, f"c-{step}", CHIEF_FILES), run_id="run-1", epoch=0, step_in_epoch=step,
-        global_step=step, world_size=2, weights_sha256=WEIGHTS, tf_version="2.21.0", shares=expected[1],
+        global_step=step, world_size=2, weights_sha256=WEIGHTS, tf_version="2.21.0", shares=[SHARE_1],
         before_manifest=lambda: chief.wait_for_shares(step, expected, timeout_s=5.0))
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
 def two_writers(request, tmp_path):
-    base = f"memory://rt-tests/{tmp_path.name}" if request.param == "memory" else str(tmp_path / "store")
-    backend = Backend(request.param, base, {}, tmp_path)
+    if request.param == "s3":
+        target = request.getfixturevalue("s3_server")
+        backend = Backend("s3", target.url_prefix, target.storage_options, tmp_path)
+    else:
+        base = f"memory://rt-tests/{tmp_path.name}" if request.param == "memory" else str(tmp_path / "store")
+        backend = Backend(request.param, base, {}, tmp_path)
     url = backend.new_url()
     chief = backend.store(url)
     chief.claim_generation(1, run_id="run-1", attempt=1)
@@ -164,3 +169,19 @@ def test_a_superseded_worker_cannot_upload_its_share(two_writers):
     with pytest.raises(StaleWriterError, match="superseded by generation 2"):
         worker.upload_share({SHARE_1: staged / SHARE_1}, global_step=10, rank=1)
     assert chief.list() == []
+
+
+def test_a_sharded_step_committed_again_with_the_same_bytes_replaces_only_its_manifest(two_writers):
+    backend, chief, worker = two_writers
+    first = _sharded_commit(backend, chief, worker, step=10)
+    again = _sharded_commit(backend, chief, worker, step=10)  # the worker confirms its committed share
+    assert again.files == first.files
+    (info,) = chief.verify(10)
+    assert info.status is Status.OK
+
+
+def test_a_commit_refuses_shares_in_its_own_directory_or_without_their_entries(two_writers):
+    backend, chief, _ = two_writers
+    with pytest.raises(ValueError, match="expected files from other writers only"):
+        chief.commit(_stage(backend.tmp_path, "both", CHIEF_FILES), run_id="run-1", epoch=0, step_in_epoch=1,
+                     global_step=1, world_size=2, weights_sha256=WEIGHTS, tf_version="2.21.0", shares=[SHARE_1])

@@ -162,8 +162,8 @@ def commit_checkpoint(
     keep: int,
     emit: Callable[..., None] = _default_emit,
     known: dict[str, FileEntry] | None = None,
-    shares: dict[str, FileEntry] | None = None,
-    before_manifest: Callable[[], None] | None = None,
+    shares: tuple[str, ...] = (),
+    before_manifest: Callable[[], dict[str, FileEntry]] | None = None,
     share_copies: dict[str, Path] | None = None,
 ) -> Manifest:
     """Upload ``local_dir`` and write the manifest (the commit), then apply retention.

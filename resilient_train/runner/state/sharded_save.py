@@ -36,6 +36,7 @@ its share and the group completes the state over a collective) is issue 50's nex
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import shutil
 import time
@@ -185,22 +186,25 @@ def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, 
                  size=entries[mine.name].size, upload_s=round(time.perf_counter() - started, 4))
             return None
         # The other shares' copies move out of the directory the chief uploads (their owners
-        # upload them); the manifest takes the hashes computed here, the host cache the copies.
+        # upload them) and are hashed beside the chief's own upload: the manifest takes these
+        # hashes, which every owner's record must match; the host cache takes the copies.
         aside.mkdir(parents=True)
-        expected: dict[int, dict[str, FileEntry]] = {}
-        copies: dict[str, Path] = {}
-        for k in range(1, writer.shares):
-            expected[k] = {data[k].name: sha256_file(data[k])}
-            copies[data[k].name] = data[k].rename(aside / data[k].name)
-        shares = {name: entry for files in expected.values() for name, entry in files.items()}
-        known = write_request_files(local_dir, request)
-        sharded_request = dataclasses.replace(request, extra={**request.extra, SHARDED_EXTRA_KEY: writer.extra()})
-        return commit_checkpoint(
-            context.store, local_dir, sharded_request, run_id=context.run_id, world_size=context.world_size,
-            weights_sha256=context.digest(twin.digest_view), faults=context.faults, keep=context.keep, emit=emit,
-            known=known, shares=shares, share_copies=copies,
-            before_manifest=lambda: context.store.wait_for_shares(step, expected, timeout_s=context.wait_timeout_s),
-        )
+        copies = {data[k].name: data[k].rename(aside / data[k].name) for k in range(1, writer.shares)}
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rt-share-hash") as hashing:
+            hashed = hashing.submit(lambda: {k: {copies[data[k].name].name: sha256_file(copies[data[k].name])}
+                                             for k in range(1, writer.shares)})
+
+            def await_shares() -> dict[str, FileEntry]:
+                return context.store.wait_for_shares(step, hashed.result(), timeout_s=context.wait_timeout_s)
+
+            known = write_request_files(local_dir, request)
+            sharded_request = dataclasses.replace(request, extra={**request.extra, SHARDED_EXTRA_KEY: writer.extra()})
+            return commit_checkpoint(
+                context.store, local_dir, sharded_request, run_id=context.run_id, world_size=context.world_size,
+                weights_sha256=context.digest(twin.digest_view), faults=context.faults, keep=context.keep,
+                emit=emit, known=known, shares=tuple(sorted(copies)), before_manifest=await_shares,
+                share_copies=copies,
+            )
     finally:
         for done in (local_dir, aside):
             shutil.rmtree(done, ignore_errors=True)
