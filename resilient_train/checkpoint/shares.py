@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 from resilient_train.checkpoint.manifest import FileEntry
 
-__all__ = ["SHARD_AUTO_MIN_BYTES", "SHARE_RECORD_PREFIX", "ShardedSaveChoice", "assign_shares",
+__all__ = ["SHARD_AUTO_MIN_BYTES", "SHARDED_EXTRA_KEY", "SHARE_RECORD_PREFIX", "writer_of", "ShardedSaveChoice", "assign_shares",
            "choose_sharded_save", "data_file_name", "share_record_name", "share_record", "parse_share_record"]
 
 SHARD_AUTO_MIN_BYTES = 64 * 2**20
@@ -34,10 +34,24 @@ SHARD_AUTO_MIN_BYTES = 64 * 2**20
 uploads in well under a second on any store and the extra round (each worker's share
 record, the chief's listing while it waits) costs more than it saves."""
 
+SHARDED_EXTRA_KEY = "sharded_save"
+"""The manifest's ``extra["sharded_save"]`` of a sharded save: ``{"shards": N, "writers":
+{file: rank}, "shares": [{"writer": k, "file": ..., "tensors": count, "tensor_bytes": bytes}]}``
+(written by runner/state/sharded_save.py; ``writer_of`` reads it)."""
+
 SHARE_RECORD_PREFIX = "share-"
 """A worker's record of its uploaded share, beside the files in the checkpoint directory
 (``share-00001.json``): its files' sizes and sha256. Written after the files, so the chief
 reads it as "this share is complete"; not a checkpoint file (the manifest does not list it)."""
+
+
+def writer_of(extra: Mapping[str, object], rel: str) -> int | None:
+    """The rank that uploaded ``rel`` of a sharded save (its manifest's ``extra``); None when
+    the checkpoint is not sharded or ``rel`` was the chief's like any other file."""
+    sharded = extra.get(SHARDED_EXTRA_KEY)
+    writers = sharded.get("writers") if isinstance(sharded, dict) else None
+    writer = writers.get(rel) if isinstance(writers, dict) else None
+    return writer if isinstance(writer, int) and not isinstance(writer, bool) else None
 
 
 def data_file_name(prefix: str, shard: int, shards: int) -> str:

@@ -18,6 +18,7 @@ from resilient_train.checkpoint import commit_path as commit_module
 from resilient_train.checkpoint.manifest import sha256_file
 from resilient_train.checkpoint.shares import (
     SHARD_AUTO_MIN_BYTES,
+    SHARDED_EXTRA_KEY,
     assign_shares,
     choose_sharded_save,
     data_file_name,
@@ -93,6 +94,9 @@ CHIEF_FILES = {"ckpt.index": b"index" * 20, data_file_name("ckpt", 0, 2): b"zero
 WORKER_BYTES = b"one!" * 500
 
 
+WRITERS = {SHARDED_EXTRA_KEY: {"shards": 2, "writers": {data_file_name("ckpt", 0, 2): 0, SHARE_1: 1}}}
+
+
 def _sharded_commit(backend: Backend, chief, worker, *, step: int, worker_bytes: bytes = WORKER_BYTES,
                     upload: bool = True):
     staged_share = _stage(backend.tmp_path, f"w-{step}", {SHARE_1: worker_bytes})
@@ -102,7 +106,7 @@ def _sharded_commit(backend: Backend, chief, worker, *, step: int, worker_bytes:
     return chief.commit(
         _stage(backend.tmp_path, f"c-{step}", CHIEF_FILES), run_id="run-1", epoch=0, step_in_epoch=step,
         global_step=step, world_size=2, weights_sha256=WEIGHTS, tf_version="2.21.0", shares=[SHARE_1],
-        before_manifest=lambda: chief.wait_for_shares(step, expected, timeout_s=5.0))
+        extra=WRITERS, before_manifest=lambda: chief.wait_for_shares(step, expected, timeout_s=5.0))
 
 
 @pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -185,3 +189,12 @@ def test_a_commit_refuses_shares_in_its_own_directory_or_without_their_entries(t
     with pytest.raises(ValueError, match="expected files from other writers only"):
         chief.commit(_stage(backend.tmp_path, "both", CHIEF_FILES), run_id="run-1", epoch=0, step_in_epoch=1,
                      global_step=1, world_size=2, weights_sha256=WEIGHTS, tf_version="2.21.0", shares=[SHARE_1])
+
+
+def test_verify_names_a_corrupted_share_and_its_writer(two_writers):
+    backend, chief, worker = two_writers
+    _sharded_commit(backend, chief, worker, step=10)
+    fs, root = backend.raw_fs(chief)
+    fs.pipe_file(f"{root}/ckpt-000000000010/{SHARE_1}", b"ONE!" * 500)  # same size, other bytes
+    (info,) = chief.verify(10)
+    assert (info.status, info.detail) == (Status.CORRUPT, f"sha256 mismatch in {SHARE_1} (its share's writer: worker 1)")

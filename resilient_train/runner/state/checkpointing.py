@@ -78,6 +78,7 @@ from resilient_train.runner.state.model_state import preserved_rng
 from resilient_train.runner.health.anomaly_policy import check_finite_state
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.checkpoint.manifest import FileEntry
+from resilient_train.checkpoint.shares import SHARDED_EXTRA_KEY
 from resilient_train.rundir.events import emit as _default_emit
 
 __all__ = [
@@ -202,8 +203,8 @@ def commit_checkpoint(
         size=manifest.total_size,
         commit_s=round(time.perf_counter() - started, 4),
         **({"blocked_ms": request.blocked_ms} if request.blocked_ms is not None else {}),
-        **({"writers": len({*manifest.extra["sharded_save"]["writers"].values()})}
-           if "sharded_save" in manifest.extra else {}),
+        **({"writers": len({*manifest.extra[SHARDED_EXTRA_KEY]["writers"].values()})}
+           if SHARDED_EXTRA_KEY in manifest.extra else {}),
     )
     faults.hit("after_commit", step)
     store.retain(keep)

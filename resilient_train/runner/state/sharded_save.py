@@ -48,7 +48,13 @@ import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.checkpoint.manifest import FileEntry, sha256_file
-from resilient_train.checkpoint.shares import ShardedSaveChoice, assign_shares, choose_sharded_save, data_file_name
+from resilient_train.checkpoint.shares import (
+    SHARDED_EXTRA_KEY,
+    ShardedSaveChoice,
+    assign_shares,
+    choose_sharded_save,
+    data_file_name,
+)
 from resilient_train.rundir.events import emit as _default_emit
 from resilient_train.runner.health.anomaly_policy import check_finite_state
 from resilient_train.runner.state.checkpointing import (
@@ -58,12 +64,9 @@ from resilient_train.runner.state.checkpointing import (
     write_request_files,
 )
 
-__all__ = ["BalancedShares", "ShardedWriter", "ShareContext", "choose", "persist_share", "SHARDED_EXTRA_KEY"]
+__all__ = ["BalancedShares", "ShardedWriter", "ShareContext", "choose", "persist_share"]
 
 PREFIX = "ckpt"  # the checkpoint's prefix inside its directory (every writer's, ckpt_layout's readers')
-SHARDED_EXTRA_KEY = "sharded_save"
-"""The manifest's ``extra["sharded_save"]``: ``{"shards": N, "writers": {file: rank},
-"shares": [{"writer": k, "file": ..., "tensors": count, "tensor_bytes": bytes}]}``."""
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"  # TF's key of the object-graph proto (trackable.base)
 

@@ -19,14 +19,13 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from resilient_train.checkpoint import CheckpointStore  # noqa: E402
-from resilient_train.checkpoint.shares import data_file_name  # noqa: E402
+from resilient_train.checkpoint.shares import SHARDED_EXTRA_KEY, data_file_name  # noqa: E402
 from resilient_train.job.recipe import load_recipe  # noqa: E402
 from resilient_train.runner.failures.faults import FaultPlan  # noqa: E402
 from resilient_train.runner.state import ckpt_layout  # noqa: E402
 from resilient_train.runner.state.checkpointing import SaveRequest, TwinState  # noqa: E402
 from resilient_train.runner.state.model_state import weights_digest  # noqa: E402
 from resilient_train.runner.state.sharded_save import (  # noqa: E402
-    SHARDED_EXTRA_KEY,
     ShardedWriter,
     ShareContext,
     persist_share,
