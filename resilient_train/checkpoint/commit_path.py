@@ -262,43 +262,41 @@ class CommitPath(OnStorage):
         return entries
 
     def wait_for_shares(self, global_step: int, ranks: Mapping[int, Mapping[str, FileEntry]], *,
-                        timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> dict[str, FileEntry]:
+                        copies: Mapping[str, Path], timeout_s: float,
+                        sleep: Callable[[float], None] = time.sleep) -> dict[str, FileEntry]:
         """The chief's wait in a sharded save: until every rank in ``ranks`` recorded its
-        share of ckpt-<global_step>/ with exactly the expected entries (the chief's own copy
-        of the same bytes: the replicas agree), in this fence's generation.
+        share of ckpt-<global_step>/ in this fence's generation, with, by rank, the entries
+        of the chief's own copies (``copies``: file name -> local path) of the same files.
 
-        Returns every share's files (name -> entry), for the manifest.
-        Raises StorageUnavailableError naming the missing ranks after ``timeout_s`` without
-        one (restartable: a worker that died is restarted with the group anyway), and
-        CheckpointCorruptError when a share holds other bytes than the chief's.
+        A share recorded with other bytes (the replicas' states differ: e.g. statistics each
+        worker updates from its own batches, which only the chief's copy is the run's, as
+        with a chief-only save) is replaced by the chief's copy, uploaded here
+        (``checkpoint_share_replaced``): a checkpoint is always the chief's state.
+        Returns every share's files (name -> entry), for the manifest. Raises
+        StorageUnavailableError naming the missing ranks after ``timeout_s`` without a new
+        share (restartable: a worker that died is restarted with the group anyway).
         """
         name = self.dir_name(global_step)
         generation = None if self._fence is None else self._fence.generation
         pending = dict(ranks)
         started = _monotonic()
         while pending:
-            try:
-                listed = self._reader.files_under(name)
-                for rank in sorted(pending):
-                    record_name = share_record_name(rank)
-                    if record_name not in listed:
-                        continue
-                    data = self._reader.read_record(f"{name}/{record_name}")
-                    if data is None:
-                        continue
+            listed = self._reader.files_under(name)
+            for rank in sorted(pending):
+                record_name = share_record_name(rank)
+                data = self._reader.read_record(f"{name}/{record_name}") if record_name in listed else None
+                if data is None:
+                    continue
+                try:
                     got_rank, got_generation, entries = parse_share_record(data, where=self._url(name, record_name))
-                    if got_generation != generation or got_rank != rank:
-                        continue  # a leftover of an earlier attempt's save of this step
-                    if entries != dict(pending[rank]):
-                        different = sorted(rel for rel in {*entries, *pending[rank]}
-                                           if entries.get(rel) != pending[rank].get(rel))
-                        raise CheckpointCorruptError(
-                            f"{self._url(name)}: worker {rank}'s share differs from the chief's copy in "
-                            f"{', '.join(different)} (the replicas' states differ)")
-                    del pending[rank]
-                    started = _monotonic()
-            except ValueError as exc:  # a record that does not parse
-                raise CheckpointCorruptError(str(exc)) from None
+                except ValueError as exc:  # written by something else than upload_share
+                    raise CheckpointCorruptError(str(exc)) from None
+                if got_generation != generation or got_rank != rank:
+                    continue  # a leftover of an earlier attempt's save of this step
+                if entries != dict(pending[rank]):
+                    self._replace_share(global_step, rank, pending[rank], entries, copies)
+                del pending[rank]
+                started = _monotonic()
             if not pending:
                 break
             if _monotonic() - started >= timeout_s:
@@ -307,6 +305,23 @@ class CommitPath(OnStorage):
                     f"{timeout_s:g} s")
             sleep(SHARE_POLL_S)
         return {rel: entry for files in ranks.values() for rel, entry in files.items()}
+
+    def _replace_share(self, global_step: int, rank: int, expected: Mapping[str, FileEntry],
+                       recorded: Mapping[str, FileEntry], copies: Mapping[str, Path]) -> None:
+        """Upload the chief's copies of a share recorded with other bytes (wait_for_shares)."""
+        name = self.dir_name(global_step)
+        different = sorted(rel for rel in {*expected, *recorded} if recorded.get(rel) != expected.get(rel))
+        missing = [rel for rel in different if rel not in copies or rel not in expected]
+        if missing:
+            raise CheckpointCorruptError(f"{self._url(name)}: worker {rank}'s share holds {missing}, which the "
+                                         "chief has no copy of")
+        for rel in different:
+            self._check_fence("upload", f"{name}/{rel}")
+            uploaded = self._upload(Path(copies[rel]), f"{name}/{rel}", expected[rel])
+            if uploaded != expected[rel]:
+                raise CheckpointCorruptError(f"{copies[rel]} changed after it was hashed")
+        self._emit("checkpoint_share_replaced", global_step=global_step, shard=rank, files=different,
+                   reason="the worker's bytes differ from the chief's copy (the replicas' states differ)")
 
     def _adopt_root_mode(self, name: str) -> None:
         """On a local disk, the committed directory and files take the storage root's mode.

@@ -24,7 +24,7 @@ from resilient_train.checkpoint.shares import (
     data_file_name,
     share_record_name,
 )
-from resilient_train.errors import CheckpointCorruptError, StaleWriterError, StorageUnavailableError
+from resilient_train.errors import StaleWriterError, StorageUnavailableError
 from tests.support.storage import WEIGHTS, Backend
 
 
@@ -100,13 +100,15 @@ WRITERS = {SHARDED_EXTRA_KEY: {"shards": 2, "writers": {data_file_name("ckpt", 0
 def _sharded_commit(backend: Backend, chief, worker, *, step: int, worker_bytes: bytes = WORKER_BYTES,
                     upload: bool = True):
     staged_share = _stage(backend.tmp_path, f"w-{step}", {SHARE_1: worker_bytes})
-    expected = {1: {SHARE_1: sha256_file(_stage(backend.tmp_path, f"x-{step}", {SHARE_1: WORKER_BYTES}) / SHARE_1)}}
+    copy = _stage(backend.tmp_path, f"x-{step}", {SHARE_1: WORKER_BYTES}) / SHARE_1  # the chief's copy
+    expected = {1: {SHARE_1: sha256_file(copy)}}
     if upload:
         worker.upload_share({SHARE_1: staged_share / SHARE_1}, global_step=step, rank=1)
     return chief.commit(
         _stage(backend.tmp_path, f"c-{step}", CHIEF_FILES), run_id="run-1", epoch=0, step_in_epoch=step,
         global_step=step, world_size=2, weights_sha256=WEIGHTS, tf_version="2.21.0", shares=[SHARE_1],
-        extra=WRITERS, before_manifest=lambda: chief.wait_for_shares(step, expected, timeout_s=5.0))
+        extra=WRITERS, before_manifest=lambda: chief.wait_for_shares(step, expected, copies={SHARE_1: copy},
+                                                                     timeout_s=5.0))
 
 
 @pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -136,12 +138,15 @@ def test_a_checkpoint_written_by_two_writers_is_one_committed_checkpoint(two_wri
     assert (local / SHARE_1).read_bytes() == WORKER_BYTES and manifest_again == manifest
 
 
-def test_a_share_with_other_bytes_than_the_chiefs_is_never_committed(two_writers):
+def test_a_share_with_other_bytes_than_the_chiefs_is_replaced_by_the_chiefs_copy(two_writers):
     backend, chief, worker = two_writers
-    with pytest.raises(CheckpointCorruptError, match=r"worker 1's share differs from the chief's copy in "
-                                                      r"ckpt.data-00001-of-00002 \(the replicas' states differ\)"):
-        _sharded_commit(backend, chief, worker, step=10, worker_bytes=b"two!" * 500)
-    assert [info.status for info in chief.list()] == [Status.UNCOMMITTED]
+    manifest = _sharded_commit(backend, chief, worker, step=10, worker_bytes=b"two!" * 500)
+    assert [(e["global_step"], e["shard"], e["files"]) for e in backend.events.named("checkpoint_share_replaced")] == [
+        (10, 1, [SHARE_1])]
+    (info,) = chief.verify(10)
+    assert (info.status, info.detail) == (Status.OK, "")
+    _, local = chief.fetch(10, backend.tmp_path / "cache")
+    assert (local / SHARE_1).read_bytes() == WORKER_BYTES and manifest.files[SHARE_1].size == len(WORKER_BYTES)
 
 
 def test_a_share_that_never_arrives_fails_the_commit_without_a_manifest(two_writers, monkeypatch):

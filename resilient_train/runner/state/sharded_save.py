@@ -16,8 +16,8 @@ into N shares balanced by bytes (checkpoint/shares.py's ``assign_shares``, deter
 the object-graph proto in the chief's share. Every worker writes the WHOLE checkpoint to
 its local staging directory that way (a local write, at disk speed) and uploads only its
 own data file. So the chief holds every share's bytes too: it hashes the others' data
-files and ``wait_for_shares`` accepts a worker's share only when its recorded sha256 is
-the chief's (the replicas agree, byte for byte, or nothing is committed).
+files beside its own upload, and ``wait_for_shares`` replaces a share recorded with another
+sha256 by the chief's copy (the replicas' states differ: the checkpoint is the chief's).
 
 How the shares agree on "done" without a collective: the save step is agreed already
 (every worker saves the same step), and each worker's persist thread, after its upload,
@@ -198,7 +198,8 @@ def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, 
                                              for k in range(1, writer.shares)})
 
             def await_shares() -> dict[str, FileEntry]:
-                return context.store.wait_for_shares(step, hashed.result(), timeout_s=context.wait_timeout_s)
+                return context.store.wait_for_shares(step, hashed.result(), copies=copies,
+                                                     timeout_s=context.wait_timeout_s)
 
             known = write_request_files(local_dir, request)
             sharded_request = dataclasses.replace(request, extra={**request.extra, SHARDED_EXTRA_KEY: writer.extra()})
