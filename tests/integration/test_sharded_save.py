@@ -6,9 +6,12 @@ The in-process proofs (the files are one standard TF checkpoint; plain
 the store's contract (records, waiting, fencing) is tests/checkpoint/test_shares.py.
 """
 
+import pytest
+
 from resilient_train.checkpoint import CheckpointStore
 from resilient_train.checkpoint.shares import data_file_name
 from tests.integration.harness import run_job
+from tests.integration.test_storage_e2e import storage_flags
 
 WIDE = "recipes/wide_mlp.py"
 # 64 -> 128 -> 128 -> 64 -> 10: kernels of 2, 4 and 2 units (x3 with Adam's slots), which two
@@ -43,3 +46,19 @@ def test_each_worker_uploads_its_share_and_a_killed_worker_resumes_exactly(tmp_p
     assert manifest.extra["sharded_save"]["writers"] == {SHARES[0]: 0, SHARES[1]: 1}
     sizes = [manifest.files[name].size for name in SHARES]
     assert all(abs(size - sum(sizes) / 2) <= 0.1 * sum(sizes) / 2 for size in sizes), sizes
+
+
+@pytest.mark.s3
+@pytest.mark.slow  # the default test above covers the sharded path on a local store; RT_SLOW=1 runs it on S3
+def test_s3_worker_killed_while_uploading_its_share_leaves_the_previous_checkpoint(tmp_path, s3_server):
+    reference = run_job(WIDE, tmp_path / "reference", *WIDE_FLAGS, "--sharded-save", "off")
+    assert reference.returncode == 0, reference.output
+    job = run_job(WIDE, tmp_path / "run", *WIDE_FLAGS, "--sharded-save", "on", *storage_flags(s3_server),
+                  faults=[{"point": "mid_upload", "global_step": 8, "rank": 1}])
+    assert job.returncode == 0, job.output
+    assert [e["global_step"] for e in job.named("checkpoint_committed") if e["attempt"] == 1] == [4]
+    assert [r["global_step"] for r in job.named("restored")] == [4]  # 8: its share uploaded, never recorded
+    assert job.named("worker_failed")[0]["signal"] == "SIGKILL"
+    assert job.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    manifest = CheckpointStore(s3_server.url_prefix, s3_server.storage_options).latest_manifest()
+    assert manifest is not None and manifest.extra["sharded_save"]["writers"] == {SHARES[0]: 0, SHARES[1]: 1}
