@@ -263,6 +263,7 @@ class CommitPath(OnStorage):
 
     def wait_for_shares(self, global_step: int, ranks: Mapping[int, Mapping[str, FileEntry]], *,
                         copies: Mapping[str, Path], timeout_s: float,
+                        give_up: Callable[[], str | None] = lambda: None,
                         sleep: Callable[[float], None] = time.sleep) -> dict[str, FileEntry]:
         """The chief's wait in a sharded save: until every rank in ``ranks`` recorded its
         share of ckpt-<global_step>/ in this fence's generation, with, by rank, the entries
@@ -274,7 +275,8 @@ class CommitPath(OnStorage):
         (``checkpoint_share_replaced``): a checkpoint is always the chief's state.
         Returns every share's files (name -> entry), for the manifest. Raises
         StorageUnavailableError naming the missing ranks after ``timeout_s`` without a new
-        share (restartable: a worker that died is restarted with the group anyway).
+        share (restartable: a worker that died is restarted with the group anyway), or at
+        once when ``give_up()`` gives a reason (a rescue: a peer is gone).
         """
         name = self.dir_name(global_step)
         generation = None if self._fence is None else self._fence.generation
@@ -299,6 +301,10 @@ class CommitPath(OnStorage):
                 started = _monotonic()
             if not pending:
                 break
+            reason = give_up()
+            if reason is not None:
+                raise StorageUnavailableError(
+                    f"cannot commit {self._url(name)}: gave up waiting for worker(s) {sorted(pending)}: {reason}")
             if _monotonic() - started >= timeout_s:
                 raise StorageUnavailableError(
                     f"cannot commit {self._url(name)}: no share from worker(s) {sorted(pending)} within "

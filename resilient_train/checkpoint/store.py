@@ -243,9 +243,11 @@ class CheckpointStore(OnStorage):
                                          on_uploaded=on_uploaded)
 
     def wait_for_shares(self, global_step: int, ranks: Mapping[int, Mapping[str, FileEntry]], *,
-                        copies: Mapping[str, Path], timeout_s: float) -> dict[str, FileEntry]:
+                        copies: Mapping[str, Path], timeout_s: float,
+                        give_up: Callable[[], str | None] = lambda: None) -> dict[str, FileEntry]:
         """See ``CommitPath.wait_for_shares``."""
-        return self._writer.wait_for_shares(global_step, ranks, copies=copies, timeout_s=timeout_s)
+        return self._writer.wait_for_shares(global_step, ranks, copies=copies, timeout_s=timeout_s,
+                                            give_up=give_up)
 
     # -- deletion (checkpoint/retention.py) ------------------------------------------------
 

@@ -203,3 +203,11 @@ def test_verify_names_a_corrupted_share_and_its_writer(two_writers):
     fs.pipe_file(f"{root}/ckpt-000000000010/{SHARE_1}", b"ONE!" * 500)  # same size, other bytes
     (info,) = chief.verify(10)
     assert (info.status, info.detail) == (Status.CORRUPT, f"sha256 mismatch in {SHARE_1} (its share's writer: worker 1)")
+
+
+def test_the_chief_gives_up_waiting_when_a_rescue_is_asked(two_writers):
+    backend, chief, _ = two_writers
+    copy = _stage(backend.tmp_path, "copy", {SHARE_1: WORKER_BYTES}) / SHARE_1
+    with pytest.raises(StorageUnavailableError, match=r"gave up waiting for worker\(s\) \[1\]: a rescue was asked"):
+        chief.wait_for_shares(10, {1: {SHARE_1: sha256_file(copy)}}, copies={SHARE_1: copy}, timeout_s=600.0,
+                              give_up=lambda: "a rescue was asked")

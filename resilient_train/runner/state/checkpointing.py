@@ -372,7 +372,8 @@ class AsyncCheckpointer:
     ``persist(request)`` runs on the background thread and must only read the twin (it
     is handed the request captured at save time). ``blocked_s`` / ``waited_s`` record,
     per save, the time the caller was blocked snapshotting / waiting for the previous
-    persist (the benchmark reads them).
+    persist (the benchmark reads them). ``on_rescue()``: called when a rescue asks for the
+    twin, before it waits for the in-flight persist (runner/state/sharded_save.py).
     """
 
     def __init__(
@@ -383,9 +384,11 @@ class AsyncCheckpointer:
         emit: Callable[..., None] = _default_emit,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        on_rescue: Callable[[], None] = lambda: None,
     ) -> None:
         self.twin = twin
         self._persist = persist
+        self._on_rescue = on_rescue  # a sharded save's chief stops waiting for a gone peer's share
         self._emit = emit
         self._clock = clock
         # One long-lived persist thread (not one per save): its allocator arena and
@@ -473,6 +476,7 @@ class AsyncCheckpointer:
         and this worker's in-flight persist (it reads the twin, and may commit the same
         step) get up to ``timeout_s`` to finish first."""
         deadline = self._clock() + timeout_s
+        self._on_rescue()
         with self._guard:
             self._rescuing = True
             while self._snapshotting and self._clock() < deadline:

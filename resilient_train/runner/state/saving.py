@@ -182,14 +182,16 @@ class Saving:
         if not (cluster.is_chief or twin.sync_on_read or self._tier is not None or sharding.sharded):
             return NoCheckpointer()
         persist: Callable[[SaveRequest], Manifest | None] = self._persist
+        on_rescue: Callable[[], None] = lambda: None
         if sharding.sharded:  # every worker uploads its share (runner/state/sharded_save.py); a rescue: _persist
-            persist = functools.partial(
-                sharded_save.persist_share, sharded_save.ShardedWriter(twin, sharding.shards), twin,
-                context=sharded_save.ShareContext(
-                    store=self._store, staging_root=self._work_dir / "staging", rank=cluster.rank,
-                    digest=weights_digest, run_id=run_id, world_size=cluster.num_workers, faults=faults,
-                    keep=job.keep, wait_timeout_s=job.startup_timeout, finite_only=self._finite_only))
-        self._async = AsyncCheckpointer(twin, persist)
+            share_context = sharded_save.ShareContext(
+                store=self._store, staging_root=self._work_dir / "staging", rank=cluster.rank,
+                digest=weights_digest, run_id=run_id, world_size=cluster.num_workers, faults=faults,
+                keep=job.keep, wait_timeout_s=job.startup_timeout, finite_only=self._finite_only)
+            persist = functools.partial(sharded_save.persist_share, sharded_save.ShardedWriter(twin, sharding.shards),
+                                        twin, context=share_context)
+            on_rescue = share_context.rescue_asked.set
+        self._async = AsyncCheckpointer(twin, persist, on_rescue=on_rescue)
         if self._tier is not None:
             self._tier.start(self._async, model=model, strategy=strategy,
                              sum_over_workers=sum_over_workers, counters=self._counters,

@@ -39,8 +39,9 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import shutil
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -159,6 +160,9 @@ class ShareContext:
     keep: int
     wait_timeout_s: float
     finite_only: bool = False
+    # Set when a rescue asks for the twin (a peer is gone): the chief stops waiting for shares
+    # that may never come, so its rescue can commit the snapshot instead (AsyncCheckpointer.on_rescue).
+    rescue_asked: threading.Event = field(default_factory=threading.Event)
 
 
 def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, context: ShareContext, *,
@@ -198,8 +202,9 @@ def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, 
                                              for k in range(1, writer.shares)})
 
             def await_shares() -> dict[str, FileEntry]:
-                return context.store.wait_for_shares(step, hashed.result(), copies=copies,
-                                                     timeout_s=context.wait_timeout_s)
+                return context.store.wait_for_shares(
+                    step, hashed.result(), copies=copies, timeout_s=context.wait_timeout_s,
+                    give_up=lambda: "a rescue was asked (a peer is gone)" if context.rescue_asked.is_set() else None)
 
             known = write_request_files(local_dir, request)
             sharded_request = dataclasses.replace(request, extra={**request.extra, SHARDED_EXTRA_KEY: writer.extra()})
