@@ -62,3 +62,16 @@ def test_s3_worker_killed_while_uploading_its_share_leaves_the_previous_checkpoi
     assert job.summary["weights_sha256"] == reference.summary["weights_sha256"]
     manifest = CheckpointStore(s3_server.url_prefix, s3_server.storage_options).latest_manifest()
     assert manifest is not None and manifest.extra["sharded_save"]["writers"] == {SHARES[0]: 0, SHARES[1]: 1}
+
+
+@pytest.mark.slow  # the default test above covers the sharded path; this adds the memory tier's rescue
+def test_a_rescue_stops_the_chiefs_wait_for_a_dead_workers_share(tmp_path):
+    reference = run_job(WIDE, tmp_path / "reference", *WIDE_FLAGS, "--sharded-save", "off")
+    assert reference.returncode == 0, reference.output
+    job = run_job(WIDE, tmp_path / "run", *WIDE_FLAGS, "--sharded-save", "on", tier_default=True,
+                  faults=[{"point": "after_step", "global_step": 13, "rank": 1}])
+    assert job.returncode == 0, job.output
+    assert job.named("rescue_skipped") == []
+    (rescued,) = job.named("rescue_committed")
+    assert [r["global_step"] for r in job.named("restored")] == [rescued["global_step"]]
+    assert job.summary["weights_sha256"] == reference.summary["weights_sha256"]
