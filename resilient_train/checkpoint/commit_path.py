@@ -21,7 +21,7 @@ import stat
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from resilient_train.checkpoint._files import abandon_write, create_or_confirm, write_create_only
 from resilient_train.checkpoint._storage import OnStorage, StorageRoot
@@ -44,13 +44,15 @@ from resilient_train.checkpoint.manifest import (
     sha256_file,
 )
 from resilient_train.checkpoint.read_path import ReadPath, Status
-from resilient_train.errors import CheckpointCorruptError, StorageError
+from resilient_train.checkpoint.shares import parse_share_record, share_record, share_record_name
+from resilient_train.errors import CheckpointCorruptError, StorageError, StorageUnavailableError
 
 __all__ = ["CommitPath"]
 
 _PLACEHOLDER = FileEntry(size=0, sha256="0" * 64)
 FENCE_RECHECK_S = 1.0  # between uploads of one commit, the fence is re-read after this long (store.py)
 _monotonic = time.monotonic  # the recheck's clock (tests freeze a writer by moving it)
+SHARE_POLL_S = 0.05  # the chief's listing interval while it waits for the other workers' shares
 
 
 class CommitPath(OnStorage):
@@ -132,8 +134,18 @@ class CommitPath(OnStorage):
         extra: dict[str, Any] | None = None,
         on_uploaded: Callable[[str], None] | None = None,
         known: Mapping[str, FileEntry] | None = None,
+        shares: Collection[str] = (),
+        before_manifest: Callable[[], Mapping[str, FileEntry]] | None = None,
+        share_copies: Mapping[str, Path] | None = None,
     ) -> Manifest:
         """Upload every file under ``local_dir`` into ckpt-<global_step>/, then the manifest.
+
+        ``shares``: names of files of this checkpoint that other writers upload (a sharded
+        save: ``upload_share``); ``local_dir`` must not hold them. ``before_manifest()`` runs
+        after this writer's uploads, before the manifest, and returns their entries: a sharded
+        save's chief waits there for the others (``wait_for_shares``), so its own upload
+        overlaps theirs. ``share_copies``: this host's copies of those files (the chief wrote
+        every share locally), so the host cache still gets the whole checkpoint.
 
         ``on_uploaded(relative_name)`` is called after each data file is uploaded (progress,
         and the chaos suite's "killed mid-upload" fault point). ``known``: the size and
@@ -148,6 +160,11 @@ class CommitPath(OnStorage):
         local_files = {p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*")) if p.is_file()}
         if not local_files:
             raise ValueError(f"Received local_dir={str(local_dir)!r}; expected at least one file in it")
+        shares = sorted(shares)
+        if set(shares) & local_files.keys() or (shares and before_manifest is None):
+            raise ValueError(f"Received shares={shares} with files {sorted(local_files)} in local_dir and "
+                             f"before_manifest={before_manifest!r}; expected files from other writers only, "
+                             "and before_manifest to give their entries")
         # Validates every field before the first byte is uploaded.
         extra = dict(extra or {})
         if self._fence is not None:
@@ -155,14 +172,14 @@ class CommitPath(OnStorage):
         draft = Manifest(
             schema_version=SCHEMA_VERSION, run_id=run_id, epoch=epoch, step_in_epoch=step_in_epoch,
             global_step=global_step, world_size=world_size, tf_version=tf_version,
-            created_at=self._clock(), files={rel: _PLACEHOLDER for rel in local_files},
+            created_at=self._clock(), files={rel: _PLACEHOLDER for rel in [*local_files, *shares]},
             weights_sha256=weights_sha256, extra=extra,
         )
         name = self.dir_name(global_step)
         uploading = False
         try:
             self._check_fence("commit", name)
-            entries = self._reuse_committed(global_step, local_files)
+            entries = self._reuse_committed(global_step, local_files, shares)
             replacing = entries is not None
             if entries is None:
                 uploading = True
@@ -179,6 +196,12 @@ class CommitPath(OnStorage):
                     if on_uploaded is not None:
                         on_uploaded(rel)
                 uploading = False  # past here a failure may be another writer's manifest: keep files
+            if before_manifest is not None:
+                shared = dict(before_manifest())
+                if sorted(shared) != shares or any(entries.get(rel, shared[rel]) != shared[rel] for rel in shared):
+                    raise StorageError(f"cannot commit {self._url(name)}: the other writers' files {sorted(shared)} "
+                                       f"are not the expected {shares}, or not the committed ones")
+                entries.update(shared)
             manifest = dataclasses.replace(draft, files=entries, created_at=self._clock())
             self._check_fence("write manifest", f"{name}/{MANIFEST_NAME}")
             self._put_manifest(name, manifest.to_json().encode(), replace=replacing)
@@ -189,9 +212,122 @@ class CommitPath(OnStorage):
             if removed:  # same type: a transient failure must stay restartable (errors.py EXIT_RULES)
                 error = type(error)(f"{error} (the partial upload was removed)")
             raise error from None
-        if self._host_cache is not None:
-            write_through(self._host_cache, name, local_files, manifest, emit=self._emit)
+        cached = {**local_files, **(share_copies or {})}
+        if self._host_cache is not None and cached.keys() == manifest.files.keys():
+            write_through(self._host_cache, name, cached, manifest, emit=self._emit)
         return manifest
+
+    # -- sharded saves (checkpoint/shares.py) ----------------------------------------
+
+    def upload_share(self, local_files: Mapping[str, Path], *, global_step: int, rank: int,
+                     known: Mapping[str, FileEntry] | None = None,
+                     on_uploaded: Callable[[str], None] | None = None) -> dict[str, FileEntry]:
+        """A non-chief writer's part of a sharded save: upload ``local_files`` (name in the
+        checkpoint directory -> local path) into ckpt-<global_step>/, then its share record.
+
+        Fenced like a commit; never writes a manifest, never deletes. When the step is
+        committed already, nothing is overwritten: files the manifest lists with the same
+        bytes are left as they are (the record still confirms them), other bytes are refused
+        (StorageError), since replacing a file under a live manifest tears the checkpoint.
+        ``on_uploaded(name)``: after each file, before the record (the chaos suite's
+        "killed mid-upload" point, as in ``commit``).
+        """
+        name = self.dir_name(global_step)
+        try:
+            self._check_fence("upload share", name)
+            files = self._reader.files_under(name)
+            if MANIFEST_NAME in files:
+                entries = {rel: sha256_file(Path(src)) for rel, src in local_files.items()}
+                committed = self._reader.inspect(global_step, files).manifest
+                if committed is None or any(committed.files.get(rel) != e for rel, e in entries.items()):
+                    raise StorageError(f"cannot upload a share of {self._url(name)}: the step is committed with "
+                                       "other bytes")
+            else:
+                if self._local:
+                    self._do("makedirs", name, functools.partial(self.fs.makedirs, self._remote(name), exist_ok=True))
+                entries = {}
+                checked = _monotonic()
+                for rel, src in sorted(local_files.items()):
+                    if _monotonic() - checked >= FENCE_RECHECK_S:
+                        self._check_fence("upload", f"{name}/{rel}")
+                        checked = _monotonic()
+                    entries[rel] = self._upload(Path(src), f"{name}/{rel}", (known or {}).get(rel))
+                    if on_uploaded is not None:
+                        on_uploaded(rel)
+            self._check_fence("write share record", name)
+            record = share_record(rank, entries, generation=None if self._fence is None else self._fence.generation)
+            self._put_small(f"{name}/{share_record_name(rank)}", record)
+        except OSError as exc:
+            raise self._fail(f"upload share {rank} of {name} to", exc) from None
+        return entries
+
+    def wait_for_shares(self, global_step: int, ranks: Mapping[int, Mapping[str, FileEntry]], *,
+                        copies: Mapping[str, Path], timeout_s: float,
+                        give_up: Callable[[], str | None] = lambda: None,
+                        sleep: Callable[[float], None] = time.sleep) -> dict[str, FileEntry]:
+        """The chief's wait in a sharded save: until every rank in ``ranks`` recorded its
+        share of ckpt-<global_step>/ in this fence's generation, with, by rank, the entries
+        of the chief's own copies (``copies``: file name -> local path) of the same files.
+
+        A share recorded with other bytes (the replicas' states differ: e.g. statistics each
+        worker updates from its own batches, which only the chief's copy is the run's, as
+        with a chief-only save) is replaced by the chief's copy, uploaded here
+        (``checkpoint_share_replaced``): a checkpoint is always the chief's state.
+        Returns every share's files (name -> entry), for the manifest. Raises
+        StorageUnavailableError naming the missing ranks after ``timeout_s`` without a new
+        share (restartable: a worker that died is restarted with the group anyway), or at
+        once when ``give_up()`` gives a reason (a rescue: a peer is gone).
+        """
+        name = self.dir_name(global_step)
+        generation = None if self._fence is None else self._fence.generation
+        pending = dict(ranks)
+        started = _monotonic()
+        while pending:
+            listed = self._reader.files_under(name)
+            for rank in sorted(pending):
+                record_name = share_record_name(rank)
+                data = self._reader.read_record(f"{name}/{record_name}") if record_name in listed else None
+                if data is None:
+                    continue
+                try:
+                    got_rank, got_generation, entries = parse_share_record(data, where=self._url(name, record_name))
+                except ValueError as exc:  # written by something else than upload_share
+                    raise CheckpointCorruptError(str(exc)) from None
+                if got_generation != generation or got_rank != rank:
+                    continue  # a leftover of an earlier attempt's save of this step
+                if entries != dict(pending[rank]):
+                    self._replace_share(global_step, rank, pending[rank], entries, copies)
+                del pending[rank]
+                started = _monotonic()
+            if not pending:
+                break
+            reason = give_up()
+            if reason is not None:
+                raise StorageUnavailableError(
+                    f"cannot commit {self._url(name)}: gave up waiting for worker(s) {sorted(pending)}: {reason}")
+            if _monotonic() - started >= timeout_s:
+                raise StorageUnavailableError(
+                    f"cannot commit {self._url(name)}: no share from worker(s) {sorted(pending)} within "
+                    f"{timeout_s:g} s")
+            sleep(SHARE_POLL_S)
+        return {rel: entry for files in ranks.values() for rel, entry in files.items()}
+
+    def _replace_share(self, global_step: int, rank: int, expected: Mapping[str, FileEntry],
+                       recorded: Mapping[str, FileEntry], copies: Mapping[str, Path]) -> None:
+        """Upload the chief's copies of a share recorded with other bytes (wait_for_shares)."""
+        name = self.dir_name(global_step)
+        different = sorted(rel for rel in {*expected, *recorded} if recorded.get(rel) != expected.get(rel))
+        missing = [rel for rel in different if rel not in copies or rel not in expected]
+        if missing:
+            raise CheckpointCorruptError(f"{self._url(name)}: worker {rank}'s share holds {missing}, which the "
+                                         "chief has no copy of")
+        for rel in different:
+            self._check_fence("upload", f"{name}/{rel}")
+            uploaded = self._upload(Path(copies[rel]), f"{name}/{rel}", expected[rel])
+            if uploaded != expected[rel]:
+                raise CheckpointCorruptError(f"{copies[rel]} changed after it was hashed")
+        self._emit("checkpoint_share_replaced", global_step=global_step, shard=rank, files=different,
+                   reason="the worker's bytes differ from the chief's copy (the replicas' states differ)")
 
     def _adopt_root_mode(self, name: str) -> None:
         """On a local disk, the committed directory and files take the storage root's mode.
@@ -226,7 +362,8 @@ class CommitPath(OnStorage):
             return False
         return True
 
-    def _reuse_committed(self, step: int, local_files: dict[str, Path]) -> dict[str, FileEntry] | None:
+    def _reuse_committed(self, step: int, local_files: dict[str, Path],
+                         shares: Collection[str] = ()) -> dict[str, FileEntry] | None:
         """Entries to commit without uploading, when ``step`` is already committed with these bytes.
 
         When a different checkpoint is committed at ``step``, its manifest is deleted
@@ -239,10 +376,13 @@ class CommitPath(OnStorage):
         info = self._reader.inspect(step, files)
         if info.status is Status.OK and info.manifest is not None:
             local = {rel: sha256_file(path) for rel, path in local_files.items()}
+            committed = info.manifest.files
             # Same bytes by the manifest is not enough: the remote copy may have rotted
             # (a flipped byte is exactly what sends a run back to re-commit this step).
-            if local == info.manifest.files and self._reader.hash_check(info).status is Status.OK:
-                return local
+            # Other writers' files (a sharded save) are compared when they confirm them.
+            if (committed.keys() == {*local, *shares} and all(committed[rel] == e for rel, e in local.items())
+                    and self._reader.hash_check(info).status is Status.OK):
+                return dict(committed)
         self._check_fence("delete", f"{name}/{MANIFEST_NAME}")
         self._do("delete", f"{name}/{MANIFEST_NAME}", lambda: self.fs.rm_file(self._remote(name, MANIFEST_NAME)))
         return None

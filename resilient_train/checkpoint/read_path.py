@@ -32,6 +32,7 @@ from resilient_train.checkpoint._storage import OnStorage
 from resilient_train.checkpoint.cache import cached_copy_problem, link_or_copy_tree
 from resilient_train.checkpoint.deadline import progress
 from resilient_train.checkpoint.manifest import CHUNK_SIZE, MANIFEST_NAME, FileEntry, Manifest, sha256_stream
+from resilient_train.checkpoint.shares import writer_of
 from resilient_train.errors import CheckpointCorruptError
 
 __all__ = ["CheckpointInfo", "ReadPath", "Status"]
@@ -236,7 +237,9 @@ class ReadPath(OnStorage):
                 detail = f"size mismatch in {rel} (manifest {entry.size} bytes, found {got.size})"
                 return dataclasses.replace(info, status=Status.CORRUPT, detail=detail)
             if got.sha256 != entry.sha256:
-                return dataclasses.replace(info, status=Status.CORRUPT, detail=f"sha256 mismatch in {rel}")
+                writer = writer_of(manifest.extra, rel)
+                by = "" if writer is None else f" (its share's writer: worker {writer})"
+                return dataclasses.replace(info, status=Status.CORRUPT, detail=f"sha256 mismatch in {rel}{by}")
         return info
 
     def _hash_remote(self, rel: str) -> FileEntry:

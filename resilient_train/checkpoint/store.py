@@ -58,7 +58,7 @@ import builtins
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import fsspec
 
@@ -223,13 +223,31 @@ class CheckpointStore(OnStorage):
         extra: dict[str, Any] | None = None,
         on_uploaded: Callable[[str], None] | None = None,
         known: Mapping[str, FileEntry] | None = None,
+        shares: Collection[str] = (),
+        before_manifest: Callable[[], Mapping[str, FileEntry]] | None = None,
+        share_copies: Mapping[str, Path] | None = None,
     ) -> Manifest:
         """See ``CommitPath.commit``."""
         return self._writer.commit(
             local_dir, run_id=run_id, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
             world_size=world_size, weights_sha256=weights_sha256, tf_version=tf_version, extra=extra,
-            on_uploaded=on_uploaded, known=known,
+            on_uploaded=on_uploaded, known=known, shares=shares, before_manifest=before_manifest,
+            share_copies=share_copies,
         )
+
+    def upload_share(self, local_files: Mapping[str, Path], *, global_step: int, rank: int,
+                     known: Mapping[str, FileEntry] | None = None,
+                     on_uploaded: Callable[[str], None] | None = None) -> dict[str, FileEntry]:
+        """See ``CommitPath.upload_share``."""
+        return self._writer.upload_share(local_files, global_step=global_step, rank=rank, known=known,
+                                         on_uploaded=on_uploaded)
+
+    def wait_for_shares(self, global_step: int, ranks: Mapping[int, Mapping[str, FileEntry]], *,
+                        copies: Mapping[str, Path], timeout_s: float,
+                        give_up: Callable[[], str | None] = lambda: None) -> dict[str, FileEntry]:
+        """See ``CommitPath.wait_for_shares``."""
+        return self._writer.wait_for_shares(global_step, ranks, copies=copies, timeout_s=timeout_s,
+                                            give_up=give_up)
 
     # -- deletion (checkpoint/retention.py) ------------------------------------------------
 

@@ -43,12 +43,13 @@ from resilient_train.job.recipe import recipe_name
 
 __all__ = ["JobConfig", "Option", "JOB_OPTIONS", "TOML_KEYS", "STEPS_PER_EXECUTION_AUTO", "HANG_TIMEOUT_AUTO",
            "COLLECTIVE_TIMEOUT_OFF", "SNAPSHOT_EVERY_OFF", "SNAPSHOT_EVERY_AUTO", "check_steps_per_execution", "load_toml", "parse_set_pairs", "FALLBACK_DEFAULTS",
-           "add_job_arguments", "job_from_args", "parse_workers"]
+           "add_job_arguments", "job_from_args", "parse_workers", "SHARDED_SAVE_SETTINGS"]
 
 LAUNCHERS = ("local", "ray", "slurm")  # where workers run: supervisor/launchers/
 STRATEGIES = ("mirrored", "parameter-server")  # MultiWorkerMirroredStrategy | its own tier (docs/parameter_server.md)
 RAY_STRATEGIES = ("spread", "pack")
 CHECKPOINT_MODES = ("async", "sync")
+SHARDED_SAVE_SETTINGS = ("auto", "on", "off")  # --sharded-save (runner/state/sharded_save.py)
 LOSS_SPIKE_OFF = "off"  # --loss-spike off (runner/health/spikes.py)
 REPLICA_CHECK_OFF = "off"  # --replica-check-every off (runner/health/replicas.py)
 TRANSIENTS_OFF = "off"  # --max-transients-per-host off (runner/health/anomaly_policy.py)
@@ -287,6 +288,11 @@ class JobConfig:
     checkpoint_mode: str = field(default="async", metadata=_flag(
         "--checkpoint-mode", choices=CHECKPOINT_MODES,
         help="async (default): block only to snapshot, persist in the background; sync: write and upload before training on"))
+    sharded_save: str = field(default="auto", metadata=_flag(  # runner/state/sharded_save.py
+        "--sharded-save", choices=SHARDED_SAVE_SETTINGS,
+        help="every worker writes and uploads its share of each checkpoint (one standard TF checkpoint); auto "
+        "(default): only for a state of at least 64 MiB with several workers and async checkpoints; on: whenever "
+        "it can work; off: the chief uploads everything (docs/checkpointing.md, Sharded saves)"))
     snapshot_every: int | str = field(default=SNAPSHOT_EVERY_AUTO, metadata=_flag(  # runner/state/memory_tier.py
         "--snapshot-every", parse=_snapshot_every, metavar="auto|N|off",
         help="memory tier: every worker keeps a snapshot of the whole training state taken every N steps, and "
@@ -475,6 +481,13 @@ class JobConfig:
                 )
         if self.checkpoint_mode not in CHECKPOINT_MODES:
             raise ConfigError(f"Received checkpoint_mode={self.checkpoint_mode!r}; expected 'async' or 'sync'")
+        if self.sharded_save not in SHARDED_SAVE_SETTINGS:
+            raise ConfigError(f"Received sharded_save={self.sharded_save!r}; expected 'auto', 'on' or 'off'")
+        if self.sharded_save == "on" and (self.checkpoint_mode != "async" or self.strategy != "mirrored"):
+            raise ConfigError(f"Received sharded_save='on' with checkpoint_mode={self.checkpoint_mode!r} and "
+                              f"strategy={self.strategy!r}; each worker writes its share from the async "
+                              "checkpointer's twin of the replicated state: use --checkpoint-mode async, --strategy "
+                              "mirrored")
         _check_snapshot_every(self)
         if self.save_every_seconds is not None and (
             isinstance(self.save_every_seconds, bool)

@@ -426,6 +426,9 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "checkpoint_waited": None,  # an async save waited for the previous upload: a timing
     "checkpoint_failed": _checkpoint_failed,
     "checkpoint_fetched": None,  # where a restore read from: a timing
+    "sharded_save": None,  # what --sharded-save resolved to at setup: evidence, not news
+    "checkpoint_share_uploaded": None,  # a worker's share of a sharded save; the commit line follows
+    "checkpoint_share_replaced": None,  # the chief uploaded its copy of a share: a timing (the state is the chief's)
     "cache_rejected": None,  # a local copy failed verification; the restore reads the shared one
     "cache_write_failed": None,  # the host cache is an optimisation
     "garbage_collected": None,  # old checkpoints deleted as --keep says

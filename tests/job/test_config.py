@@ -265,6 +265,23 @@ def test_snapshot_every_refuses_what_it_cannot_do(settings, message):
     assert str(raised.value).startswith(message)
 
 
+@pytest.mark.parametrize("settings, message", [
+    ({"sharded_save": "always"}, "Received sharded_save='always'; expected 'auto', 'on' or 'off'"),
+    ({"sharded_save": "on", "checkpoint_mode": "sync"},
+     "Received sharded_save='on' with checkpoint_mode='sync' and strategy='mirrored'; each worker writes its share "
+     "from the async checkpointer's twin"),
+])
+def test_sharded_save_refuses_what_it_cannot_do(settings, message):
+    from resilient_train.errors import ConfigError
+    from resilient_train.job.config import JobConfig
+
+    assert JobConfig(recipe="r.py").sharded_save == "auto"
+    assert JobConfig(recipe="r.py", sharded_save="auto", checkpoint_mode="sync").sharded_save == "auto"  # resolves off
+    with pytest.raises(ConfigError) as raised:
+        JobConfig(recipe="r.py", **settings)
+    assert str(raised.value).startswith(message)
+
+
 def test_straggler_flags_parse_a_fraction_or_off_and_seconds(capsys):
     import argparse
 

@@ -207,7 +207,7 @@ class _Worker:
                                 retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         if self.cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
             store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
-        elif job.memory_tier:  # it may commit a rescue for this attempt (memory tier)
+        elif job.memory_tier or job.sharded_save != "off":  # it may commit a rescue, or upload its share
             store.adopt_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)
         return store
 

@@ -78,6 +78,7 @@ from resilient_train.runner.state.model_state import preserved_rng
 from resilient_train.runner.health.anomaly_policy import check_finite_state
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.checkpoint.manifest import FileEntry
+from resilient_train.checkpoint.shares import SHARDED_EXTRA_KEY
 from resilient_train.rundir.events import emit as _default_emit
 
 __all__ = [
@@ -162,11 +163,15 @@ def commit_checkpoint(
     keep: int,
     emit: Callable[..., None] = _default_emit,
     known: dict[str, FileEntry] | None = None,
+    shares: tuple[str, ...] = (),
+    before_manifest: Callable[[], dict[str, FileEntry]] | None = None,
+    share_copies: dict[str, Path] | None = None,
 ) -> Manifest:
     """Upload ``local_dir`` and write the manifest (the commit), then apply retention.
 
     Shared by the sync and async paths so both commit exactly the same way. The fault
     points ``before_commit`` / ``after_commit`` fire in whichever thread commits.
+    ``shares`` / ``before_manifest`` / ``share_copies``: a sharded save's chief (runner/state/sharded_save.py).
     """
     step = request.global_step
     faults.hit("before_commit", step)
@@ -183,6 +188,9 @@ def commit_checkpoint(
         extra=dict(request.extra),
         on_uploaded=lambda name: faults.hit("mid_upload", step),
         known=known,
+        shares=shares,
+        before_manifest=before_manifest,
+        share_copies=share_copies,
     )
     emit(
         "checkpoint_committed",
@@ -195,6 +203,8 @@ def commit_checkpoint(
         size=manifest.total_size,
         commit_s=round(time.perf_counter() - started, 4),
         **({"blocked_ms": request.blocked_ms} if request.blocked_ms is not None else {}),
+        **({"writers": len({*manifest.extra[SHARDED_EXTRA_KEY]["writers"].values()})}
+           if SHARDED_EXTRA_KEY in manifest.extra else {}),
     )
     faults.hit("after_commit", step)
     store.retain(keep)
@@ -362,7 +372,8 @@ class AsyncCheckpointer:
     ``persist(request)`` runs on the background thread and must only read the twin (it
     is handed the request captured at save time). ``blocked_s`` / ``waited_s`` record,
     per save, the time the caller was blocked snapshotting / waiting for the previous
-    persist (the benchmark reads them).
+    persist (the benchmark reads them). ``on_rescue()``: called when a rescue asks for the
+    twin, before it waits for the in-flight persist (runner/state/sharded_save.py).
     """
 
     def __init__(
@@ -373,9 +384,11 @@ class AsyncCheckpointer:
         emit: Callable[..., None] = _default_emit,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        on_rescue: Callable[[], None] = lambda: None,
     ) -> None:
         self.twin = twin
         self._persist = persist
+        self._on_rescue = on_rescue  # a sharded save's chief stops waiting for a gone peer's share
         self._emit = emit
         self._clock = clock
         # One long-lived persist thread (not one per save): its allocator arena and
@@ -463,6 +476,7 @@ class AsyncCheckpointer:
         and this worker's in-flight persist (it reads the twin, and may commit the same
         step) get up to ``timeout_s`` to finish first."""
         deadline = self._clock() + timeout_s
+        self._on_rescue()
         with self._guard:
             self._rescuing = True
             while self._snapshotting and self._clock() < deadline:

@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from resilient_train.checkpoint import CheckpointStore, Manifest
+from resilient_train.checkpoint.shares import ShardedSaveChoice
 from resilient_train.cluster.tf_config import ClusterInfo
 from resilient_train.job.config import SNAPSHOT_EVERY_AUTO, SNAPSHOT_EVERY_OFF, JobConfig
 from resilient_train.job.recipe import Recipe
@@ -46,6 +47,7 @@ from resilient_train.runner.state.checkpointing import (
     TwinState,
     persist_twin,
 )
+from resilient_train.runner.state import sharded_save
 from resilient_train.runner.state.memory_tier import RescueUnavailable
 from resilient_train.runner.state.model_state import weights_digest
 from resilient_train.runner.state.tier import MemoryTier
@@ -136,6 +138,7 @@ class Saving:
         self._persist_twin = functools.partial(
             persist_twin, store=store, staging_root=work_dir / "staging", digest=weights_digest, run_id=run_id,
             world_size=cluster.num_workers, faults=faults, keep=job.keep, finite_only=finite_only)
+        self._finite_only = finite_only
         self.checkpointer = self._make_checkpointer(model, strategy, tier_off, build_twin, sum_over_workers,
                                                     run_id=run_id, faults=faults)
 
@@ -160,6 +163,7 @@ class Saving:
             emit("memory_tier", setting=SNAPSHOT_EVERY_AUTO, every_steps=SNAPSHOT_EVERY_OFF, reason=tier_off,
                  rank=cluster.rank)
         if job.checkpoint_mode == "sync":
+            self._announce_sharding(sharded_save.choose(job.sharded_save, None, num_workers=cluster.num_workers))
             return SyncCheckpointer(
                 self._checkpoint,
                 weights_sha256=lambda: weights_digest(model),
@@ -173,15 +177,31 @@ class Saving:
                 keep=job.keep,
             )
         twin = TwinState.build(self._checkpoint, model, build_twin)
-        if not (cluster.is_chief or twin.sync_on_read or self._tier is not None):
+        sharding = sharded_save.choose(job.sharded_save, twin, num_workers=cluster.num_workers)
+        self._announce_sharding(sharding)
+        if not (cluster.is_chief or twin.sync_on_read or self._tier is not None or sharding.sharded):
             return NoCheckpointer()
-        self._async = AsyncCheckpointer(twin, self._persist)
+        persist: Callable[[SaveRequest], Manifest | None] = self._persist
+        on_rescue: Callable[[], None] = lambda: None
+        if sharding.sharded:  # every worker uploads its share (runner/state/sharded_save.py); a rescue: _persist
+            share_context = sharded_save.ShareContext(
+                store=self._store, staging_root=self._work_dir / "staging", rank=cluster.rank,
+                digest=weights_digest, run_id=run_id, world_size=cluster.num_workers, faults=faults,
+                keep=job.keep, wait_timeout_s=job.startup_timeout, finite_only=self._finite_only)
+            persist = functools.partial(sharded_save.persist_share, sharded_save.ShardedWriter(twin, sharding.shards),
+                                        twin, context=share_context)
+            on_rescue = share_context.rescue_asked.set
+        self._async = AsyncCheckpointer(twin, persist, on_rescue=on_rescue)
         if self._tier is not None:
             self._tier.start(self._async, model=model, strategy=strategy,
                              sum_over_workers=sum_over_workers, counters=self._counters,
                              commit=self._commit_rescue, last_committed=self._last_committed_step,
                              unable=self._why_no_rescue_here)
-        return BackgroundCheckpointer(self._async, persist=cluster.is_chief)
+        return BackgroundCheckpointer(self._async, persist=cluster.is_chief or sharding.sharded)
+
+    def _announce_sharding(self, choice: ShardedSaveChoice) -> None:
+        emit("sharded_save", group=True, setting=choice.setting, sharded=choice.sharded, shards=choice.shards,
+             state_bytes=choice.state_bytes, reason=choice.reason)
 
     # --------------------------------------------------------------- restore
     def restore_or_start(self) -> Restored | None:
