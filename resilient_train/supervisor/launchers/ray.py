@@ -26,6 +26,10 @@ What the supervisor learns, and how:
   (``ActorDiedError``, ``ActorUnavailableError``) once Ray knows. The handle then reports
   ``-SIGKILL`` with ``lost_reason`` "node lost" and a ``node_lost`` event names the node
   (or "slot actor lost" when only the actor died and Ray still lists its node alive).
+  ``ActorUnavailableError`` while Ray still lists the node alive is not yet a death: the
+  node's raylet stopped answering and the GCS has not declared it dead. The slot is polled
+  again until Ray answers (a report, or ``ActorDiedError`` once the node is declared dead)
+  or ``UNAVAILABLE_GRACE_S`` passed; deciding at once named a lost node "slot actor lost".
   How fast Ray knows a node is gone is Ray's health check (``health_check_period_ms``,
   ``health_check_failure_threshold``; docs/clusters.md "Ray").
 
@@ -90,6 +94,10 @@ PLACEMENT_TIMEOUT_S = float(os.environ.get("RT_RAY_PLACEMENT_TIMEOUT_S", "60"))
 # answering every 0.2 s keeps them exactly as fresh as the periodic poll did, and an exit
 # does not wait for it.
 POLL_INTERVAL_S = 0.2
+# How long a slot may answer ActorUnavailableError on a node Ray lists alive before it is
+# lost anyway: above the GCS's default time to declare a silent node dead (health checks
+# every 3 s, 5 failures, 10 s timeout each).
+UNAVAILABLE_GRACE_S = 60.0
 # Threads of a slot actor: one long poll, and room beside it for signal, prestart_standby
 # and close (the slot's lock serializes them; a thread only saves waiting for a poll).
 SLOT_CONCURRENCY = 4
@@ -202,6 +210,7 @@ class _SlotState:
     pending: Any = None  # the ObjectRef of the outstanding poll
     standby_ready: bool = False
     started: bool = False  # a worker was started here (else a new slot: seed the chief's)
+    unavailable_since: float | None = None  # the first of the polls answering ActorUnavailableError in a row
 
 
 class RayHandle:
@@ -402,14 +411,28 @@ class RayLauncher(Launcher):
                 try:
                     report = self._answers({index: ref}, timeout=0)[index]
                 except _SlotsLost as lost:
-                    self._lost(handle, slot, lost.cause)
+                    self._poll_failed(handle, slot, lost.cause)
                     continue
+                slot.unavailable_since = None
                 self._take(handle, slot, report)
             if handle.returncode is None:
                 try:
                     slot.pending = self._send(index, slot.actor, "poll", POLL_INTERVAL_S)
                 except _SlotsLost as lost:
-                    self._lost(handle, slot, lost.cause)
+                    self._poll_failed(handle, slot, lost.cause)
+
+    def _poll_failed(self, handle: RayHandle, slot: _SlotState, exc: BaseException) -> None:
+        """A poll on ``slot`` raised a slot death: lost, unless Ray only cannot reach the
+        actor on a node it still lists alive (then the next ``pump`` polls again, for up to
+        ``UNAVAILABLE_GRACE_S``: Ray declares the node dead or the actor answers)."""
+        unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
+        if isinstance(exc, unavailable) and self._node_alive(slot.node_id):
+            now = self.clock()
+            if slot.unavailable_since is None:
+                slot.unavailable_since = now
+            if now - slot.unavailable_since < UNAVAILABLE_GRACE_S:
+                return
+        self._lost(handle, slot, exc)
 
     def _take(self, handle: RayHandle, slot: _SlotState, report: SlotReport) -> None:
         apply_chunks(Path(self.job.run_dir), report.chunks)

@@ -9,6 +9,7 @@ import pytest
 from resilient_train.cli import main as cli_main
 from resilient_train.job.config import JobConfig
 from resilient_train.errors import EXIT_USAGE, ConfigError
+from resilient_train.rundir import events
 from resilient_train.rundir.events import read_events
 from resilient_train.supervisor.launchers._slot import FileChunk, SlotReport, _Pump, apply_chunks
 from resilient_train.supervisor.launchers.ray import (
@@ -572,6 +573,58 @@ def test_a_poll_that_answers_a_node_death_reports_the_worker_lost_with_its_node(
     launcher.pump()  # sends the polls
     launcher.pump()  # takes the answers
     assert [(h.returncode, h.lost) for h in launcher._handles.values()] == [(None, None), (-9, "node lost")]
+
+
+def test_an_unreachable_actor_on_a_node_listed_alive_is_polled_again_until_ray_declares_the_node_dead(tmp_path):
+    """CI stop 58: the killed node's raylet stopped answering before the GCS declared it
+    dead; the poll's ActorUnavailableError was taken as a death of the actor alone ("slot
+    actor lost", no node_lost). Now the slot is polled again, and the death Ray reports once
+    the node is declared dead names the node."""
+    import ray.exceptions
+
+    from resilient_train.supervisor.launchers.ray import RayHandle
+
+    fake = _RealErrorsRay(alive=("node-0", "node-1"))
+    answers = iter([ray.exceptions.ActorUnavailableError("node unreachable", None),
+                    ray.exceptions.ActorUnavailableError("node unreachable", None),
+                    ray.exceptions.ActorDiedError()])
+    flaky = _FakeSlotActor(False, 5001)
+    flaky.poll = _Method(lambda wait_s: (_ for _ in ()).throw(next(answers)))
+    launcher, _ = _launcher_on(tmp_path, fake, [_FakeSlotActor(False, 5000), flaky])
+    launcher._slots[0].actor.poll = _Method(lambda wait_s: SlotReport(None))
+    launcher._handles = {0: RayHandle(launcher, 0, 100, False), 1: RayHandle(launcher, 1, 101, False)}
+    events.configure(tmp_path / "events.jsonl", console=None)
+    seen = []
+    for _ in range(5):  # send, unavailable, send, unavailable, send
+        launcher.pump()
+        seen.append(launcher._handles[1].lost)
+    fake.alive.remove("node-1")  # the GCS declares the node dead
+    launcher.pump()  # ActorDiedError
+    assert seen == [None] * 5
+    assert (launcher._handles[1].returncode, launcher._handles[1].lost) == (-9, "node lost")
+    lost = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "node_lost"]
+    assert [(e["node"], e["error"]) for e in lost] == [("node-1", "ActorDiedError")]
+
+
+def test_an_actor_unreachable_past_the_grace_is_lost_although_its_node_is_listed_alive(tmp_path):
+    import ray.exceptions
+
+    from resilient_train.supervisor.launchers import ray as ray_launcher
+
+    clock = [1000.0]
+    fake = _RealErrorsRay(alive=("node-0",))
+    unreachable = _FakeSlotActor(False, 5000)
+    unreachable.poll = _Refusing(ray.exceptions.ActorUnavailableError("node unreachable", None))
+    launcher, _ = _launcher_on(tmp_path, fake, [unreachable])
+    launcher.clock = lambda: clock[0]
+    launcher._handles = {0: ray_launcher.RayHandle(launcher, 0, 100, False)}
+    launcher.pump()
+    clock[0] += ray_launcher.UNAVAILABLE_GRACE_S - 0.5
+    launcher.pump()
+    assert launcher._handles[0].returncode is None
+    clock[0] += 0.5
+    launcher.pump()
+    assert (launcher._handles[0].returncode, launcher._handles[0].lost) == (-9, "slot actor lost")
 
 
 def test_a_poll_ray_refuses_at_once_reports_the_worker_lost(tmp_path):
