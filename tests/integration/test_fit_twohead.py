@@ -68,7 +68,6 @@ def plain_keras(out_dir, heads):
     return out_dir
 
 
-@pytest.mark.slow  # a chief's kill resumed exactly: tests/integration/test_fit_script.py and test_fit_arrays.py; two heads' names and values: the one-worker test
 @pytest.mark.parametrize("heads", ["2", pytest.param("1", marks=pytest.mark.slow)])  # "1": the one-head case test_fit_arrays.py covers
 def test_one_worker_gives_plain_keras_names_and_values(tmp_path, heads):
     reference = plain_keras(tmp_path / "plain", heads)
@@ -103,6 +102,7 @@ def reference(tmp_path_factory):
     return job, root / "out"
 
 
+@pytest.mark.slow  # a chief's kill resumed exactly: tests/integration/test_fit_script.py and test_fit_arrays.py; two heads' names and values: the one-worker test
 def test_two_workers_kill_chief_mid_epoch_end_as_the_uninterrupted_run(tmp_path, reference):
     reference, ref_out = reference
     ref_finished = [{name: e[name] for name in FIELDS} for e in reference.named("epoch_finished")]

@@ -34,7 +34,6 @@ def start_positions(path):
     return sorted(tuple(line.split()) for line in path.read_text().splitlines())
 
 
-@pytest.mark.slow  # the replay since the newest capture: tests/integration/test_rescue_matrix.py's rescue between input captures
 @pytest.mark.parametrize("steps_per_execution", ["1", pytest.param("3", marks=pytest.mark.slow)])  # 3: slow, a variant
 def test_start_step_recipe_resumes_mid_epoch_exactly(tmp_path, input_bound_reference, steps_per_execution):
     log = tmp_path / "starts.txt"
@@ -54,6 +53,7 @@ def test_start_step_recipe_resumes_mid_epoch_exactly(tmp_path, input_bound_refer
     assert job.summary["weights_sha256"] == input_bound_reference
 
 
+@pytest.mark.slow  # the skip re-entry to the same weights: test_a_state_larger_than_the_bound_falls_back_to_skip (same recipe, same kill)
 def test_recipe_without_start_step_is_skipped_to_the_same_weights(tmp_path, input_bound_reference):
     log = tmp_path / "starts.txt"
     job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS, "--set", f"start_log={log}",
@@ -127,7 +127,7 @@ def test_a_state_larger_than_the_bound_falls_back_to_skip(tmp_path, input_bound_
 def test_iterator_state_path_trains_to_the_distributed_iterators_weights(tmp_path, input_bound_reference):
     # Uninterrupted, 2 workers: each worker iterates its own pipeline as a plain tf.data
     # iterator from step 1; the reference feeds the same batches through MWMS's distributed
-    # iterator (and test_recipe_without_start_step_is_skipped_to_the_same_weights pins this
+    # iterator (and test_a_state_larger_than_the_bound_falls_back_to_skip pins this
     # recipe on that path to it). Before runner/input/data.py relaxed the plain iterator's batch
     # dimension as the distributed one does, the weights differed in the last bits.
     job = run_job(INPUT_BOUND_SKIP, tmp_path / "run", *FLAGS)
@@ -165,6 +165,7 @@ def test_a_pipeline_that_cannot_be_saved_falls_back_to_skip_and_resumes_exactly(
     assert job.summary["weights_sha256"] == digits_reference
 
 
+@pytest.mark.slow  # the replay since the newest capture: tests/integration/test_rescue_matrix.py's rescue between input captures
 def test_a_save_between_input_captures_carries_the_newest_and_the_restore_replays_since(tmp_path, digits_reference):
     # A mid-epoch save captures the input's iterator state only on the memory tier's capture
     # interval (runner/state/saving.py _save_captures: the capture was ~30% of throughput at a save
