@@ -48,7 +48,6 @@ from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.checkpoint.read_path import PartialFetch
 from resilient_train.checkpoint.shares import ReadOncePlan, plan_read_once
 from resilient_train.errors import CheckpointCorruptError
-from resilient_train.rundir.events import emit as _default_emit
 
 __all__ = ["CHUNK_BYTES", "ReadOnce", "ReadOnceResult", "exchange_files"]
 
@@ -115,7 +114,7 @@ class ReadOnce:
     gather: Callable[[int], list[int]]
     sum_over_workers: Callable[[tf.Tensor], tf.Tensor]
     unable: str | None = None
-    emit: Callable[..., None] = _default_emit
+    chunk_bytes: int = CHUNK_BYTES
 
     def restore(self, cache_dir: Path) -> ReadOnceResult:
         """The newest checkpoint read once by the group, or why not (then restore the plain
@@ -146,7 +145,7 @@ class ReadOnce:
         received = 0
         if _PART in states:  # someone lacks files: every rank takes part, the owners send
             received = exchange_files(part.path, plan, sizes, rank=self.rank, keep=part.missing,
-                                      sum_over_workers=self.sum_over_workers)
+                                      sum_over_workers=self.sum_over_workers, chunk_bytes=self.chunk_bytes)
         exchange_s = round(time.perf_counter() - started, 4)
         found: tuple[Manifest, Path] | None = None
         try:
