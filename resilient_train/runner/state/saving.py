@@ -146,7 +146,7 @@ class Saving:
         self._read_once = ReadOnce(
             store=store, rank=cluster.rank, workers=cluster.num_workers, gather=gather,
             sum_over_workers=sum_over_workers,
-            unable=None if replicas == cluster.num_workers else
+            unable="--read-once off" if job.read_once == "off" else None if replicas == cluster.num_workers else
             f"{replicas} replicas on {cluster.num_workers} workers: the exchange sums one copy per worker")
         self.checkpointer = self._make_checkpointer(model, strategy, tier_off, build_twin, sum_over_workers,
                                                     run_id=run_id, faults=faults)
