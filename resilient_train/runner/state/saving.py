@@ -86,6 +86,8 @@ class Saving:
     ``counters``: the checkpoint's ``(epoch, step_in_epoch, global_step)`` variables.
     ``build_twin()``: a second, strategy-free copy of everything ``checkpoint`` holds (the
     async twin). ``gather(value)``: every worker's int, by rank (one all-reduce).
+    ``concat_over_workers(tensor)``: every worker's tensor, concatenated by rank (one
+    all-gather: a read-once restore's exchange, runner/state/read_once.py).
     ``epoch_extra(global_step)``: what the epoch adds to a save's manifest ``extra``.
     ``saved()``: the group took an agreed save (the save policy's clock restarts, the preemption
     notice watch drops a vote that arrives right after it: runner/process/preemption_notices.py).
@@ -114,6 +116,7 @@ class Saving:
         build_twin: Callable[[], tuple[tf.train.Checkpoint, keras.Model]],
         sum_over_workers: Callable[[tf.Tensor], tf.Tensor],
         gather: Callable[[int], list[int]],
+        concat_over_workers: Callable[[tf.Tensor], tf.Tensor],
         recipe: Recipe,
         input_check: InputCheck,
         fingerprint: dict[str, Any],
@@ -140,14 +143,14 @@ class Saving:
             persist_twin, store=store, staging_root=work_dir / "staging", digest=weights_digest, run_id=run_id,
             world_size=cluster.num_workers, faults=faults, keep=job.keep, finite_only=finite_only)
         self._finite_only = finite_only
-        # A sharded checkpoint is read once by the group (runner/state/read_once.py); the exchange
-        # is a SUM over replicas, which counts one copy per worker only with one replica each.
+        # A sharded checkpoint is read once by the group (runner/state/read_once.py); its exchange
+        # is an all-gather over replicas, which gives one row per worker only with one replica each.
         replicas = strategy.num_replicas_in_sync
         self._read_once = ReadOnce(
             store=store, rank=cluster.rank, workers=cluster.num_workers, gather=gather,
-            sum_over_workers=sum_over_workers,
+            concat_over_workers=concat_over_workers,
             unable="--read-once off" if job.read_once == "off" else None if replicas == cluster.num_workers else
-            f"{replicas} replicas on {cluster.num_workers} workers: the exchange sums one copy per worker")
+            f"{replicas} replicas on {cluster.num_workers} workers: the exchange takes one row per worker")
         self.checkpointer = self._make_checkpointer(model, strategy, tier_off, build_twin, sum_over_workers,
                                                     run_id=run_id, faults=faults)
 

@@ -28,7 +28,8 @@ FILES = {"ckpt.index": b"index" * 21, "callbacks.json": b"{}",
 
 
 class Group:
-    """The ranks' SUM all-reduce: each puts its value in, every one gets the sum."""
+    """The ranks' collectives: each puts its value in, every one gets the sum (``gather``'s
+    all-reduce) or the values concatenated by rank (the exchange's all-gather)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -36,16 +37,20 @@ class Group:
         self.slots: list[Any] = [None] * size
         self.calls = 0
 
+    def _meet(self, rank: int, value: Any, combine: Callable[[list[Any]], Any]) -> Any:
+        self.slots[rank] = value.numpy()
+        self.barrier.wait()
+        result = combine(self.slots)
+        if rank == 0:
+            self.calls += 1
+        self.barrier.wait()
+        return tf.constant(result)
+
     def sum(self, rank: int) -> Callable[[Any], Any]:
-        def sum_over_workers(value: Any) -> Any:
-            self.slots[rank] = value.numpy()
-            self.barrier.wait()
-            total = sum(self.slots[1:], self.slots[0])
-            if rank == 0:
-                self.calls += 1
-            self.barrier.wait()
-            return tf.constant(total)
-        return sum_over_workers
+        return lambda value: self._meet(rank, value, lambda slots: sum(slots[1:], slots[0]))
+
+    def concat(self, rank: int) -> Callable[[Any], Any]:
+        return lambda value: self._meet(rank, value, np.concatenate)
 
     def gather(self, rank: int) -> Callable[[int], list[int]]:
         def gather(value: int) -> list[int]:
@@ -56,28 +61,29 @@ class Group:
 
 
 def _commit(url: str, tmp_path: Path, step: int, *, sharded: bool = True, files: dict[str, bytes] = FILES,
-            host_cache: Path | None = None) -> None:
+            host_cache: Path | None = None, shards: int = 2) -> None:
     staging = tmp_path / "staging" / str(step)
     staging.mkdir(parents=True)
     for rel, data in files.items():
         (staging / rel).write_bytes(data)
     CheckpointStore(url, host_cache=host_cache).commit(staging, run_id="r", epoch=0, step_in_epoch=step, global_step=step, world_size=2,
                                 weights_sha256="0" * 64, tf_version="x",
-                                extra={SHARDED_EXTRA_KEY: {"shards": 2}} if sharded else {})
+                                extra={SHARDED_EXTRA_KEY: {"shards": shards}} if sharded else {})
 
 
 def _restore(url: str, tmp_path: Path, *, host_caches: tuple[Path | None, ...] = (None, None),
              chunk_bytes: int = 12) -> tuple[list[ReadOnceResult], list[CheckpointStore], Group]:
-    group = Group(2)
+    workers = len(host_caches)
+    group = Group(workers)
     stores = [CheckpointStore(url, host_cache=host_cache) for host_cache in host_caches]
 
     def rank(r: int) -> ReadOnceResult:
-        once = ReadOnce(store=stores[r], rank=r, workers=2, gather=group.gather(r), sum_over_workers=group.sum(r),
-                        chunk_bytes=chunk_bytes)
+        once = ReadOnce(store=stores[r], rank=r, workers=workers, gather=group.gather(r),
+                        concat_over_workers=group.concat(r), chunk_bytes=chunk_bytes)
         return once.restore(tmp_path / f"rank-{r}" / "cache")
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(rank, range(2)))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(rank, range(workers)))
     return results, stores, group
 
 
@@ -97,8 +103,23 @@ def test_each_rank_reads_its_share_once_and_gets_the_others_bytes_exactly(url, t
         assert result.peer_bytes == len(FILES[SHARES[1 - r]])
     small = len(FILES["ckpt.index"]) + len(FILES["callbacks.json"])
     assert [s.bytes_downloaded for s in stores] == [small + len(FILES[SHARES[r]]) for r in range(2)]
-    # 3 votes, then one all-reduce per 12-byte chunk of each data file.
-    assert group.calls == 3 + sum(-(-len(FILES[name]) // 12) for name in SHARES)
+    # 3 votes, then one all-gather per 12-byte round of the longest rank's files.
+    assert group.calls == 3 + -(-max(len(FILES[name]) for name in SHARES) // 12)
+
+
+def test_four_shares_on_three_workers_cross_file_boundaries_exactly(url, tmp_path):
+    names = [data_file_name("ckpt", k, 4) for k in range(4)]
+    files = {"ckpt.index": b"i" * 7, **{name: bytes([k + 1]) * (30 + 7 * k) + bytes(range(k)) for k, name in enumerate(names)}}
+    _commit(url, tmp_path, 10, files=files, shards=4)
+    results, stores, group = _restore(url, tmp_path, host_caches=(None, None, None))
+    for result in results:
+        assert result.found is not None and result.reason == "4 shares read once by 3 of 3 workers"
+        assert {rel: (result.found[1] / rel).read_bytes() for rel in files} == files
+    owned = [[0, 3], [1], [2]]  # share k to rank k % 3: rank 0's stream is shares 0 and 3 back to back
+    assert [s.bytes_downloaded for s in stores] == [7 + sum(len(files[names[k]]) for k in ks) for ks in owned]
+    assert [r.peer_bytes for r in results] == [
+        sum(len(files[name]) for name in names) - (s.bytes_downloaded - 7) for r, s in zip(results, stores)]
+    assert group.calls == 3 + -(-(len(files[names[0]]) + len(files[names[3]])) // 12)
 
 
 def test_ranks_whose_caches_hold_it_whole_read_nothing_and_send_nothing(url, tmp_path):
