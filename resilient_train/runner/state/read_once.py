@@ -52,7 +52,7 @@ from resilient_train.errors import CheckpointCorruptError
 
 __all__ = ["CHUNK_BYTES", "ReadOnce", "ReadOnceResult", "exchange_files"]
 
-CHUNK_BYTES = 32 * 2**20
+CHUNK_BYTES = 8 * 2**20
 """Bytes per all-reduce of the exchange: each rank holds a few chunks at a time (the owner's
 bytes as int32, the sum), not a share."""
 
@@ -126,10 +126,16 @@ def exchange_files(part_dir: Path, plan: ReadOncePlan, sizes: dict[str, int], *,
     totals = [sum(size for _, size in files) for files in owned]
     streams = [_Stream(part_dir, files, write=r != rank, keep=keep) for r, files in enumerate(owned)]
     received = 0
+    for name in keep:  # an empty data file gets no bytes below, yet must exist
+        (part_dir / name).write_bytes(b"")
+    if not max(totals):
+        return 0
     try:
-        for start in range(0, max(totals), chunk_bytes):
-            width = min(chunk_bytes, max(totals) - start)
-            words = np.zeros(-(-width // 4), dtype=np.int32)
+        # Every round the same shape, the last one padded: one trace of the collective, not
+        # two (tracing an all-gather under MultiWorkerMirroredStrategy is not free).
+        width = min(chunk_bytes, -(-max(totals) // 4) * 4)
+        for start in range(0, max(totals), width):
+            words = np.zeros(width // 4, dtype=np.int32)
             mine = max(0, min(width, totals[rank] - start))
             if mine:
                 words.view(np.uint8)[:mine] = np.frombuffer(streams[rank].read(mine), dtype=np.uint8)
