@@ -9,14 +9,13 @@ data file of share k is downloaded by rank ``k % workers`` alone (checkpoint/sha
 every rank; and every data file reaches the ranks that did not download it over the group's collective
 (runner/training/collectives.py): in rounds, every rank puts the next ``CHUNK_BYTES`` of its
 own files in (four bytes to an int32) and one all-gather hands every rank everyone's, so a
-large share never sits in memory whole and each byte crosses to each peer once (a SUM with
-zeros elsewhere, the first version, moved about twice that: 1.7 s for 50 MB each way on
-loopback at load 9). Every rank walks the same plan in the same order (its files in share
+large share never sits in memory whole and each byte crosses to each peer once (a SUM
+all-reduce with zeros elsewhere, the first version, moves about twice that). Every rank walks the same plan in the same order (its files in share
 order, rounds in turn), so the collectives pair up.
 
 Why bytes and not restored values: TensorFlow's bundle reader opens a data file only when a
 tensor in it is read (a key of a missing data file fails with NotFoundError naming that
-file, the others read fine: checked with TF 2.x, see docs/storage.md), but
+file, the others read fine: checked with TF 2.21.0, docs/storage.md), but
 ``tf.train.Checkpoint.restore`` reads every tensor of the object graph, so a worker missing
 a data file cannot restore at all. Sending the files keeps the restore TensorFlow's own
 (the same call on the same files as before) and makes exactness checkable: every file a
