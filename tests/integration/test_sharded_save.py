@@ -70,10 +70,15 @@ def test_s3_worker_killed_while_uploading_its_share_leaves_the_previous_checkpoi
     reference = run_job(WIDE, tmp_path / "reference", *WIDE_FLAGS, "--sharded-save", "off")
     assert reference.returncode == 0, reference.output
     job = run_job(WIDE, tmp_path / "run", *WIDE_FLAGS, "--sharded-save", "on", *storage_flags(s3_server),
-                  faults=[{"point": "mid_upload", "global_step": 8, "rank": 1}])
+                  faults=[{"point": "mid_upload", "global_step": 8, "rank": 1}, *OTHER_HOSTS])
     assert job.returncode == 0, job.output
-    assert [e["global_step"] for e in job.named("checkpoint_committed") if e["attempt"] == 1] == [4]
+    committed = [e for e in job.named("checkpoint_committed") if e["attempt"] == 1]
+    assert [e["global_step"] for e in committed] == [4]
     assert [r["global_step"] for r in job.named("restored")] == [4]  # 8: its share uploaded, never recorded
+    # Read once from S3: the two ranks' reads add up to the checkpoint and the small files once more.
+    reads = job.named("restore_read")
+    assert sorted((e["rank"], e["read_once"]) for e in reads) == [(0, True), (1, True)]
+    assert sum(e["store_bytes"] for e in reads) == 2 * committed[0]["size"] - sum(e["peer_bytes"] for e in reads)
     assert job.named("worker_failed")[0]["signal"] == "SIGKILL"
     assert job.summary["weights_sha256"] == reference.summary["weights_sha256"]
     manifest = CheckpointStore(s3_server.url_prefix, s3_server.storage_options).latest_manifest()
