@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/read_once_restore.py              # ~4 min on 2 cores: 2 runs of the 100 MB wide_mlp
     .venv/bin/python benchmarks/read_once_restore.py --repeats 2
+    .venv/bin/python benchmarks/read_once_restore.py --store s3   # SeaweedFS S3 on loopback
 
-Writes benchmarks/results/read_once_restore.json.
+Writes benchmarks/results/read_once_restore.json (``--store s3``: read_once_restore_s3.json).
 
 Each run: ``resilient-train run recipes/wide_mlp.py`` (1024-2048-2048-1024-10, ~101 MB of
 weights and Adam slots), 2 workers on loopback, ``--sharded-save on``; rank 1 is killed
@@ -22,15 +23,18 @@ checkpoint, the restore before read-once). Per run, from attempt 2's events:
   ``agree`` and ``restore`` (TensorFlow reading the local copy);
 * ``weights_sha256``: the final digest, equal across the runs (the restore is exact either way).
 
-The store is a local directory on the same disk: reading it is a copy at disk speed, so
-the times say what the exchange costs against a fast store, not what it saves on a slow one;
-the bytes are what a store with a per-host cap would see. ``uptime`` before and after: the
+``--store local`` (default): the run dir's own directory, on the same disk: reading it is a
+copy at disk speed, so the times say what the exchange costs against a fast store, not what
+it saves on a slow one; the bytes are what a store with a per-host cap would see. ``--store
+s3``: a SeaweedFS S3 server on loopback (tests/support/s3server.py), an object store's
+request path without a network cap. ``uptime`` before and after: the
 machine is shared.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -50,8 +54,8 @@ from benchmarks._smoke import add_smoke_flag, check_smoke_out, write_result  # n
 from resilient_train.rundir.events import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-RESULT_KEYS = ("benchmark", "date", "host", "recipe", "workers", "flags", "uptime_before", "uptime_after", "wall_s",
-               "summary", "runs", "smoke")
+RESULT_KEYS = ("benchmark", "date", "host", "recipe", "workers", "store", "flags", "uptime_before", "uptime_after",
+               "wall_s", "summary", "runs", "smoke")
 RECIPE = "recipes/wide_mlp.py"
 FLAGS = ("--epochs", "1", "--steps-per-epoch", "30", "--global-batch-size", "32", "--save-every-steps", "10",
          "--steps-per-execution", "1", "--sharded-save", "on", "--snapshot-every", "off")
@@ -64,13 +68,21 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def run_once(read_once: str, *, smoke: bool, timeout_s: float = 900.0) -> dict[str, Any]:
+def _storage_flags(target: Any) -> list[str]:
+    flags = ["--storage", target.url_prefix]
+    for key, value in target.storage_options.items():
+        pairs = value.items() if isinstance(value, dict) else [(None, value)]
+        flags += [f"--storage-option={key}{'' if k is None else '.' + k}={v}" for k, v in pairs]
+    return flags
+
+
+def run_once(read_once: str, *, smoke: bool, storage: list[str], timeout_s: float = 900.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rt-read-once-") as tmp:
         run_dir = Path(tmp) / "run"
         faults = [{"point": "after_step", "global_step": KILL_AFTER[smoke], "rank": 1}, *FAULTS]
         env = {**os.environ, "RT_FAULTS": json.dumps(faults), "TF_CPP_MIN_LOG_LEVEL": "3",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        flags = (*FLAGS, *(SMOKE_FLAGS if smoke else ()), "--read-once", read_once)
+        flags = (*FLAGS, *(SMOKE_FLAGS if smoke else ()), *storage, "--read-once", read_once)
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "resilient_train", "run", RECIPE, "--run-dir", str(run_dir),
                                *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -110,15 +122,30 @@ def run_once(read_once: str, *, smoke: bool, timeout_s: float = 900.0) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode (default 1)")
-    parser.add_argument("--out", default=str(RESULTS / "read_once_restore.json"))
+    parser.add_argument("--store", choices=("local", "s3"), default="local",
+                        help="local (default): the run dir's checkpoints/; s3: SeaweedFS on loopback")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/read_once_restore[_s3].json")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
+    out = args.out or str(RESULTS / f"read_once_restore{'_s3' if args.store == 's3' else ''}.json")
     if args.repeats < 1:
         parser.error(f"Received --repeats {args.repeats}; expected >= 1")
     repeats = 1 if args.smoke else args.repeats
     uptime_before, started = _uptime(), time.monotonic()
-    runs = [run_once(mode, smoke=args.smoke) for _ in range(repeats) for mode in ("on", "off")]
+    with contextlib.ExitStack() as stack:
+        storage: list[str] = []
+        if args.store == "s3":
+            from tests.support.s3server import SeaweedS3
+
+            server = stack.enter_context(SeaweedS3(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "weed"))
+            storage = _storage_flags(server.target("read-once-bench"))
+
+        def run(mode: str, repeat: int) -> dict[str, Any]:
+            where = [*storage[:1], f"{storage[1]}-{mode}-{repeat}", *storage[2:]] if storage else []
+            return run_once(mode, smoke=args.smoke, storage=where)
+
+        runs = [run(mode, repeat) for repeat in range(repeats) for mode in ("on", "off")]
     summary: dict[str, Any] = {}
     for mode in ("on", "off"):
         mine = [r for r in runs if r["read_once"] == mode]
@@ -136,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": platform.node(),
         "recipe": RECIPE,
         "workers": 2,
+        "store": args.store,
         "flags": [*FLAGS, *(SMOKE_FLAGS if args.smoke else ())],
         "uptime_before": uptime_before,
         "uptime_after": _uptime(),
@@ -145,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
     }
     print(json.dumps(summary, indent=2))
-    write_result(args.out, report)
+    write_result(out, report)
     return 0
 
 
