@@ -3,7 +3,9 @@
 Everything the workers agree on between training calls (a restore's step, the input's
 verdict, an iterator state, a callback's stop, the replicas' check before a save) is one
 all-reduce through :attr:`Collectives.sum`. Every worker makes them at the same points in the
-same order, so they pair up; each is one collective, never more.
+same order, so they pair up; each is one collective, never more. The one other is
+:attr:`Collectives.concat`, an all-gather: a read-once restore's exchange of checkpoint
+files (runner/state/read_once.py), bytes a SUM would move twice.
 """
 
 from __future__ import annotations
