@@ -6,7 +6,7 @@ the data file of share k and the chief (k = 0) uploads share 0, the index and th
 files, waits until every share is recorded in the store, and writes the manifest last.
 The result is one standard TF checkpoint (``ckpt.index`` + ``ckpt.data-0000k-of-0000N``):
 ``tf.train.load_checkpoint`` and ``tf.train.Checkpoint.restore`` read it as they read
-any other, and the read path (fetch, host cache, ``verify``) needs no change.
+any other, as do fetch, the host cache and ``verify``; a restart reads it once (read_once.py).
 
 How the files come for free: TensorFlow's own ``CheckpointOptions(
 experimental_sharding_callback=...)`` (TF >= 2.15) writes one checkpoint in several data
