@@ -28,14 +28,21 @@ from pathlib import Path
 from typing import Iterator
 
 from resilient_train.rundir.atomic import write_atomic
-from resilient_train.checkpoint._storage import OnStorage
+from resilient_train.checkpoint._storage import OnStorage, StorageRoot
 from resilient_train.checkpoint.cache import cached_copy_problem, link_or_copy_tree
 from resilient_train.checkpoint.deadline import progress
-from resilient_train.checkpoint.manifest import CHUNK_SIZE, MANIFEST_NAME, FileEntry, Manifest, sha256_stream
+from resilient_train.checkpoint.manifest import (
+    CHUNK_SIZE,
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    sha256_file,
+    sha256_stream,
+)
 from resilient_train.checkpoint.shares import writer_of
 from resilient_train.errors import CheckpointCorruptError
 
-__all__ = ["CheckpointInfo", "ReadPath", "Status"]
+__all__ = ["CheckpointInfo", "PartialFetch", "ReadPath", "Status"]
 
 _DIR_RE = re.compile(r"^ckpt-(\d{12,})$")
 
@@ -79,8 +86,37 @@ class CheckpointInfo:
 
 
 
+@dataclass(frozen=True)
+class PartialFetch:
+    """A checkpoint fetched but for ``missing`` files, which a read-once restore's peers
+    send (runner/state/read_once.py): ``path`` holds the rest, each file verified (a private
+    staging directory, or ``target`` itself when this worker's own cache served it whole).
+    ``missing`` empty: ``whole``. ``ReadPath.complete`` checks what the peers wrote and
+    installs it as ``target``."""
+
+    manifest: Manifest
+    path: Path
+    target: Path
+    missing: frozenset[str]
+    source: str
+    started: float
+    store_bytes: int
+
+    @property
+    def whole(self) -> bool:
+        return not self.missing
+
+
 class ReadPath(OnStorage):
-    """Every read of the checkpoints under one root (see the module docstring)."""
+    """Every read of the checkpoints under one root (see the module docstring).
+
+    ``bytes_downloaded``: every byte this reader has read of checkpoint files from the store
+    (downloads, retried parts included; not manifests, listings or hashing by ``verify``):
+    what a restore's ``restore_read`` event reports."""
+
+    def __init__(self, storage: StorageRoot) -> None:
+        super().__init__(storage)
+        self.bytes_downloaded = 0
 
     # -- small records beside the checkpoints (OWNER.json) ------------------------------
 
@@ -264,20 +300,30 @@ class ReadPath(OnStorage):
         return self._fetch(self._read_manifest(global_step), Path(cache_dir))
 
     def _fetch(self, manifest: Manifest, cache_dir: Path) -> tuple[Manifest, Path]:
+        part = self.fetch_part(manifest, cache_dir)
+        return self.complete(part)
+
+    def fetch_part(self, manifest: Manifest, cache_dir: Path, *, skip: frozenset[str] = frozenset()) -> PartialFetch:
+        """``fetch`` but for the files in ``skip`` (a read-once restore's peers send them):
+        from ``cache_dir`` or the host cache whole when they hold it, else every other file
+        from the store, verified. Finish it with ``complete`` (after the missing files are
+        written into its ``path``) or drop it with ``discard``."""
         name = self.dir_name(manifest.global_step)
         target = cache_dir / name
         started = time.monotonic()
+        before = self.bytes_downloaded
         if self._cached_copy_ok(target, manifest):
             write_atomic(target / MANIFEST_NAME, manifest.to_json())
-            self._fetched(manifest, "local_cache", started)
-            return manifest, target
+            return PartialFetch(manifest, target, target, frozenset(), "local_cache", started, 0)
         cache_dir.mkdir(parents=True, exist_ok=True)
         staging = cache_dir / f".{name}.partial-{uuid.uuid4().hex[:8]}"
-        source = "shared"
         try:
             if self._seed_from_host_cache(manifest, staging):
-                source = "host_cache"
-            for rel, entry in sorted(manifest.files.items()) if source == "shared" else ():
+                return PartialFetch(manifest, staging, target, frozenset(), "host_cache", started, 0)
+            missing = frozenset(rel for rel in manifest.files if rel in skip)
+            for rel, entry in sorted(manifest.files.items()):
+                if rel in missing:
+                    continue
                 got = self._download(name, rel, staging / rel)
                 if got.size != entry.size:
                     raise CheckpointCorruptError(
@@ -285,16 +331,47 @@ class ReadPath(OnStorage):
                     )
                 if got.sha256 != entry.sha256:
                     raise CheckpointCorruptError(f"{self._url(name)}: sha256 mismatch in {rel}")
-            (staging / MANIFEST_NAME).write_text(manifest.to_json())
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-            os.replace(staging, target)
-        finally:
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
-        self._fetched(manifest, source, started)
+            raise
+        source = "read_once" if missing else "shared"
+        return PartialFetch(manifest, staging, target, missing, source, started, self.bytes_downloaded - before)
+
+    def complete(self, part: PartialFetch) -> tuple[Manifest, Path]:
+        """Install ``part`` as its checkpoint's private copy once its missing files are in
+        ``part.path`` (each checked against the manifest: CheckpointCorruptError naming a
+        file a peer sent wrong); ``checkpoint_fetched`` tells where it came from."""
+        manifest, staging, target = part.manifest, part.path, part.target
+        name = self.dir_name(manifest.global_step)
+        if staging != target:
+            try:
+                for rel in sorted(part.missing):
+                    got = sha256_file(staging / rel) if (staging / rel).is_file() else None
+                    entry = manifest.files[rel]
+                    if got is None or got.size != entry.size or got.sha256 != entry.sha256:
+                        raise CheckpointCorruptError(f"{self._url(name)}: sha256 mismatch in {rel} (as its peer sent it)")
+                (staging / MANIFEST_NAME).write_text(manifest.to_json())
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+                os.replace(staging, target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        self._emit(
+            "checkpoint_fetched",
+            global_step=manifest.global_step,
+            source=part.source,
+            size=manifest.total_size,
+            store_bytes=part.store_bytes,
+            seconds=round(time.monotonic() - part.started, 4),
+        )
         return manifest, target
+
+    def discard(self, part: PartialFetch) -> None:
+        """Drop an unfinished ``part`` (its staging directory; a whole cached copy stays)."""
+        if part.path != part.target:
+            shutil.rmtree(part.path, ignore_errors=True)
 
     def _cached_copy_ok(self, cached: Path, manifest: Manifest, *, report_as: Path | None = None) -> bool:
         """Verify a local copy against ``manifest``; report (``cache_rejected``) a bad one."""
@@ -328,15 +405,6 @@ class ReadPath(OnStorage):
         shutil.rmtree(staging, ignore_errors=True)
         return False
 
-    def _fetched(self, manifest: Manifest, source: str, started: float) -> None:
-        self._emit(
-            "checkpoint_fetched",
-            global_step=manifest.global_step,
-            source=source,
-            size=manifest.total_size,
-            seconds=round(time.monotonic() - started, 4),
-        )
-
     def _download(self, name: str, rel: str, dst: Path) -> FileEntry:
         """Stream ``name/rel`` to ``dst`` (each remote byte read once), hashing it on the way.
 
@@ -351,6 +419,7 @@ class ReadPath(OnStorage):
                 while chunk := src.read(CHUNK_SIZE):
                     digest.update(chunk)
                     size += len(chunk)
+                    self.bytes_downloaded += len(chunk)
                     out.write(chunk)
                     progress()
             return FileEntry(size=size, sha256=digest.hexdigest())

@@ -16,6 +16,11 @@ list and gets the same shares (largest tensor first into the lightest share, tie
 key, then by share index), so no collective is needed to agree on it. ``pinned`` keys
 (the object-graph proto, whose size is not known before it is serialized) go to share 0,
 the chief's, which also writes the index.
+
+A read-once restore (``plan_read_once``) reads the same record back: share k's data file is
+downloaded by rank ``k % workers`` alone (so a checkpoint of N shares restores on any number
+of workers), every other file (the index, the small files) by every rank, and each data file
+reaches the other ranks over the group's collective (runner/state/read_once.py).
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from typing import Mapping, Sequence
 
 from resilient_train.checkpoint.manifest import FileEntry
 
-__all__ = ["SHARD_AUTO_MIN_BYTES", "SHARDED_EXTRA_KEY", "SHARE_RECORD_PREFIX", "writer_of", "ShardedSaveChoice", "assign_shares",
+__all__ = ["ReadOncePlan", "plan_read_once", "SHARD_AUTO_MIN_BYTES", "SHARDED_EXTRA_KEY", "SHARE_RECORD_PREFIX", "writer_of", "ShardedSaveChoice", "assign_shares",
            "choose_sharded_save", "data_file_name", "share_record_name", "share_record", "parse_share_record"]
+
+PREFIX = "ckpt"
+"""The checkpoint's prefix inside its directory: ``ckpt.index``, ``ckpt.data-...``."""
 
 SHARD_AUTO_MIN_BYTES = 64 * 2**20
 """``--sharded-save auto`` shards a state of at least this many bytes: below it a share
@@ -161,3 +169,46 @@ def choose_sharded_save(setting: str, *, state_bytes: int, num_workers: int, ten
         return off(f"state of {state_bytes} bytes < {min_bytes} (auto's threshold): the chief alone is faster")
     return ShardedSaveChoice(setting, True, num_workers, state_bytes,
                              "--sharded-save on" if setting == "on" else f"state of {state_bytes} bytes >= {min_bytes}")
+
+
+@dataclass(frozen=True)
+class ReadOncePlan:
+    """Who reads which data file of a sharded checkpoint from the store.
+
+    ``owners``: every data file (share order) and the rank that downloads it; ``common``:
+    the files every rank downloads (the index, the small files)."""
+
+    owners: tuple[tuple[str, int], ...]
+    common: tuple[str, ...]
+
+    def others(self, rank: int) -> frozenset[str]:
+        """The data files ``rank`` does not download (its peers send them)."""
+        return frozenset(name for name, owner in self.owners if owner != rank)
+
+    def store_bytes(self, sizes: Mapping[str, int], rank: int) -> int:
+        """The bytes ``rank`` downloads: the common files and its own data files."""
+        return sum(size for name, size in sizes.items() if name not in self.others(rank))
+
+
+def plan_read_once(extra: Mapping[str, object], files: Mapping[str, int], *,
+                   workers: int) -> tuple[ReadOncePlan | None, str]:
+    """``(plan, reason)`` for a checkpoint's manifest ``extra`` and ``files`` ({name: size})
+    restored by ``workers`` ranks; ``plan`` None: every rank reads the whole checkpoint, as
+    before read-once, for ``reason``."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"Received workers={workers!r}; expected an int >= 1")
+    sharded = extra.get(SHARDED_EXTRA_KEY)
+    if not isinstance(sharded, dict):
+        return None, "not a sharded checkpoint"
+    if workers < 2:
+        return None, "one worker: nothing to share"
+    shards = sharded.get("shards")
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 2:
+        return None, f"the manifest's {SHARDED_EXTRA_KEY} record names shards={shards!r}"
+    data = [data_file_name(PREFIX, k, shards) for k in range(shards)]
+    missing = [name for name in data if name not in files]
+    if missing:
+        return None, f"the manifest lists no {missing[0]}"
+    owners = tuple((name, k % workers) for k, name in enumerate(data))
+    return ReadOncePlan(owners=owners, common=tuple(sorted(set(files) - set(data)))), \
+        f"{shards} shares read once by {min(shards, workers)} of {workers} workers"

@@ -67,7 +67,7 @@ from resilient_train.checkpoint._storage import OnStorage, StorageRoot
 from resilient_train.checkpoint.commit_path import CommitPath
 from resilient_train.checkpoint.manifest import FileEntry, Manifest, now_utc
 from resilient_train.checkpoint.options import with_backend_timeouts
-from resilient_train.checkpoint.read_path import CheckpointInfo, ReadPath, Status
+from resilient_train.checkpoint.read_path import CheckpointInfo, PartialFetch, ReadPath, Status
 from resilient_train.checkpoint.retention import Retention
 from resilient_train.checkpoint.retry import RetryPolicy, describe
 from resilient_train.errors import StorageError
@@ -206,6 +206,23 @@ class CheckpointStore(OnStorage):
     def restore_latest(self, cache_dir: Path) -> tuple[Manifest, Path] | None:
         """See ``ReadPath.restore_latest``."""
         return self._reader.restore_latest(cache_dir)
+
+    def fetch_part(self, manifest: Manifest, cache_dir: Path, *, skip: frozenset[str] = frozenset()) -> PartialFetch:
+        """See ``ReadPath.fetch_part`` (a read-once restore: runner/state/read_once.py)."""
+        return self._reader.fetch_part(manifest, cache_dir, skip=skip)
+
+    def complete(self, part: PartialFetch) -> tuple[Manifest, Path]:
+        """See ``ReadPath.complete``."""
+        return self._reader.complete(part)
+
+    def discard(self, part: PartialFetch) -> None:
+        """See ``ReadPath.discard``."""
+        self._reader.discard(part)
+
+    @property
+    def bytes_downloaded(self) -> int:
+        """See ``ReadPath``: checkpoint bytes this store object has read from storage."""
+        return self._reader.bytes_downloaded
 
     # -- committing (checkpoint/commit_path.py) --------------------------------------------
 

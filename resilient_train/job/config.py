@@ -50,6 +50,7 @@ STRATEGIES = ("mirrored", "parameter-server")  # MultiWorkerMirroredStrategy | i
 RAY_STRATEGIES = ("spread", "pack")
 CHECKPOINT_MODES = ("async", "sync")
 SHARDED_SAVE_SETTINGS = ("auto", "on", "off")  # --sharded-save (runner/state/sharded_save.py)
+READ_ONCE_SETTINGS = ("on", "off")  # --read-once (runner/state/read_once.py)
 LOSS_SPIKE_OFF = "off"  # --loss-spike off (runner/health/spikes.py)
 REPLICA_CHECK_OFF = "off"  # --replica-check-every off (runner/health/replicas.py)
 TRANSIENTS_OFF = "off"  # --max-transients-per-host off (runner/health/anomaly_policy.py)
@@ -293,6 +294,11 @@ class JobConfig:
         help="every worker writes and uploads its share of each checkpoint (one standard TF checkpoint); auto "
         "(default): only for a state of at least 64 MiB with several workers and async checkpoints; on: whenever "
         "it can work; off: the chief uploads everything (docs/checkpointing.md, Sharded saves)"))
+    read_once: str = field(default="on", metadata=_flag(  # runner/state/read_once.py
+        "--read-once", choices=READ_ONCE_SETTINGS,
+        help="on (default): a sharded checkpoint is restored with each share read from storage by one worker and "
+        "sent to the others over the collective; off: every worker downloads the whole checkpoint "
+        "(docs/storage.md, Read-once restore)"))
     snapshot_every: int | str = field(default=SNAPSHOT_EVERY_AUTO, metadata=_flag(  # runner/state/memory_tier.py
         "--snapshot-every", parse=_snapshot_every, metavar="auto|N|off",
         help="memory tier: every worker keeps a snapshot of the whole training state taken every N steps, and "
@@ -483,6 +489,8 @@ class JobConfig:
             raise ConfigError(f"Received checkpoint_mode={self.checkpoint_mode!r}; expected 'async' or 'sync'")
         if self.sharded_save not in SHARDED_SAVE_SETTINGS:
             raise ConfigError(f"Received sharded_save={self.sharded_save!r}; expected 'auto', 'on' or 'off'")
+        if self.read_once not in READ_ONCE_SETTINGS:
+            raise ConfigError(f"Received read_once={self.read_once!r}; expected 'on' or 'off'")
         if self.sharded_save == "on" and (self.checkpoint_mode != "async" or self.strategy != "mirrored"):
             raise ConfigError(f"Received sharded_save='on' with checkpoint_mode={self.checkpoint_mode!r} and "
                               f"strategy={self.strategy!r}; each worker writes its share from the async "

@@ -426,6 +426,7 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "checkpoint_waited": None,  # an async save waited for the previous upload: a timing
     "checkpoint_failed": _checkpoint_failed,
     "checkpoint_fetched": None,  # where a restore read from: a timing
+    "restore_read": None,  # how many bytes each worker read from the store, read once or not: evidence
     "sharded_save": None,  # what --sharded-save resolved to at setup: evidence, not news
     "checkpoint_share_uploaded": None,  # a worker's share of a sharded save; the commit line follows
     "checkpoint_share_replaced": None,  # the chief uploaded its copy of a share: a timing (the state is the chief's)

@@ -22,9 +22,10 @@ from resilient_train.checkpoint.shares import (
     assign_shares,
     choose_sharded_save,
     data_file_name,
+    plan_read_once,
     share_record_name,
 )
-from resilient_train.errors import StaleWriterError, StorageUnavailableError
+from resilient_train.errors import CheckpointCorruptError, StaleWriterError, StorageUnavailableError
 from tests.support.storage import WEIGHTS, Backend
 
 
@@ -211,3 +212,81 @@ def test_the_chief_gives_up_waiting_when_a_rescue_is_asked(two_writers):
     with pytest.raises(StorageUnavailableError, match=r"gave up waiting for worker\(s\) \[1\]: a rescue was asked"):
         chief.wait_for_shares(10, {1: {SHARE_1: sha256_file(copy)}}, copies={SHARE_1: copy}, timeout_s=600.0,
                               give_up=lambda: "a rescue was asked")
+
+
+# ------------------------------------------------------------------ read-once restore
+
+
+def _sizes(shards: int) -> dict[str, int]:
+    return {"ckpt.index": 100, "callbacks.json": 10, **{data_file_name("ckpt", k, shards): 1000 + k for k in range(shards)}}
+
+
+def test_read_once_gives_each_share_to_one_rank_and_the_small_files_to_all():
+    plan, reason = plan_read_once({SHARDED_EXTRA_KEY: {"shards": 2}}, _sizes(2), workers=2)
+    assert plan is not None and reason == "2 shares read once by 2 of 2 workers"
+    assert plan.owners == ((data_file_name("ckpt", 0, 2), 0), (data_file_name("ckpt", 1, 2), 1))
+    assert plan.common == ("callbacks.json", "ckpt.index")
+    assert plan.others(0) == {data_file_name("ckpt", 1, 2)} and plan.others(1) == {data_file_name("ckpt", 0, 2)}
+    assert [plan.store_bytes(_sizes(2), rank) for rank in (0, 1)] == [1110, 1111]
+    # Every byte of the data files read once; the small files once per rank.
+    assert sum(plan.store_bytes(_sizes(2), rank) for rank in (0, 1)) == sum(_sizes(2).values()) + 110
+
+
+@pytest.mark.parametrize(("shards", "workers", "owners"), [(4, 2, [0, 1, 0, 1]), (2, 3, [0, 1])])
+def test_read_once_restores_on_another_number_of_workers(shards, workers, owners):
+    plan, reason = plan_read_once({SHARDED_EXTRA_KEY: {"shards": shards}}, _sizes(shards), workers=workers)
+    assert plan is not None and [owner for _, owner in plan.owners] == owners
+    assert reason == f"{shards} shares read once by {min(shards, workers)} of {workers} workers"
+
+
+@pytest.mark.parametrize(("extra", "files", "workers", "reason"), [
+    ({}, _sizes(2), 2, "not a sharded checkpoint"),
+    ({SHARDED_EXTRA_KEY: {"shards": 2}}, _sizes(2), 1, "one worker: nothing to share"),
+    ({SHARDED_EXTRA_KEY: {"shards": 1}}, _sizes(1), 2, f"the manifest's {SHARDED_EXTRA_KEY} record names shards=1"),
+    ({SHARDED_EXTRA_KEY: {"shards": 3}}, _sizes(2), 2, "the manifest lists no ckpt.data-00000-of-00003"),
+])
+def test_read_once_is_refused_with_its_reason(extra, files, workers, reason):
+    assert plan_read_once(extra, files, workers=workers) == (None, reason)
+
+
+def test_a_partial_fetch_downloads_only_what_is_not_skipped(two_writers):
+    backend, chief, worker = two_writers
+    manifest = _sharded_commit(backend, chief, worker, step=10)
+    reader = backend.store(chief.url)
+    part = reader.fetch_part(manifest, backend.tmp_path / "cache", skip=frozenset({SHARE_1}))
+    assert (part.source, part.missing, part.whole) == ("read_once", {SHARE_1}, False)
+    assert sorted(p.name for p in part.path.iterdir()) == ["ckpt.data-00000-of-00002", "ckpt.index"]
+    assert reader.bytes_downloaded == part.store_bytes == manifest.total_size - len(WORKER_BYTES)
+    (part.path / SHARE_1).write_bytes(WORKER_BYTES)  # what the peer sends
+    got, local = reader.complete(part)
+    assert got == manifest and (local / SHARE_1).read_bytes() == WORKER_BYTES and not part.path.exists()
+    # The private copy now serves whole, and nothing more is read.
+    again = reader.fetch_part(manifest, backend.tmp_path / "cache", skip=frozenset({SHARE_1}))
+    assert (again.source, again.whole, again.path, reader.bytes_downloaded) == (
+        "local_cache", True, local, part.store_bytes)
+
+
+def test_a_file_a_peer_sent_wrong_is_refused_and_nothing_installed(two_writers):
+    backend, chief, worker = two_writers
+    manifest = _sharded_commit(backend, chief, worker, step=10)
+    reader = backend.store(chief.url)
+    part = reader.fetch_part(manifest, backend.tmp_path / "cache", skip=frozenset({SHARE_1}))
+    (part.path / SHARE_1).write_bytes(b"ONE!" * 500)
+    with pytest.raises(CheckpointCorruptError, match=f"sha256 mismatch in {SHARE_1} \\(as its peer sent it\\)"):
+        reader.complete(part)
+    assert not (backend.tmp_path / "cache" / "ckpt-000000000010").exists() and not part.path.exists()
+
+
+def test_a_partial_fetch_of_a_corrupt_own_share_fails_and_leaves_nothing(two_writers):
+    backend, chief, worker = two_writers
+    manifest = _sharded_commit(backend, chief, worker, step=10)
+    fs, root = backend.raw_fs(chief)
+    fs.pipe_file(f"{root}/ckpt-000000000010/{SHARE_1}", b"ONE!" * 500)
+    reader = backend.store(chief.url)
+    # Rank 0 does not read share 1: its part is fine; rank 1's fails on its own share.
+    fine = reader.fetch_part(manifest, backend.tmp_path / "r0", skip=frozenset({SHARE_1}))
+    reader.discard(fine)
+    assert not fine.path.exists()
+    with pytest.raises(CheckpointCorruptError, match=f"sha256 mismatch in {SHARE_1}"):
+        reader.fetch_part(manifest, backend.tmp_path / "r1", skip=frozenset({data_file_name("ckpt", 0, 2)}))
+    assert list((backend.tmp_path / "r1").iterdir()) == []

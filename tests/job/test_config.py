@@ -267,6 +267,7 @@ def test_snapshot_every_refuses_what_it_cannot_do(settings, message):
 
 @pytest.mark.parametrize("settings, message", [
     ({"sharded_save": "always"}, "Received sharded_save='always'; expected 'auto', 'on' or 'off'"),
+    ({"read_once": "auto"}, "Received read_once='auto'; expected 'on' or 'off'"),
     ({"sharded_save": "on", "checkpoint_mode": "sync"},
      "Received sharded_save='on' with checkpoint_mode='sync' and strategy='mirrored'; each worker writes its share "
      "from the async checkpointer's twin"),

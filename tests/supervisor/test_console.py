@@ -58,7 +58,7 @@ SHOWN = {
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 83  # 80 before sharded_save, checkpoint_share_uploaded/_replaced (issue 50)
+    assert len(documented) == 84  # 80 before sharded_save, checkpoint_share_uploaded/_replaced, restore_read (issue 50)
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN

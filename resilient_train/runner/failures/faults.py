@@ -39,6 +39,11 @@ peers (runner/process/worker_main.py), and when the fault is armed it probes a c
 for every peer instead of the peer's TF_CONFIG address, what a firewall or a wrong address
 between two nodes looks like from this rank. The probe and its PeerUnreachableError are
 production code (cluster/reach.py); the fault only decides what is unreachable.
+
+``other_host`` kills nothing either (``global_step`` 0): the worker opens its checkpoint store
+without the host cache (runner/process/worker_main.py), as a rank on a host that never held this
+run would (a replaced node), so its restore reads from the store, not from the chief's copy
+beside it (tests/integration/test_sharded_save.py counts those reads).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ __all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
 
 POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join",
           "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss", "loss_spike", "bitflip",
-          "slow")
+          "slow", "other_host")
 HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
 
 

@@ -203,7 +203,11 @@ class _Worker:
         job, launched = self.job, self.process.launched
         # The host cache (checkpoint/cache.py): the chief's commits are written through to
         # this host's disk, and every rank restores from there before shared storage.
-        store = CheckpointStore(job.storage, job.storage_options, host_cache=self.process.run_dir.host_cache,
+        # An ``other_host`` fault (runner/failures/faults.py): this rank has no host cache, as on a
+        # host that never held this run (a replaced node, a rank placed on another host).
+        other_host = self.faults is not None and self.faults.take("other_host", 0)
+        store = CheckpointStore(job.storage, job.storage_options,
+                                host_cache=None if other_host else self.process.run_dir.host_cache,
                                 retry=RetryPolicy(stall_timeout_s=job.storage_timeout))
         if self.cluster.is_chief:  # the only writer: fence its commits by this attempt's generation
             store.claim_generation(launched.generation, run_id=launched.run_id, attempt=launched.attempt)

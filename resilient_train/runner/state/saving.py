@@ -48,6 +48,7 @@ from resilient_train.runner.state.checkpointing import (
     persist_twin,
 )
 from resilient_train.runner.state import sharded_save
+from resilient_train.runner.state.read_once import ReadOnce
 from resilient_train.runner.state.memory_tier import RescueUnavailable
 from resilient_train.runner.state.model_state import weights_digest
 from resilient_train.runner.state.tier import MemoryTier
@@ -85,6 +86,8 @@ class Saving:
     ``counters``: the checkpoint's ``(epoch, step_in_epoch, global_step)`` variables.
     ``build_twin()``: a second, strategy-free copy of everything ``checkpoint`` holds (the
     async twin). ``gather(value)``: every worker's int, by rank (one all-reduce).
+    ``concat_over_workers(tensor)``: every worker's tensor, concatenated by rank (one
+    all-gather: a read-once restore's exchange, runner/state/read_once.py).
     ``epoch_extra(global_step)``: what the epoch adds to a save's manifest ``extra``.
     ``saved()``: the group took an agreed save (the save policy's clock restarts, the preemption
     notice watch drops a vote that arrives right after it: runner/process/preemption_notices.py).
@@ -113,6 +116,7 @@ class Saving:
         build_twin: Callable[[], tuple[tf.train.Checkpoint, keras.Model]],
         sum_over_workers: Callable[[tf.Tensor], tf.Tensor],
         gather: Callable[[int], list[int]],
+        concat_over_workers: Callable[[tf.Tensor], tf.Tensor],
         recipe: Recipe,
         input_check: InputCheck,
         fingerprint: dict[str, Any],
@@ -139,6 +143,14 @@ class Saving:
             persist_twin, store=store, staging_root=work_dir / "staging", digest=weights_digest, run_id=run_id,
             world_size=cluster.num_workers, faults=faults, keep=job.keep, finite_only=finite_only)
         self._finite_only = finite_only
+        # A sharded checkpoint is read once by the group (runner/state/read_once.py); its exchange
+        # is an all-gather over replicas, which gives one row per worker only with one replica each.
+        replicas = strategy.num_replicas_in_sync
+        self._read_once = ReadOnce(
+            store=store, rank=cluster.rank, workers=cluster.num_workers, gather=gather,
+            concat_over_workers=concat_over_workers,
+            unable="--read-once off" if job.read_once == "off" else None if replicas == cluster.num_workers else
+            f"{replicas} replicas on {cluster.num_workers} workers: the exchange takes one row per worker")
         self.checkpointer = self._make_checkpointer(model, strategy, tier_off, build_twin, sum_over_workers,
                                                     run_id=run_id, faults=faults)
 
@@ -211,16 +223,23 @@ class Saving:
         if cluster.is_chief:
             store.collect_garbage()
         cache_dir = self._work_dir / "cache"
-        found = store.restore_latest(cache_dir)
+        downloaded = store.bytes_downloaded
+        read_once = self._read_once.restore(cache_dir)
+        found = read_once.found
+        if found is None:  # the plain restore: every worker fetches the whole newest checkpoint that verifies
+            found = store.restore_latest(cache_dir)
         startup_phases.mark("fetch")
         mine = found[0].global_step if found else -1
-        agreed = self._gather(mine)[0]
+        agreed = mine if read_once.found is not None else self._gather(mine)[0]  # read once: agreed already
         startup_phases.mark("agree")
         if agreed < 0:
             emit("fresh_start", group=True, epoch=0, step_in_epoch=0, global_step=0)
             return None
         if found is None or mine != agreed:
             found = store.fetch(agreed, cache_dir)
+        emit("restore_read", global_step=agreed, read_once=read_once.found is not None, reason=read_once.reason,
+             store_bytes=store.bytes_downloaded - downloaded, peer_bytes=read_once.peer_bytes,
+             exchange_s=read_once.exchange_s)
         manifest, local_dir = found
         ckpt_layout.restore(self._checkpoint, local_dir / "ckpt", recipe_name=self._recipe.name,
                             where=f"Checkpoint {store.url}/{CheckpointStore.dir_name(agreed)}")

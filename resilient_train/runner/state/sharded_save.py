@@ -6,7 +6,7 @@ the data file of share k and the chief (k = 0) uploads share 0, the index and th
 files, waits until every share is recorded in the store, and writes the manifest last.
 The result is one standard TF checkpoint (``ckpt.index`` + ``ckpt.data-0000k-of-0000N``):
 ``tf.train.load_checkpoint`` and ``tf.train.Checkpoint.restore`` read it as they read
-any other, and the read path (fetch, host cache, ``verify``) needs no change.
+any other, as do fetch, the host cache and ``verify``; a restart reads it once (read_once.py).
 
 How the files come for free: TensorFlow's own ``CheckpointOptions(
 experimental_sharding_callback=...)`` (TF >= 2.15) writes one checkpoint in several data
@@ -31,7 +31,7 @@ against the generation (non-chief workers adopt the chief's, worker_main.py).
 
 Refused here: a rescue's commit (the memory tier) writes the whole twin chief-style
 (persist_twin): a rescue runs when a peer is gone. Read-once restore (each worker reads
-its share and the group completes the state over a collective) is issue 50's next part.
+its share and the group completes the state over the collective) is runner/state/read_once.py.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import tensorflow as tf
 from resilient_train.checkpoint import CheckpointStore, Manifest
 from resilient_train.checkpoint.manifest import FileEntry, sha256_file
 from resilient_train.checkpoint.shares import (
+    PREFIX,
     SHARDED_EXTRA_KEY,
     ShardedSaveChoice,
     assign_shares,
@@ -67,7 +68,6 @@ from resilient_train.runner.state.checkpointing import (
 
 __all__ = ["BalancedShares", "ShardedWriter", "ShareContext", "choose", "persist_share"]
 
-PREFIX = "ckpt"  # the checkpoint's prefix inside its directory (every writer's, ckpt_layout's readers')
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"  # TF's key of the object-graph proto (trackable.base)
 

@@ -3,7 +3,9 @@
 Everything the workers agree on between training calls (a restore's step, the input's
 verdict, an iterator state, a callback's stop, the replicas' check before a save) is one
 all-reduce through :attr:`Collectives.sum`. Every worker makes them at the same points in the
-same order, so they pair up; each is one collective, never more.
+same order, so they pair up; each is one collective, never more. The one other is
+:attr:`Collectives.concat`, an all-gather: a read-once restore's exchange of checkpoint
+files (runner/state/read_once.py), bytes a SUM would move twice.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Collectives:
     def __init__(self, strategy: Any, *, rank: int, workers: int) -> None:
         self._rank, self._workers = rank, workers
         self.sum = _sum_over_workers(strategy)
+        self.concat = _concat_over_workers(strategy)
 
     def gather(self, value: int) -> list[int]:
         """Every worker's ``value``, indexed by rank (one all-reduce)."""
@@ -45,6 +48,19 @@ class Collectives:
     def any(self, flag: bool) -> bool:
         """True on every worker when ``flag`` is true on any (one all-reduce)."""
         return any(self.gather(int(flag)))
+
+
+def _concat_over_workers(strategy: Any) -> Any:
+    """``concat(value)``: every worker's ``value`` (each the same shape), concatenated by rank
+    on axis 0 (one all-gather). It moves each worker's bytes once to every other, where a SUM
+    with zeros elsewhere moves about twice that: a read-once restore's exchange of data files
+    (runner/state/read_once.py). Traced like ``sum_over_workers``."""
+
+    @tf.function(reduce_retracing=True, autograph=False)
+    def concat_over_workers(value: tf.Tensor) -> tf.Tensor:
+        return strategy.gather(strategy.run(tf.identity, args=(value,)), axis=0)
+
+    return concat_over_workers
 
 
 def _sum_over_workers(strategy: Any) -> Any:

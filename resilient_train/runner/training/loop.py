@@ -272,7 +272,8 @@ class Trainer:
             checkpoint=checkpoint, model=self.model, strategy=self.strategy,
             counters=(self.epoch, self.step_in_epoch, self.global_step), tier=self._tier, tier_off=tier_off,
             phase=self._phase, build_twin=self._build_twin, sum_over_workers=self._collectives.sum,
-            gather=self._collectives.gather, recipe=self.recipe, input_check=self.input_check, fingerprint=fingerprint,
+            gather=self._collectives.gather, concat_over_workers=self._collectives.concat, recipe=self.recipe,
+            input_check=self.input_check, fingerprint=fingerprint,
             epoch_extra=self._epoch_extra, stopped_early=lambda: self._epoch_end.stopped_early, saved=self._votes.saved,
             finite_only=self._health.requires_finite_commit, before_commit=lambda step: self._call.verify_replicas(
                 step, position=(int(self.epoch.numpy()), int(self.step_in_epoch.numpy()))))

@@ -69,7 +69,7 @@ def _saving(tmp_path: Path, saved: list[int]) -> tuple[Saving, tf.train.Checkpoi
         strategy=tf.distribute.get_strategy(),
         counters=(checkpoint.epoch, checkpoint.step_in_epoch, checkpoint.global_step), tier=None, tier_off="off",
         phase=PhaseMarker(None), build_twin=build_twin, sum_over_workers=lambda value: value,
-        gather=lambda value: [value], recipe=RECIPE, input_check=InputCheck(recipe_name=RECIPE.name),
+        gather=lambda value: [value], concat_over_workers=lambda value: value, recipe=RECIPE, input_check=InputCheck(recipe_name=RECIPE.name),
         fingerprint={"seed": 7}, epoch_extra=lambda step: {"epoch_sums": {"loss": float(step)}},
         stopped_early=lambda: False, saved=lambda: saved.append(int(checkpoint.global_step.numpy())))
     saving.wire(callbacks=None, epoch_input=_Input())  # type: ignore[arg-type]
