@@ -268,7 +268,10 @@ class Throttle:
             try:
                 self.kill(pid, sig)
             except ProcessLookupError:
-                alive = alive and pid != self.pid
+                if pid == self.pid:
+                    alive = False
+                    if sig == signal.SIGSTOP:
+                        break  # its children are left running (continued at the end)
         return alive
 
 

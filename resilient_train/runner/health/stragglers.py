@@ -34,7 +34,7 @@ A rank more than ``threshold`` slower (0.5: 50 % slower) in each of the last ``B
 buckets, ``window_s`` in all, is a straggler, named once per attempt. One slow bucket (a
 neighbour's burst on a shared machine, a save) names nothing. An attempt's first call
 (tracing, first allocations, the peers' start-up) is not counted, nor is a later call that
-traced (the first call checked for replicas that differ traces its own variant, seconds on a
+traced, nor (stalls measured) the call after either (its stalled seconds began with theirs), (the first call checked for replicas that differ traces its own variant, seconds on a
 busy machine: the suite's run under load lost its window to it).
 
 The cost model: a step lasts about as long as its slowest rank is busy, plus the all-reduce;
@@ -147,15 +147,20 @@ class StragglerDetector:
             self._bucket = _Bucket(started=now)
             self._stall_lags = True
             return []
+        if self._stall_lags and stall_s:
+            # A call's stalled seconds run from the previous call's start: the call after a first
+            # call or a trace carries some of theirs (seconds, on a throttled rank), so it is not
+            # counted either: the bucket starts at its end.
+            self._bucket = _Bucket(started=now)
+            self._stall_lags = False
+            return []
+        self._stall_lags = False
         if len(host_s) < 2 or steps <= 0:
             return []  # one worker
         bucket = self._bucket
         bucket.steps += steps
         bucket.host_s = [a + b for a, b in zip(bucket.host_s, host_s)] if bucket.host_s else list(host_s)
-        # A call's stalled seconds run from the previous call's start: after a restart, the
-        # previous call (a trace, the first) is not the bucket's, so that call's are not counted.
-        stall = list(stall_s) if len(stall_s) == len(host_s) and not self._stall_lags else [0.0] * len(host_s)
-        self._stall_lags = False
+        stall = list(stall_s) if len(stall_s) == len(host_s) else [0.0] * len(host_s)
         bucket.stall_s = [a + b for a, b in zip(bucket.stall_s, stall)] if bucket.stall_s else stall
         if now - bucket.started < self.bucket_s:
             return []
@@ -217,4 +222,5 @@ def slowness(per_step: Sequence[float]) -> list[float]:
 def stall_slowness(stalled: Sequence[float]) -> list[float]:
     """Each rank's slowness from the fractions of wall time the ranks could not run: it runs ``1 - f`` of
     the time, the others' median ``1 - f_others``, so it is ``(1 - f_others) / (1 - f)`` times slower."""
-    return [(1 - _others_median(stalled, rank)) / (1 - min(MAX_STALLED, f)) for rank, f in enumerate(stalled)]
+    clipped = [min(MAX_STALLED, f) for f in stalled]
+    return [(1 - _others_median(clipped, rank)) / (1 - f) for rank, f in enumerate(clipped)]
