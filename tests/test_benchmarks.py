@@ -51,6 +51,7 @@ SLOW = {
     "goodput": "50 s (load 1-3) and 180 s, 244 s (load 20-31) before --compare; now three 2-worker runs of 1000 steps, "
                "two with a kill (--snapshot-every off, auto)",
     "notice_save": "18 s (load 9): one 2-worker run preempted by a GCE notice from a loopback server",
+    "stragglers": "73 s (load 5-8, 2026-11-29): a throttled 2-worker run (and its reference) and an A/B pair",
     "preformed_group": "290 s (load 84-118): four 2-worker TF groups (reference, training, standby, a standby losing a member)",
 }
 
