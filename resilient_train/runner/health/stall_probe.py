@@ -16,9 +16,12 @@ how late it wakes. A thread that sleeps is woken as soon as the process may run 
 slice taken away shows, at a few microseconds of CPU per tick: the same loop's fraction of wall
 time spent late was 0.03 clean, 0.48 under the duty cycle, 0.23 beside the two busy processes
 (the scheduler favours a waking sleeper, so a CPU shared with a neighbour reads as less than it
-costs: 2x slower read as 1.3x). Waiting for the GIL shows too (up to ``sys.getswitchinterval()``,
+costs: 2x slower read as 1.25x). Waiting for the GIL shows too (up to ``sys.getswitchinterval()``,
 5 ms, per tick while the main thread runs Python); every rank pays it alike, and the detector
 compares each rank with the others' median (runner/health/stragglers.py).
+
+Cost: 0.005 CPU seconds per second (0.5 % of one core; 100 wake-ups a second), measured
+2026-11-29 at load 6 (benchmarks/README.md).
 
 A slower CPU clock (thermal throttling) takes no slice away: it is not seen here (nor in the
 host time, unless the host loop is where the time goes).

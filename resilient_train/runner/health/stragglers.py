@@ -34,17 +34,19 @@ A rank more than ``threshold`` slower (0.5: 50 % slower) in each of the last ``B
 buckets, ``window_s`` in all, is a straggler, named once per attempt. One slow bucket (a
 neighbour's burst on a shared machine, a save) names nothing. An attempt's first call
 (tracing, first allocations, the peers' start-up) is not counted, nor is a later call that
-traced, nor (stalls measured) the call after either (its stalled seconds began with theirs), (the first call checked for replicas that differ traces its own variant, seconds on a
-busy machine: the suite's run under load lost its window to it).
+traced (the first call checked for replicas that differ traces its own variant, seconds on a
+busy machine: the suite's run under load lost its window to it), nor, when stalls are measured,
+the call after either (its stalled seconds began with theirs).
 
 The cost model: a step lasts about as long as its slowest rank is busy, plus the all-reduce;
 without the straggler a step would be shorter by its excess busy seconds per step over the
 others' median: the group's steps/s without it, and, over the steps left, the time it costs
 the run.
 
-Measured (2026-11-29, docs/failures.md#slow-workers-stragglers): clean 2-worker runs on the
-2-core machine stall 1-10 % of the time on every rank; a rank under a 50 ms stop / 50 ms run duty
-cycle about 45-50 %.
+Measured (2026-11-29, load 5.6-8.9, benchmarks/stragglers.py): clean 2-worker digits_cnn runs on
+the 2-core machine stalled 2-8 % of a bucket on every rank; a rank under a 50 ms stop / 50 ms run
+duty cycle (chaos ``throttle-worker``) 46-47 %, named 1.8x slower 23-24 s after the throttle began
+with the default 20 s window (5 of 5 runs); 4 clean runs named nothing.
 
 Policy: ``warn`` (``straggler_detected``, a console line, a summary.json entry). Moving the
 group off the slow rank (``replace``) is issue 49's next slice.
