@@ -20,8 +20,10 @@ costs: 2x slower read as 1.25x). Waiting for the GIL shows too (up to ``sys.gets
 5 ms, per tick while the main thread runs Python); every rank pays it alike, and the detector
 compares each rank with the others' median (runner/health/stragglers.py).
 
-Cost: 0.005 CPU seconds per second (0.5 % of one core; 100 wake-ups a second), measured
-2026-11-29 at load 6 (benchmarks/README.md).
+Cost: 0.005 CPU seconds per second (0.5 % of one core; 100 wake-ups a second), and 0.75 % of
+the work of a main thread that runs Python all the time (the GIL each wake-up takes); measured
+2026-11-29 at load 6-7 (benchmarks/README.md). A 20 ms tick would halve it but read a 50 ms stop
+as 40 ms (a sleep is cut short by half a tick on average): too close to the default threshold.
 
 A slower CPU clock (thermal throttling) takes no slice away: it is not seen here (nor in the
 host time, unless the host loop is where the time goes).
