@@ -35,9 +35,10 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["StallProbe", "TICK_S"]
+__all__ = ["StallProbe", "TICK_S", "shared"]
 
 TICK_S = 0.01
+_SHARED: "StallProbe | None" = None
 
 
 class StallProbe:
@@ -83,3 +84,12 @@ class StallProbe:
     def _run(self) -> None:
         while not self._stopped.is_set():
             self.tick()
+
+
+def shared() -> StallProbe:
+    """This process's one probe, started at first use: a fit script may train several times in one
+    process, and each Trainer takes from the same thread (its first call's take is not counted)."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = StallProbe().start()
+    return _SHARED

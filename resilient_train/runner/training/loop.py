@@ -95,7 +95,7 @@ from resilient_train.runner.process import startup_phases
 from resilient_train.runner.health.anomaly_policy import HealthGuard, HostSuspicion
 from resilient_train.runner.health.spikes import LossSpikes
 from resilient_train.runner.health.injection import BitFlip, NanInjection, Slowdown
-from resilient_train.runner.health.stall_probe import StallProbe
+from resilient_train.runner.health import stall_probe
 from resilient_train.runner.health.stragglers import StragglerDetector, StragglerOptions
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
 from resilient_train.runner.training.collectives import Collectives
@@ -268,7 +268,7 @@ class Trainer:
             replica_check_every=(None if self.job.replica_check_every == REPLICA_CHECK_OFF
                                  else int(self.job.replica_check_every)), rank=self.cluster.rank,
             sum_over_workers=self._collectives.sum, slowdown=Slowdown.from_plan(self.faults),
-            stall_probe=(StallProbe().start() if self.cluster.num_workers > 1
+            stall_probe=(stall_probe.shared() if self.cluster.num_workers > 1
                          and self.job.straggler_threshold != STRAGGLER_OFF else None))  # runner/health/stall_probe.py
         self._saving = Saving(
             self.job, self.cluster, store=store, run_id=run_id, work_dir=work_dir, faults=self.faults,

@@ -227,3 +227,10 @@ def test_the_stall_probe_thread_runs_until_stopped():
     assert probe._thread is not None
     probe._thread.join(timeout=5)
     assert not probe._thread.is_alive()
+
+
+def test_a_process_has_one_probe_whatever_its_trainers():
+    from resilient_train.runner.health import stall_probe
+
+    assert stall_probe.shared() is stall_probe.shared()
+    assert stall_probe.shared()._thread is not None and stall_probe.shared()._thread.is_alive()
