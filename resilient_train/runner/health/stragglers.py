@@ -35,8 +35,8 @@ buckets, ``window_s`` in all, is a straggler, named once per attempt. One slow b
 neighbour's burst on a shared machine, a save) names nothing. An attempt's first call
 (tracing, first allocations, the peers' start-up) is not counted, nor is a later call that
 traced (the first call checked for replicas that differ traces its own variant, seconds on a
-busy machine: the suite's run under load lost its window to it), nor, when stalls are measured,
-the call after either (its stalled seconds began with theirs).
+busy machine: the suite's run under load lost its window to it); the stalls of the call after
+either are not counted (they began with theirs), nor its wall time in the stalled fraction.
 
 The cost model: a step lasts about as long as its slowest rank is busy, plus the all-reduce;
 without the straggler a step would be shorter by its excess busy seconds per step over the
@@ -113,6 +113,7 @@ class _Bucket:
     steps: int = 0
     host_s: list[float] = field(default_factory=list)
     stall_s: list[float] = field(default_factory=list)
+    unstalled_s: float = 0.0  # wall seconds whose stalls are not counted (the call after a restart)
 
 
 class StragglerDetector:
@@ -149,25 +150,24 @@ class StragglerDetector:
             self._bucket = _Bucket(started=now)
             self._stall_lags = True
             return []
-        if self._stall_lags and stall_s:
-            # A call's stalled seconds run from the previous call's start: the call after a first
-            # call or a trace carries some of theirs (seconds, on a throttled rank), so it is not
-            # counted either: the bucket starts at its end.
-            self._bucket = _Bucket(started=now)
-            self._stall_lags = False
-            return []
-        self._stall_lags = False
+        # A call's stalled seconds run from the previous call's start: the call after a first call
+        # or a trace carries some of theirs (seconds, on a throttled rank), so its stalls and its
+        # wall time are left out of the bucket's stalled fraction (its host time counts).
+        lagging, self._stall_lags = self._stall_lags, False
         if len(host_s) < 2 or steps <= 0:
             return []  # one worker
         bucket = self._bucket
         bucket.steps += steps
         bucket.host_s = [a + b for a, b in zip(bucket.host_s, host_s)] if bucket.host_s else list(host_s)
-        stall = list(stall_s) if len(stall_s) == len(host_s) else [0.0] * len(host_s)
+        stall = list(stall_s) if len(stall_s) == len(host_s) and not lagging else [0.0] * len(host_s)
+        if lagging:
+            bucket.unstalled_s += now - bucket.started  # the bucket's first call
         bucket.stall_s = [a + b for a, b in zip(bucket.stall_s, stall)] if bucket.stall_s else stall
         if now - bucket.started < self.bucket_s:
             return []
         wall = (now - bucket.started) / bucket.steps
-        stalled = [min(MAX_STALLED, max(0.0, s / (now - bucket.started))) for s in bucket.stall_s]
+        stall_wall = now - bucket.started - bucket.unstalled_s
+        stalled = [min(MAX_STALLED, max(0.0, s / stall_wall)) if stall_wall > 0 else 0.0 for s in bucket.stall_s]
         last_in = max(bucket.host_s) / bucket.steps
         per_step = [max(0.0, wall - (last_in - h / bucket.steps)) for h in bucket.host_s]  # the wall minus the wait
         self._per_step = (self._per_step + [per_step])[-BUCKETS:]

@@ -150,9 +150,8 @@ def test_a_rank_stalled_half_the_time_is_named_from_its_stall_with_its_cost():
     # run 52 % of the wall time against the other's 4 %: (1 - 0.04) / (1 - 0.52) = 2 times slower.
     clock = Clock()
     detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=15.0), ["h0", "h1"], clock)
-    # Not counted: the first call (start-up) and the next (its stall began in the first); then 3
-    # buckets of 5 calls.
-    assert _feed(detector, clock, [EVEN] * 16, stalled=[0.04, 0.52]) == []
+    # Not counted: the first call (start-up), and the next one's stalls (they began in the first).
+    assert _feed(detector, clock, [EVEN] * 15, stalled=[0.04, 0.52]) == []
     [straggler] = _feed(detector, clock, [EVEN], start_step=150, stalled=[0.04, 0.52])
     assert (straggler.rank, straggler.host, straggler.global_step, straggler.evidence) == (1, "h1", 160, "stalled")
     assert (straggler.slower, straggler.stalled, straggler.others_stalled) == (2.0, 0.52, 0.04)
@@ -166,7 +165,7 @@ def test_a_rank_stalled_half_the_time_is_named_from_its_stall_with_its_cost():
 def test_a_rank_slow_in_its_host_loop_is_still_named_by_its_host_time():
     clock = Clock()
     detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=15.0), ["h0", "h1"], clock)
-    [straggler] = _feed(detector, clock, [SLOW1] * 17, stalled=[0.03, 0.05])
+    [straggler] = _feed(detector, clock, [SLOW1] * 16, stalled=[0.03, 0.05])
     assert (straggler.rank, straggler.evidence, straggler.slower) == (1, "host_time", 2.0)
     assert (straggler.stalled, straggler.others_stalled) == (0.05, 0.03)
 
@@ -184,18 +183,22 @@ def test_stalls_every_rank_shares_or_below_the_threshold_name_nothing():
 
 def test_the_stall_of_the_call_after_a_restart_is_not_counted():
     # A call's stalled seconds run from the previous call's start: the one after a trace carries the
-    # trace's (seconds, on a throttled rank), not the new bucket's.
+    # trace's (seconds, on a throttled rank), not the new bucket's. Its host time still counts.
     clock = Clock()
-    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=3.0), ["h0", "h1"], clock)
-    assert _feed(detector, clock, [EVEN] * 2, stalled=[0.0, 0.0]) == []  # start-up, and the call after it
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=6.0), ["h0", "h1"], clock)
+    assert _feed(detector, clock, [EVEN], stalled=[0.0, 0.0]) == []  # start-up
+    # A 2 s bucket: the call after start-up (stalls 0.9 s, from the first call: not counted), then
+    # one whose rank 1 stalled 0.5 s of its 1 s.
+    assert _feed(detector, clock, [EVEN], stalled=[0.0, 0.9]) == []
     assert _feed(detector, clock, [EVEN], stalled=[0.0, 0.5]) == []
-    assert detector.latest_stalled == [0.0, 0.5]  # a bucket of 1 s, counted
+    assert detector.latest_stalled == [0.0, 0.5]  # 0.5 s of the 1 s counted
     clock.now += 8.0
     assert detector.observed([0.0, 0.0], 1, global_step=1, steps_left=100, traced=True, stall_s=[0.0, 4.0]) == []
     clock.now += 1.0
     assert detector.observed([0.01, 0.01], 10, global_step=11, steps_left=100, stall_s=[0.0, 4.5]) == []
     assert _feed(detector, clock, [EVEN], stalled=[0.0, 0.25]) == []
     assert detector.latest_stalled == [0.0, 0.25]  # the call after the trace was not counted
+    assert detector.latest_ms == [100.0, 100.0]  # both calls' host time and wall were
 
 
 class FakeTime:
