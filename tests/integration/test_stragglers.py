@@ -20,8 +20,8 @@ def test_a_worker_three_times_slower_is_named_as_the_straggler_and_the_run_goes_
                   faults=[{"point": "slow", "global_step": 0, "rank": 1, "factor": 3}])
     assert job.returncode == 0, job.output
     [named] = job.named("straggler_detected")
-    assert (named["rank"], named["host"], named["attempt"], named["action"], named["window_s"]) == (
-        1, "127.0.0.1", 1, "warn", 3.0)
+    assert (named["rank"], named["host"], named["attempt"], named["action"], named["window_s"], named["evidence"]) == (
+        1, "127.0.0.1", 1, "warn", 3.0, "host_time")  # its host loop sleeps: no stall (runner/health/stall_probe.py)
     assert named["slower"] > 1.5  # past the default threshold (0.5); about 3 (the factor) on a quiet machine
     assert named["busy_ms_per_step"] > named["others_ms_per_step"] > 0
     assert named["steps_per_s_without"] > named["steps_per_s"] > 0
