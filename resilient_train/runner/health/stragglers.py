@@ -43,10 +43,10 @@ without the straggler a step would be shorter by its excess busy seconds per ste
 others' median: the group's steps/s without it, and, over the steps left, the time it costs
 the run.
 
-Measured (2026-11-29, load 5.6-8.9, benchmarks/stragglers.py): clean 2-worker digits_cnn runs on
-the 2-core machine stalled 2-8 % of a bucket on every rank; a rank under a 50 ms stop / 50 ms run
-duty cycle (chaos ``throttle-worker``) 46-47 %, named 1.8x slower 23-24 s after the throttle began
-with the default 20 s window (5 of 5 runs); 4 clean runs named nothing.
+Measured (2026-11-29, load 5.6-14, benchmarks/stragglers.py): clean 2-worker digits_cnn runs on
+the 2-core machine stalled 2-12 % of a bucket on every rank; a rank under a 50 ms stop / 50 ms run
+duty cycle (chaos ``throttle-worker``) 46-51 %, named 1.8-1.9x slower 23-25 s after the throttle
+began with the default 20 s window (10 of 10 runs); 8 clean runs named nothing.
 
 Policy: ``warn`` (``straggler_detected``, a console line, a summary.json entry). Moving the
 group off the slow rank (``replace``) is issue 49's next slice.
