@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from resilient_train.errors import EXIT_FAILURE, EXIT_OK
 
 from tests.integration.harness import REPO, environment, run_job
@@ -24,6 +26,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=180)
 
 
+@pytest.mark.slow  # three runs; diff's logic on recorded checkpoints: tests/commands/test_diff.py; a real checkpoint read: the verify --deep test below
 def test_diff_names_the_first_commit_for_another_seed_and_nothing_for_a_resumed_run(tmp_path):
     reference = run_job(LINEAR, tmp_path / "reference", *FLAGS)
     assert reference.returncode == 0, reference.output

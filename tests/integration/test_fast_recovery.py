@@ -124,18 +124,25 @@ def test_a_corrupt_host_cache_copy_is_rejected_and_shared_storage_used(tmp_path,
     assert more.summary["weights_sha256"] == cold_restart.summary["weights_sha256"]
 
 
+def _prestarted(events) -> set[int]:
+    """The standbys started for a next attempt: the first attempt's workers are standbys too
+    (forked from the template, ``standby_started`` just before their ``worker_started``)."""
+    return {e["pid"] for e in events if e["event"] == "standby_started"} - set(worker_pids(events).values())
+
+
 def test_standbys_die_with_a_killed_supervisor(tmp_path):
     pids: dict[str, set[int]] = {}
 
     def kill_supervisor(proc, events):
-        pids["standby"] = {e["pid"] for e in events if e["event"] == "standby_started"}
+        pids["standby"] = _prestarted(events)
         pids["template"] = {e["pid"] for e in events if e["event"] == "standby_template_started"}
         pids["worker"] = set(worker_pids(events).values())
         proc.send_signal(signal.SIGKILL)
 
+    # (waiting for 2 standby_started alone raced the workers' worker_started: the suite, 2026-11-29)
     run_job_until(
         RECIPE, tmp_path / "run", "--epochs", "2000", "--save-every-steps", "0",
-        when=lambda events: sum(e["event"] == "standby_started" for e in events) >= 2,
+        when=lambda events: len(worker_pids(events)) == 2 and len(_prestarted(events)) >= 2,
         action=kill_supervisor,
     )
     everyone = pids["standby"] | pids["worker"] | pids["template"]

@@ -134,6 +134,7 @@ def tutorial_reference(tmp_path_factory):
     return job
 
 
+@pytest.mark.slow  # the same fit-script kill and resume as test_script_kill_chief_mid_epoch_resumes_exactly_and_runs_the_code_after_fit_once
 def test_tutorial_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest(tmp_path, tutorial_reference):
     # Killed right after committing step 100: epoch 1, step 30 of 70.
     killed = run_job(TUTORIAL, tmp_path / "killed", faults=[{"point": "after_commit", "global_step": 100, "rank": 0}])

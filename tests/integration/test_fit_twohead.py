@@ -68,6 +68,7 @@ def plain_keras(out_dir, heads):
     return out_dir
 
 
+@pytest.mark.slow  # a chief's kill resumed exactly: tests/integration/test_fit_script.py and test_fit_arrays.py; two heads' names and values: the one-worker test
 @pytest.mark.parametrize("heads", ["2", pytest.param("1", marks=pytest.mark.slow)])  # "1": the one-head case test_fit_arrays.py covers
 def test_one_worker_gives_plain_keras_names_and_values(tmp_path, heads):
     reference = plain_keras(tmp_path / "plain", heads)

@@ -66,6 +66,7 @@ NOISY_FLAGS = (*DIGITS_FLAGS, "--workers", "2", "--max-restarts", "1")
 KILL_AT_EPOCH_END = [{"point": "after_commit", "global_step": 10, "rank": 0}]  # ckpt 10: epoch 1, step 0
 
 
+@pytest.mark.slow  # the runner's seeding of input it does not own: the unseeded shuffle's kill test above
 @pytest.mark.parametrize("noise", [
     "numpy",
     pytest.param("python", marks=pytest.mark.slow),  # the same reseeding (seed_input_rng) as numpy's
@@ -176,6 +177,7 @@ KILL_THEN_KILL_THE_CHIEF = [{"point": "after_commit", "global_step": 10, "rank":
                             {"point": "after_step", "global_step": 17, "rank": 0, "attempt": 2}]
 
 
+@pytest.mark.slow  # an inexact resume is said: test_an_inexact_resume_is_said_at_the_end_in_the_summary_by_verify_and_by_a_rerun; rescues: tests/integration/test_rescue.py
 def test_a_checkpoint_a_survivor_rescues_after_the_mismatch_says_it_too(tmp_path):
     import json
 

@@ -107,6 +107,7 @@ def after_epoch_2(events):
     return any(e["event"] == "epoch_finished" and e["epoch"] == 2 for e in events)
 
 
+@pytest.mark.slow  # SIGTERM's agreed save and zero lost steps: tests/integration/test_supervisor.py; callbacks resumed exactly: the kill test above
 def test_sigterm_after_an_epoch_end_saves_exits_143_and_rerun_resumes_callbacks_exactly(tmp_path, reference):
     run_dir = tmp_path / "run"
     preempted = run_job_until(SLOW_KERAS, run_dir, *EPOCHS, when=after_epoch_2,

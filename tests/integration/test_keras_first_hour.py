@@ -111,6 +111,7 @@ def test_a_refusal_found_in_the_worker_is_one_line_with_no_rescue_and_no_restart
         assert word not in job.output, job.output
 
 
+@pytest.mark.slow  # restarts after the first step: tests/integration/test_supervisor.py (crash loop, budget) and every kill test
 def test_a_failure_after_the_first_step_is_still_restarted(tmp_path, plain_keras):
     """No checkpoint yet (the raise fires after step 1, before epoch 0's save): attempt 2
     starts fresh again and, the failure being gone, ends as an uninterrupted run."""

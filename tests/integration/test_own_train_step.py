@@ -119,6 +119,7 @@ def test_own_test_step_validates_and_evaluates_as_plain_keras_on_one_worker(tmp_
                  json.loads((tmp_path / "plain" / "evaluate.json").read_text()))
 
 
+@pytest.mark.slow  # the same own-step path as test_one_worker_trains_as_plain_keras_fit, fed x only
 def test_fit_x_without_y_trains_as_plain_keras_on_one_worker(tmp_path):
     source = (REPO / "examples/keras_vae.py").read_text()
     fit = "vae.fit(dataset, epochs=4, steps_per_epoch=14)"
@@ -217,6 +218,7 @@ def test_a_gan_sigterm_saves_exits_143_and_the_rerun_ends_with_the_uninterrupted
     assert all(close(a, b) for a, b in zip(gan_metrics(rerun), gan_metrics(gan_reference), strict=True))
 
 
+@pytest.mark.slow  # the same own optimizers (own_step.build_own_optimizers) resume exactly in the script GAN's kill test; the recipe's layout: tests/commands/test_verify_deep.py
 def test_a_recipes_gan_builds_its_optimizers_from_the_recipes_batch_spec_and_resumes_exactly(tmp_path):
     # The same GAN as a recipe (build_model returns it compiled with two optimizers of its own):
     # they are built before the restore from the spec of the recipe's dataset (loop.py), so a

@@ -34,6 +34,7 @@ def start_positions(path):
     return sorted(tuple(line.split()) for line in path.read_text().splitlines())
 
 
+@pytest.mark.slow  # the replay since the newest capture: tests/integration/test_rescue_matrix.py's rescue between input captures
 @pytest.mark.parametrize("steps_per_execution", ["1", pytest.param("3", marks=pytest.mark.slow)])  # 3: slow, a variant
 def test_start_step_recipe_resumes_mid_epoch_exactly(tmp_path, input_bound_reference, steps_per_execution):
     log = tmp_path / "starts.txt"
@@ -95,6 +96,7 @@ def test_an_ordinary_pipeline_resumes_from_positions_to_the_uninterrupted_weight
     assert (job.summary["global_step"], job.summary["weights_sha256"]) == (24, reference.summary["weights_sha256"])
 
 
+@pytest.mark.slow  # the iterator-state path: test_iterator_state_path_trains_to_the_distributed_iterators_weights
 def test_a_shuffled_pipeline_restores_its_buffer_to_the_same_weights(tmp_path, digits_reference):
     # recipes/digits_cnn.py shuffles its images: symbolic checkpointing would still save the
     # shuffle buffer (the images, ~570 KB per worker), so the pipeline is saved explicitly

@@ -55,6 +55,7 @@ def assert_rescued(job, *, killed, rescuer, reached_step, rescued, interval, dig
     assert job.summary["weights_sha256"] == digest
 
 
+@pytest.mark.slow  # callbacks resumed exactly after a kill: tests/integration/test_keras.py; a chief's rescue: test_several_steps_per_call_with_dropout
 @pytest.mark.parametrize("killed, rescuer", [
     pytest.param(0, 1, id="chief-killed"),
     pytest.param(1, 0, id="rank-1-killed", marks=SLOW),

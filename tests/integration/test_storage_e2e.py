@@ -106,6 +106,7 @@ def test_an_upload_that_stalls_is_given_up_and_retried_through(tmp_path, digits_
     assert job.summary["weights_sha256"] == digits_reference
 
 
+@pytest.mark.slow  # a store that goes quiet fails the save and commits nothing on every backend: tests/checkpoint/test_stalls.py
 def test_a_store_that_goes_quiet_fails_the_save_and_the_run_resumes_exactly(tmp_path, digits_reference):
     # Attempt 1's chief: writes #1-#4 are step 4's four files (a mid-epoch save: the two
     # checkpoint files and each worker's tf.data iterator state); from #5 on (step 8's first

@@ -13,6 +13,8 @@ import hashlib
 import io
 import json
 
+import pytest
+
 from resilient_train.errors import EXIT_GROUP_BROKEN, EXIT_OK
 from resilient_train.job.config import JobConfig
 from resilient_train.rundir.events import read_events
@@ -26,6 +28,7 @@ DIES_AT = 6  # after the chief's commit at step 4: the restart restores step 4
 OPTIONS = StandinOptions(steps=8, step_s=0.05, save_every=4, die_at=(VICTIM, DIES_AT))
 
 
+@pytest.mark.slow  # the supervisor's restart at scale: benchmarks/supervisor_scaling.py; a kill and restart: every kill test
 def test_64_standins_one_killed_restart_and_finish(tmp_path):
     job = JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path / "run"), workers=WORKERS,
                     warm_standby=False, max_restarts=1)

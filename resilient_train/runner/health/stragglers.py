@@ -34,9 +34,10 @@ A rank more than ``threshold`` slower (0.5: 50 % slower) in each of the last ``B
 buckets, ``window_s`` in all, is a straggler, named once per attempt. One slow bucket (a
 neighbour's burst on a shared machine, a save) names nothing. An attempt's first call
 (tracing, first allocations, the peers' start-up) is not counted, nor is a later call that
-traced (the first call checked for replicas that differ traces its own variant, seconds on a
-busy machine: the suite's run under load lost its window to it); the stalls of the call after
-either are not counted (they began with theirs), nor its wall time in the stalled fraction.
+traced (until 2026-11-29 the first call checked for replicas that differ traced a variant of its
+own, seconds on a busy machine: the suite's run under load lost its window to it); the stalls of
+the call after either are not counted (they began with theirs), nor its wall time in the stalled
+fraction.
 
 The cost model: a step lasts about as long as its slowest rank is busy, plus the all-reduce;
 without the straggler a step would be shorter by its excess busy seconds per step over the
@@ -143,8 +144,8 @@ class StragglerDetector:
                  traced: bool = False, stall_s: Sequence[float] = ()) -> list[Straggler]:
         """One call's ``host_s`` (per rank: its host seconds before the call) and ``stall_s`` (per rank:
         the seconds it could not run since its previous call began; () : none measured), at the call's end.
-        ``traced``: the call traced a variant of the step (the first checked call's, seconds on
-        a busy machine, every rank alike): like the attempt's first call, the bucket starts over."""
+        ``traced``: the call traced the step (seconds on a busy machine, every rank alike): like
+        the attempt's first call, the bucket starts over."""
         now = self.clock()
         if self._bucket is None or traced:  # start-up (a first call, a trace), not the run's pace
             self._bucket = _Bucket(started=now)

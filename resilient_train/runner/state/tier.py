@@ -155,8 +155,7 @@ class MemoryTier:
     def fingerprint_due(self, call_ends: int, *, save_at: Callable[[int], bool]) -> bool:
         """Does the coming call's last step carry the comparison's columns? When a snapshot
         (or a save: it snapshots too) follows the call; not before the attempt's first
-        comparison (every variable, with its own all-reduce anyway), so the first call traces
-        the plain variant, nor once the workers differ."""
+        comparison (every variable, with its own all-reduce anyway), nor once the workers differ."""
         agreement = self.agreement
         return bool((self.schedule.due(call_ends) or save_at(call_ends))
                     and agreement is not None and agreement.in_call and agreement.compared > 0

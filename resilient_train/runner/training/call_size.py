@@ -55,7 +55,7 @@ class CallSizer:
         """The chief's call of ``steps`` steps took ``seconds`` (host wall time, whole call).
 
         The first call of the process is not counted: it includes tracing the function; nor is
-        any call that ``traced`` (the memory tier's variant, traced at its first snapshot).
+        any call that ``traced`` (a first call of an attempt's new training call).
         """
         self._calls += 1
         if self._calls > 1 and steps > 0 and not traced:

@@ -10,11 +10,13 @@ Per step, besides the gradients' all-reduce, that one packed all-reduce carries
 where the control columns are control_row.py's table (the stop and save votes, the chief's
 next call size and memory-tier intervals: the single definition of their layout), the timing
 block each rank's share of its host time before the call and of the time its process could not
-run (control_row.py: the straggler detector's input, runner/health/stragglers.py), and the comparisons, carried only by the last
-step of a "checked" call, are the memory tier's fingerprint of the may-differ variables (runner/state/worker_agreement.py) and every
-replica's hash of its trainable weights (runner/health/replicas.py). A call is checked when
-it ends at a snapshot, a step-count save point, an epoch end or a multiple of
+run (control_row.py: the straggler detector's input, runner/health/stragglers.py), and the
+comparisons, in a call's last row only (zeros unless the call is "checked"), are the memory
+tier's fingerprint of the may-differ variables (runner/state/worker_agreement.py) and every
+replica's hash of its trainable weights (runner/health/replicas.py). A call is checked when it
+ends at a snapshot, a step-count save point, an epoch end or a multiple of
 ``--replica-check-every``: nothing is saved or snapshotted that was not compared at its step.
+Checked or not is a tensor argument, so an attempt traces the call once.
 
 This module owns the row's layout as traced (``value names``), the call's sizing (the
 chief times every call, every worker adopts the agreed size from the call's result), the
@@ -132,7 +134,8 @@ class TrainCall:
         self._slowdown = slowdown or Slowdown()
         self._stall_probe = stall_probe
         self._host_from: float | None = None  # when the previous call's result was read (the host time since: timing block)
-        self._tier_width = 0  # the tier's comparison columns in a checked call's last row (set when traced)
+        self._tier_width = 0  # the tier's comparison columns in a call's last row (set when traced)
+        self._check_width = 0  # all the comparison columns there: the tier's, then the replicas' (set when traced)
         self._tier = tier
         self._is_chief = is_chief
         self._stop_vote, self._save_vote, self._save_at = stop_vote, save_vote, save_at
@@ -189,7 +192,7 @@ class TrainCall:
             shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
             return values, shares, nonfinite
 
-        def step_fn(element, flags, timing_s, fingerprint: bool):
+        def step_fn(element, flags, timing_s, fingerprint, checked: bool):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
@@ -198,18 +201,21 @@ class TrainCall:
                 shares, nonfinite = tf.zeros([0], tf.float32), health_detector.logs_nonfinite(values)
             else:
                 values, shares, nonfinite = runner_step(batch)
-            # The memory tier's comparison of the may-differ variables, after this step's
-            # update (runner/state/worker_agreement.py): the columns after the named ones,
-            # only in the last step of a call that ends at a snapshot (``fingerprint``).
-            # Reading the variables holds that step's all-reduce back until the update is
-            # done, and even zero columns cost 0.1-0.25 ms of a 4 ms step (digits_cnn): so
-            # no other step carries them (a tf.cond in every step cost ~5%).
-            if fingerprint and tier is not None and tier.agreement is not None:
-                agreement = tier.call_columns()
+            # The comparisons after this step's update, only in a call's last step
+            # (``checked``), and computed only when the host asked (``fingerprint``, a bool
+            # tensor: one traced variant): the memory tier's of the may-differ variables
+            # (runner/state/worker_agreement.py) and every replica's hash of its weights
+            # (runner/health/replicas.py). Reading the variables holds that step's all-reduce
+            # back until the update is done, and even zero columns cost 0.1-0.25 ms of a 4 ms
+            # step (digits_cnn): so no other step carries them (a tf.cond in every step cost ~5%).
+            if checked:
+                def comparisons():
+                    columns = tier.call_columns() if self._tier_width else tf.zeros([0], tf.float32)
+                    return columns if replicas is None else tf.concat([columns, replicas.columns()], axis=0)
+
+                agreement = tf.cond(fingerprint, comparisons, lambda: tf.zeros([self._check_width], tf.float32))
             else:
                 agreement = tf.zeros([0], tf.float32)
-            if fingerprint and replicas is not None:  # every replica's hash of its weights (runner/health/replicas.py)
-                agreement = tf.concat([agreement, replicas.columns()], axis=0)
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns, timing["workers"])  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
@@ -225,26 +231,27 @@ class TrainCall:
             return reduced, context.all_gather(tf.identity(indices), axis=0)
 
         @tf.function(autograph=False)  # the loop below is a tf.while_loop; the recipe's code is converted (above)
-        def train_call(iterator, steps, flags, timing_s, fingerprint: bool):
-            # ``fingerprint`` is a Python bool, so two variants: the second, whose last step
-            # also carries the comparison's columns, is traced at the first call that ends at
-            # a memory-tier snapshot (every worker at the same call). Its other rows are
-            # padded with zeros after their all-reduce (a local op), to stack with the last.
+        def train_call(iterator, steps, flags, timing_s, fingerprint):
+            # One traced variant per attempt: ``fingerprint`` is a bool tensor. When anything is
+            # compared (the memory tier, the replicas), the last step runs after the loop and
+            # carries the comparisons' columns (zeros unless ``fingerprint``); the loop's rows
+            # are padded with zeros after their all-reduce (a local op), to stack with it.
+            # (Two variants, by a Python bool, traced the second at a restart's first checked
+            # call: a second ~1.2 s stall per attempt on digits_cnn, issue 45.)
             startup_phases.count_trace()  # the Python body runs only when tf.function traces
-            tier_width = (tier.call_columns(width_only=True)
-                          if fingerprint and tier is not None and tier.agreement is not None else 0)
-            width = tier_width + (replicas.width if fingerprint and replicas is not None else 0)
-            if fingerprint:
-                self._tier_width = tier_width
+            # (the tier's agreement exists once the Trainer wired its saving: by the first call)
+            tier_compares = tier is not None and tier.agreement is not None and tier.agreement.in_call
+            self._tier_width = tier.call_columns(width_only=True) if tier_compares else 0
+            self._check_width = width = self._tier_width + (replicas.width if replicas is not None else 0)
 
-            def one_step(i, rows, index_rows, with_fingerprint: bool):
-                result = strategy.run(step_fn, args=(next(iterator), flags, timing_s),
-                                      kwargs={"fingerprint": with_fingerprint})
+            def one_step(i, rows, index_rows, checked: bool):
+                result = strategy.run(step_fn, args=(next(iterator), flags, timing_s, fingerprint),
+                                      kwargs={"checked": checked})
                 if record:
                     result, gathered = result
                     index_rows = index_rows.write(i, strategy.experimental_local_results(gathered)[0])
                 row = strategy.experimental_local_results(result)[0]
-                rows = rows.write(i, tf.pad(row, [[0, width]]) if width and not with_fingerprint else row)
+                rows = rows.write(i, tf.pad(row, [[0, width]]) if width and not checked else row)
                 # Step by step, each after its step's result: a call that fails part-way
                 # (e.g. the dataset ran out) leaves the counters at the last finished step,
                 # which is what the failure report reads (runner/failures/diagnose.py).
@@ -258,10 +265,10 @@ class TrainCall:
 
             rows = tf.TensorArray(tf.float32, size=steps)
             index_rows = tf.TensorArray(tf.int64, size=steps)
-            plain = steps - 1 if fingerprint else steps
+            plain = steps - 1 if width else steps
             _, rows, index_rows = tf.while_loop(lambda i, rows, index_rows: i < plain, plain_step,
                                                 (tf.constant(0, steps.dtype), rows, index_rows))
-            if fingerprint:
+            if width:
                 rows, index_rows = one_step(steps - 1, rows, index_rows, True)
             startup_phases.mark("trace")
             return (rows.stack(), index_rows.stack()) if record else rows.stack()
@@ -310,7 +317,7 @@ class TrainCall:
             or (tier is not None and tier.schedule.due(ends)))
         fingerprint = bool(tier_due or check_due)
         result = self._call(iterator, tf.constant(steps, tf.int32), flags, tf.constant([host_s, stall_s], tf.float32),
-                            fingerprint)
+                            tf.constant(fingerprint))
         if self._indices is not None:
             result, index_rows = result
             for offset, indices in enumerate(index_rows.numpy(), 1):
