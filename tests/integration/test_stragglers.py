@@ -12,9 +12,9 @@ from tests.integration.harness import run_job
 
 def test_a_worker_three_times_slower_is_named_as_the_straggler_and_the_run_goes_on(tmp_path):
     # One save (the epoch end), so no save's shared standstill dilutes the window's buckets; 360
-    # steps, so the window (3 buckets of 1 s) fits after the call that traces the replicas' check's
-    # variant at step 100 (not counted: under the suite's load it took the window of a 120-step run)
-    # with calls to spare (at 240 steps, a quiet machine at 65 steps/s named it in the last call).
+    # steps, so the window (3 buckets of 1 s) fits with calls to spare after start-up (at 240 steps,
+    # when the replicas' check still traced a variant of its own at step 100, not counted, a quiet
+    # machine at 65 steps/s named it in the last call: steps_left 0).
     job = run_job(DIGITS, tmp_path / "run", "--epochs", "1", "--steps-per-epoch", "360", "--global-batch-size", "32",
                   "--save-every-steps", "360", "--straggler-window", "3", standby=False,
                   faults=[{"point": "slow", "global_step": 0, "rank": 1, "factor": 3}])
