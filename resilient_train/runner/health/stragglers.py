@@ -46,8 +46,9 @@ the run.
 
 Measured (2026-11-29, load 5.6-14, benchmarks/stragglers.py): clean 2-worker digits_cnn runs on
 the 2-core machine stalled 2-12 % of a bucket on every rank; a rank under a 50 ms stop / 50 ms run
-duty cycle (chaos ``throttle-worker``) 46-51 %, named 1.8-1.9x slower 23-25 s after the throttle
-began with the default 20 s window (10 of 10 runs); 8 clean runs named nothing.
+duty cycle (chaos ``throttle-worker``) 45-51 %, named 1.8-1.9x slower 20.1 s after the throttle
+began with the default 20 s window (5 of 5 runs; 23-25 s in 10 runs while a second trace cut the
+window); 8 clean runs named nothing.
 
 Policy: ``warn`` (``straggler_detected``, a console line, a summary.json entry). Moving the
 group off the slow rank (``replace``) is issue 49's next slice.
