@@ -233,7 +233,7 @@ _WORKER: dict[str, Check] = {"kind": lambda v: None, "point": _one_of(WORKER_POI
                              "factor": _factor}
 _WORKER_REQUIRED = ("point", "global_step")
 _EXTERNAL: dict[str, Check] = {"kind": lambda v: None, "op": _one_of(EXTERNAL_OPS), "rank": _rank,
-                               "when": lambda v: None}
+                               "when": lambda v: None, "stop_ms": _integer(1), "run_ms": _integer(1)}
 _EXTERNAL_REQUIRED = ("op",)
 _WHEN: dict[str, Check] = {"event": _one_of(EVENTS, shown="the events of events.jsonl (docs/events.md)"), "nth": _integer(1, words=("random",)),
                            "attempt": _integer(1, words=("any",)), "mid_epoch": _boolean, "max_nth": _integer(1)}

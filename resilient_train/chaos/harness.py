@@ -294,6 +294,16 @@ def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> di
             "pid": pid, "global_step": fault.global_step, "attempt": fault.attempt}
 
 
+def _throttle_named(fault: dict[str, Any], records: list[dict[str, Any]]) -> bool:
+    """The straggler detector named the throttled rank in its attempt, after the throttle began."""
+    injected = next((r for r in records if r.get("event") == "chaos_fault_injected" and r.get("op") == "throttle_worker"
+                     and r.get("rank") == fault.get("rank") and r.get("attempt") == fault.get("attempt")), None)
+    return injected is not None and any(
+        r.get("event") == "straggler_detected" and r.get("rank") == fault.get("rank")
+        and r.get("attempt") == fault.get("attempt") and str(r.get("ts", "")) >= str(injected.get("ts", ""))
+        for r in records)
+
+
 def _storage_fault_fired(fault: StorageFaults, records: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
     spec = dict(fault.spec)
     if spec.get("fail_op_k"):
@@ -405,6 +415,9 @@ def run_scenario(
     for fault in faults:
         if fault["state"] != "done":
             problems.append(f"fault not injected: {fault['fault']} ({fault['state']})")
+        elif fault.get("op") == "throttle_worker" and not _throttle_named(fault, records):
+            problems.append(f"rank {fault.get('rank')} throttled in attempt {fault.get('attempt')} ({fault['fault']}) "
+                            "was not named by the straggler detector (no straggler_detected for it after the throttle)")
         if fault.get("op") == "corrupt_newest" and fault.get("state") == "done" and not fault.get("verify_exact"):
             problems.append(
                 f"verify after corrupting checkpoint {fault.get('global_step')} ({fault.get('file')}) reported "

@@ -14,6 +14,9 @@ so the run's own record says what happened to it, next to what the job did about
 #   is not an epoch end; ``sigkill_during_upload`` waits until the storage shows a
 #   checkpoint directory newer than the newest commit with files but no manifest.
 #   Then the op runs once and the fault is DONE.
+# ``throttle_worker`` runs on after that: a daemon thread (:class:`Throttle`) stops and
+# continues the worker's process and its children until it exits or ``finish()`` ends it
+# (it always leaves them continued).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import datetime as dt
 import os
 import random
 import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -33,7 +38,7 @@ from resilient_train.rundir.stepmarker import highest_step
 
 from resilient_train.chaos.scenarios import ExternalFault
 
-__all__ = ["Nemesis", "FaultState", "EventReader", "corrupt_newest"]
+__all__ = ["Nemesis", "FaultState", "EventReader", "Throttle", "corrupt_newest"]
 
 INJECTED_EVENT = "chaos_fault_injected"
 
@@ -85,6 +90,7 @@ class Nemesis:
         self.pids: dict[tuple[int, int], int] = {}  # (attempt, rank) -> pid
         self.current_attempt = 0
         self.commits: list[int] = []
+        self.throttles: list[Throttle] = []
 
     # ------------------------------------------------------------------ public
     def poll(self) -> list[dict[str, Any]]:
@@ -100,7 +106,9 @@ class Nemesis:
         return done
 
     def finish(self) -> None:
-        """The job is over: every fault not done by now missed its chance."""
+        """The job is over: every fault not done by now missed its chance; throttles end."""
+        for throttle in self.throttles:
+            throttle.stop()
         for record in self.reader.read_new():
             self._observe(record)
         for item in self.pending:
@@ -192,7 +200,11 @@ class Nemesis:
             record.update(target=f"rank {rank}", rank=rank, pid=pid, reached_step=self._reached(attempt))
             if op == "sigkill_during_upload":
                 record["uploading"] = self._upload_in_flight()
-            if pid is not None:
+            if op == "throttle_worker":
+                record.update(stop_ms=fault.stop_ms, run_ms=fault.run_ms)
+                if pid is not None:
+                    self.throttles.append(Throttle(pid, fault.stop_ms / 1000, fault.run_ms / 1000, kill=self.kill).start())
+            elif pid is not None:
                 self._signal(pid, signal.SIGTERM if op == "sigterm_worker" else signal.SIGKILL)
         self.events.append({
             "event": INJECTED_EVENT,
@@ -207,6 +219,69 @@ class Nemesis:
             self.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+class Throttle:
+    """Stops ``pid`` (SIGSTOP: every thread) and its children for ``stop_s``, lets them run (SIGCONT)
+    for ``run_s``, again and again, in a daemon thread, until the process is gone or ``stop()``; it
+    always leaves them continued. The children are listed again every second (psutil)."""
+
+    CHILDREN_EVERY_S = 1.0
+
+    def __init__(self, pid: int, stop_s: float, run_s: float, *, kill: Callable[[int, int], None] = os.kill,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pid, self.stop_s, self.run_s = pid, stop_s, run_s
+        self.kill, self.sleep, self.clock = kill, sleep, clock
+        self.cycles = 0
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Throttle":
+        self._thread = threading.Thread(target=self.run, name=f"throttle-{self.pid}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * (self.stop_s + self.run_s) + 1)
+
+    def run(self) -> None:
+        pids, listed = [self.pid], float("-inf")
+        try:
+            while not self._stopped.is_set():
+                if self.clock() - listed >= self.CHILDREN_EVERY_S:
+                    pids, listed = [self.pid, *_children(self.pid)], self.clock()
+                if not self._send(pids, signal.SIGSTOP):
+                    return  # the worker exited
+                self.sleep(self.stop_s)
+                self._send(pids, signal.SIGCONT)
+                self.cycles += 1
+                self.sleep(self.run_s)
+        finally:
+            self._send(pids, signal.SIGCONT)
+
+    def _send(self, pids: list[int], sig: int) -> bool:
+        """``sig`` to each of ``pids``; False when the worker itself is gone."""
+        alive = True
+        for pid in pids:
+            try:
+                self.kill(pid, sig)
+            except ProcessLookupError:
+                if pid == self.pid:
+                    alive = False
+                    if sig == signal.SIGSTOP:
+                        break  # its children are left running (continued at the end)
+        return alive
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def corrupt_newest(url: str, rng: random.Random, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -19,6 +19,11 @@ catalogue can live outside the package: one TOML file per scenario in the reposi
   upload is in flight). It fires on a :class:`Trigger` read from the job's own event
   stream ("after the 2nd ``checkpoint_committed`` of attempt 1, once a step past it has
   finished mid-epoch"), so it lands at the same point on a slow or a fast machine.
+  ``throttle_worker`` slows a worker for real, not in its code: from then on the nemesis stops
+  the process (SIGSTOP, every thread, and its children) for ``stop_ms`` and lets it run
+  (SIGCONT) for ``run_ms``, over and over until it exits (about half speed at 50/50): what a
+  CPU quota does (cgroup ``cpu.cfs_quota_us`` takes the CPU away in slices of its 100 ms
+  period), without needing root or a cgroup. The straggler detector must name it.
 * :class:`StorageFaults` configures the fault-injecting filesystem (``faulty://``) per
   attempt: transient errors at a rate, a torn upload, latency.
 
@@ -65,6 +70,7 @@ EXTERNAL_OPS = (
     "sigterm_supervisor",   # graceful preemption of the whole job (exit 143), then re-run
     "corrupt_newest",       # flip one byte in a data file of the newest committed checkpoint
     "sigkill_during_upload",  # kill -9 the chief while a checkpoint directory has files but no manifest
+    "throttle_worker",      # SIGSTOP/SIGCONT one worker (and its children) in a duty cycle to the end of its attempt
 )
 
 
@@ -143,10 +149,15 @@ class ExternalFault:
     op: str
     trigger: Trigger = field(default_factory=Trigger)
     rank: int | str = 0
+    stop_ms: int = 50  # throttle_worker only: how long each stop lasts
+    run_ms: int = 50  # ... and each run between two stops
 
     def __post_init__(self) -> None:
         if self.op not in EXTERNAL_OPS:
             raise ValueError(f"Received op={self.op!r}; expected one of {EXTERNAL_OPS}")
+        for name, value in (("stop_ms", self.stop_ms), ("run_ms", self.run_ms)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Received {name}={value!r}; expected milliseconds, an integer >= 1")
 
     @property
     def reruns(self) -> bool:
@@ -157,6 +168,8 @@ class ExternalFault:
         target = {"sigkill_supervisor": "supervisor", "sigterm_supervisor": "supervisor",
                   "corrupt_newest": "newest checkpoint", "sigkill_during_upload": "chief"}.get(
             self.op, f"rank {self.rank}")
+        if self.op == "throttle_worker":
+            target += f" ({self.stop_ms} ms stopped / {self.run_ms} ms running)"
         return f"{self.op} {target} {self.trigger.describe()}"
 
 

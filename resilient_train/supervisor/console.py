@@ -222,8 +222,14 @@ def _anomaly_detected(r: Mapping[str, Any], _: Facts) -> str:
 
 
 def _straggler_detected(r: Mapping[str, Any], _: Facts) -> str:
-    return (f"rank {r['rank']} ({r['host']}) is a straggler: busy {r['slower']}x as long per step as the other "
-            f"workers ({r['busy_ms_per_step']} ms against {r['others_ms_per_step']} ms) for {r['window_s']:g} s, "
+    if r.get("evidence") == "stalled":  # slowed from outside: runner/health/stall_probe.py
+        why = (f"its process could not run {100 * r['stalled']:.0f}% of the time against {100 * r['others_stalled']:.0f}% "
+               f"on the other workers (a CPU quota, a noisy neighbour?): about {r['slower']}x slower per step "
+               f"({r['busy_ms_per_step']} ms against {r['others_ms_per_step']} ms at their pace)")
+    else:
+        why = (f"busy {r['slower']}x as long per step as the other workers ({r['busy_ms_per_step']} ms against "
+               f"{r['others_ms_per_step']} ms)")
+    return (f"rank {r['rank']} ({r['host']}) is a straggler: {why} for {r['window_s']:g} s, "
             f"at global step {r['global_step']}; it costs the group {r['steps_per_s_lost']} steps/s "
             f"({r['steps_per_s']} instead of about {r['steps_per_s_without']}), about {r['time_lost_s']:g} s to the "
             f"end of the run; training goes on (warn)")

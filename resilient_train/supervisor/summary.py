@@ -123,8 +123,8 @@ def anomalies(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def stragglers(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every ``straggler_detected`` (runner/health/stragglers.py), with its attempt."""
-    keys = ("attempt", "rank", "host", "global_step", "slower", "busy_ms_per_step", "others_ms_per_step",
-            "steps_per_s", "steps_per_s_lost", "time_lost_s", "action")
+    keys = ("attempt", "rank", "host", "global_step", "slower", "evidence", "stalled", "others_stalled",
+            "busy_ms_per_step", "others_ms_per_step", "steps_per_s", "steps_per_s_lost", "time_lost_s", "action")
     return [{key: record.get(key) for key in keys} for record in records if record.get("event") == "straggler_detected"]
 
 

@@ -165,7 +165,7 @@ def test_the_toml_catalogue_is_exactly_the_python_catalogue_it_replaced() -> Non
     assert len(before) == 20 and set(before) <= set(loaded)
     assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6)
         "bitflip-once", "nan-once", "rescue-chief-killed-between-saves", "rescue-hang-between-saves",
-        "rescue-rank-killed-between-saves", "slow-worker"]
+        "rescue-rank-killed-between-saves", "slow-worker", "throttle-worker"]
     for name, scenario in before.items():
         renamed = Scenario(name, scenario.summary, scenario.faults, scenario.job, scenario.expect_restored, scenario.ci)
         assert loaded[name] == renamed, name  # every field: summary, faults (in order), job, expectations, ci
@@ -197,6 +197,12 @@ def test_a_few_scenarios_field_by_field() -> None:
     assert (slow.faults, slow.job) == ((WorkerFault("slow", 0, rank=1, factor=3),), (
         ("recipe", "recipes/digits_cnn.py"), ("epochs", 1), ("steps_per_epoch", 150), ("save_every_steps", 50), ("straggler_window", 3)))
     assert slow.faults[0].describe() == "rank 1 3x slower after step 0 (attempt 1)"
+    throttle = by_name("throttle-worker", CATALOGUE_DIR)
+    assert (throttle.faults, throttle.job) == (
+        (ExternalFault("throttle_worker", Trigger(event="first_step", nth=1, attempt=1, mid_epoch=True), rank=1,
+                       stop_ms=50, run_ms=50),),
+        (("recipe", "recipes/digits_cnn.py"), ("epochs", 1), ("steps_per_epoch", 1500), ("save_every_steps", 500),
+         ("straggler_window", 6)))
     hang = by_name("rescue-hang-between-saves", CATALOGUE_DIR)
     assert (hang.faults, hang.job, hang.expect_restored) == (
         (WorkerFault("after_step", 17, rank=1, signal=HANG),),
@@ -217,7 +223,7 @@ def test_the_ci_scenarios_are_the_catalogues() -> None:
 def test_the_catalogue_is_a_plain_directory_of_toml_files_not_a_package() -> None:
     assert not (REPO / "chaos" / "__init__.py").exists() and not (CATALOGUE_DIR / "__init__.py").exists()
     assert [p.name for p in (REPO / "chaos").rglob("*.py")] == ["__main__.py"]  # `python -m chaos`, nothing else
-    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 26
+    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 27
 
 
 def test_run_by_path_loads_the_same_scenario_as_run_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,7 +262,7 @@ def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
     monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (26 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (27 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert re.fullmatch(r"kill-chief-at-7 +\[ci\] the seeds' experiment: .*resumes from 7",
                         next(line for line in lines if line.startswith("kill-chief-at-7")))
@@ -275,7 +281,7 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "resilient_train.chaos", "list"], cwd=elsewhere, capture_output=True,
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (26 scenarios; run one by name or by its file's path)"
+    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (27 scenarios; run one by name or by its file's path)"
 
 
 def _at_the_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -289,7 +295,7 @@ def test_python_m_chaos_at_the_checkout_is_the_packages_command(tmp_path: Path) 
     listed = _at_the_checkout("chaos", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (26 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (27 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert listed.stdout == _at_the_checkout("resilient_train.chaos", "list").stdout
     bad = tmp_path / "kill-once.toml"
@@ -361,7 +367,7 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
         "raise, input, before_join, nan_loss, bitflip, loss_spike, slow; did you mean 'after_commit'?",
         f"{f}: faults[1].global_step: received '7' (a string); expected an integer >= 0",
         f"{f}: faults[2].op: received 'sigkill_workr'; expected one of sigkill_worker, sigterm_worker, "
-        "sigkill_supervisor, sigterm_supervisor, corrupt_newest, sigkill_during_upload; did you mean 'sigkill_worker'?",
+        "sigkill_supervisor, sigterm_supervisor, corrupt_newest, sigkill_during_upload, throttle_worker; did you mean 'sigkill_worker'?",
         f"{f}: faults[2].when.event: received 'checkpoint_comitted'; expected one of the events of events.jsonl "
         "(docs/events.md); did you mean 'checkpoint_committed'?",
         f"{f}: faults[2].when.nth: received 0; expected an integer >= 1 or 'random'",

@@ -82,8 +82,27 @@ def test_sigterm_to_a_worker_loses_no_step(chaos_root: Path) -> None:
     assert result.check.digest_match
 
 
+@pytest.mark.slow  # tests/integration/test_stragglers.py: a rank slow in its host loop is named (by default)
+def test_a_worker_throttled_from_outside_is_named_from_its_stalls_and_the_run_stays_exact(chaos_root: Path) -> None:
+    """throttle-worker: the nemesis stops rank 1's process 50 ms in every 100 (SIGSTOP/SIGCONT, its
+    code untouched) once training runs. Its host time is the other rank's (the slowness is inside
+    the compiled step); its stall probe (runner/health/stall_probe.py) names it."""
+    from resilient_train.chaos.invariants import load_events
+    from resilient_train.rundir.layout import RunDir
+
+    result = _run("throttle-worker", SLOW_SPEC, chaos_root)
+    assert result.problems == () and result.check.violations == (), result.to_dict()
+    [fault] = result.faults
+    assert (fault["op"], fault["state"], fault["rank"], fault["attempt"]) == ("throttle_worker", "done", 1, 1)
+    [named] = [r for r in load_events(RunDir(Path(result.run_dir)).events) if r.get("event") == "straggler_detected"]
+    assert (named["rank"], named["attempt"], named["evidence"], named["action"]) == (1, 1, "stalled", "warn")
+    assert named["slower"] > 1.5 and named["stalled"] > named["others_stalled"]  # past the default threshold 0.5
+    assert (result.check.digest_match, result.check.restarts, result.exit_codes) == (True, 0, (0,))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in CI_NAMES and not s.parameter_server])
+@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in (*CI_NAMES, "throttle-worker")
+                                  and not s.parameter_server])
 def test_catalogue_scenario(name: str, chaos_root: Path) -> None:
     result = _run(name, SLOW_SPEC, chaos_root)
     assert result.passed, result.to_dict()

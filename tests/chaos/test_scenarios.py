@@ -18,7 +18,7 @@ from resilient_train.chaos.scenarios import ExternalFault, StorageFaults, Trigge
 from resilient_train.checkpoint import CheckpointStore
 
 REQUIRED_OPS = {"sigkill_worker", "sigterm_worker", "sigkill_supervisor", "sigterm_supervisor",
-                "corrupt_newest", "sigkill_during_upload"}
+                "corrupt_newest", "sigkill_during_upload", "throttle_worker"}
 
 
 CATALOGUE_DIR = Path(__file__).resolve().parents[2] / "chaos" / "scenarios"  # this clone's, whatever the environment
@@ -251,3 +251,78 @@ def test_ps_scenarios_plan_ranks_of_the_ps_cluster_and_run_under_the_ps_strategy
     assert argv[argv.index("--strategy") + 1:argv.index("--strategy") + 4] == ["parameter-server", "--ps", "1"]
     assert spec.resolved().total_steps == 100 and spec.key() != JobSpec(str(recipe)).key()
     assert "--strategy" not in JobSpec(str(recipe)).argv(tmp_path, "/c")
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_throttle_stops_and_continues_the_worker_until_it_exits_and_leaves_it_continued(monkeypatch) -> None:
+    from resilient_train.chaos import nemesis as nemesis_module
+    from resilient_train.chaos.nemesis import Throttle
+
+    monkeypatch.setattr(nemesis_module, "_children", lambda pid: [pid + 1])  # one child, listed every second
+    clock, sent, alive = _FakeClock(), [], {101: True}
+
+    def kill(pid: int, sig: int) -> None:
+        if pid == 101 and not alive[101]:
+            raise ProcessLookupError(pid)
+        sent.append((pid, sig))
+        if len([s for s in sent if s == (101, signal.SIGCONT)]) == 3:
+            alive[101] = False  # the worker exits after the third continue
+    throttle = Throttle(101, 0.05, 0.05, kill=kill, sleep=clock.sleep, clock=clock)
+    throttle.run()
+    stop, cont = signal.SIGSTOP, signal.SIGCONT
+    assert sent == [(101, stop), (102, stop), (101, cont), (102, cont)] * 3 + [(102, cont)]
+    assert (throttle.cycles, clock.now) == (3, pytest.approx(0.3))
+    sent.clear()
+    stopped = Throttle(7, 0.05, 0.05, kill=lambda pid, sig: sent.append((pid, sig)), sleep=clock.sleep, clock=clock)
+    stopped._stopped.set()  # finish() before the first cycle: it still leaves the worker continued
+    stopped.run()
+    assert sent == [(7, cont)]
+
+
+def test_the_nemesis_throttles_the_ranks_pid_once_and_finish_ends_it(tmp_path: Path, monkeypatch) -> None:
+    from resilient_train.chaos import nemesis as nemesis_module
+
+    started = []
+    monkeypatch.setattr(nemesis_module.Throttle, "start", lambda self: started.append(self) or self)
+    monkeypatch.setattr(nemesis_module.Throttle, "stop", lambda self: started.remove(self))
+    job, kills = _Job(tmp_path), []
+    fault = ExternalFault("throttle_worker", Trigger(event="first_step", mid_epoch=False), rank=1, stop_ms=30, run_ms=70)
+    nemesis = _nemesis(tmp_path, [fault], kills)
+    job.ev(event="worker_started", rank=1, pid=101, attempt=1, role="supervisor")
+    job.ev(event="first_step", global_step=1, attempt=1, role="chief")
+    [done] = nemesis.poll()
+    assert (done["op"], done["rank"], done["pid"], done["stop_ms"], done["run_ms"]) == ("throttle_worker", 1, 101, 30, 70)
+    assert [(t.pid, t.stop_s, t.run_s) for t in started] == [(101, 0.03, 0.07)] and kills == []
+    assert fault.describe() == ("throttle_worker rank 1 (30 ms stopped / 70 ms running) after 1st first_step of "
+                                "attempt 1")
+    nemesis.finish()
+    assert started == []
+
+
+@pytest.mark.parametrize("kwargs", [{"stop_ms": 0}, {"run_ms": 2.5}, {"stop_ms": True}])
+def test_a_throttles_duty_cycle_is_whole_milliseconds(kwargs) -> None:
+    with pytest.raises(ValueError, match="expected milliseconds, an integer >= 1"):
+        ExternalFault("throttle_worker", **kwargs)
+
+
+def test_the_harness_asks_the_throttled_rank_to_be_named_after_the_throttle() -> None:
+    from resilient_train.chaos.harness import _throttle_named
+
+    fault = {"op": "throttle_worker", "rank": 1, "attempt": 1, "state": "done"}
+    injected = {"event": "chaos_fault_injected", "op": "throttle_worker", "rank": 1, "attempt": 1,
+                "ts": "2026-11-29T10:00:05.000+00:00"}
+    named = {"event": "straggler_detected", "rank": 1, "attempt": 1, "ts": "2026-11-29T10:00:20.000+00:00"}
+    assert _throttle_named(fault, [injected, named])
+    assert not _throttle_named(fault, [injected, dict(named, rank=0)])  # another rank
+    assert not _throttle_named(fault, [injected, dict(named, ts="2026-11-29T10:00:04.000+00:00")])  # before it
+    assert not _throttle_named(fault, [named])  # never throttled

@@ -146,6 +146,14 @@ SENTENCES = [
      "rank 1 (10.0.0.2) is a straggler: busy 2.86x as long per step as the other workers (61.758 ms against "
      "21.626 ms) for 20 s, at global step 51; it costs the group 30.05 steps/s (16.19 instead of about 46.24), "
      "about 10 s to the end of the run; training goes on (warn)"),
+    ({"event": "straggler_detected", "rank": 1, "host": "10.0.0.2", "global_step": 562, "slower": 1.7,
+      "evidence": "stalled", "stalled": 0.433, "others_stalled": 0.021, "busy_ms_per_step": 14.317,
+      "others_ms_per_step": 8.422, "window_s": 6.0, "steps_per_s": 69.85, "steps_per_s_without": 118.74,
+      "steps_per_s_lost": 48.89, "steps_left": 938, "time_lost_s": 5.5, "action": "warn"},
+     "rank 1 (10.0.0.2) is a straggler: its process could not run 43% of the time against 2% on the other workers "
+     "(a CPU quota, a noisy neighbour?): about 1.7x slower per step (14.317 ms against 8.422 ms at their pace) for "
+     "6 s, at global step 562; it costs the group 48.89 steps/s (69.85 instead of about 118.74), about 5.5 s to the "
+     "end of the run; training goes on (warn)"),
     ({"event": "input_mismatch", "epoch": 1, "checkpoint": "s/ckpt-000000000040", "expected_sha256": "a" * 64,
       "found_sha256": "b" * 64, "strict": False},
      "epoch 2's input differs from the one recorded with s/ckpt-000000000040, so the resumed run will not match "

@@ -98,8 +98,9 @@ def test_every_straggler_detected_is_listed_with_its_attempt():
                {"event": "straggler_detected", "attempt": 2, "rank": 1, "host": "h1", "global_step": 51, "slower": 2.86,
                 "busy_ms_per_step": 61.8, "others_ms_per_step": 21.6, "window_s": 3.0, "steps_per_s": 16.19,
                 "steps_per_s_without": 46.24, "steps_per_s_lost": 30.05, "steps_left": 249, "time_lost_s": 10.0,
-                "action": "warn", "role": "chief"}]
+                "action": "warn", "role": "chief", "evidence": "host_time", "stalled": 0.04, "others_stalled": 0.03}]
     assert stragglers(records) == [{"attempt": 2, "rank": 1, "host": "h1", "global_step": 51, "slower": 2.86,
+                                    "evidence": "host_time", "stalled": 0.04, "others_stalled": 0.03,
                                     "busy_ms_per_step": 61.8, "others_ms_per_step": 21.6, "steps_per_s": 16.19,
                                     "steps_per_s_lost": 30.05, "time_lost_s": 10.0, "action": "warn"}]
 

@@ -1,4 +1,5 @@
-"""A slow worker (a straggler): find it from the ranks' own busy times, name it, say what it costs.
+"""A slow worker (a straggler): find it from the ranks' own busy and stalled times, name it, say what
+it costs.
 
 Under MultiWorkerMirroredStrategy every step waits for the slowest worker, so the step time is
 the same on every rank; what differs is the time each rank is busy before it enters the
@@ -12,8 +13,19 @@ Busy and wait, per step: the calls start together once the last rank enters them
 whose host time is ``g`` waits ``max(g) - g`` in the call for the last one; its busy time is
 the step's wall time (the host's clock) minus that wait. A rank slow in its host loop (a slow
 host, a CPU quota on the Python side, RT_FAULTS ``slow``) is busy the whole step, the others
-less by its excess. A rank slow inside the compiled step is not seen: the graph is not timed
-(``tf.timestamp`` is refused under op determinism), and there every rank waits alike.
+less by its excess. A rank slow inside the compiled step is not seen that way: the graph is not
+timed (``tf.timestamp`` is refused under op determinism), and there every rank waits alike.
+
+Stalled, per step: a rank slowed from outside (a CPU quota, a noisy neighbour, a stop/continue
+duty cycle: chaos op ``throttle_worker``) loses CPU in the compiled step too, where host time does
+not see it. Each rank's stall probe (runner/health/stall_probe.py: a daemon thread's summed lateness
+waking from 10 ms sleeps) gives the seconds its process could not run, in the same timing block;
+its fraction ``f`` of a bucket's wall time makes it ``(1 - f_others) / (1 - f)`` times slower than
+the others' median ``f_others`` (it runs ``1 - f`` of the time). A rank's slowness is the larger
+of its busy-time ratio and this one. Named by the stall, its ``busy_ms_per_step`` is the step's
+wall time (busy or stalled the whole step) and ``others_ms_per_step`` that over its slowness.
+What the probe cannot see (a slower CPU clock; a neighbour sharing the CPU reads as less than it
+costs: stall_probe.py) stays unseen.
 
 The statistic: calls are summed into buckets of ``window_s / BUCKETS`` seconds of the host's
 clock; at a bucket's end each rank's busy seconds per step is compared with the median of the
@@ -23,12 +35,20 @@ buckets, ``window_s`` in all, is a straggler, named once per attempt. One slow b
 neighbour's burst on a shared machine, a save) names nothing. An attempt's first call
 (tracing, first allocations, the peers' start-up) is not counted, nor is a later call that
 traced (until 2026-11-29 the first call checked for replicas that differ traced a variant of its
-own, seconds on a busy machine: the suite's run under load lost its window to it).
+own, seconds on a busy machine: the suite's run under load lost its window to it); the stalls of
+the call after either are not counted (they began with theirs), nor its wall time in the stalled
+fraction.
 
 The cost model: a step lasts about as long as its slowest rank is busy, plus the all-reduce;
 without the straggler a step would be shorter by its excess busy seconds per step over the
 others' median: the group's steps/s without it, and, over the steps left, the time it costs
 the run.
+
+Measured (2026-11-29, load 5.6-14, benchmarks/stragglers.py): clean 2-worker digits_cnn runs on
+the 2-core machine stalled 2-12 % of a bucket on every rank; a rank under a 50 ms stop / 50 ms run
+duty cycle (chaos ``throttle-worker``) 45-51 %, named 1.8-1.9x slower 20.1 s after the throttle
+began with the default 20 s window (5 of 5 runs; 23-25 s in 10 runs while a second trace cut the
+window); 8 clean runs named nothing.
 
 Policy: ``warn`` (``straggler_detected``, a console line, a summary.json entry). Moving the
 group off the slow rank (``replace``) is issue 49's next slice.
@@ -40,10 +60,14 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["BUCKETS", "Straggler", "StragglerDetector", "StragglerOptions", "slowness"]
+__all__ = ["BUCKETS", "HOST_TIME", "STALLED", "Straggler", "StragglerDetector", "StragglerOptions", "slowness",
+           "stall_slowness"]
 
 BUCKETS = 3  # consecutive slow buckets that make a window
 WARN = "warn"
+HOST_TIME = "host_time"
+STALLED = "stalled"
+MAX_STALLED = 0.99  # a fraction of wall time stalled counted at most (a rank stopped for a whole bucket)
 
 
 @dataclass(frozen=True)
@@ -68,6 +92,9 @@ class Straggler:
     host: str
     global_step: int
     slower: float  # its busy seconds per step over the others' median (2.0: twice as slow)
+    evidence: str  # HOST_TIME: its busy time before the call; STALLED: the time its process could not run
+    stalled: float  # the fraction of the window's wall time its process could not run
+    others_stalled: float  # ... the other ranks' median
     busy_ms_per_step: float
     others_ms_per_step: float  # the other ranks' median
     window_s: float
@@ -87,6 +114,8 @@ class _Bucket:
     started: float
     steps: int = 0
     host_s: list[float] = field(default_factory=list)
+    stall_s: list[float] = field(default_factory=list)
+    unstalled_s: float = 0.0  # wall seconds whose stalls are not counted (the call after a restart)
 
 
 class StragglerDetector:
@@ -94,7 +123,8 @@ class StragglerDetector:
 
     ``hosts``: rank -> host, for the event. ``clock``: the host's monotonic clock (injected:
     tests step it). ``latest_ms``: each rank's busy ms per step in the last full bucket
-    (``train_progress``'s ``busy_ms_per_step``).
+    (``train_progress``'s ``busy_ms_per_step``); ``latest_stalled``: each rank's stalled fraction of
+    it (``train_progress``'s ``stalled``).
     """
 
     def __init__(self, options: StragglerOptions, hosts: Sequence[str], clock: Callable[[], float]) -> None:
@@ -105,36 +135,54 @@ class StragglerDetector:
         self._bucket: _Bucket | None = None  # None until the attempt's first call ended
         self._per_step: list[list[float]] = []  # the last BUCKETS full buckets: each rank's busy s per step
         self._walls: list[float] = []  # ... and their wall seconds per step
+        self._stalled: list[list[float]] = []  # ... and each rank's stalled fraction of their wall time
         self.named: set[int] = set()
         self.latest_ms: list[float] | None = None
+        self.latest_stalled: list[float] | None = None
+        self._stall_lags = False
 
     def observed(self, host_s: Sequence[float], steps: int, *, global_step: int, steps_left: int,
-                 traced: bool = False) -> list[Straggler]:
-        """One call's ``host_s`` (per rank: its host seconds before the call), at the call's end.
+                 traced: bool = False, stall_s: Sequence[float] = ()) -> list[Straggler]:
+        """One call's ``host_s`` (per rank: its host seconds before the call) and ``stall_s`` (per rank:
+        the seconds it could not run since its previous call began; () : none measured), at the call's end.
         ``traced``: the call traced the step (seconds on a busy machine, every rank alike): like
         the attempt's first call, the bucket starts over."""
         now = self.clock()
         if self._bucket is None or traced:  # start-up (a first call, a trace), not the run's pace
             self._bucket = _Bucket(started=now)
+            self._stall_lags = True
             return []
+        # A call's stalled seconds run from the previous call's start: the call after a first call
+        # or a trace carries some of theirs (seconds, on a throttled rank), so its stalls and its
+        # wall time are left out of the bucket's stalled fraction (its host time counts).
+        lagging, self._stall_lags = self._stall_lags, False
         if len(host_s) < 2 or steps <= 0:
             return []  # one worker
         bucket = self._bucket
         bucket.steps += steps
         bucket.host_s = [a + b for a, b in zip(bucket.host_s, host_s)] if bucket.host_s else list(host_s)
+        stall = list(stall_s) if len(stall_s) == len(host_s) and not lagging else [0.0] * len(host_s)
+        if lagging:
+            bucket.unstalled_s += now - bucket.started  # the bucket's first call
+        bucket.stall_s = [a + b for a, b in zip(bucket.stall_s, stall)] if bucket.stall_s else stall
         if now - bucket.started < self.bucket_s:
             return []
         wall = (now - bucket.started) / bucket.steps
+        stall_wall = now - bucket.started - bucket.unstalled_s
+        stalled = [min(MAX_STALLED, max(0.0, s / stall_wall)) if stall_wall > 0 else 0.0 for s in bucket.stall_s]
         last_in = max(bucket.host_s) / bucket.steps
         per_step = [max(0.0, wall - (last_in - h / bucket.steps)) for h in bucket.host_s]  # the wall minus the wait
         self._per_step = (self._per_step + [per_step])[-BUCKETS:]
         self._walls = (self._walls + [wall])[-BUCKETS:]
+        self._stalled = (self._stalled + [stalled])[-BUCKETS:]
         self.latest_ms = [round(1000 * s, 3) for s in per_step]
+        self.latest_stalled = [round(f, 3) for f in stalled]
         self._bucket = _Bucket(started=now)
         if len(self._per_step) < BUCKETS:
             return []
         found = []
-        ratios = [slowness(b) for b in self._per_step]
+        ratios = [[max(by_busy, by_stall) for by_busy, by_stall in zip(slowness(b), stall_slowness(f))]
+                  for b, f in zip(self._per_step, self._stalled)]
         for rank in range(len(per_step)):
             if rank not in self.named and all(r[rank] > 1 + self.options.threshold for r in ratios):
                 self.named.add(rank)
@@ -145,11 +193,17 @@ class StragglerDetector:
         own = statistics.fmean(b[rank] for b in self._per_step)
         others = statistics.fmean(_others_median(b, rank) for b in self._per_step)
         step_s = statistics.fmean(self._walls)
+        by_stall = statistics.fmean(stall_slowness(f)[rank] for f in self._stalled)
+        evidence = HOST_TIME
+        if others > 0 and by_stall > own / others:  # slowed from outside, in the compiled step too
+            evidence, own, others = STALLED, step_s, step_s / by_stall
         excess = max(0.0, own - others)
         without = max(step_s - excess, 1e-9)
         return Straggler(
             rank=rank, host=self.hosts[rank] if rank < len(self.hosts) else "?", global_step=global_step,
-            slower=round(own / others, 2) if others > 0 else float("inf"),
+            slower=round(own / others, 2) if others > 0 else float("inf"), evidence=evidence,
+            stalled=round(statistics.fmean(f[rank] for f in self._stalled), 3),
+            others_stalled=round(statistics.fmean(_others_median(f, rank) for f in self._stalled), 3),
             busy_ms_per_step=round(1000 * own, 3), others_ms_per_step=round(1000 * others, 3),
             window_s=self.options.window_s, steps_per_s=round(1 / step_s, 2),
             steps_per_s_without=round(1 / without, 2), steps_per_s_lost=round(1 / without - 1 / step_s, 2),
@@ -167,3 +221,10 @@ def slowness(per_step: Sequence[float]) -> list[float]:
         others = _others_median(per_step, rank)
         out.append(own / others if others > 0 else (float("inf") if own > 0 else 1.0))
     return out
+
+
+def stall_slowness(stalled: Sequence[float]) -> list[float]:
+    """Each rank's slowness from the fractions of wall time the ranks could not run: it runs ``1 - f`` of
+    the time, the others' median ``1 - f_others``, so it is ``(1 - f_others) / (1 - f)`` times slower."""
+    clipped = [min(MAX_STALLED, f) for f in stalled]
+    return [(1 - _others_median(clipped, rank)) / (1 - f) for rank, f in enumerate(clipped)]

@@ -20,14 +20,17 @@ Two kinds of control column, by who adds a value into the SUM:
 A new per-step signal is one new ``Column`` here and one field of ``Votes``; the step
 function, the host's encoding and the decoding all follow this table.
 
-After the control columns, with more than one worker, comes the timing block: one column per
-worker (``__host_s_rank<r>__``, a one-hot by rank, added by the worker's first replica only),
-holding that rank's host seconds before the call (its loop since the previous call's result:
-events, saves, callbacks, a slow host), a share per step. The SUM so gives every worker every
-rank's host time, with no collective of its own: under MWMS the step time is the same on every
-rank (the early ones wait in the call's first all-reduce for the last one), and what differs
-is how long each is busy before it enters it (runner/health/stragglers.py). The step's own
-compute is not timed in the graph: ``tf.timestamp`` is refused under op determinism.
+After the control columns, with more than one worker, comes the timing block: two columns per
+worker, added by the worker's first replica only, one-hot by rank. ``__host_s_rank<r>__`` holds
+that rank's host seconds before the call (its loop since the previous call's result: events,
+saves, callbacks, a slow host), ``__stall_s_rank<r>__`` the seconds its process could not run
+since its previous call began (a CPU quota, a noisy neighbour, a stopped process:
+runner/health/stall_probe.py), each a share per step. The SUM so gives every worker every
+rank's, with no collective of its own: under MWMS the step time is the same on every rank (the
+early ones wait in the call's first all-reduce for the last one), and what differs is how long
+each is busy before it enters it, and how much of the call it could not run
+(runner/health/stragglers.py). The step's own compute is not timed in the graph:
+``tf.timestamp`` is refused under op determinism.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["Column", "Votes", "CONTROL", "encode", "host_names", "host_seconds", "in_replica", "in_replica_host",
-           "layout", "split"]
+           "layout", "split", "stall_seconds"]
 
 
 class Adds(str, Enum):
@@ -100,18 +103,23 @@ def in_replica(flags: tf.Tensor, nonfinite: tf.Tensor | None = None) -> tf.Tenso
 
 
 def host_names(workers: int) -> list[str]:
-    """The timing block's columns: one per worker with more than one worker, else none."""
-    return [f"__host_s_rank{rank}__" for rank in range(workers)] if workers > 1 else []
+    """The timing block's columns: each rank's host seconds, then each rank's stalled seconds, with more
+    than one worker; else none."""
+    if workers <= 1:
+        return []
+    return [f"__host_s_rank{rank}__" for rank in range(workers)] + [f"__stall_s_rank{rank}__" for rank in range(workers)]
 
 
-def in_replica_host(host_s: tf.Tensor, *, rank: int, workers: int, local_replicas: int) -> tf.Tensor:
-    """Inside the step, per replica: the timing block this replica adds to the SUM (its worker's
-    column, from the worker's first replica only; no columns with one worker)."""
+def in_replica_host(timing_s: tf.Tensor, *, rank: int, workers: int, local_replicas: int) -> tf.Tensor:
+    """Inside the step, per replica: the timing block this replica adds to the SUM. ``timing_s``:
+    [host seconds, stalled seconds] of this worker, in its columns, from its first replica only (no
+    columns with one worker)."""
     if workers <= 1:
         return tf.zeros([0], tf.float32)
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     first_of_worker = tf.cast(tf.equal(replica, rank * local_replicas), tf.float32)
-    return tf.one_hot(rank, workers, dtype=tf.float32) * tf.cast(host_s, tf.float32) * first_of_worker
+    one_hot = tf.one_hot(rank, workers, dtype=tf.float32) * first_of_worker
+    return tf.reshape(tf.cast(timing_s, tf.float32)[:, None] * one_hot[None, :], [2 * workers])
 
 
 def layout(value_names: Sequence[str], workers: int = 1) -> list[str]:
@@ -130,10 +138,22 @@ def split(row: Any, names: Sequence[str]) -> tuple[dict[str, float], Votes]:
     return values, Votes(*(float(v) for v in row[start:start + len(CONTROL)]))
 
 
+def _timing(rows: np.ndarray, names: Sequence[str], block: int) -> tuple[float, ...]:
+    start = _control_start(names) + len(CONTROL)
+    workers = (len(names) - start) // 2
+    if workers == 0 or len(rows) == 0:
+        return ()
+    first = start + block * workers
+    return tuple(float(v) for v in np.asarray(rows, dtype=np.float64)[:, first:first + workers].sum(axis=0))
+
+
 def host_seconds(rows: np.ndarray, names: Sequence[str]) -> tuple[float, ...]:
     """A call's reduced rows: each rank's host seconds before the call, summed over its steps (() without a
     timing block: one worker)."""
-    start = _control_start(names) + len(CONTROL)
-    if len(names) == start or len(rows) == 0:
-        return ()
-    return tuple(float(v) for v in np.asarray(rows, dtype=np.float64)[:, start:len(names)].sum(axis=0))
+    return _timing(rows, names, 0)
+
+
+def stall_seconds(rows: np.ndarray, names: Sequence[str]) -> tuple[float, ...]:
+    """A call's reduced rows: each rank's seconds it could not run since its previous call began, summed
+    over the call's steps (() with one worker)."""
+    return _timing(rows, names, 1)

@@ -95,6 +95,7 @@ from resilient_train.runner.process import startup_phases
 from resilient_train.runner.health.anomaly_policy import HealthGuard, HostSuspicion
 from resilient_train.runner.health.spikes import LossSpikes
 from resilient_train.runner.health.injection import BitFlip, NanInjection, Slowdown
+from resilient_train.runner.health import stall_probe
 from resilient_train.runner.health.stragglers import StragglerDetector, StragglerOptions
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
 from resilient_train.runner.training.collectives import Collectives
@@ -266,7 +267,9 @@ class Trainer:
             nan_injection=NanInjection.from_plan(self.faults), bitflip=BitFlip.from_plan(self.faults),
             replica_check_every=(None if self.job.replica_check_every == REPLICA_CHECK_OFF
                                  else int(self.job.replica_check_every)), rank=self.cluster.rank,
-            sum_over_workers=self._collectives.sum, slowdown=Slowdown.from_plan(self.faults))
+            sum_over_workers=self._collectives.sum, slowdown=Slowdown.from_plan(self.faults),
+            stall_probe=(stall_probe.shared() if self.cluster.num_workers > 1
+                         and self.job.straggler_threshold != STRAGGLER_OFF else None))  # runner/health/stall_probe.py
         self._saving = Saving(
             self.job, self.cluster, store=store, run_id=run_id, work_dir=work_dir, faults=self.faults,
             checkpoint=checkpoint, model=self.model, strategy=self.strategy,
@@ -411,7 +414,7 @@ class Trainer:
             step_in_epoch, global_step = step_in_epoch + steps, global_step + steps
             progress.advanced(steps, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
                               means=self.stats.means(), steps_per_call=self._call.steps, host_s=agreed.host_s,
-                              traced=agreed.traced)
+                              stall_s=agreed.stall_s, traced=agreed.traced)
             hit_step_faults(self.faults, global_step - steps + 1, global_step)
             if self._callbacks and self._batch_end_stops_early(step_in_epoch - 1):
                 return True  # Keras ends the epoch here: on_epoch_end, on_train_end, final save

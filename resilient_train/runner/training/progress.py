@@ -31,7 +31,8 @@ class Progress:
         self.window_steps = 0
 
     def advanced(self, steps: int, *, epoch: int, step_in_epoch: int, global_step: int, means: dict[str, float],
-                 steps_per_call: int, host_s: Sequence[float] = (), traced: bool = False) -> None:
+                 steps_per_call: int, host_s: Sequence[float] = (), stall_s: Sequence[float] = (),
+                 traced: bool = False) -> None:
         if self.first_pending:  # the recovery benchmark's "training again" moment
             self.first_pending = False
             emit("first_step", group=True, global_step=global_step)
@@ -40,7 +41,7 @@ class Progress:
         self.window_steps += steps
         if self.stragglers is not None:
             for straggler in self.stragglers.observed(
-                    host_s, steps, global_step=global_step, traced=traced,
+                    host_s, steps, global_step=global_step, traced=traced, stall_s=stall_s,
                     steps_left=max(0, self.epochs * self.steps_per_epoch - global_step)):
                 emit("straggler_detected", group=True, **straggler.fields())
         now = self.clock()
@@ -58,6 +59,8 @@ class Progress:
             steps_per_call=steps_per_call,
             **({"busy_ms_per_step": self.stragglers.latest_ms}
                if self.stragglers is not None and self.stragglers.latest_ms is not None else {}),
+            **({"stalled": self.stragglers.latest_stalled}
+               if self.stragglers is not None and self.stragglers.latest_stalled is not None else {}),
             **{k: round(v, 6) for k, v in means.items()},
         )
         self.last = self.window_start = now

@@ -9,14 +9,14 @@ Per step, besides the gradients' all-reduce, that one packed all-reduce carries
 
 where the control columns are control_row.py's table (the stop and save votes, the chief's
 next call size and memory-tier intervals: the single definition of their layout), the timing
-block each rank's share of its host time before the call (control_row.py: the straggler
-detector's input, runner/health/stragglers.py), and the comparisons, in a call's last row only
-(zeros unless the call is "checked"), are the memory tier's fingerprint of the may-differ
-variables (runner/state/worker_agreement.py) and every replica's hash of its trainable weights
-(runner/health/replicas.py). A call is checked when it ends at a snapshot, a step-count save
-point, an epoch end or a multiple of ``--replica-check-every``: nothing is saved or
-snapshotted that was not compared at its step. Checked or not is a tensor argument, so an
-attempt traces the call once.
+block each rank's share of its host time before the call and of the time its process could not
+run (control_row.py: the straggler detector's input, runner/health/stragglers.py), and the
+comparisons, in a call's last row only (zeros unless the call is "checked"), are the memory
+tier's fingerprint of the may-differ variables (runner/state/worker_agreement.py) and every
+replica's hash of its trainable weights (runner/health/replicas.py). A call is checked when it
+ends at a snapshot, a step-count save point, an epoch end or a multiple of
+``--replica-check-every``: nothing is saved or snapshotted that was not compared at its step.
+Checked or not is a tensor argument, so an attempt traces the call once.
 
 This module owns the row's layout as traced (``value names``), the call's sizing (the
 chief times every call, every worker adopts the agreed size from the call's result), the
@@ -45,6 +45,7 @@ from resilient_train.runner.health.anomaly_policy import HealthGuard
 from resilient_train.runner.health.detector import REPLICAS, SPIKE, Anomaly
 from resilient_train.runner.health.injection import BitFlip, NanInjection, Slowdown
 from resilient_train.runner.health.replicas import ReplicaCheck
+from resilient_train.runner.health.stall_probe import StallProbe
 from resilient_train.runner.process import startup_phases
 from resilient_train.runner.failures.faults import FaultPlan
 from resilient_train.runner.input.batches import average_loss, per_example_loss, unpack_batch, with_autograph
@@ -65,6 +66,7 @@ class CallOutcome:
     stop: bool  # some worker asked to stop (SIGTERM/SIGINT): every worker stops after this call
     save: bool  # the chief's time-based vote or a preemption notice: every worker saves after it
     host_s: tuple[float, ...] = ()  # each rank's host seconds before the call (one worker: none)
+    stall_s: tuple[float, ...] = ()  # each rank's seconds it could not run since its previous call began
     traced: bool = False  # the call traced a variant (its time is start-up, not the run's pace)
 
 
@@ -84,6 +86,8 @@ class TrainCall:
     ``bitflip`` (between calls). ``replica_check_every``: ``--replica-check-every`` (0: the
     replicas are compared only where something is saved or snapshotted; None: never).
     ``slowdown``: RT_FAULTS ``slow`` (a straggler, after each call; a no-op unless armed).
+    ``stall_probe``: this process's stalled seconds (runner/health/stall_probe.py), taken at each
+    call's start for the timing block (None: 0, e.g. one worker or the detector off).
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class TrainCall:
         rank: int,
         sum_over_workers: Callable[[tf.Tensor], tf.Tensor],
         slowdown: Slowdown | None = None,
+        stall_probe: StallProbe | None = None,
     ) -> None:
         self._recipe = recipe
         self._health, self._settle, self._position = health, settle, position
@@ -127,6 +132,7 @@ class TrainCall:
         self._timing = dict(rank=rank, workers=strategy.num_replicas_in_sync // local_replicas,
                             local_replicas=local_replicas)  # the timing block (control_row.py)
         self._slowdown = slowdown or Slowdown()
+        self._stall_probe = stall_probe
         self._host_from: float | None = None  # when the previous call's result was read (the host time since: timing block)
         self._tier_width = 0  # the tier's comparison columns in a call's last row (set when traced)
         self._check_width = 0  # all the comparison columns there: the tier's, then the replicas' (set when traced)
@@ -186,7 +192,7 @@ class TrainCall:
             shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
             return values, shares, nonfinite
 
-        def step_fn(element, flags, host_s, fingerprint, checked: bool):
+        def step_fn(element, flags, timing_s, fingerprint, checked: bool):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
@@ -213,7 +219,7 @@ class TrainCall:
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns, timing["workers"])  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
-                                control_row.in_replica(flags, nonfinite), control_row.in_replica_host(host_s, **timing),
+                                control_row.in_replica(flags, nonfinite), control_row.in_replica_host(timing_s, **timing),
                                 agreement], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
@@ -225,7 +231,7 @@ class TrainCall:
             return reduced, context.all_gather(tf.identity(indices), axis=0)
 
         @tf.function(autograph=False)  # the loop below is a tf.while_loop; the recipe's code is converted (above)
-        def train_call(iterator, steps, flags, host_s, fingerprint):
+        def train_call(iterator, steps, flags, timing_s, fingerprint):
             # One traced variant per attempt: ``fingerprint`` is a bool tensor. When anything is
             # compared (the memory tier, the replicas), the last step runs after the loop and
             # carries the comparisons' columns (zeros unless ``fingerprint``); the loop's rows
@@ -239,7 +245,7 @@ class TrainCall:
             self._check_width = width = self._tier_width + (replicas.width if replicas is not None else 0)
 
             def one_step(i, rows, index_rows, checked: bool):
-                result = strategy.run(step_fn, args=(next(iterator), flags, host_s, fingerprint),
+                result = strategy.run(step_fn, args=(next(iterator), flags, timing_s, fingerprint),
                                       kwargs={"checked": checked})
                 if record:
                     result, gathered = result
@@ -299,6 +305,9 @@ class TrainCall:
         # This rank's host time since the previous call's result (its loop, its input, a slow
         # host), a share per step in the timing block; 0 for an attempt's first call.
         host_s = 0.0 if self._host_from is None else (started - self._host_from) / steps
+        # ... and the time its process could not run since its previous call began (a quota, a
+        # neighbour, a stopped process: runner/health/stall_probe.py), a share per step too.
+        stall_s = 0.0 if self._stall_probe is None else self._stall_probe.take() / steps
         # Does a snapshot follow this call? Then its last step fingerprints for the comparison
         # (memory tier; a snapshot after a call without them compares with its own all-reduce).
         ends = global_step + steps
@@ -307,7 +316,7 @@ class TrainCall:
             ends_epoch or self.replicas.due(ends) or self._save_at(ends)
             or (tier is not None and tier.schedule.due(ends)))
         fingerprint = bool(tier_due or check_due)
-        result = self._call(iterator, tf.constant(steps, tf.int32), flags, tf.constant(host_s, tf.float32),
+        result = self._call(iterator, tf.constant(steps, tf.int32), flags, tf.constant([host_s, stall_s], tf.float32),
                             tf.constant(fingerprint))
         if self._indices is not None:
             result, index_rows = result
@@ -354,6 +363,7 @@ class TrainCall:
             self._slowdown.after_call(global_step, self._host_from - started)
         return CallOutcome(stop=agreed.stop > 0, save=agreed.save > 0,
                            host_s=control_row.host_seconds(rows, self._value_names),
+                           stall_s=control_row.stall_seconds(rows, self._value_names),
                            traced=startup_phases.traces() != traces)
 
     def _skip(self, iterator: Any, global_step: int) -> CallOutcome:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_train.runner.health.stragglers import StragglerDetector, StragglerOptions, slowness
+from resilient_train.runner.health.stall_probe import StallProbe
+from resilient_train.runner.health.stragglers import StragglerDetector, StragglerOptions, slowness, stall_slowness
 
 
 class Clock:
@@ -16,14 +17,17 @@ class Clock:
 
 
 def _feed(detector: StragglerDetector, clock: Clock, per_step_s: list[list[float]], *, steps: int = 10,
-          call_s: float = 1.0, start_step: int = 0, total: int = 10_000) -> list:
+          call_s: float = 1.0, start_step: int = 0, total: int = 10_000, stalled: list[float] | None = None) -> list:
     """One call per entry: ``steps`` steps of ``call_s`` wall seconds, each rank's host seconds per step
-    before it (a step of 0.1 s: a rank with 0.05 s more host time is busy twice as long as the others)."""
+    before it (a step of 0.1 s: a rank with 0.05 s more host time is busy twice as long as the others);
+    ``stalled``: each rank's fraction of every call it could not run (None: not measured)."""
     found, step = [], start_step
     for ranks in per_step_s:
         clock.now += call_s
         step += steps
-        found += detector.observed([s * steps for s in ranks], steps, global_step=step, steps_left=total - step)
+        stall_s = () if stalled is None else [f * call_s for f in stalled]
+        found += detector.observed([s * steps for s in ranks], steps, global_step=step, steps_left=total - step,
+                                   stall_s=stall_s)
     return found
 
 
@@ -129,3 +133,107 @@ def test_the_slow_fault_sleeps_factor_minus_one_calls_on_its_rank_only(monkeypat
     assert slept == [0.5, 0.25]
     with pytest.raises(ValueError, match="factor"):
         Slowdown(0, 0.5)
+
+
+EVEN = [0.001, 0.001]
+
+
+def test_stall_slowness_is_the_others_running_share_over_the_ranks():
+    assert stall_slowness([0.5, 0.0]) == [2.0, 0.5]
+    assert stall_slowness([0.04, 0.52, 0.04]) == [pytest.approx(0.75), pytest.approx(2.0), pytest.approx(0.75)]
+    assert stall_slowness([0.0, 1.0]) == [pytest.approx(0.01), pytest.approx(100.0)]  # stopped all along: counted 99 %
+
+
+def test_a_rank_stalled_half_the_time_is_named_from_its_stall_with_its_cost():
+    # A throttled rank (chaos throttle_worker: SIGSTOP 50 ms / SIGCONT 50 ms) is slow inside the
+    # compiled step: its host time is the others' (every rank waits alike), its process could not
+    # run 52 % of the wall time against the other's 4 %: (1 - 0.04) / (1 - 0.52) = 2 times slower.
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=15.0), ["h0", "h1"], clock)
+    # Not counted: the first call (start-up), and the next one's stalls (they began in the first).
+    assert _feed(detector, clock, [EVEN] * 15, stalled=[0.04, 0.52]) == []
+    [straggler] = _feed(detector, clock, [EVEN], start_step=150, stalled=[0.04, 0.52])
+    assert (straggler.rank, straggler.host, straggler.global_step, straggler.evidence) == (1, "h1", 160, "stalled")
+    assert (straggler.slower, straggler.stalled, straggler.others_stalled) == (2.0, 0.52, 0.04)
+    # Busy (or stalled) the whole 100 ms step; at the other's pace it would take 50 ms.
+    assert (straggler.busy_ms_per_step, straggler.others_ms_per_step) == (100.0, 50.0)
+    assert (straggler.steps_per_s, straggler.steps_per_s_without, straggler.steps_per_s_lost) == (10.0, 20.0, 10.0)
+    assert (straggler.steps_left, straggler.time_lost_s) == (10_000 - 160, 492.0)
+    assert detector.latest_stalled == [0.04, 0.52]
+
+
+def test_a_rank_slow_in_its_host_loop_is_still_named_by_its_host_time():
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=15.0), ["h0", "h1"], clock)
+    [straggler] = _feed(detector, clock, [SLOW1] * 16, stalled=[0.03, 0.05])
+    assert (straggler.rank, straggler.evidence, straggler.slower) == (1, "host_time", 2.0)
+    assert (straggler.stalled, straggler.others_stalled) == (0.05, 0.03)
+
+
+def test_stalls_every_rank_shares_or_below_the_threshold_name_nothing():
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=3.0), ["h0", "h1", "h2"], clock)
+    # A loaded machine: every rank waits for a CPU alike (clean runs here: 1-13 %).
+    assert _feed(detector, clock, [[0.001] * 3] * 40, stalled=[0.2, 0.25, 0.2]) == []
+    # One rank stalled 30 % against 4 %: (1 - 0.04) / 0.7 = 1.37 times slower, under 1.5.
+    assert _feed(detector, clock, [[0.001] * 3] * 40, stalled=[0.04, 0.04, 0.3]) == []
+    # 40 %: 1.6 times slower: named.
+    assert [s.rank for s in _feed(detector, clock, [[0.001] * 3] * 4, stalled=[0.04, 0.04, 0.4])] == [2]
+
+
+def test_the_stall_of_the_call_after_a_restart_is_not_counted():
+    # A call's stalled seconds run from the previous call's start: the one after a trace carries the
+    # trace's (seconds, on a throttled rank), not the new bucket's. Its host time still counts.
+    clock = Clock()
+    detector = StragglerDetector(StragglerOptions(threshold=0.5, window_s=6.0), ["h0", "h1"], clock)
+    assert _feed(detector, clock, [EVEN], stalled=[0.0, 0.0]) == []  # start-up
+    # A 2 s bucket: the call after start-up (stalls 0.9 s, from the first call: not counted), then
+    # one whose rank 1 stalled 0.5 s of its 1 s.
+    assert _feed(detector, clock, [EVEN], stalled=[0.0, 0.9]) == []
+    assert _feed(detector, clock, [EVEN], stalled=[0.0, 0.5]) == []
+    assert detector.latest_stalled == [0.0, 0.5]  # 0.5 s of the 1 s counted
+    clock.now += 8.0
+    assert detector.observed([0.0, 0.0], 1, global_step=1, steps_left=100, traced=True, stall_s=[0.0, 4.0]) == []
+    clock.now += 1.0
+    assert detector.observed([0.01, 0.01], 10, global_step=11, steps_left=100, stall_s=[0.0, 4.5]) == []
+    assert _feed(detector, clock, [EVEN], stalled=[0.0, 0.25]) == []
+    assert detector.latest_stalled == [0.0, 0.25]  # the call after the trace was not counted
+    assert detector.latest_ms == [100.0, 100.0]  # both calls' host time and wall were
+
+
+class FakeTime:
+    def __init__(self, late: list[float]) -> None:
+        self.now, self.late = 0.0, list(late)
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds + self.late.pop(0)
+
+
+def test_the_stall_probe_adds_how_late_its_sleeps_wake_and_take_resets_it():
+    fake = FakeTime([0.0, 0.045, 0.002, 0.03])
+    probe = StallProbe(0.01, clock=fake.clock, sleep=fake.sleep)
+    assert [probe.tick() for _ in range(2)] == [0.0, pytest.approx(0.045)]  # stopped for 45 ms of a sleep
+    assert probe.take() == pytest.approx(0.045)
+    assert probe.take() == 0.0
+    probe.tick(), probe.tick()
+    assert probe.take() == pytest.approx(0.032)
+    with pytest.raises(ValueError, match="Received tick_s=0"):
+        StallProbe(0)
+
+
+def test_the_stall_probe_thread_runs_until_stopped():
+    probe = StallProbe(0.001).start()
+    probe.stop()
+    assert probe._thread is not None
+    probe._thread.join(timeout=5)
+    assert not probe._thread.is_alive()
+
+
+def test_a_process_has_one_probe_whatever_its_trainers():
+    from resilient_train.runner.health import stall_probe
+
+    assert stall_probe.shared() is stall_probe.shared()
+    assert stall_probe.shared()._thread is not None and stall_probe.shared()._thread.is_alive()

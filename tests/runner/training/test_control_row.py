@@ -65,12 +65,15 @@ def test_split_ignores_the_columns_after_the_named_ones():
 
 def test_with_several_workers_the_timing_block_follows_the_control_columns_and_sums_per_rank():
     names = control_row.layout(["loss"], workers=2)
-    assert names == ["loss", *(column.name for column in CONTROL), "__host_s_rank0__", "__host_s_rank1__"]
+    assert names == ["loss", *(column.name for column in CONTROL), "__host_s_rank0__", "__host_s_rank1__",
+                     "__stall_s_rank0__", "__stall_s_rank1__"]
     assert control_row.layout(["loss"], workers=1) == control_row.layout(["loss"])  # one worker: no block
     # two steps; + 1 comparison column after the named ones in the last
-    rows = np.array([[0.5, 0, 0, 0, 3, 0, 0, 0.001, 0.004, 0.0],
-                     [0.25, 0, 1, 0, 3, 0, 0, 0.001, 0.004, 9.0]], dtype=np.float32)
+    rows = np.array([[0.5, 0, 0, 0, 3, 0, 0, 0.001, 0.004, 0.0, 0.02, 0.0],
+                     [0.25, 0, 1, 0, 3, 0, 0, 0.001, 0.004, 0.0, 0.03, 9.0]], dtype=np.float32)
     values, summed = control_row.split(rows[1], names)
     assert (values, summed) == ({"loss": 0.25}, Votes(save=1.0, next_call=3.0))
     assert control_row.host_seconds(rows, names) == pytest.approx((0.002, 0.008))
+    assert control_row.stall_seconds(rows, names) == pytest.approx((0.0, 0.05))
+    assert control_row.stall_seconds(rows, control_row.layout(["loss"])) == ()
     assert control_row.host_seconds(rows, control_row.layout(["loss"])) == ()
