@@ -2,21 +2,23 @@
 
 Every host-side call costs about a millisecond (argument conversion, dispatch, reading the
 result), so a call runs up to ``--steps-per-execution`` steps (call_size.py sizes them by
-time) and the host reads ONE small tensor per call: the packed all-reduce's rows, stacked.
-Per step, besides the gradients' all-reduce, that one packed all-reduce carries
+time) and the host reads two small tensors per call: the packed all-reduce's rows, stacked,
+and the comparisons. Per step, besides the gradients' all-reduce, that one packed all-reduce carries
 
-    [loss, metric means..., metric state shares..., the control columns, the timing block, the comparisons]
+    [loss, metric means..., metric state shares..., the control columns, the timing block]
 
 where the control columns are control_row.py's table (the stop and save votes, the chief's
 next call size and memory-tier intervals: the single definition of their layout), the timing
 block each rank's share of its host time before the call and of the time its process could not
-run (control_row.py: the straggler detector's input, runner/health/stragglers.py), and the
-comparisons, in a call's last row only (zeros unless the call is "checked"), are the memory
-tier's fingerprint of the may-differ variables (runner/state/worker_agreement.py) and every
-replica's hash of its trainable weights (runner/health/replicas.py). A call is checked when it
-ends at a snapshot, a step-count save point, an epoch end or a multiple of
-``--replica-check-every``: nothing is saved or snapshotted that was not compared at its step.
-Checked or not is a tensor argument, so an attempt traces the call once.
+run (control_row.py: the straggler detector's input, runner/health/stragglers.py). The
+comparisons, the memory tier's fingerprint of the may-differ variables
+(runner/state/worker_agreement.py) and every replica's hash of its trainable weights
+(runner/health/replicas.py), are computed after the call's last step and summed by an
+all-reduce of their own, in the same call, only when the call is "checked" (zeros otherwise).
+A call is checked when it ends at a snapshot, a step-count save point, an epoch end or a
+multiple of ``--replica-check-every``: nothing is saved or snapshotted that was not compared
+at its step. Checked or not is a tensor argument, so an attempt traces the call once, with
+one copy of the step in its graph.
 
 This module owns the row's layout as traced (``value names``), the call's sizing (the
 chief times every call, every worker adopts the agreed size from the call's result), the
@@ -192,7 +194,7 @@ class TrainCall:
             shares = tf.zeros([0], tf.float32) if states is None else states.shares(labels, predictions, sample_weight)
             return values, shares, nonfinite
 
-        def step_fn(element, flags, timing_s, fingerprint, checked: bool):
+        def step_fn(element, flags, timing_s):
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
@@ -201,26 +203,11 @@ class TrainCall:
                 shares, nonfinite = tf.zeros([0], tf.float32), health_detector.logs_nonfinite(values)
             else:
                 values, shares, nonfinite = runner_step(batch)
-            # The comparisons after this step's update, only in a call's last step
-            # (``checked``), and computed only when the host asked (``fingerprint``, a bool
-            # tensor: one traced variant): the memory tier's of the may-differ variables
-            # (runner/state/worker_agreement.py) and every replica's hash of its weights
-            # (runner/health/replicas.py). Reading the variables holds that step's all-reduce
-            # back until the update is done, and even zero columns cost 0.1-0.25 ms of a 4 ms
-            # step (digits_cnn): so no other step carries them (a tf.cond in every step cost ~5%).
-            if checked:
-                def comparisons():
-                    columns = tier.call_columns() if self._tier_width else tf.zeros([0], tf.float32)
-                    return columns if replicas is None else tf.concat([columns, replicas.columns()], axis=0)
-
-                agreement = tf.cond(fingerprint, comparisons, lambda: tf.zeros([self._check_width], tf.float32))
-            else:
-                agreement = tf.zeros([0], tf.float32)
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns, timing["workers"])  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
-                                control_row.in_replica(flags, nonfinite), control_row.in_replica_host(timing_s, **timing),
-                                agreement], axis=0)
+                                control_row.in_replica(flags, nonfinite), control_row.in_replica_host(timing_s, **timing)],
+                               axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
             if not record:
@@ -230,48 +217,58 @@ class TrainCall:
             # the iterator's output has none).
             return reduced, context.all_gather(tf.identity(indices), axis=0)
 
+        def comparisons_fn():
+            # After the call's last update (the variables' reads follow the loop's writes): the
+            # memory tier's fingerprint of the may-differ variables (runner/state/worker_agreement.py)
+            # and every replica's hash of its weights (runner/health/replicas.py), summed by an
+            # all-reduce of their own.
+            columns = tier.call_columns() if self._tier_width else tf.zeros([0], tf.float32)
+            if replicas is not None:
+                columns = tf.concat([columns, replicas.columns()], axis=0)
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, columns)
+
         @tf.function(autograph=False)  # the loop below is a tf.while_loop; the recipe's code is converted (above)
         def train_call(iterator, steps, flags, timing_s, fingerprint):
-            # One traced variant per attempt: ``fingerprint`` is a bool tensor. When anything is
-            # compared (the memory tier, the replicas), the last step runs after the loop and
-            # carries the comparisons' columns (zeros unless ``fingerprint``); the loop's rows
-            # are padded with zeros after their all-reduce (a local op), to stack with it.
-            # (Two variants, by a Python bool, traced the second at a restart's first checked
-            # call: a second ~1.2 s stall per attempt on digits_cnn, issue 45.)
+            # One traced variant per attempt, one step body in it: ``fingerprint`` is a bool
+            # tensor, and the comparisons (the memory tier's, the replicas') follow the loop,
+            # behind a tf.cond with their own small all-reduce. (Until 2026-11-29 they rode the
+            # last step's all-reduce: a second copy of the step in the graph, first in a second
+            # variant traced at a restart's first checked call, issue 45.)
             startup_phases.count_trace()  # the Python body runs only when tf.function traces
             # (the tier's agreement exists once the Trainer wired its saving: by the first call)
             tier_compares = tier is not None and tier.agreement is not None and tier.agreement.in_call
             self._tier_width = tier.call_columns(width_only=True) if tier_compares else 0
             self._check_width = width = self._tier_width + (replicas.width if replicas is not None else 0)
 
-            def one_step(i, rows, index_rows, checked: bool):
-                result = strategy.run(step_fn, args=(next(iterator), flags, timing_s, fingerprint),
-                                      kwargs={"checked": checked})
+            def one_step(i, rows, index_rows):
+                result = strategy.run(step_fn, args=(next(iterator), flags, timing_s))
                 if record:
                     result, gathered = result
                     index_rows = index_rows.write(i, strategy.experimental_local_results(gathered)[0])
                 row = strategy.experimental_local_results(result)[0]
-                rows = rows.write(i, tf.pad(row, [[0, width]]) if width and not checked else row)
+                rows = rows.write(i, row)
                 # Step by step, each after its step's result: a call that fails part-way
                 # (e.g. the dataset ran out) leaves the counters at the last finished step,
                 # which is what the failure report reads (runner/failures/diagnose.py).
                 with tf.control_dependencies([row]):
                     global_step.assign_add(1)
                     step_in_epoch.assign_add(1)
-                return rows, index_rows
-
-            def plain_step(i, rows, index_rows):
-                return (i + 1, *one_step(i, rows, index_rows, False))
+                return i + 1, rows, index_rows
 
             rows = tf.TensorArray(tf.float32, size=steps)
             index_rows = tf.TensorArray(tf.int64, size=steps)
-            plain = steps - 1 if width else steps
-            _, rows, index_rows = tf.while_loop(lambda i, rows, index_rows: i < plain, plain_step,
+            _, rows, index_rows = tf.while_loop(lambda i, rows, index_rows: i < steps, one_step,
                                                 (tf.constant(0, steps.dtype), rows, index_rows))
-            if width:
-                rows, index_rows = one_step(steps - 1, rows, index_rows, True)
+            stacked = rows.stack()
+            if width:  # only when the host asked: the same on every worker, so the collective pairs up
+                with tf.control_dependencies([stacked]):
+                    checks = tf.cond(fingerprint,
+                                     lambda: strategy.experimental_local_results(strategy.run(comparisons_fn))[0],
+                                     lambda: tf.zeros([width], tf.float32))
+            else:
+                checks = tf.zeros([0], tf.float32)
             startup_phases.mark("trace")
-            return (rows.stack(), index_rows.stack()) if record else rows.stack()
+            return (stacked, checks, index_rows.stack()) if record else (stacked, checks)
 
         return train_call
 
@@ -319,17 +316,18 @@ class TrainCall:
         result = self._call(iterator, tf.constant(steps, tf.int32), flags, tf.constant([host_s, stall_s], tf.float32),
                             tf.constant(fingerprint))
         if self._indices is not None:
-            result, index_rows = result
+            rows_t, checks_t, index_rows = result
             for offset, indices in enumerate(index_rows.numpy(), 1):
                 self._indices.write(global_step + offset, indices.tolist())
             self._indices.flush()
-        rows = result.numpy()
+        else:
+            rows_t, checks_t = result
+        rows, checks = rows_t.numpy(), checks_t.numpy()
         self._host_from = time.perf_counter()
         startup_phases.mark("first_call")
         self.trained = True
         # A non-finite step, or replicas that differ, are acted on here (--on-anomaly), before
         # any save or snapshot of it.
-        named = len(self._value_names)
         anomaly = health_detector.first_anomaly(
             rows, self._value_names, first_global_step=global_step + 1, position=lambda: self._position(steps))
         if anomaly is None and self._health.spikes is not None:  # --loss-spike (runner/health/spikes.py)
@@ -342,8 +340,7 @@ class TrainCall:
                                   reference={"median": spike.median, "threshold": spike.threshold})
         if anomaly is None and check_due:
             assert self.replicas is not None
-            start = named + self._tier_width
-            mismatch = self.replicas.read(rows[-1][start:start + self.replicas.width], ends)
+            mismatch = self.replicas.read(checks[self._tier_width:self._tier_width + self.replicas.width], ends)
             if mismatch is not None:
                 epoch, first = self._position(steps)
                 anomaly = Anomaly(global_step=ends, epoch=epoch, step_in_epoch=first + steps - 1,
@@ -354,7 +351,7 @@ class TrainCall:
         self._add_rows(rows, stats)
         self._marker.write(ends)  # the hang watchdog's progress (rundir/stepmarker.py)
         if tier is not None:
-            tier.saw_call(rows[-1][:named + self._tier_width], named, fingerprint=bool(tier_due))
+            tier.saw_call(checks[:self._tier_width], 0, fingerprint=bool(tier_due))
         _, agreed = control_row.split(rows[-1], self._value_names)
         self.steps = max(1, int(round(agreed.next_call)))
         if tier is not None:
