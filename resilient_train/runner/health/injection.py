@@ -7,11 +7,20 @@ injections for the chaos catalogue and for users' own recipes.
 
 The step whose global step is 5 gets ``loss + NaN`` on that rank's replicas, inside the
 gradient tape, so its gradients and the weights it updates are NaN too, what a poisoned batch
-does. ``attempt`` (default 1) selects the attempt, as for every fault; ``"signal"`` is
+does. ``attempt`` (default 1) selects the attempt, as for every fault: attempt 1 only is a
+transient (a flipped bit that a replay does not meet again); ``"attempt": "all"`` is a poisoned
+batch, NaN whenever step 5 is trained, in every attempt, so the replay meets it again
+(``deterministic``) and the run skips that batch (runner/health/anomaly_policy.py). A skipped
+batch is consumed without a training step, so the injection never fires on it. ``"signal"`` is
 ignored. Nothing is added to the step when no such fault is armed for this process.
 
+The injection sits in the runner's own training step (runner/training/train_call.py), so it
+works on any recipe the runner trains with its step, a user's too, armed from the environment
+of ``resilient-train run`` (docs/failures.md). A model with its own ``train_step``
+(runner/keras_recipes/own_step.py) computes its loss itself: there it is not armed.
+
 Point ``loss_spike`` multiplies that rank's loss at that step by 100 instead (a poisoned batch:
-its gradients too), for ``--loss-spike`` (runner/health/spikes.py).
+its gradients too), for ``--loss-spike`` (runner/health/spikes.py); ``"attempt": "all"`` as above.
 
 Point ``bitflip`` (silent data corruption)::
 
