@@ -289,7 +289,7 @@ def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
     monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (27 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (29 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert re.fullmatch(r"kill-chief-at-7 +\[ci\] the seeds' experiment: .*resumes from 7",
                         next(line for line in lines if line.startswith("kill-chief-at-7")))
@@ -308,7 +308,7 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "resilient_train.chaos", "list"], cwd=elsewhere, capture_output=True,
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (27 scenarios; run one by name or by its file's path)"
+    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (29 scenarios; run one by name or by its file's path)"
 
 
 def _at_the_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -322,7 +322,7 @@ def test_python_m_chaos_at_the_checkout_is_the_packages_command(tmp_path: Path) 
     listed = _at_the_checkout("chaos", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (27 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (29 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert listed.stdout == _at_the_checkout("resilient_train.chaos", "list").stdout
     bad = tmp_path / "kill-once.toml"
@@ -446,7 +446,7 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
      "faults[1]: received attempt='all' with point='after_step'; expected an attempt number (every attempt only for "
      "a poisoned batch: nan_loss, loss_spike)"),
     ('summary = "x"\n[[faults]]\nkind = "worker"\npoint = "nan_loss"\nglobal_step = 3\nattempt = "every"\n', None,
-     "faults[1].attempt: received 'every'; expected an integer >= 1 or 'all'"),
+     "faults[1].attempt: received 'every' (a string); expected an integer >= 1 or 'all'"),
     ('summary = "x"\n[job]\nloss_spike = 0\n[[faults]]\nkind = "worker"\npoint = "raise"\nglobal_step = 3\n', None,
      "job.loss_spike: received 0; expected a number > 0"),
     ('summary = "x"\n[[faults]]\nkind = "worker"\npoint = "raise"\nglobal_step = 3\n[[expect.events]]\n'
