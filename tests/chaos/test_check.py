@@ -660,3 +660,24 @@ def test_every_committed_checkpoints_tensors_are_read_and_a_non_finite_one_is_na
     violations: list[str] = []
     assert finite_checks(str(tmp_path / "ckpts"), None, violations) == (5, 10)
     assert violations == ["finite: committed checkpoint 10 holds non-finite values in kernel/.ATTRIBUTES/VARIABLE_VALUE"]
+
+
+def test_expected_events_must_be_exactly_as_many_in_order_with_their_fields() -> None:
+    from resilient_train.chaos.harness import expectation_problems
+    from resilient_train.chaos.scenarios import Scenario, WorkerFault
+
+    scenario = Scenario("nan-batch", "x", (WorkerFault("nan_loss", 12, rank=1, attempt="all"),), expect_events=(
+        {"event": "anomaly_detected", "global_step": 12, "values": {"loss": "nan"}, "attempt": 1},
+        {"event": "replay_verdict", "global_step": 12, "verdict": "deterministic", "attempt": 2}))
+    detected = {"event": "anomaly_detected", "global_step": 12, "values": {"loss": "nan", "accuracy": 0.1},
+                "attempt": 1, "rank": 0}
+    verdict = {"event": "replay_verdict", "global_step": 12, "verdict": "deterministic", "attempt": 2}
+    assert expectation_problems(scenario, [detected, {"event": "restored"}, verdict]) == []
+    assert expectation_problems(scenario, [detected, {**verdict, "verdict": "transient"}]) == [
+        "expected 1 replay_verdict event(s) [{'global_step': 12, 'verdict': 'deterministic', 'attempt': 2}], got 1: "
+        "[{'global_step': 12, 'verdict': 'transient', 'attempt': 2}]"]
+    assert expectation_problems(scenario, [detected, detected, verdict]) == [
+        "expected 1 anomaly_detected event(s) [{'global_step': 12, 'values': {'loss': 'nan'}, 'attempt': 1}], got 2: "
+        "[{'global_step': 12, 'values': {'loss': 'nan', 'accuracy': 0.1}, 'attempt': 1}, "
+        "{'global_step': 12, 'values': {'loss': 'nan', 'accuracy': 0.1}, 'attempt': 1}]"]
+    assert len(expectation_problems(scenario, [{**detected, "values": {"loss": 1.0}}, verdict])) == 1
