@@ -225,7 +225,7 @@ def _expected_events(value: Any) -> str | None:
 
 def _factor(value: Any) -> str | None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value < float("inf")
-    return None if ok else "a number >= 1 (point slow: how many times slower)"
+    return None if ok else "a number >= 1 (point slow: how many times slower; loss_spike: times the loss)"
 
 
 def _rank(value: Any) -> str | None:

@@ -211,8 +211,8 @@ def _fault_env(faults: tuple[Any, ...], base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     env.pop("RT_FAULTS", None)
     env.pop("RT_FAULTFS", None)
-    in_worker = [{k: v for k, v in dataclasses.asdict(f).items() if k != "factor" or f.point == "slow"}
-                 for f in faults if isinstance(f, WorkerFault)]  # factor: point slow's only
+    in_worker = [{k: v for k, v in dataclasses.asdict(f).items() if k != "factor" or f.point in ("slow", "loss_spike")}
+                 for f in faults if isinstance(f, WorkerFault)]  # factor: points slow's and loss_spike's only
     if in_worker:
         env["RT_FAULTS"] = json.dumps(in_worker)
     storage: dict[str, Any] = {}

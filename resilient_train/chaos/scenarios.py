@@ -111,7 +111,7 @@ class WorkerFault:
     rank: int | str = 0
     attempt: int | str = 1  # or EVERY_ATTEMPT (a poisoned batch: POISON_POINTS only)
     signal: str = "SIGKILL"
-    factor: float = 1.0  # point slow only: how many times slower
+    factor: float = 1.0  # slow: how many times slower; loss_spike: times the loss (1: the injection's 100)
 
     def __post_init__(self) -> None:
         if self.point not in WORKER_POINTS:
@@ -124,6 +124,9 @@ class WorkerFault:
         if self.point == "input" and self.signal != HANG:
             raise ValueError(f"Received point='input' with signal={self.signal!r}; expected signal={HANG!r} "
                              "(an input pipeline thread can block, not die alone)")
+        if self.point not in ("slow", "loss_spike") and self.factor != 1.0:
+            raise ValueError(f"Received point={self.point!r} with factor={self.factor!r}; expected no factor (points "
+                             "slow and loss_spike only)")
         if self.point == "slow" and not self.factor > 1:
             raise ValueError(f"Received point='slow' with factor={self.factor!r}; expected a factor > 1 (how many "
                              "times slower)")
@@ -145,7 +148,7 @@ class WorkerFault:
         if self.point == "input":
             return f"hang rank {self.rank}'s input at batch {self.global_step} (attempt {self.attempt})"
         if self.point in POISON_POINTS:
-            what = "NaN loss" if self.point == "nan_loss" else "a 100x loss"
+            what = "NaN loss" if self.point == "nan_loss" else f"a {100 if self.factor == 1 else self.factor:g}x loss"
             when = "every attempt: a poisoned batch" if self.every_attempt else f"attempt {self.attempt}"
             return f"{what} on rank {self.rank} at step {self.global_step} ({when})"
         if self.point == "slow":

@@ -224,7 +224,8 @@ def test_the_numerical_scenarios_field_by_field() -> None:
                                     "step_in_epoch": 1, "replicas": 1, "values": {"loss": "nan"},
                                     "action": "rollback", "attempt": 1}
     spike = by_name("loss-spike", CATALOGUE_DIR)
-    assert spike.faults == (WorkerFault("loss_spike", 130, rank=1, attempt="all"),)
+    assert spike.faults == (WorkerFault("loss_spike", 130, rank=1, attempt="all", factor=10000),)
+    assert spike.faults[0].describe() == "a 10000x loss on rank 1 at step 130 (every attempt: a poisoned batch)"
     assert (spike.job, spike.expect_restored, spike.expect_skipped) == (
         (("epochs", 2), ("steps_per_epoch", 80), ("save_every_steps", 20), ("loss_spike", 10), ("keep", 100)),
         (120, 120), (130,))

@@ -83,7 +83,7 @@ class _Fault:
     rank: int = 0
     attempt: int | str = 1  # or EVERY_ATTEMPT
     signal: str = "SIGKILL"
-    factor: float = 1.0  # point ``slow`` only: how many times slower (runner/health/injection.py)
+    factor: float = 1.0  # ``slow``: how many times slower; ``loss_spike``: times the loss (1: its default 100)
 
     def armed_in(self, attempt: int) -> bool:
         """Attempt 0 is no worker's (input_gate outside a worker): nothing fires there."""
@@ -132,7 +132,8 @@ def parse_faults(text: str) -> list[_Fault]:
             raise ValueError(f"{ENV} signal {sig!r}; expected a signal name such as SIGKILL or SIGSTOP, or {HANG!r}")
         factor = item.get("factor", 1.0)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
-            raise ValueError(f"{where}: received factor={factor!r}; expected a number >= 1 (point slow)")
+            raise ValueError(f"{where}: received factor={factor!r}; expected a number >= 1 (point slow: how many "
+                             "times slower; loss_spike: how many times the loss, default 100)")
         faults.append(_Fault(**item))
     return faults
 
