@@ -39,8 +39,8 @@ else:  # Python 3.10
 from resilient_train.errors import ConfigError
 
 from resilient_train.chaos.scenarios import (
-    EXTERNAL_OPS, PARAMETER_SERVER, SIGNALS, WORKER_POINTS, ExternalFault, Fault, Scenario, StorageFaults, Trigger,
-    WorkerFault,
+    EVERY_ATTEMPT, EXTERNAL_OPS, PARAMETER_SERVER, SIGNALS, WORKER_POINTS, ExternalFault, Fault, Scenario,
+    StorageFaults, Trigger, WorkerFault,
 )
 
 __all__ = [
@@ -71,7 +71,7 @@ EVENTS = (
     "standby_template_ready", "standby_template_lost", "model_exported", "model_export_failed",
     "ray_connected", "placement_ready", "placement_lost", "node_lost", "slurm_step_started",
     "server_started", "server_stopped", "script_output", "attempt_incomplete", "chaos_fault_injected",
-    "anomaly_detected", "rolled_back", "replay_verdict",
+    "anomaly_detected", "rolled_back", "replay_verdict", "batch_skipped", "host_suspected",
 )
 
 
@@ -207,9 +207,25 @@ def _attempts(value: Any) -> str | None:
     return "'all' or a non-empty array of attempt numbers >= 1"
 
 
+def _positive(value: Any) -> str | None:
+    return None if _is_number(value) and 0 < value < float("inf") else "a number > 0"
+
+
+def _expected_events(value: Any) -> str | None:
+    """``[[expect.events]]``: tables naming an ``event`` of events.jsonl plus the fields it must have."""
+    expected = ("an array of tables, each with 'event' (an event of events.jsonl, docs/events.md) and the "
+                "fields that event must have")
+    if not isinstance(value, list) or not value:
+        return expected
+    for item in value:
+        if not isinstance(item, dict) or len(item) < 2 or item.get("event") not in EVENTS:
+            return expected
+    return None
+
+
 def _factor(value: Any) -> str | None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value < float("inf")
-    return None if ok else "a number >= 1 (point slow: how many times slower)"
+    return None if ok else "a number >= 1 (point slow: how many times slower; loss_spike: times the loss)"
 
 
 def _rank(value: Any) -> str | None:
@@ -224,12 +240,12 @@ _JOB: dict[str, Check] = {
     "recipe": _string, "workers": _integer(1), "epochs": _integer(1), "steps_per_epoch": _integer(1),
     "save_every_steps": _integer(1), "hang_timeout": _seconds, "storage_timeout": _seconds,
     "startup_timeout": _seconds, "strategy": _one_of(STRATEGIES), "ps": _integer(1),
-    "snapshot_every": _integer(1), "straggler_window": _seconds,
+    "snapshot_every": _integer(1), "straggler_window": _seconds, "loss_spike": _positive, "keep": _integer(1),
 }
-_EXPECT: dict[str, Check] = {"restored": _steps}
+_EXPECT: dict[str, Check] = {"restored": _steps, "skipped": _steps, "events": _expected_events}
 KINDS = ("worker", "external", "storage")
 _WORKER: dict[str, Check] = {"kind": lambda v: None, "point": _one_of(WORKER_POINTS), "global_step": _integer(0),
-                             "rank": _rank, "attempt": _integer(1), "signal": _one_of(SIGNALS),
+                             "rank": _rank, "attempt": _integer(1, words=(EVERY_ATTEMPT,)), "signal": _one_of(SIGNALS),
                              "factor": _factor}
 _WORKER_REQUIRED = ("point", "global_step")
 _EXTERNAL: dict[str, Check] = {"kind": lambda v: None, "op": _one_of(EXTERNAL_OPS), "rank": _rank,
@@ -399,10 +415,15 @@ def load_scenario(path: Path | str, *, workers: int | None = None) -> Scenario:
         _check_for_run(mistakes, job_good, faults_raw, workers)
     if mistakes.lines or top is None or job is None or expect is None or None in faults:
         raise ConfigError("\n".join(mistakes.lines))
-    restored = expect.get("restored")
-    return Scenario(name=name, summary=top["summary"], faults=tuple(faults), job=tuple(job.items()),
-                    expect_restored=None if restored is None else tuple(restored), ci=top.get("ci", False),
-                    source=source)
+    restored, skipped = expect.get("restored"), expect.get("skipped")
+    scenario = mistakes.build("expect", lambda: Scenario(
+        name=name, summary=top["summary"], faults=tuple(faults), job=tuple(job.items()),
+        expect_restored=None if restored is None else tuple(restored), ci=top.get("ci", False), source=source,
+        expect_skipped=None if skipped is None else tuple(skipped),
+        expect_events=tuple(dict(item) for item in expect.get("events", ()))))
+    if scenario is None:
+        raise ConfigError("\n".join(mistakes.lines))
+    return scenario
 
 
 def _check_for_run(mistakes: _Mistakes, job: dict[str, Any], faults: list[Any], workers: int) -> None:

@@ -8,6 +8,12 @@ every ``TICK_S`` while the job runs, runs the job again when a fault took its su
 down, and finally checks the invariants (:mod:`resilient_train.chaos.invariants`); the run's
 page (``resilient-train report``) is written into its run dir beside ``chaos-result.json``.
 
+A scenario that expects skipped batches (``[expect] skipped``: a poisoned batch, judged
+deterministic by the replay and skipped) cannot end with the uninterrupted run's weights: its
+digest is compared with a re-run of the same job from nothing under the same faults
+(``<run dir>-rerun``), which must skip the same batch and end bit for bit the same, and its
+trajectory with the reference's up to the skipped step (invariants 7 and 14).
+
 The reference run (same recipe, workers, epochs, steps, save interval, seed; no faults)
 is cached under ``<root>/reference-<key>/`` where ``<key>`` hashes those parameters and
 the recipe file's bytes, so repeating scenarios, or the whole catalogue, runs it once.
@@ -44,7 +50,7 @@ from resilient_train.commands.run_report import write_report_page
 from resilient_train.errors import ConfigError
 from resilient_train.rundir.layout import RunDir
 
-__all__ = ["JobSpec", "ScenarioResult", "ensure_reference", "run_scenario"]
+__all__ = ["JobSpec", "ScenarioResult", "ensure_reference", "run_scenario", "expectation_problems"]
 
 TICK_S = 0.01
 INPUT_FAULT_RECIPE = "chaos-recipe.py"
@@ -68,6 +74,9 @@ class JobSpec:
     startup_timeout: float | None = None  # None: the job's default; no part of the reference key
     snapshot_every: int | None = None  # --snapshot-every (the memory tier); None: off (argv); no part of the key
     straggler_window: float | None = None  # None: the job's default; no part of the reference key
+    # --loss-spike K and --keep N: detection and retention change no weight; no part of the reference key
+    loss_spike: float | None = None  # None: off (the job's default)
+    keep: int | None = None  # None: the job's default (3)
     strategy: str = "mirrored"  # or "parameter-server" (then ``ps`` parameter servers)
     ps: int = 0
 
@@ -109,6 +118,10 @@ class JobSpec:
                             ("--straggler-window", spec.straggler_window)):
             if value is not None:
                 flags += [flag, f"{value:g}"]
+        if spec.loss_spike is not None:
+            flags += ["--loss-spike", f"{spec.loss_spike:g}"]
+        if spec.keep is not None:
+            flags += ["--keep", str(spec.keep)]
         # The memory tier off unless the scenario sets it: with the tier (on by default) a
         # survivor commits a snapshot newer than the last save when a peer dies, so which step
         # a restart restores depends on how far the survivors got, and scenarios pin it.
@@ -143,6 +156,7 @@ class ScenarioResult:
     check: CheckResult
     problems: tuple[str, ...]  # scenario-level: a fault that missed, an expectation not met
     wall_s: float
+    rerun: dict[str, Any] | None = None  # a scenario that skips a batch: the re-run (run_dir, exit_code, digest)
 
     @property
     def passed(self) -> bool:
@@ -157,6 +171,7 @@ class ScenarioResult:
             "restarts": self.check.restarts, "lost_steps": self.check.lost_steps,
             "digest_match": self.check.digest_match, "checkpoints_verified": self.check.checkpoints_verified,
             "problems": list(self.problems), "check": self.check.to_dict(), "wall_s": round(self.wall_s, 1),
+            **({"rerun": self.rerun} if self.rerun is not None else {}),
         }
 
 
@@ -196,8 +211,8 @@ def _fault_env(faults: tuple[Any, ...], base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     env.pop("RT_FAULTS", None)
     env.pop("RT_FAULTFS", None)
-    in_worker = [{k: v for k, v in dataclasses.asdict(f).items() if k != "factor" or f.point == "slow"}
-                 for f in faults if isinstance(f, WorkerFault)]  # factor: point slow's only
+    in_worker = [{k: v for k, v in dataclasses.asdict(f).items() if k != "factor" or f.point in ("slow", "loss_spike")}
+                 for f in faults if isinstance(f, WorkerFault)]  # factor: points slow's and loss_spike's only
     if in_worker:
         env["RT_FAULTS"] = json.dumps(in_worker)
     storage: dict[str, Any] = {}
@@ -272,8 +287,8 @@ def _worker_fault_fired(fault: WorkerFault, records: list[dict[str, Any]]) -> di
                 and r.get("attempt") == fault.attempt and r.get("rank") == fault.rank), None)
     exit_record = next((r for r in records if r.get("event") == "worker_exited" and r.get("pid") == pid), None)
     if fault.point in ("nan_loss", "loss_spike"):  # the group saw it at that step of that attempt (runner/health/)
-        fired = any(r.get("event") == "anomaly_detected" and r.get("attempt") == fault.attempt
-                    and r.get("global_step") == fault.global_step for r in records)
+        fired = any(r.get("event") == "anomaly_detected" and r.get("global_step") == fault.global_step
+                    and (fault.every_attempt or r.get("attempt") == fault.attempt) for r in records)
     elif fault.point == "slow":  # the straggler detector named that rank in that attempt (runner/health/stragglers.py)
         fired = any(r.get("event") == "straggler_detected" and r.get("attempt") == fault.attempt
                     and r.get("rank") == fault.rank for r in records)
@@ -423,21 +438,81 @@ def run_scenario(
                 f"verify after corrupting checkpoint {fault.get('global_step')} ({fault.get('file')}) reported "
                 f"exit {fault.get('verify_exit')}, bad {fault.get('verify_bad')}; expected exactly that corruption"
             )
+    rerun: dict[str, Any] | None = None
+    if planned.reruns and not problems and exit_codes[-1:] == [0]:
+        # A skipped batch changes the weights: the reference is the same job run again, from
+        # nothing, under the same faults (it must skip the same batch and end bit for bit the same).
+        rerun = _rerun(job, run_dir, env, faulty=has_storage_faults, timeout_s=timeout_s)
+        if rerun["exit_code"] != 0 or not rerun["weights_sha256"]:
+            problems.append(f"the re-run of the same job ({rerun['run_dir']}) exited {rerun['exit_code']} with "
+                            f"weights_sha256 {rerun['weights_sha256']}; expected 0 and a digest")
+        problems.extend(f"re-run: {line}" for line in expectation_problems(planned, rerun["records"]))
+        reference = rerun["weights_sha256"]
     check = check_run(run_dir, reference, exit_code=exit_codes[-1] if exit_codes else None,
                       save_every=job.save_every_steps, expected_hangs=planned.expected_hangs,
                       stalled_attempts=planned.stalled_attempts, expected_unreachable=planned.expected_unreachable,
-                      expected_ps_kills=expected_ps_kills,
+                      expected_ps_kills=expected_ps_kills, check_finite=True if planned.numerical else None,
                       reference_run=reference_run if reference_run is not None and reference_run.is_dir() else None)
     if planned.expect_restored is not None and check.restored_steps != planned.expect_restored:
         problems.append(f"expected restored steps {list(planned.expect_restored)}, got {list(check.restored_steps)}")
+    if planned.expect_skipped is not None and check.skipped_steps != planned.expect_skipped:
+        problems.append(f"expected skipped batches at global steps {list(planned.expect_skipped)}, got "
+                        f"{list(check.skipped_steps)} (replay_verdict action skip)")
+    problems.extend(expectation_problems(planned, records))
     result = ScenarioResult(
         scenario=planned.name, seed=seed, run_dir=str(run_dir), faults=tuple(faults),
         faults_injected=sum(1 for f in faults if f["state"] == "done"), faults_planned=len(faults),
         exit_codes=tuple(exit_codes), check=check, problems=tuple(problems), wall_s=wall,
+        rerun={k: v for k, v in rerun.items() if k != "records"} if rerun is not None else None,
     )
     (run_dir / "chaos-result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     _write_page(run_dir)
     return result
+
+
+def _rerun(job: JobSpec, run_dir: Path, env: dict[str, str], *, faulty: bool, timeout_s: float) -> dict[str, Any]:
+    """The same job from nothing in ``<run_dir>-rerun`` (own storage), with the same in-worker
+    and storage faults (``env``); no external fault (a scenario that reruns has none)."""
+    from resilient_train.chaos.invariants import load_events
+
+    rerun_dir = run_dir.parent / f"{run_dir.name}-rerun"
+    shutil.rmtree(rerun_dir, ignore_errors=True)
+    rerun_dir.mkdir(parents=True)
+    storage = job.storage_for(rerun_dir)
+    proc = _run_quiet(job.argv(rerun_dir, ("faulty://" + storage) if faulty else storage),
+                      rerun_dir / "supervisor-1.log", env)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait()
+    try:
+        digest = json.loads(RunDir(rerun_dir).summary.read_text()).get("weights_sha256")
+    except (OSError, ValueError):
+        digest = None
+    return {"run_dir": str(rerun_dir), "exit_code": code, "weights_sha256": digest,
+            "records": load_events(RunDir(rerun_dir).events)}
+
+
+def _matches(expected: Any, actual: Any) -> bool:
+    """``actual`` has every field of ``expected`` (tables: recursively) with the same value."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(_matches(v, actual.get(k)) for k, v in expected.items())
+    return expected == actual
+
+
+def expectation_problems(scenario: Scenario, records: list[dict[str, Any]]) -> list[str]:
+    """``[[expect.events]]``: for each event name listed, the run's events of that name, in order,
+    are exactly as many as listed and each has the listed fields (docs: chaos/README.md)."""
+    problems = []
+    for name in dict.fromkeys(e["event"] for e in scenario.expect_events):
+        expected = [{k: v for k, v in e.items() if k != "event"} for e in scenario.expect_events if e["event"] == name]
+        found = [r for r in records if r.get("event") == name]
+        if len(found) != len(expected) or not all(_matches(e, r) for e, r in zip(expected, found)):
+            keys = list(dict.fromkeys(k for e in expected for k in e))
+            shown = [{k: r.get(k) for k in keys} for r in found]
+            problems.append(f"expected {len(expected)} {name} event(s) {expected}, got {len(found)}: {shown}")
+    return problems
 
 
 def _write_page(run_dir: Path) -> None:

@@ -63,6 +63,17 @@ Usable on any run directory, not only the chaos suite's (``python -m resilient_t
    interval; with ``auto``, whose snapshots wait for the end of the call that reaches the
    interval, plus the attempt's longest call (``train_progress``'s ``steps_per_call``).
 
+14. ``skips`` (a run that skipped batches: ``replay_verdict`` with action ``skip``, runner/health/
+   anomaly_policy.py): each skipped step has a ``batch_skipped`` after its verdict, and every committed
+   checkpoint still stored lists in its manifest's ``skipped_steps`` exactly the skipped steps up to its
+   own step (a resume from any of them skips what the run skipped). Invariant 7 then allows the
+   trajectory to diverge from the reference's from the first skipped step on (``resilient-train diff``
+   names the run's skips): the batch skipped is the difference. Invariant 2 still compares the final
+   digest with ``reference``, which for such a run is a re-run of the same job (the harness's).
+15. ``finite`` (with ``check_finite``; by default when the run detected an anomaly, ``anomaly_detected``):
+   no committed checkpoint still stored holds a non-finite floating tensor (each is fetched and read
+   whole; retention's deleted ones cannot be, so the chaos scenarios that inject NaNs keep them all).
+
 Why from artefacts: a checker that asks the supervisor how it did would trust the thing
 under test. The attempt's reached step comes from ``attempt_reached`` or, when the
 supervisor was SIGKILLed and never wrote it, from the workers' step markers and error files
@@ -87,7 +98,7 @@ from resilient_train.rundir.stepmarker import reached_step
 
 __all__ = ["CheckResult", "RestartRecord", "check_run", "load_events", "inner_storage_url",
            "trajectory_check", "hang_checks", "stall_checks", "unreachable_checks", "fencing_checks",
-           "ps_checks", "is_parameter_server", "PARAMETER_SERVER"]
+           "ps_checks", "skip_checks", "finite_checks", "is_parameter_server", "PARAMETER_SERVER"]
 
 INJECTED_EVENT = "chaos_fault_injected"
 PARAMETER_SERVER = "parameter-server"
@@ -129,6 +140,8 @@ class CheckResult:
     first_divergent_epoch: int | None = None
     hangs: tuple[dict[str, Any], ...] = ()  # each hang_detected: attempt, rank, global_step, seconds, where
     strategy: str = "mirrored"  # "parameter-server": invariant 12 instead of the digest (never compared)
+    skipped_steps: tuple[int, ...] = ()  # the batches the run skipped (invariant 14)
+    finite_checked: tuple[int, ...] = ()  # the committed steps whose tensors were read (invariant 15)
 
     @property
     def passed(self) -> bool:
@@ -296,7 +309,10 @@ def _survivors(records: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def trajectory_check(run_dir: Path, reference_run: Path, violations: list[str]) -> Any:
-    """``resilient-train diff reference_run run_dir``; returns its Divergence, None when unreadable."""
+    """``resilient-train diff reference_run run_dir``; returns its Divergence, None when unreadable.
+
+    A divergence from the first batch the run skipped (and the reference did not) on is explained
+    by the skip (invariant 14), not a violation."""
     from resilient_train.commands.diff import compare_trajectories, load_trajectory
     from resilient_train.errors import StorageError
 
@@ -305,7 +321,11 @@ def trajectory_check(run_dir: Path, reference_run: Path, violations: list[str]) 
     except (ValueError, StorageError) as exc:
         violations.append(f"trajectory: cannot compare with the reference run {reference_run}: {exc}")
         return None
-    if result.first_divergent_step is not None:
+    skipped_from = min(result.skipped_b) if result.skipped_b else None
+    if result.first_divergent_step is not None and skipped_from is not None \
+            and result.first_divergent_step >= skipped_from:
+        pass  # the run skipped the batch of skipped_from: its weights differ from there on, by design
+    elif result.first_divergent_step is not None:
         last = result.last_matching_step
         violations.append(
             f"trajectory: the weights diverge from the reference run at committed global step "
@@ -316,6 +336,81 @@ def trajectory_check(run_dir: Path, reference_run: Path, violations: list[str]) 
     if result.first_divergent_epoch is not None:
         violations.append(f"trajectory: epoch {result.first_divergent_epoch}'s first batch differs from the reference run's")
     return result
+
+
+def skip_checks(records: list[dict[str, Any]], manifests: Iterable[tuple[int, Mapping[str, Any]]],
+                violations: list[str]) -> tuple[int, ...]:
+    """Invariant 14 (see the module docstring); returns the skipped global steps (the skip verdicts')."""
+    verdicts = [(index, int(r["global_step"])) for index, r in enumerate(records)
+                if r["event"] == "replay_verdict" and r.get("action") == "skip" and isinstance(r.get("global_step"), int)]
+    skipped = tuple(sorted({step for _, step in verdicts}))
+    for index, step in verdicts:
+        if not any(r["event"] == "batch_skipped" and r.get("global_step") == step for r in records[index:]):
+            violations.append(f"skips: the batch of global step {step} was to be skipped (replay_verdict action "
+                              "skip), but no batch_skipped of that step followed")
+    for global_step, extra in manifests:
+        listed = extra.get("skipped_steps", [])
+        expected = [step for step in skipped if step <= global_step]
+        if not isinstance(listed, list) or sorted(listed) != expected:
+            violations.append(f"skips: checkpoint {global_step}'s manifest lists skipped_steps {listed!r}, expected "
+                              f"{expected} (the run's skipped steps up to its step)")
+    return skipped
+
+
+def _committed_manifests(storage: str, storage_options: Mapping[str, Any] | None,
+                         violations: list[str], what: str) -> list[tuple[int, Mapping[str, Any]]]:
+    """(global_step, manifest extra) of every committed checkpoint that verifies, oldest first."""
+    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.checkpoint.store import Status
+    from resilient_train.errors import StorageError
+
+    try:
+        return [(info.global_step, info.manifest.extra)
+                for info in CheckpointStore(inner_storage_url(storage), storage_options, emit=_quiet).list()
+                if info.status is Status.OK and info.manifest is not None]
+    except (StorageError, OSError, ValueError) as exc:  # a bad run's storage is reported, never raised
+        violations.append(f"{what}: cannot list the manifests at {storage}: {type(exc).__name__}: {exc}")
+        return []
+
+
+def _quiet(*args: Any, **fields: Any) -> None:
+    """The checker's stores emit nothing (a fetch is not the run's event)."""
+
+
+def finite_checks(storage: str, storage_options: Mapping[str, Any] | None, violations: list[str]) -> tuple[int, ...]:
+    """Invariant 15 (see the module docstring); returns the global steps whose tensors were read."""
+    import tempfile
+
+    import numpy as np
+    import tensorflow as tf
+
+    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.checkpoint.store import Status
+    from resilient_train.errors import CheckpointCorruptError, StorageError
+
+    checked = []
+    try:
+        store = CheckpointStore(inner_storage_url(storage), storage_options, emit=_quiet)
+        infos = [info for info in store.list() if info.status is Status.OK]
+    except (StorageError, OSError, ValueError) as exc:
+        violations.append(f"finite: cannot list the checkpoints at {storage}: {type(exc).__name__}: {exc}")
+        return ()
+    for info in infos:
+        with tempfile.TemporaryDirectory(prefix="rt-chaos-finite-") as scratch:
+            try:
+                _, local = store.fetch(info.global_step, Path(scratch))
+                reader = tf.train.load_checkpoint(str(local / "ckpt"))
+                bad = sorted(name for name, dtype in reader.get_variable_to_dtype_map().items()
+                             if dtype.is_floating and not np.isfinite(reader.get_tensor(name)).all())
+            except (CheckpointCorruptError, StorageError, OSError, ValueError, tf.errors.OpError) as exc:
+                violations.append(f"finite: cannot read committed checkpoint {info.global_step}: "
+                                  f"{type(exc).__name__}: {exc}")
+                continue
+        checked.append(info.global_step)
+        if bad:
+            violations.append(f"finite: committed checkpoint {info.global_step} holds non-finite values in "
+                              f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}")
+    return tuple(checked)
 
 
 def hang_checks(
@@ -575,6 +670,7 @@ def check_run(
     stalled_attempts: Iterable[int] = (),
     expected_unreachable: Mapping[int, int] | None = None,
     expected_ps_kills: Mapping[int, int] | None = None,
+    check_finite: bool | None = None,
 ) -> CheckResult:
     """Check every invariant of the module docstring on ``run_dir``; never raises for a bad run.
 
@@ -668,6 +764,18 @@ def check_run(
         for survivor in _survivors(records):
             violations.append(f"orphans: worker still alive after the run: {survivor}")
 
+    # 14. skipped batches: the manifests agree with the skip verdicts
+    skipped: tuple[int, ...] = ()
+    finite_steps: tuple[int, ...] = ()
+    if storage and not parameter_server:
+        skipped = skip_checks(records, _committed_manifests(storage, storage_options, violations, "skips"), violations)
+
+    # 15. nothing non-finite committed
+    if check_finite is None:
+        check_finite = any(r["event"] == "anomaly_detected" for r in records)
+    if check_finite and storage:
+        finite_steps = finite_checks(storage, storage_options, violations)
+
     # 7. trajectory
     divergence = trajectory_check(run_dir, Path(reference_run), violations) if reference_run is not None else None
 
@@ -706,6 +814,8 @@ def check_run(
         last_matching_step=getattr(divergence, "last_matching_step", None),
         first_divergent_epoch=getattr(divergence, "first_divergent_epoch", None),
         strategy=PARAMETER_SERVER if parameter_server else "mirrored",
+        skipped_steps=skipped,
+        finite_checked=finite_steps,
         hangs=tuple({key: hang.get(key) for key in ("attempt", "rank", "global_step", "seconds", "chosen_by", "where")}
                     for hang in hangs),
     )
@@ -723,6 +833,10 @@ def render(result: CheckResult) -> str:
         f"checkpoints verified: {result.checkpoints_verified}"
         + (f"  bad: {'; '.join(result.checkpoints_bad)}" if result.checkpoints_bad else ""),
     ]
+    if result.skipped_steps:
+        lines.append(f"skipped batches: global steps {', '.join(map(str, result.skipped_steps))}")
+    if result.finite_checked:
+        lines.append(f"tensors read for non-finite values: committed steps {', '.join(map(str, result.finite_checked))}")
     for r in result.restart_records:
         lines.append(
             f"  attempt {r.attempt}: previous ended by {r.ended_by} at step {r.reached}, newest commit "

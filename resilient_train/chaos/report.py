@@ -31,10 +31,13 @@ def _row(result: ScenarioResult) -> tuple[str, ...]:
 
 
 def _digest_cell(result: ScenarioResult) -> str:
-    """``yes``, or ``NO`` with the first committed step whose weights left the reference's."""
+    """``yes``, or ``NO`` with the first committed step whose weights left the reference's. A run
+    that skipped batches is compared with its re-run (harness.py), and left the reference at the skip."""
     check = result.check
     if check.strategy == "parameter-server":
         return "n/a (parameter-server)"
+    if check.digest_match and check.skipped_steps:
+        return f"yes, the re-run's (skipped {', '.join(map(str, check.skipped_steps))})"
     if check.digest_match and check.first_divergent_step is None:
         return "yes"
     if check.first_divergent_step is not None:

@@ -40,7 +40,7 @@ from typing import Any, Union
 
 __all__ = [
     "WorkerFault", "ExternalFault", "StorageFaults", "Trigger", "Scenario",
-    "plan", "random_scenario", "PARAMETER_SERVER",
+    "plan", "random_scenario", "PARAMETER_SERVER", "EVERY_ATTEMPT",
 ]
 
 PARAMETER_SERVER = "parameter-server"  # Scenario.job's strategy for the ParameterServerStrategy tier
@@ -63,6 +63,11 @@ WORKER_POINTS = WORKER_POINTS + ("loss_spike",)
 # slow: the rank's host loop sleeps factor - 1 times each call's duration after that global step, for
 # the rest of the attempt (runner/health/injection.py); the straggler detector names it (runner/health/stragglers.py)
 WORKER_POINTS = WORKER_POINTS + ("slow",)
+# attempt = "all": armed in every attempt. Only for a poisoned batch (its step's loss NaN or 100x whenever
+# it is trained): the replay meets it again, so it is deterministic and its batch is skipped.
+EVERY_ATTEMPT = "all"
+POISON_POINTS = ("nan_loss", "loss_spike")
+NUMERICAL_POINTS = POISON_POINTS + ("bitflip",)  # a run under these must commit no non-finite tensor
 EXTERNAL_OPS = (
     "sigkill_worker",       # kill -9 one worker (rank given, "chief" = 0, or "random")
     "sigterm_worker",       # graceful preemption of one worker
@@ -104,18 +109,24 @@ class WorkerFault:
     point: str
     global_step: int
     rank: int | str = 0
-    attempt: int = 1
+    attempt: int | str = 1  # or EVERY_ATTEMPT (a poisoned batch: POISON_POINTS only)
     signal: str = "SIGKILL"
-    factor: float = 1.0  # point slow only: how many times slower
+    factor: float = 1.0  # slow: how many times slower; loss_spike: times the loss (1: the injection's 100)
 
     def __post_init__(self) -> None:
         if self.point not in WORKER_POINTS:
             raise ValueError(f"Received point={self.point!r}; expected one of {WORKER_POINTS}")
+        if self.attempt == EVERY_ATTEMPT and self.point not in POISON_POINTS:
+            raise ValueError(f"Received attempt={self.attempt!r} with point={self.point!r}; expected an attempt "
+                             f"number (every attempt only for a poisoned batch: {', '.join(POISON_POINTS)})")
         if self.signal not in SIGNALS:
             raise ValueError(f"Received signal={self.signal!r}; expected one of {SIGNALS}")
         if self.point == "input" and self.signal != HANG:
             raise ValueError(f"Received point='input' with signal={self.signal!r}; expected signal={HANG!r} "
                              "(an input pipeline thread can block, not die alone)")
+        if self.point not in ("slow", "loss_spike") and self.factor != 1.0:
+            raise ValueError(f"Received point={self.point!r} with factor={self.factor!r}; expected no factor (points "
+                             "slow and loss_spike only)")
         if self.point == "slow" and not self.factor > 1:
             raise ValueError(f"Received point='slow' with factor={self.factor!r}; expected a factor > 1 (how many "
                              "times slower)")
@@ -127,15 +138,19 @@ class WorkerFault:
     def hangs(self) -> bool:
         return self.signal == HANG
 
+    @property
+    def every_attempt(self) -> bool:
+        return self.attempt == EVERY_ATTEMPT
+
     def describe(self) -> str:
         if self.point == "before_join":
             return f"rank {self.rank} cannot reach its peers at start-up (attempt {self.attempt})"
         if self.point == "input":
             return f"hang rank {self.rank}'s input at batch {self.global_step} (attempt {self.attempt})"
-        if self.point == "nan_loss":
-            return f"NaN loss on rank {self.rank} at step {self.global_step} (attempt {self.attempt})"
-        if self.point == "loss_spike":
-            return f"a 100x loss on rank {self.rank} at step {self.global_step} (attempt {self.attempt})"
+        if self.point in POISON_POINTS:
+            what = "NaN loss" if self.point == "nan_loss" else f"a {100 if self.factor == 1 else self.factor:g}x loss"
+            when = "every attempt: a poisoned batch" if self.every_attempt else f"attempt {self.attempt}"
+            return f"{what} on rank {self.rank} at step {self.global_step} ({when})"
         if self.point == "slow":
             return f"rank {self.rank} {self.factor:g}x slower after step {self.global_step} (attempt {self.attempt})"
         if self.point == "bitflip":
@@ -205,7 +220,12 @@ class Scenario:
     """A named set of faults plus what the job must look like under them.
 
     ``job`` overrides job parameters (e.g. ``save_every_steps``, ``hang_timeout``);
-    ``expect_restored`` pins the exact restored steps (the seeds' experiment: ``(7,)``).
+    ``expect_restored`` pins the exact restored steps (the seeds' experiment: ``(7,)``);
+    ``expect_skipped`` the exact global steps whose batches the run skips (a poisoned batch:
+    then the digest is compared with a re-run of the same job under the same faults, since
+    a skipped batch changes the weights; see the harness); ``expect_events`` the exact
+    sequence of some events (each a dict: ``event`` and the fields every such event must
+    have, in order; every event of a name it lists is counted).
     A new kind of fault is a new dataclass in :data:`Fault` plus its branch in
     :func:`plan` (random choices), in the harness (how it is armed, whether it fired) and
     in the catalogue's file format (``catalogue.py``, ``chaos/README.md``).
@@ -218,10 +238,27 @@ class Scenario:
     expect_restored: tuple[int, ...] | None = None
     ci: bool = False
     source: str | None = field(default=None, compare=False, repr=False)  # the TOML file it came from
+    expect_skipped: tuple[int, ...] | None = None
+    expect_events: tuple[dict[str, Any], ...] = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").isalnum():
             raise ValueError(f"Received name={self.name!r}; expected lowercase words joined by '-'")
+        external = [f.op for f in self.faults if isinstance(f, ExternalFault)]
+        if self.expect_skipped and external:
+            raise ValueError(f"Received expect_skipped={list(self.expect_skipped)} with the external fault "
+                             f"{external[0]!r}; expected worker and storage faults only (the run is compared with a "
+                             "re-run of the same job, which repeats them)")
+
+    @property
+    def reruns(self) -> bool:
+        """The digest's reference is a re-run of the same job under the same faults (a batch skipped)."""
+        return bool(self.expect_skipped)
+
+    @property
+    def numerical(self) -> bool:
+        """Faults that make a state unhealthy: every committed checkpoint's tensors are checked."""
+        return any(isinstance(f, WorkerFault) and f.point in NUMERICAL_POINTS for f in self.faults)
 
     @property
     def overrides(self) -> dict[str, Any]:

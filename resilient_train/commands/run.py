@@ -6,17 +6,24 @@ layering rule) and cannot import the page writer. It is written at the end of ev
 got as far as its supervisor's exit code (completed, failed, stopped), so the ``Page:`` line
 names a file that exists. The page is a view: a failure to write it is one line on stderr
 and never changes the run's exit code.
+
+``RT_FAULTS`` (runner/failures/faults.py: injected faults, e.g. a poisoned batch at a step of
+the user's own recipe, docs/failures.md) reaches every worker through the environment; a bad
+value is refused here, before anything starts (exit 2, one line), not in every worker of every
+attempt.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
+from resilient_train.errors import ConfigError
 from resilient_train.job.config import JobConfig, add_job_arguments, job_from_args
 
-__all__ = ["add_parser", "main", "write_page_after_run"]
+__all__ = ["add_parser", "main", "write_page_after_run", "check_fault_plan"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -36,6 +43,7 @@ def main(args: argparse.Namespace) -> int:
     from resilient_train.supervisor.supervisor import Supervisor
 
     job = job_from_args(args)
+    check_fault_plan(os.environ)
     preflight(job)
     warning = command_line_secret_warning(args.storage_options, job.storage)
     if warning is not None:
@@ -48,6 +56,16 @@ def main(args: argparse.Namespace) -> int:
         code = Supervisor(job, accept_changes=args.accept_changes, verbose=args.verbose).run()
     write_page_after_run(job)
     return code
+
+
+def check_fault_plan(environ: Mapping[str, str]) -> None:
+    """ConfigError (exit 2) when ``RT_FAULTS`` is set and not a valid fault list."""
+    from resilient_train.runner.failures.faults import parse_faults
+
+    try:
+        parse_faults(environ.get("RT_FAULTS", ""))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (runner/failures/faults.py; docs/failures.md)") from None
 
 
 def write_page_after_run(job: JobConfig) -> None:

@@ -163,8 +163,9 @@ def test_the_toml_catalogue_is_exactly_the_python_catalogue_it_replaced() -> Non
     loaded = {s.name: s for s in load_catalogue(CATALOGUE_DIR)}
     before = {RENAMED.get(s.name, s.name): s for s in BEFORE}
     assert len(before) == 20 and set(before) <= set(loaded)
-    assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6)
-        "bitflip-once", "nan-once", "rescue-chief-killed-between-saves", "rescue-hang-between-saves",
+    assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6; issue 48 item 5)
+        "bitflip-once", "loss-spike", "nan-batch", "nan-once", "rescue-chief-killed-between-saves",
+        "rescue-hang-between-saves",
         "rescue-rank-killed-between-saves", "slow-worker", "throttle-worker"]
     for name, scenario in before.items():
         renamed = Scenario(name, scenario.summary, scenario.faults, scenario.job, scenario.expect_restored, scenario.ci)
@@ -209,6 +210,33 @@ def test_a_few_scenarios_field_by_field() -> None:
         (("save_every_steps", 50), ("snapshot_every", 3), ("hang_timeout", 10)), (16,))
 
 
+def test_the_numerical_scenarios_field_by_field() -> None:
+    # issue 48 item 5: a NaN batch at a fixed step and a poisoned batch that spikes the loss, both in
+    # every attempt (deterministic: skipped, the digest compared with a re-run); a NaN once and a flip.
+    nan = by_name("nan-batch", CATALOGUE_DIR)
+    assert nan.faults == (WorkerFault("nan_loss", 12, rank=1, attempt="all"),)
+    assert nan.faults[0].describe() == "NaN loss on rank 1 at step 12 (every attempt: a poisoned batch)"
+    assert (nan.job, nan.expect_restored, nan.expect_skipped, nan.reruns, nan.numerical) == (
+        (("epochs", 3), ("steps_per_epoch", 10), ("save_every_steps", 5), ("keep", 100)), (10, 10), (12,), True, True)
+    assert [(e["event"], e["global_step"], e.get("attempt")) for e in nan.expect_events] == [
+        ("anomaly_detected", 12, 1), ("rolled_back", 10, 2), ("replay_verdict", 12, 2), ("batch_skipped", 12, 3)]
+    assert nan.expect_events[0] == {"event": "anomaly_detected", "kind": "nonfinite", "global_step": 12, "epoch": 1,
+                                    "step_in_epoch": 1, "replicas": 1, "values": {"loss": "nan"},
+                                    "action": "rollback", "attempt": 1}
+    spike = by_name("loss-spike", CATALOGUE_DIR)
+    assert spike.faults == (WorkerFault("loss_spike", 130, rank=1, attempt="all", factor=10000),)
+    assert spike.faults[0].describe() == "a 10000x loss on rank 1 at step 130 (every attempt: a poisoned batch)"
+    assert (spike.job, spike.expect_restored, spike.expect_skipped) == (
+        (("epochs", 2), ("steps_per_epoch", 80), ("save_every_steps", 20), ("loss_spike", 10), ("keep", 100)),
+        (120, 120), (130,))
+    assert [(e["event"], e.get("kind"), e["global_step"], e.get("verdict"), e.get("attempt"))
+            for e in spike.expect_events] == [
+        ("anomaly_detected", "spike", 130, None, 1), ("rolled_back", None, 120, None, 2),
+        ("replay_verdict", None, 130, "deterministic", 2), ("batch_skipped", None, 130, None, 3)]
+    once = by_name("nan-once", CATALOGUE_DIR)
+    assert (once.faults, once.reruns, once.numerical) == ((WorkerFault("nan_loss", 12, rank=1, attempt=1),), False, True)
+
+
 def test_the_ci_scenarios_are_the_catalogues() -> None:
     from tests.chaos import test_ci_scenarios as ci
 
@@ -223,7 +251,7 @@ def test_the_ci_scenarios_are_the_catalogues() -> None:
 def test_the_catalogue_is_a_plain_directory_of_toml_files_not_a_package() -> None:
     assert not (REPO / "chaos" / "__init__.py").exists() and not (CATALOGUE_DIR / "__init__.py").exists()
     assert [p.name for p in (REPO / "chaos").rglob("*.py")] == ["__main__.py"]  # `python -m chaos`, nothing else
-    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 27
+    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 29
 
 
 def test_run_by_path_loads_the_same_scenario_as_run_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,7 +290,7 @@ def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
     monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (27 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (29 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert re.fullmatch(r"kill-chief-at-7 +\[ci\] the seeds' experiment: .*resumes from 7",
                         next(line for line in lines if line.startswith("kill-chief-at-7")))
@@ -281,7 +309,7 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "resilient_train.chaos", "list"], cwd=elsewhere, capture_output=True,
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (27 scenarios; run one by name or by its file's path)"
+    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (29 scenarios; run one by name or by its file's path)"
 
 
 def _at_the_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -295,7 +323,7 @@ def test_python_m_chaos_at_the_checkout_is_the_packages_command(tmp_path: Path) 
     listed = _at_the_checkout("chaos", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (27 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (29 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert listed.stdout == _at_the_checkout("resilient_train.chaos", "list").stdout
     bad = tmp_path / "kill-once.toml"
@@ -360,7 +388,8 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
         f"{f}: ci: received 'yes' (a string); expected true or false",
         f"{f}: summary: missing; expected a one-line description of the scenario (a string)",
         f"{f}: job.workres: unknown key; did you mean 'workers'? accepted: recipe, workers, epochs, steps_per_epoch, "
-        "save_every_steps, hang_timeout, storage_timeout, startup_timeout, strategy, ps, snapshot_every, straggler_window",
+        "save_every_steps, hang_timeout, storage_timeout, startup_timeout, strategy, ps, snapshot_every, straggler_window, "
+        "loss_spike, keep",
         f"{f}: job.save_every_steps: received 0; expected an integer >= 1",
         f"{f}: expect.restored: received [7, '8']; expected an array of integers >= 0 (global steps)",
         f"{f}: faults[1].point: received 'after_comit'; expected one of after_step, before_commit, after_commit, "
@@ -414,6 +443,20 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
                       "'random' or 'ps-worker'"),
     ('summary = "x"\n[job]\nrecipe = "no/such/recipe.py"\n[[faults]]\nkind = "worker"\npoint = "raise"\n'
      'global_step = 3\n', 2, "job.recipe: received 'no/such/recipe.py'; no such file (relative to the directory you run from)"),
+    ('summary = "x"\n[[faults]]\nkind = "worker"\npoint = "after_step"\nglobal_step = 3\nattempt = "all"\n', None,
+     "faults[1]: received attempt='all' with point='after_step'; expected an attempt number (every attempt only for "
+     "a poisoned batch: nan_loss, loss_spike)"),
+    ('summary = "x"\n[[faults]]\nkind = "worker"\npoint = "nan_loss"\nglobal_step = 3\nattempt = "every"\n', None,
+     "faults[1].attempt: received 'every' (a string); expected an integer >= 1 or 'all'"),
+    ('summary = "x"\n[job]\nloss_spike = 0\n[[faults]]\nkind = "worker"\npoint = "raise"\nglobal_step = 3\n', None,
+     "job.loss_spike: received 0; expected a number > 0"),
+    ('summary = "x"\n[[faults]]\nkind = "worker"\npoint = "raise"\nglobal_step = 3\n[[expect.events]]\n'
+     'event = "anomaly_detectd"\nglobal_step = 3\n', None,
+     "expect.events: received [{'event': 'anomaly_detectd', 'global_step': 3}]; expected an array of tables, each "
+     "with 'event' (an event of events.jsonl, docs/events.md) and the fields that event must have"),
+    ('summary = "x"\n[[faults]]\nkind = "external"\nop = "sigkill_worker"\n[expect]\nskipped = [3]\n', None,
+     "expect: received expect_skipped=[3] with the external fault 'sigkill_worker'; expected worker and storage "
+     "faults only (the run is compared with a re-run of the same job, which repeats them)"),
     ('summary = "x"\n[[faults]\n', None, None),  # not TOML: one line, tomllib's words with line and column
 ])
 def test_each_kind_of_mistake(tmp_path: Path, text: str, workers: int | None, line: str | None) -> None:

@@ -36,13 +36,14 @@ class RunDir:
         self.events.append({"event": event, "ts": "2026-01-01T00:00:00.000+00:00", **fields})
         return self
 
-    def commit(self, step: int, attempt: int, weights: str | None = None) -> "RunDir":
+    def commit(self, step: int, attempt: int, weights: str | None = None,
+               extra: dict[str, Any] | None = None) -> "RunDir":
         local = self.path / "staging" / str(step)
         local.mkdir(parents=True)
         (local / "ckpt.index").write_bytes(b"i" * 10)
         (local / "ckpt.data-00000-of-00001").write_bytes(bytes([step % 256]) * 100)
         self.store.commit(local, run_id="r", epoch=step // 10, step_in_epoch=step % 10, global_step=step,
-                          world_size=2, weights_sha256=DIGEST, tf_version="2.21")
+                          world_size=2, weights_sha256=DIGEST, tf_version="2.21", extra=extra)
         trajectory = {"weights_sha256": weights} if weights else {}
         return self.ev("checkpoint_committed", global_step=step, attempt=attempt, role="chief", rank=0, **trajectory)
 
@@ -600,3 +601,83 @@ def test_check_command_needs_a_reference_only_for_an_mwms_run(tmp_path: Path, ca
     out = capsys.readouterr().out
     assert f"digest: {OTHER} (not compared: a parameter-server run is bit-identical to no other)" in out
     assert out.splitlines()[-1] == "PASS"
+
+
+def _skipping_run(tmp_path: Path, *, listed: tuple[list[int], list[int]] = ([12], [12]),
+                  weights_10: str = _weights(10), skipped_event: bool = True) -> RunDir:
+    """A NaN at step 12 in every attempt: attempt 1 detects it, attempt 2's replay meets it again
+    (deterministic, skip), attempt 3 skips the batch of 12 and commits 15 and 20 (``listed``: their
+    manifests' skipped_steps), whose weights differ from the reference's from there on."""
+    run = RunDir(tmp_path).attempt(1, 12).ev("input_digest", epoch=0, sha256="in0", attempt=1)
+    run.commit(5, 1, _weights(5)).commit(10, 1, weights_10).ev("input_digest", epoch=1, sha256="in1", attempt=1)
+    run.ev("anomaly_detected", kind="nonfinite", global_step=12, action="rollback", attempt=1, role="chief")
+    run.ev("worker_exited", rank=0, pid=999_999_001, exit_code=1, role="supervisor", attempt=1)
+    run.attempt(2, 11).ev("restored", global_step=10, attempt=2, role="chief")
+    run.ev("rolled_back", global_step=10, anomaly_step=12, attempt=2, role="chief")
+    run.ev("replay_verdict", global_step=12, verdict="deterministic", action="skip", attempt=2, role="chief")
+    run.attempt(3, 20).ev("restored", global_step=10, attempt=3, role="chief")
+    if skipped_event:
+        run.ev("batch_skipped", global_step=12, epoch=1, step_in_epoch=1, attempt=3, role="chief")
+    run.commit(15, 3, OTHER, extra={"skipped_steps": listed[0]}).commit(20, 3, OTHER, extra={"skipped_steps": listed[1]})
+    return run
+
+
+def test_a_run_that_skipped_a_batch_may_diverge_from_the_reference_from_that_step_on(tmp_path: Path) -> None:
+    result = check_run(_skipping_run(tmp_path).write(), DIGEST, exit_code=0, reference_run=_reference(tmp_path),
+                       check_finite=False)
+    assert result.violations == ()
+    assert (result.skipped_steps, result.first_divergent_step, result.last_matching_step) == ((12,), 15, 10)
+    from resilient_train.chaos.harness import ScenarioResult
+    from resilient_train.chaos.report import table
+
+    row = table([ScenarioResult("nan-batch", 0, str(tmp_path / "run"), (), 1, 1, (0,), result, (), 1.0)])
+    assert "yes, the re-run's (skipped 12)" in row  # its digest is compared with a re-run's (harness.py)
+
+
+def test_a_divergence_before_the_skipped_step_or_a_manifest_without_the_skip_is_a_violation(tmp_path: Path) -> None:
+    run = _skipping_run(tmp_path, listed=([12], []), weights_10=OTHER, skipped_event=False).write()
+    result = check_run(run, DIGEST, exit_code=0, reference_run=_reference(tmp_path), check_finite=False)
+    assert result.violations == (
+        "skips: the batch of global step 12 was to be skipped (replay_verdict action skip), but no batch_skipped of "
+        "that step followed",
+        "skips: checkpoint 20's manifest lists skipped_steps [], expected [12] (the run's skipped steps up to its step)",
+        "trajectory: the weights diverge from the reference run at committed global step 10 (last matching step: 5)",
+    )
+
+
+def test_every_committed_checkpoints_tensors_are_read_and_a_non_finite_one_is_named(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from resilient_train.chaos.invariants import finite_checks
+
+    store = CheckpointStore(str(tmp_path / "ckpts"), emit=_emit_nothing)
+    for step, value in ((5, 1.0), (10, float("nan"))):
+        local = tmp_path / "staging" / str(step)
+        tf.train.Checkpoint(kernel=tf.Variable([value, 2.0]), step=tf.Variable(step, dtype=tf.int64)).write(
+            str(local / "ckpt"))
+        store.commit(local, run_id="r", epoch=0, step_in_epoch=step, global_step=step, world_size=1,
+                     weights_sha256=DIGEST, tf_version="2.21")
+    violations: list[str] = []
+    assert finite_checks(str(tmp_path / "ckpts"), None, violations) == (5, 10)
+    assert violations == ["finite: committed checkpoint 10 holds non-finite values in kernel/.ATTRIBUTES/VARIABLE_VALUE"]
+
+
+def test_expected_events_must_be_exactly_as_many_in_order_with_their_fields() -> None:
+    from resilient_train.chaos.harness import expectation_problems
+    from resilient_train.chaos.scenarios import Scenario, WorkerFault
+
+    scenario = Scenario("nan-batch", "x", (WorkerFault("nan_loss", 12, rank=1, attempt="all"),), expect_events=(
+        {"event": "anomaly_detected", "global_step": 12, "values": {"loss": "nan"}, "attempt": 1},
+        {"event": "replay_verdict", "global_step": 12, "verdict": "deterministic", "attempt": 2}))
+    detected = {"event": "anomaly_detected", "global_step": 12, "values": {"loss": "nan", "accuracy": 0.1},
+                "attempt": 1, "rank": 0}
+    verdict = {"event": "replay_verdict", "global_step": 12, "verdict": "deterministic", "attempt": 2}
+    assert expectation_problems(scenario, [detected, {"event": "restored"}, verdict]) == []
+    assert expectation_problems(scenario, [detected, {**verdict, "verdict": "transient"}]) == [
+        "expected 1 replay_verdict event(s) [{'global_step': 12, 'verdict': 'deterministic', 'attempt': 2}], got 1: "
+        "[{'global_step': 12, 'verdict': 'transient', 'attempt': 2}]"]
+    assert expectation_problems(scenario, [detected, detected, verdict]) == [
+        "expected 1 anomaly_detected event(s) [{'global_step': 12, 'values': {'loss': 'nan'}, 'attempt': 1}], got 2: "
+        "[{'global_step': 12, 'values': {'loss': 'nan', 'accuracy': 0.1}, 'attempt': 1}, "
+        "{'global_step': 12, 'values': {'loss': 'nan', 'accuracy': 0.1}, 'attempt': 1}]"]
+    assert len(expectation_problems(scenario, [{**detected, "values": {"loss": 1.0}}, verdict])) == 1

@@ -100,8 +100,45 @@ def test_a_worker_throttled_from_outside_is_named_from_its_stalls_and_the_run_st
     assert (result.check.digest_match, result.check.restarts, result.exit_codes) == (True, 0, (0,))
 
 
+NUMERICAL_HEALTH = ("nan-batch", "loss-spike")  # their own tests below
+
+
+@pytest.mark.slow  # ~3-4 min (reference, run, re-run); the default suite's covering test is tests/integration/
+# test_numerical_health.py::test_a_nan_back_at_the_same_step_is_deterministic_and_its_batch_is_skipped_in_the_next_replay
+def test_a_nan_batch_is_found_at_its_step_judged_deterministic_skipped_and_a_rerun_ends_with_the_same_digest(
+        chaos_root: Path) -> None:
+    result = _run("nan-batch", SLOW_SPEC, chaos_root)
+    assert result.problems == () and result.check.violations == (), result.to_dict()  # [expect] events included
+    assert [(f["fault"], f["state"]) for f in result.faults] == [
+        ("NaN loss on rank 1 at step 12 (every attempt: a poisoned batch)", "done")]
+    assert (result.check.skipped_steps, result.check.restored_steps, result.check.restarts) == ((12,), (10, 10), 2)
+    assert result.check.finite_checked == (5, 10, 15, 20, 25, 30)  # every commit kept (keep = 100), each one read
+    assert result.rerun is not None and result.rerun["exit_code"] == 0
+    assert result.check.digest == result.rerun["weights_sha256"] and result.check.digest_match
+    # the uninterrupted run's weights until the skipped batch, others after it
+    assert (result.check.last_matching_step, result.check.first_divergent_step) == (10, 15)
+
+
+@pytest.mark.slow  # ~4-5 min; --loss-spike is off by default: its logic is tests/runner/health/test_spikes.py's, the
+# rollback and skip the default suite's test_numerical_health.py::test_a_nan_back_at_the_same_step_is_deterministic...
+def test_a_poisoned_batch_spiking_the_loss_is_named_at_its_step_rolled_back_skipped_and_reruns_exactly(
+        chaos_root: Path) -> None:
+    from resilient_train.chaos.invariants import load_events
+    from resilient_train.rundir.layout import RunDir
+
+    result = _run("loss-spike", SLOW_SPEC, chaos_root)
+    assert result.problems == () and result.check.violations == (), result.to_dict()
+    assert (result.check.skipped_steps, result.check.restored_steps, result.check.restarts) == ((130,), (120, 120), 2)
+    [spike] = [r for r in load_events(RunDir(Path(result.run_dir)).events) if r.get("event") == "anomaly_detected"]
+    assert (spike["kind"], spike["global_step"], spike["epoch"], spike["step_in_epoch"]) == ("spike", 130, 1, 49)
+    assert spike["values"]["loss"] > spike["threshold"] > spike["median"] > 0  # nothing before it in 129 steps
+    assert result.rerun is not None and result.check.digest == result.rerun["weights_sha256"]
+    assert result.check.last_matching_step == 120 and result.check.first_divergent_step == 140
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in (*CI_NAMES, "throttle-worker")
+@pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in (*CI_NAMES, "throttle-worker",
+                                                                             *NUMERICAL_HEALTH)
                                   and not s.parameter_server])
 def test_catalogue_scenario(name: str, chaos_root: Path) -> None:
     result = _run(name, SLOW_SPEC, chaos_root)

@@ -69,3 +69,33 @@ def test_tensorflow_chatter_is_dropped_and_every_other_line_kept_in_order(capfd,
                     b"Traceback (most recent call last):" + tail)
     assert capfd.readouterr().err == "resilient-train export: a line of ours\nTraceback (most recent call last):" + \
         tail.decode()
+
+
+@pytest.mark.parametrize("value, line", [
+    ('[{"point": "nan_los", "global_step": 6}]',
+     "RT_FAULTS point 'nan_los'; expected one of ("),
+    ('[{"point": "nan_loss", "global_step": 6, "attempt": "every"}]',
+     "RT_FAULTS fault 1: received attempt='every'; expected an integer >= 1 or 'all' (every attempt: a poisoned batch)"),
+    ('[{"point": "nan_loss", "step": 6}]',
+     "RT_FAULTS fault 1: unknown key 'step'; accepted: point, global_step, rank, attempt, signal, factor"),
+    ("{point: nan_loss}", "RT_FAULTS is not JSON ("),
+])
+def test_a_bad_fault_plan_in_the_environment_is_one_line_and_exit_2_before_anything_starts(
+        tmp_path, capsys, monkeypatch, value, line):
+    started = []
+    monkeypatch.setattr(supervisor_module.Supervisor, "run", lambda self: started.append(1) or 0)
+    monkeypatch.setenv("RT_FAULTS", value)
+    code = cli_main(["run", "recipes/linear_regression.py", "--run-dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert (code, started, out) == (2, [], "")
+    assert err.startswith(f"resilient-train: error: {line}") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
+def test_a_poisoned_batch_in_the_environment_is_accepted_and_reaches_the_supervisor(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(supervisor_module.Supervisor, "run", lambda self: started.append(os.environ["RT_FAULTS"]) or 0)
+    value = '[{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": "all"}]'
+    monkeypatch.setenv("RT_FAULTS", value)
+    assert cli_main(["run", "recipes/linear_regression.py", "--run-dir", str(tmp_path / "run")]) == 0
+    assert started == [value]

@@ -221,3 +221,46 @@ def test_a_host_with_repeated_transient_anomalies_is_suspected_saved_and_stopped
     assert rerun.returncode == 0, rerun.output
     assert [e["global_step"] for e in rerun.named("restored") if e["attempt"] == 4] == [saved["global_step"]]
     assert rerun.summary["weights_sha256"] == digits_reference
+
+
+POISONED_ALWAYS = [{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": "all"}]  # a poisoned batch
+KILL_IN_THE_REPLAY = {"point": "after_step", "global_step": 5, "rank": 0, "attempt": 2, "signal": "SIGKILL"}
+
+
+@pytest.mark.slow  # ~2 x 60 s; the default suite covers the rollback (test_a_nan_once_is_rolled_back_judged_transient
+# _and_the_run_ends_exact) and a kill after the skip (the slow test above); this is a kill inside the replay itself
+@pytest.mark.parametrize("poison", ["once", "every-attempt"])
+def test_a_kill_during_the_replay_before_the_anomalys_step_replays_again_and_ends_exact_with_the_right_verdict(
+        tmp_path, digits_reference, poison):
+    # Attempt 2 restores step 4 and replays towards the NaN of step 6; kill -9 of the chief after
+    # step 5 (one step per call: the kill lands after the restore, before the anomaly's step). No
+    # verdict was written, so attempt 3 restores 4 and replays again (a second rolled_back) and
+    # judges: a NaN of attempt 1 only is transient and the run ends with the uninterrupted digest;
+    # a poisoned batch (every attempt) is deterministic, attempt 4 skips it, and the run ends with
+    # the digest of the same job never killed.
+    faults = ([{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": 1}] if poison == "once"
+              else POISONED_ALWAYS)
+    flags = (*DIGITS_FLAGS, *NO_TIER, "--steps-per-execution", "1")
+    job = run_job(DIGITS, tmp_path / "killed", *flags, faults=[*faults, KILL_IN_THE_REPLAY])
+    assert job.returncode == 0, job.output
+    assert [(e["global_step"], e["action"], e["attempt"]) for e in job.named("anomaly_detected")] == [
+        (6, "rollback", 1)]
+    [killed] = [e for e in job.named("worker_exited") if e["attempt"] == 2 and e["rank"] == 0]
+    assert killed["signal"] == "SIGKILL"
+    assert [(e["global_step"], e["anomaly_step"], e["attempt"]) for e in job.named("rolled_back")] == [
+        (4, 6, 2), (4, 6, 3)]  # the replay began twice; the kill fell inside the first
+    committed = committed_tensors_are_finite(tmp_path / "killed" / "checkpoints")
+    assert committed[-1] == 20
+    if poison == "once":
+        assert [(e["global_step"], e["verdict"], e["attempt"]) for e in job.named("replay_verdict")] == [
+            (6, "transient", 3)]
+        assert job.summary["weights_sha256"] == digits_reference
+        assert job.summary["restarts"] == 2
+        return
+    assert [(e["global_step"], e["verdict"], e["action"], e["attempt"]) for e in job.named("replay_verdict")] == [
+        (6, "deterministic", "skip", 3)]
+    assert [(e["global_step"], e["attempt"]) for e in job.named("batch_skipped")] == [(6, 4)]
+    never_killed = run_job(DIGITS, tmp_path / "never-killed", *flags, faults=POISONED_ALWAYS)
+    assert never_killed.returncode == 0, never_killed.output
+    assert [(e["verdict"], e["attempt"]) for e in never_killed.named("replay_verdict")] == [("deterministic", 2)]
+    assert job.summary["weights_sha256"] == never_killed.summary["weights_sha256"] != digits_reference

@@ -17,7 +17,12 @@ global step, in the order of an epoch end (runner/training/epoch_end.py ``EpochE
 ``after_evaluation`` (the held-out evaluation returned: before the save with callbacks, after it
 without, or after a restore that evaluates again), ``after_epoch_end_callbacks`` (``on_epoch_end``
 ran and the stop was agreed, before the save), ``after_epoch_finished`` (the epoch's
-``epoch_finished`` was emitted); the commit between them is ``before_commit`` / ``after_commit``. ``attempt`` defaults to 1, so a restarted group runs clean.
+``epoch_finished`` was emitted); the commit between them is ``before_commit`` / ``after_commit``. ``attempt`` defaults to 1, so a restarted group runs clean;
+``"attempt": "all"`` arms the fault in every attempt, what a poisoned batch is to ``nan_loss`` and
+``loss_spike`` (runner/health/injection.py): it comes back whenever its step is trained again.
+``RT_FAULTS`` is a user's tool too (a poisoned batch in the user's own recipe, docs/failures.md):
+:func:`parse_faults` names a bad value and what is accepted, and ``resilient-train run`` calls it
+before anything starts (commands/run.py), so a typo is exit 2, not a crash in every worker.
 The signal is real (``os.kill`` on the own pid; SIGSTOP on the calling thread), so the
 supervisor sees a real death. Each fault fires once, but ``slow`` (a straggler:
 runner/health/injection.py ``Slowdown``), which lasts: ``{"point": "slow", "global_step": 0,
@@ -48,20 +53,23 @@ beside it (tests/integration/test_sharded_save.py counts those reads).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
-__all__ = ["FaultPlan", "InjectedFault", "input_gate", "HANG"]
+__all__ = ["FaultPlan", "InjectedFault", "input_gate", "parse_faults", "HANG", "EVERY_ATTEMPT"]
 
 POINTS = ("after_step", "before_commit", "mid_upload", "after_commit", "raise", "input", "before_join",
           "after_evaluation", "after_epoch_end_callbacks", "after_epoch_finished", "nan_loss", "loss_spike", "bitflip",
           "slow", "other_host")
 HANG = "HANG"  # the pseudo-signal of a fault that blocks its thread forever
+EVERY_ATTEMPT = "all"  # an ``attempt`` that arms the fault in every attempt (a poisoned batch)
+ENV = "RT_FAULTS"
 
 
 class InjectedFault(RuntimeError):
@@ -73,31 +81,72 @@ class _Fault:
     point: str
     global_step: int
     rank: int = 0
-    attempt: int = 1
+    attempt: int | str = 1  # or EVERY_ATTEMPT
     signal: str = "SIGKILL"
-    factor: float = 1.0  # point ``slow`` only: how many times slower (runner/health/injection.py)
+    factor: float = 1.0  # ``slow``: how many times slower; ``loss_spike``: times the loss (1: its default 100)
+
+    def armed_in(self, attempt: int) -> bool:
+        """Attempt 0 is no worker's (input_gate outside a worker): nothing fires there."""
+        return attempt >= 1 and (self.attempt == EVERY_ATTEMPT or self.attempt == attempt)
+
+
+_KEYS = tuple(f.name for f in dataclasses.fields(_Fault))
+
+
+def _int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def parse_faults(text: str) -> list[_Fault]:
+    """The faults of an ``RT_FAULTS`` value ("" or unset: none); ValueError naming the bad
+    value and what is accepted (``resilient-train run`` checks it before it starts anything)."""
+    if not text.strip():
+        return []
+    try:
+        items = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{ENV} is not JSON ({exc}); expected a list of objects such as "
+                         '[{"point": "nan_loss", "global_step": 6, "rank": 0, "attempt": "all"}]') from None
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise ValueError(f"Received {ENV}={text!r}; expected a JSON list of objects, one per fault")
+    faults = []
+    for index, item in enumerate(items, start=1):
+        where = f"{ENV} fault {index}"
+        unknown = sorted(set(item) - set(_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key {unknown[0]!r}; accepted: {', '.join(_KEYS)}")
+        for key in ("point", "global_step"):
+            if key not in item:
+                raise ValueError(f"{where}: missing {key!r} (every fault names a point and a global_step)")
+        if item["point"] not in POINTS:
+            raise ValueError(f"{ENV} point {item['point']!r}; expected one of {POINTS}")
+        for key, minimum in (("global_step", 0), ("rank", 0)):
+            if key in item and not _int(item[key], minimum):
+                raise ValueError(f"{where}: received {key}={item[key]!r}; expected an integer >= {minimum}")
+        attempt = item.get("attempt", 1)
+        if not (_int(attempt, 1) or attempt == EVERY_ATTEMPT):
+            raise ValueError(f"{where}: received attempt={attempt!r}; expected an integer >= 1 or "
+                             f"{EVERY_ATTEMPT!r} (every attempt: a poisoned batch)")
+        sig = item.get("signal", "SIGKILL")
+        if sig != HANG and not isinstance(getattr(signal, str(sig), None), signal.Signals):
+            raise ValueError(f"{ENV} signal {sig!r}; expected a signal name such as SIGKILL or SIGSTOP, or {HANG!r}")
+        factor = item.get("factor", 1.0)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
+            raise ValueError(f"{where}: received factor={factor!r}; expected a number >= 1 (point slow: how many "
+                             "times slower; loss_spike: how many times the loss, default 100)")
+        faults.append(_Fault(**item))
+    return faults
 
 
 class FaultPlan:
     def __init__(self, faults: list[_Fault], *, rank: int, attempt: int) -> None:
         self._armed = {
-            (f.point, f.global_step): f for f in faults if f.rank == rank and f.attempt == attempt
+            (f.point, f.global_step): f for f in faults if f.rank == rank and f.armed_in(attempt)
         }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, rank: int, attempt: int) -> "FaultPlan":
-        text = environ.get("RT_FAULTS", "")
-        if not text:
-            return cls([], rank=rank, attempt=attempt)
-        items = json.loads(text)
-        faults = [_Fault(**item) for item in items]
-        for fault in faults:
-            if fault.point not in POINTS:
-                raise ValueError(f"RT_FAULTS point {fault.point!r}; expected one of {POINTS}")
-            if fault.signal != HANG and not isinstance(getattr(signal, fault.signal, None), signal.Signals):
-                raise ValueError(f"RT_FAULTS signal {fault.signal!r}; expected a signal name such as SIGKILL "
-                                 f"or SIGSTOP, or {HANG!r}")
-        return cls(faults, rank=rank, attempt=attempt)
+        return cls(parse_faults(environ.get(ENV, "")), rank=rank, attempt=attempt)
 
     def armed_steps(self, point: str) -> list[int]:
         """The global steps armed at ``point`` (for a fault the traced step makes: ``nan_loss``)."""

@@ -7,11 +7,23 @@ injections for the chaos catalogue and for users' own recipes.
 
 The step whose global step is 5 gets ``loss + NaN`` on that rank's replicas, inside the
 gradient tape, so its gradients and the weights it updates are NaN too, what a poisoned batch
-does. ``attempt`` (default 1) selects the attempt, as for every fault; ``"signal"`` is
+does. ``attempt`` (default 1) selects the attempt, as for every fault: attempt 1 only is a
+transient (a flipped bit that a replay does not meet again); ``"attempt": "all"`` is a poisoned
+batch, NaN whenever step 5 is trained, in every attempt, so the replay meets it again
+(``deterministic``) and the run skips that batch (runner/health/anomaly_policy.py). A skipped
+batch is consumed without a training step, so the injection never fires on it. ``"signal"`` is
 ignored. Nothing is added to the step when no such fault is armed for this process.
 
+The injection sits in the runner's own training step (runner/training/train_call.py), so it
+works on any recipe the runner trains with its step, a user's too, armed from the environment
+of ``resilient-train run`` (docs/failures.md). A model with its own ``train_step``
+(runner/keras_recipes/own_step.py) computes its loss itself: there it is not armed.
+
 Point ``loss_spike`` multiplies that rank's loss at that step by 100 instead (a poisoned batch:
-its gradients too), for ``--loss-spike`` (runner/health/spikes.py).
+its gradients too), for ``--loss-spike`` (runner/health/spikes.py); ``"attempt": "all"`` as above;
+``"factor": F`` multiplies by F instead of 100. The detector wants the step's reduced loss above
+twice the largest of the last 100 (spikes.py ``OVER_MAX``): a batch whose own loss is small may
+need more than 100 (the catalogue's ``loss-spike`` uses 10000, whatever the seed).
 
 Point ``bitflip`` (silent data corruption)::
 
@@ -56,15 +68,22 @@ SLOW_POINT = "slow"
 class NanInjection:
     """The global steps this process poisons (decided at start, fixed in the traced step):
     ``steps`` with a NaN, ``spike_steps`` with SPIKE_FACTOR times the loss (point ``loss_spike``:
-    a poisoned batch whose gradients are that much larger too, runner/health/spikes.py)."""
+    a poisoned batch whose gradients are that much larger too, runner/health/spikes.py), or
+    ``spike_factors`` times it, one per spike step."""
 
-    def __init__(self, steps: Sequence[int], spike_steps: Sequence[int] = ()) -> None:
+    def __init__(self, steps: Sequence[int], spike_steps: Sequence[int] = (),
+                 spike_factors: Sequence[float] | None = None) -> None:
         self.steps = tuple(sorted(set(int(s) for s in steps)))
-        self.spike_steps = tuple(sorted(set(int(s) for s in spike_steps)))
+        factors = dict(zip((int(s) for s in spike_steps), spike_factors or [SPIKE_FACTOR] * len(spike_steps)))
+        self.spike_steps = tuple(sorted(factors))
+        self.spike_factors = tuple(float(factors[s]) for s in self.spike_steps)
 
     @classmethod
     def from_plan(cls, plan: FaultPlan) -> "NanInjection":
-        return cls(plan.armed_steps(POINT), plan.armed_steps(SPIKE_POINT))
+        """A ``loss_spike`` without a ``factor`` (the fault's default 1) is SPIKE_FACTOR times the loss."""
+        spikes = plan.armed(SPIKE_POINT)
+        return cls(plan.armed_steps(POINT), [step for step, _ in spikes],
+                   [SPIKE_FACTOR if factor == 1 else factor for _, factor in spikes])
 
     def poisoned(self, loss: tf.Tensor, global_step: tf.Variable) -> tf.Tensor:
         """``loss``, plus NaN when the step being trained (``global_step`` + 1) is armed, or
@@ -73,8 +92,9 @@ class NanInjection:
             return loss
         step = tf.cast(global_step.read_value(), tf.int64) + 1
         if self.spike_steps:
-            spiked = tf.reduce_any(tf.equal(step, tf.constant(self.spike_steps, tf.int64)))
-            loss = loss * tf.where(spiked, tf.constant(SPIKE_FACTOR, loss.dtype), tf.ones([], loss.dtype))
+            spiked = tf.equal(step, tf.constant(self.spike_steps, tf.int64))
+            factors = tf.constant(self.spike_factors, loss.dtype)
+            loss = loss * tf.reduce_max(tf.where(spiked, factors, tf.ones_like(factors)))
         if not self.steps:
             return loss
         hit = tf.reduce_any(tf.equal(step, tf.constant(self.steps, tf.int64)))

@@ -113,3 +113,30 @@ def test_a_before_join_fault_makes_its_rank_probe_closed_ports_and_fail_naming_t
     worker_main._reach_peers(cluster, 30, unreachable=True).close()
     worker_main._reach_peers(cluster, 30).close()
     assert probed == [(["127.0.0.1:4999", "10.0.0.2:2222"], 1, 15.0), (["10.0.0.1:2222", "10.0.0.2:2222"], 1, 15.0)]
+
+
+def test_a_fault_of_every_attempt_is_armed_in_each_attempt_and_never_outside_a_worker():
+    faults = json.dumps([{"point": "nan_loss", "global_step": 6, "rank": 1, "attempt": "all"},
+                         {"point": "nan_loss", "global_step": 9, "rank": 1, "attempt": 2}])
+    armed = {attempt: FaultPlan.from_env({"RT_FAULTS": faults}, rank=1, attempt=attempt).armed_steps("nan_loss")
+             for attempt in (0, 1, 2, 3)}
+    assert armed == {0: [], 1: [6], 2: [6, 9], 3: [6]}  # attempt 0: input_gate outside a worker
+    assert FaultPlan.from_env({"RT_FAULTS": faults}, rank=0, attempt=2).armed_steps("nan_loss") == []
+
+
+@pytest.mark.parametrize("item, message", [
+    ({"point": "nan_loss", "global_step": 6, "attempt": 0}, "RT_FAULTS fault 1: received attempt=0; expected an integer >= 1 or 'all'"),
+    ({"point": "nan_loss", "global_step": -1}, "RT_FAULTS fault 1: received global_step=-1; expected an integer >= 0"),
+    ({"point": "nan_loss", "global_step": 6, "rank": "1"}, "RT_FAULTS fault 1: received rank='1'; expected an integer >= 0"),
+    ({"point": "nan_loss"}, "RT_FAULTS fault 1: missing 'global_step'"),
+    ({"point": "slow", "global_step": 0, "factor": 0.5}, "RT_FAULTS fault 1: received factor=0.5; expected a number >= 1"),
+])
+def test_a_bad_fault_is_refused_naming_the_value_and_what_is_accepted(item, message):
+    with pytest.raises(ValueError) as raised:
+        FaultPlan.from_env({"RT_FAULTS": json.dumps([item])}, rank=0, attempt=1)
+    assert str(raised.value).startswith(message)
+
+
+def test_no_fault_plan_arms_nothing():
+    assert FaultPlan.from_env({}, rank=0, attempt=1).armed_steps("nan_loss") == []
+    assert FaultPlan.from_env({"RT_FAULTS": " "}, rank=0, attempt=1).armed_steps("nan_loss") == []

@@ -108,6 +108,19 @@ def test_the_injection_poisons_exactly_the_armed_steps_of_this_rank_and_attempt(
     assert NanInjection.from_plan(FaultPlan([], rank=0, attempt=1)).poisoned(loss, counter) is loss  # nothing added
 
 
+def test_a_loss_spike_multiplies_its_steps_loss_by_100_or_by_its_factor():
+    faults = json.dumps([{"point": "loss_spike", "global_step": 2, "rank": 0, "attempt": "all"},
+                         {"point": "loss_spike", "global_step": 4, "rank": 0, "attempt": "all", "factor": 10000}])
+    injection = NanInjection.from_plan(FaultPlan.from_env({"RT_FAULTS": faults}, rank=0, attempt=3))
+    assert (injection.spike_steps, injection.spike_factors) == ((2, 4), (100.0, 10000.0))
+    counter = tf.Variable(0, dtype=tf.int64)
+    seen = []
+    for _ in range(5):  # the step being trained is counter + 1
+        seen.append(float(injection.poisoned(tf.constant(0.5), counter)))
+        counter.assign_add(1)
+    assert seen == [0.5, 50.0, 0.5, 5000.0, 0.5]
+
+
 def anomaly_at(step: int, loss: float = float("nan")) -> Anomaly:
     return Anomaly(global_step=step, epoch=0, step_in_epoch=step - 1, replicas=1, values={"loss": loss})
 
