@@ -37,6 +37,7 @@ else:  # Python 3.10
     import tomli as tomllib
 
 from resilient_train.errors import ConfigError
+from resilient_train.job.config import STRAGGLER_POLICIES
 
 from resilient_train.chaos.scenarios import (
     EXTERNAL_OPS, PARAMETER_SERVER, SIGNALS, WORKER_POINTS, ExternalFault, Fault, Scenario, StorageFaults, Trigger,
@@ -71,7 +72,7 @@ EVENTS = (
     "standby_template_ready", "standby_template_lost", "model_exported", "model_export_failed",
     "ray_connected", "placement_ready", "placement_lost", "node_lost", "slurm_step_started",
     "server_started", "server_stopped", "script_output", "attempt_incomplete", "chaos_fault_injected",
-    "anomaly_detected", "rolled_back", "replay_verdict",
+    "anomaly_detected", "rolled_back", "replay_verdict", "straggler_detected", "straggler_replaced",
 )
 
 
@@ -224,7 +225,7 @@ _JOB: dict[str, Check] = {
     "recipe": _string, "workers": _integer(1), "epochs": _integer(1), "steps_per_epoch": _integer(1),
     "save_every_steps": _integer(1), "hang_timeout": _seconds, "storage_timeout": _seconds,
     "startup_timeout": _seconds, "strategy": _one_of(STRATEGIES), "ps": _integer(1),
-    "snapshot_every": _integer(1), "straggler_window": _seconds,
+    "snapshot_every": _integer(1), "straggler_window": _seconds, "straggler_policy": _one_of(STRAGGLER_POLICIES),
 }
 _EXPECT: dict[str, Check] = {"restored": _steps}
 KINDS = ("worker", "external", "storage")

@@ -68,6 +68,7 @@ class JobSpec:
     startup_timeout: float | None = None  # None: the job's default; no part of the reference key
     snapshot_every: int | None = None  # --snapshot-every (the memory tier); None: off (argv); no part of the key
     straggler_window: float | None = None  # None: the job's default; no part of the reference key
+    straggler_policy: str | None = None  # None: the job's default (warn); no part of the reference key
     strategy: str = "mirrored"  # or "parameter-server" (then ``ps`` parameter servers)
     ps: int = 0
 
@@ -113,6 +114,8 @@ class JobSpec:
         # survivor commits a snapshot newer than the last save when a peer dies, so which step
         # a restart restores depends on how far the survivors got, and scenarios pin it.
         flags += ["--snapshot-every", "off" if spec.snapshot_every is None else str(spec.snapshot_every)]
+        if spec.straggler_policy is not None:
+            flags += ["--straggler-policy", spec.straggler_policy]
         if spec.strategy != "mirrored":
             flags += ["--strategy", spec.strategy, "--ps", str(spec.ps)]
         return [

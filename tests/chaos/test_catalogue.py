@@ -165,7 +165,7 @@ def test_the_toml_catalogue_is_exactly_the_python_catalogue_it_replaced() -> Non
     assert len(before) == 20 and set(before) <= set(loaded)
     assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6)
         "bitflip-once", "nan-once", "rescue-chief-killed-between-saves", "rescue-hang-between-saves",
-        "rescue-rank-killed-between-saves", "slow-worker", "throttle-worker"]
+        "rescue-rank-killed-between-saves", "slow-worker", "throttle-worker", "throttle-worker-replace"]
     for name, scenario in before.items():
         renamed = Scenario(name, scenario.summary, scenario.faults, scenario.job, scenario.expect_restored, scenario.ci)
         assert loaded[name] == renamed, name  # every field: summary, faults (in order), job, expectations, ci
@@ -203,6 +203,10 @@ def test_a_few_scenarios_field_by_field() -> None:
                        stop_ms=50, run_ms=50),),
         (("recipe", "recipes/digits_cnn.py"), ("epochs", 1), ("steps_per_epoch", 1500), ("save_every_steps", 500),
          ("straggler_window", 6)))
+    replace = by_name("throttle-worker-replace", CATALOGUE_DIR)
+    assert (replace.faults, replace.job) == (throttle.faults, (
+        ("recipe", "recipes/digits_cnn.py"), ("epochs", 1), ("steps_per_epoch", 4000), ("save_every_steps", 1000),
+        ("straggler_window", 6), ("straggler_policy", "replace")))
     hang = by_name("rescue-hang-between-saves", CATALOGUE_DIR)
     assert (hang.faults, hang.job, hang.expect_restored) == (
         (WorkerFault("after_step", 17, rank=1, signal=HANG),),
