@@ -49,11 +49,12 @@ class Progress:
             for straggler in self.stragglers.observed(
                     host_s, steps, global_step=global_step, traced=traced, stall_s=stall_s,
                     steps_left=max(0, self.epochs * self.steps_per_epoch - global_step)):
-                decision = self.replacement.decide(straggler) if self.replacement is not None else None
+                replacement = self.replacement
+                decision = replacement.decide(straggler) if replacement is not None else None
                 emit("straggler_detected", group=True,
                      **{**straggler.fields(), **(decision.fields() if decision is not None else {})})
-                if decision is not None and decision.action == REPLACE:
-                    self.replacement.replace(straggler, decision)
+                if replacement is not None and decision is not None and decision.action == REPLACE:
+                    replacement.replace(straggler, decision)
         now = self.clock()
         if now - self.last < self.every_s:
             return
