@@ -105,7 +105,7 @@ def test_the_chief_reads_the_runs_restarts_and_the_ranks_last_replacement(tmp_pa
         {"event": "run_started", "ts": _ts(0), **sup},
         {"event": "run_state", "from": "preparing", "to": "starting", "attempt": 1, "ts": _ts(0), **sup},
         {"event": "first_step", "global_step": 1, "attempt": 1, "ts": _ts(2), **chief},
-        {"event": "straggler_detected", "rank": 1, "action": "replace", "attempt": 1, "ts": _ts(8), **chief},
+        {"event": "straggler_detected", **chief, "rank": 1, "action": "replace", "attempt": 1, "ts": _ts(8)},
         {"event": "preemption_requested", "source": "straggler:1", "attempt": 1, "ts": _ts(9), **chief},
         {"event": "run_state", "from": "restarting", "to": "starting", "attempt": 2, "ts": _ts(11), **sup},
         {"event": "first_step", "global_step": 91, "attempt": 2, "ts": _ts(14), **chief},
