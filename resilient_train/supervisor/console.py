@@ -239,8 +239,8 @@ def _straggler_action(r: Mapping[str, Any]) -> str:
     """What --straggler-policy decided (runner/health/stragglers.py decide_replace); an event written
     before the policy existed has no reason: warn."""
     if r.get("action") == "replace":
-        return (f"replacing it: {r['reason']}: the workers save at one agreed step, then restart the group off its "
-                "host")
+        return (f"replacing it: {r['reason']}: the workers save at one agreed step, then the group restarts without "
+                "that process (off its node where the launcher can place it elsewhere)")
     return f"training goes on (warn: {r['reason']})" if r.get("reason") else "training goes on (warn)"
 
 
