@@ -164,7 +164,8 @@ SENTENCES = [
      "(a CPU quota, a noisy neighbour?): about 1.8x slower per step (11.0 ms against 6.1 ms at their pace) for 6 s, "
      "at global step 700; it costs the group 73.0 steps/s (90.9 instead of about 163.9), about 16.2 s to the end of "
      "the run; replacing it: its cost to the end of the run (16.2 s) exceeds a restart's (10 s, estimated): the "
-     "workers save at one agreed step, then restart the group off its host"),
+     "workers save at one agreed step, then the group restarts without that process (off its node where the "
+     "launcher can place it elsewhere)"),
     ({"event": "straggler_detected", "rank": 1, "host": "h1", "global_step": 51, "slower": 2.86,
       "busy_ms_per_step": 61.758, "others_ms_per_step": 21.626, "window_s": 20.0, "steps_per_s": 16.19,
       "steps_per_s_without": 46.24, "steps_per_s_lost": 30.05, "steps_left": 249, "time_lost_s": 10.0, "action": "warn",
