@@ -72,7 +72,7 @@ def _progress(events: list[dict[str, Any]], attempt: int | None, lo: float, hi: 
             and (attempt is None or e.get("attempt") == attempt) and lo <= _ts(e) <= hi]
 
 
-def replaced_run(seed: int, root: Path, *, steps: int, after_s: float) -> dict[str, Any]:
+def replaced_run(seed: int, root: Path, *, steps: int, after_s: float, window: float | None = None) -> dict[str, Any]:
     """One throttle-worker-replace run (throttle from the first commit on), checked by the harness."""
     from resilient_train.chaos.catalogue import by_name
     from resilient_train.chaos.harness import JobSpec, ensure_reference, run_scenario
@@ -80,7 +80,8 @@ def replaced_run(seed: int, root: Path, *, steps: int, after_s: float) -> dict[s
 
     scenario = by_name(SCENARIO, ROOT / "chaos" / "scenarios")
     save_every = max(1, steps // 6)
-    job = dict(scenario.job, steps_per_epoch=steps, save_every_steps=save_every)
+    job = dict(scenario.job, steps_per_epoch=steps, save_every_steps=save_every,
+               **({"straggler_window": window} if window is not None else {}))
     throttle = dataclasses.replace(scenario.faults[0], trigger=Trigger(event="checkpoint_committed", nth=1, attempt=1,
                                                                        mid_epoch=True))
     scenario = dataclasses.replace(scenario, job=tuple(job.items()), faults=(throttle,))
@@ -142,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
     if args.smoke:
-        args.runs, args.steps = 1, 600
+        args.runs, args.steps = 1, 4000  # a replacement needs a gain over the 10 s estimate: steps left
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="rt-straggler-replace-"))
     runs = []
     try:
         for seed in range(args.runs):
-            runs.append(replaced_run(seed, root, steps=args.steps, after_s=args.after_s))
+            runs.append(replaced_run(seed, root, steps=args.steps, after_s=args.after_s,
+                                     window=3.0 if args.smoke else None))
             print(json.dumps(runs[-1]), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
