@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/goodput.py                # 6 kills, one every 20 s, without and with the memory tier
     .venv/bin/python benchmarks/goodput.py --smoke --out /tmp/goodput.json   # one kill, 1000 steps
 
-Writes benchmarks/results/goodput.json. The job: ``recipes/digits_cnn.py``, 2 workers,
+Writes benchmarks/results/goodput.json. The job: ``recipes/digits_cnn.py`` (``--recipe``), 2 workers,
 global batch 64, one epoch of ``--steps`` steps, a save every ``--save-every-steps``
 (2000), the runner's defaults otherwise (async saves, warm standbys), ``--max-restarts``
 one above the kills. It runs uninterrupted first (the reference, ``--snapshot-every off``),
@@ -237,6 +237,7 @@ def measure(work: Path, args: argparse.Namespace, snapshot_every: str, reference
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RECIPE  # job_command's and the report's (one job per invocation: --recipe)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=6, help="kills in the measured window (default 6)")
     parser.add_argument("--every-s", type=float, default=20.0, help="seconds of wall time between kills (default 20)")
@@ -247,12 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=_compare_values, default=["off", "auto"], metavar="V,V...",
                         help="the killed runs' --snapshot-every values, one run each (default off,auto: "
                         "without and with issue 32's memory tier)")
+    parser.add_argument("--recipe", default=RECIPE,
+                        help=f"the job's recipe (default {RECIPE}; recipes/digits_keras.py has the largest trace)")
     parser.add_argument("--out", default=str(RESULTS / "goodput.json"))
     parser.add_argument("--keep", metavar="DIR", help="keep the run dirs there (default: deleted), to read a restart's "
                         "events (`resilient-train report`)")
     add_smoke_flag(parser)  # one kill 1 s into a 1000-step job, a save every 100, per compared value
     args = parser.parse_args(argv)
     check_smoke_out(parser, args, argv)
+    RECIPE = args.recipe
     if args.smoke:
         args.kills, args.every_s, args.steps, args.save_every_steps = 1, 1.0, 1000, 100
     started = time.time()
