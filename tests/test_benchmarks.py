@@ -54,6 +54,8 @@ SLOW = {
     "read_once_restore": "47 s (load 6, 2026-11-29): two 2-worker kill-and-resume runs; "
                          "tests/integration/test_sharded_save.py's default test covers read-once restore",
     "stragglers": "73 s (load 5-8, 2026-11-29): a throttled 2-worker run (and its reference) and an A/B pair",
+    "straggler_replace": "71 s (load 11-14, 2026-11-29): a throttled 2-worker run of 4000 steps replaced, and its "
+                         "reference; tests/chaos/test_ci_scenarios.py's replace test is RT_SLOW too",
     "clean_runs": "one 2-worker run of 2 x 50 steps; the detectors' real-process tests are the default suite's",
     "preformed_group": "290 s (load 84-118): four 2-worker TF groups (reference, training, standby, a standby losing a member)",
 }

@@ -37,6 +37,7 @@ else:  # Python 3.10
     import tomli as tomllib
 
 from resilient_train.errors import ConfigError
+from resilient_train.job.config import STRAGGLER_POLICIES
 
 from resilient_train.chaos.scenarios import (
     EVERY_ATTEMPT, EXTERNAL_OPS, PARAMETER_SERVER, SIGNALS, WORKER_POINTS, ExternalFault, Fault, Scenario,
@@ -72,6 +73,7 @@ EVENTS = (
     "ray_connected", "placement_ready", "placement_lost", "node_lost", "slurm_step_started",
     "server_started", "server_stopped", "script_output", "attempt_incomplete", "chaos_fault_injected",
     "anomaly_detected", "rolled_back", "replay_verdict", "batch_skipped", "host_suspected",
+    "straggler_detected", "straggler_replaced",
 )
 
 
@@ -241,6 +243,7 @@ _JOB: dict[str, Check] = {
     "save_every_steps": _integer(1), "hang_timeout": _seconds, "storage_timeout": _seconds,
     "startup_timeout": _seconds, "strategy": _one_of(STRATEGIES), "ps": _integer(1),
     "snapshot_every": _integer(1), "straggler_window": _seconds, "loss_spike": _positive, "keep": _integer(1),
+    "straggler_policy": _one_of(STRAGGLER_POLICIES),
 }
 _EXPECT: dict[str, Check] = {"restored": _steps, "skipped": _steps, "events": _expected_events}
 KINDS = ("worker", "external", "storage")

@@ -77,6 +77,7 @@ class JobSpec:
     # --loss-spike K and --keep N: detection and retention change no weight; no part of the reference key
     loss_spike: float | None = None  # None: off (the job's default)
     keep: int | None = None  # None: the job's default (3)
+    straggler_policy: str | None = None  # None: the job's default (warn); no part of the reference key
     strategy: str = "mirrored"  # or "parameter-server" (then ``ps`` parameter servers)
     ps: int = 0
 
@@ -126,6 +127,8 @@ class JobSpec:
         # survivor commits a snapshot newer than the last save when a peer dies, so which step
         # a restart restores depends on how far the survivors got, and scenarios pin it.
         flags += ["--snapshot-every", "off" if spec.snapshot_every is None else str(spec.snapshot_every)]
+        if spec.straggler_policy is not None:
+            flags += ["--straggler-policy", spec.straggler_policy]
         if spec.strategy != "mirrored":
             flags += ["--strategy", spec.strategy, "--ps", str(spec.ps)]
         return [

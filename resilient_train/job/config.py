@@ -55,6 +55,13 @@ LOSS_SPIKE_OFF = "off"  # --loss-spike off (runner/health/spikes.py)
 REPLICA_CHECK_OFF = "off"  # --replica-check-every off (runner/health/replicas.py)
 TRANSIENTS_OFF = "off"  # --max-transients-per-host off (runner/health/anomaly_policy.py)
 STRAGGLER_OFF = "off"  # --straggler-threshold off (runner/health/stragglers.py)
+# --straggler-policy (runner/health/stragglers.py): what the run does about a named straggler.
+STRAGGLER_WARN = "warn"
+STRAGGLER_REPLACE = "replace"
+STRAGGLER_POLICIES = (STRAGGLER_WARN, STRAGGLER_REPLACE)
+# The provider of a replaced straggler's notice marker (runner/health/straggler_replace.py writes it,
+# the supervisor and its launchers read it: its host is avoided where a launcher can, never doomed).
+STRAGGLER_PROVIDER = "straggler"
 # --on-anomaly (runner/health/anomaly_policy.py): what a non-finite step does to the run.
 ON_ANOMALY_ROLLBACK = "rollback"
 ON_ANOMALY_STOP = "stop"
@@ -276,6 +283,15 @@ class JobConfig:
     straggler_window: float = field(default=20.0, metadata=_flag(
         "--straggler-window", parse=float, metavar="SECONDS",
         help="for how long a worker must stay slower than --straggler-threshold to be named (default 20)"))
+    straggler_policy: str = field(default=STRAGGLER_WARN, metadata=_flag(  # runner/health/straggler_replace.py
+        "--straggler-policy", choices=STRAGGLER_POLICIES,
+        help="what a named straggler does to the run: warn (default) says so and trains on; replace, when the time "
+        "it costs to the end of the run exceeds a restart's (this run's measured one, else an estimate), saves at "
+        "an agreed step and restarts the group off its host (Ray, Slurm: that node is avoided; local: a fresh "
+        "process on the same host)"))
+    straggler_cooldown: float = field(default=600.0, metadata=_flag(
+        "--straggler-cooldown", parse=float, metavar="SECONDS",
+        help="--straggler-policy replace acts on one rank at most once in this many seconds (default 600)"))
     max_restarts: int = field(default=3, metadata=_flag(
         "--max-restarts", parse=_integer, help="gang restarts after failures (default 3)"))
     max_preemptions: int | None = field(default=None, metadata=_flag(
@@ -424,6 +440,13 @@ class JobConfig:
                 or not 0 < self.straggler_window < math.inf:
             raise ConfigError(f"Received straggler_window={self.straggler_window!r}; expected a finite number of "
                               "seconds > 0")
+        if self.straggler_policy not in STRAGGLER_POLICIES:
+            raise ConfigError(f"Received straggler_policy={self.straggler_policy!r}; expected one of "
+                              f"{', '.join(STRAGGLER_POLICIES)}")
+        if isinstance(self.straggler_cooldown, bool) or not isinstance(self.straggler_cooldown, (int, float)) \
+                or not 0 <= self.straggler_cooldown < math.inf:
+            raise ConfigError(f"Received straggler_cooldown={self.straggler_cooldown!r}; expected a finite number of "
+                              "seconds >= 0")
         if self.replica_check_every != REPLICA_CHECK_OFF and (
                 isinstance(self.replica_check_every, bool) or not isinstance(self.replica_check_every, int)
                 or self.replica_check_every < 0):

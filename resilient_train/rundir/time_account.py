@@ -73,7 +73,7 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 __all__ = ["CATEGORIES", "DEFINITIONS", "AttemptAccount", "TimeAccount", "account_time", "invocation_bounds", "last_invocation",
-           "timestamp", "INVOCATION_OPENS", "is_preparing"]
+           "restart_costs", "timestamp", "INVOCATION_OPENS", "is_preparing"]
 
 # In the order the report's bar and table show them.
 CATEGORIES = ("productive", "startup", "tracing", "restore", "replayed", "standstill", "save_blocking", "evaluation",
@@ -205,6 +205,22 @@ class TimeAccount:
                          for a in self.attempts},
             "notes": list(self.notes),
         }
+
+
+def restart_costs(account: TimeAccount) -> list[float]:
+    """The seconds each restart inside one invocation cost, in attempt order: from an attempt's
+    training end (a failure or a stop) to the next attempt's first step, less the steps it replays
+    (a restart after an agreed save replays none): the first attempt's ``standstill`` and ``stopping``,
+    the next one's ``startup``, ``tracing`` and ``restore``. A restart whose attempt never trained
+    is left out (it has no first step), and so is one across invocations (a gap between runs).
+    The straggler policy's measured cost of a restart (runner/health/stragglers.py)."""
+    costs = []
+    for before, after in zip(account.attempts, account.attempts[1:]):
+        if before.ended not in ("failure", "stop") or before.end != after.start or "never_trained" in after.phases:
+            continue
+        costs.append(sum(before.seconds.get(c, 0.0) for c in ("standstill", "stopping"))
+                     + sum(after.seconds.get(c, 0.0) for c in ("startup", "tracing", "restore")))
+    return costs
 
 
 class _Ledger:

@@ -232,7 +232,26 @@ def _straggler_detected(r: Mapping[str, Any], _: Facts) -> str:
     return (f"rank {r['rank']} ({r['host']}) is a straggler: {why} for {r['window_s']:g} s, "
             f"at global step {r['global_step']}; it costs the group {r['steps_per_s_lost']} steps/s "
             f"({r['steps_per_s']} instead of about {r['steps_per_s_without']}), about {r['time_lost_s']:g} s to the "
-            f"end of the run; training goes on (warn)")
+            f"end of the run; {_straggler_action(r)}")
+
+
+def _straggler_action(r: Mapping[str, Any]) -> str:
+    """What --straggler-policy decided (runner/health/stragglers.py decide_replace); an event written
+    before the policy existed has no reason: warn."""
+    if r.get("action") == "replace":
+        return (f"replacing it: {r['reason']}: the workers save at one agreed step, then the group restarts without "
+                "that process (off its node where the launcher can place it elsewhere)")
+    return f"training goes on (warn: {r['reason']})" if r.get("reason") else "training goes on (warn)"
+
+
+def _straggler_replaced(r: Mapping[str, Any], _: Facts) -> str:
+    if r.get("moved") == "node_avoided":
+        how = f"off node {', '.join(r.get('nodes') or [])}, which the {r.get('launcher')} launcher avoids from now on"
+    else:
+        how = (f"with a fresh process on the same host {r.get('host')}: the {r.get('launcher')} launcher cannot place it "
+               "elsewhere, so whatever slowed the old process itself (a stop/continue cycle, a quota on it) is gone, "
+               "a slow host is not")
+    return f"rank {r['rank']} replaced after the agreed save of global step {r['global_step']}: it restarts {how}"
 
 
 def _rolled_back(r: Mapping[str, Any], _: Facts) -> str:
@@ -282,6 +301,7 @@ def _preemption_requested(r: Mapping[str, Any], _: Facts) -> str:
     who, _sep, what = source.partition(":")
     asked = {"supervisor": f"the run got {what}", "worker": f"worker {what} got a stop signal",
              "launcher": f"the {what} launcher asked to stop",
+             "straggler": f"rank {what} is a straggler to replace (--straggler-policy replace)",
              "notice": (f"this host had a preemption notice ({what})" if what != "suspect-hardware" else
                         "this host is suspected of faulty hardware (repeated transient anomalies; resume the run "
                         "on other hardware)")}.get(who, f"stop requested ({source})")
@@ -409,6 +429,7 @@ CONSOLE: Mapping[str, Sentence | None] = {
     "training_stopped": _training_stopped,
     "anomaly_detected": _anomaly_detected,  # runner/health/
     "straggler_detected": _straggler_detected,  # runner/health/stragglers.py
+    "straggler_replaced": _straggler_replaced,  # --straggler-policy replace: what the restart moves
     "rolled_back": _rolled_back,
     "replay_verdict": _replay_verdict,
     "host_suspected": _host_suspected,

@@ -6,7 +6,8 @@ launcher's capacity, and touches nothing else (no events, no signals):
 * ``room_to_grow``: RUNNING below MAX, once the attempt trains, every CAPACITY_EVERY_S: a
   :class:`Resize` to the larger size the launcher can place now (-> RESIZING), or None.
 * ``notice_elsewhere``: a preemption notice from a worker's node that is not the
-  supervisor's (Ray, Slurm: launchers/api.py ``avoid_noticed``): a :class:`NodeAvoided`
+  supervisor's, or a replaced straggler's marker (runner/health/straggler_replace.py) (Ray, Slurm:
+  launchers/api.py ``avoid_noticed``): a :class:`NodeAvoided`
   saying what the run does without that node: ``stop`` (fewer than MIN placeable: 143 as
   on a notice for this host), ``restart`` (a fixed-size run that still fits: the attempt
   ends 143 and restarts elsewhere as a preemption), ``shrink`` or ``move`` (elastic: a
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from resilient_train.job.config import JobConfig
+from resilient_train.job.config import STRAGGLER_PROVIDER, JobConfig
 from resilient_train.rundir.layout import AttemptDir
 from resilient_train.supervisor.attempt import Resize, Stop
 from resilient_train.supervisor.launchers import Launcher
@@ -93,7 +94,8 @@ class ElasticPolicy:
             return None
         providers = sorted({str(f.get("provider") or "unknown") for f in read_notices(attempt_dir).values()})
         placeable = min(self.placeable(), size)
-        why = f"preemption notice ({', '.join(providers)}) on node {', '.join(nodes)}"
+        why = (f"a straggler replaced off node {', '.join(nodes)}" if providers == [STRAGGLER_PROVIDER]
+               else f"preemption notice ({', '.join(providers)}) on node {', '.join(nodes)}")
         if placeable < self._job.world_sizes.start:
             action = "stop"
         elif not self._job.elastic:

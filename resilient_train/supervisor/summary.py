@@ -122,10 +122,23 @@ def anomalies(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def stragglers(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every ``straggler_detected`` (runner/health/stragglers.py), with its attempt."""
+    """Every ``straggler_detected`` (runner/health/stragglers.py), with its attempt, the policy's
+    decision and numbers, and for a replaced one its ``straggler_replaced``'s (``moved``, ``nodes``,
+    ``saved_step``; None otherwise)."""
     keys = ("attempt", "rank", "host", "global_step", "slower", "evidence", "stalled", "others_stalled",
-            "busy_ms_per_step", "others_ms_per_step", "steps_per_s", "steps_per_s_lost", "time_lost_s", "action")
-    return [{key: record.get(key) for key in keys} for record in records if record.get("event") == "straggler_detected"]
+            "busy_ms_per_step", "others_ms_per_step", "steps_per_s", "steps_per_s_lost", "time_lost_s", "action",
+            "reason", "gain_s", "restart_cost_s", "restart_cost_from", "steps_left")
+    records = list(records)
+    replaced = {(r.get("attempt"), r.get("rank")): r for r in records if r.get("event") == "straggler_replaced"}
+    out = []
+    for record in records:
+        if record.get("event") != "straggler_detected":
+            continue
+        moved = replaced.get((record.get("attempt"), record.get("rank"))) if record.get("action") == "replace" else None
+        out.append({**{key: record.get(key) for key in keys},
+                    "moved": moved.get("moved") if moved else None, "nodes": moved.get("nodes") if moved else None,
+                    "saved_step": moved.get("global_step") if moved else None})
+    return out
 
 
 def attempt_world_sizes(records: Iterable[dict[str, Any]]) -> dict[str, int]:

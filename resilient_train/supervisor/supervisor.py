@@ -37,9 +37,11 @@ workers restore the last committed checkpoint.
 #              ProgressWatchdog (supervisor/watchdog.py): no rank advanced for longer than
 #              the allowance -> HUNG. Elastic and below MAX: every CAPACITY_EVERY_S, once
 #              the attempt trains, ask capacity(); room for more workers -> RESIZING.
-#              A preemption notice on a worker's node that is not this host's (Ray, Slurm):
-#              the launcher avoids that node; elastic with MIN placeable without it ->
-#              RESIZING (a planned shrink), fewer -> stop with 143 (ElasticPolicy.notice_elsewhere).
+#              A preemption notice on a worker's node that is not this host's, or a replaced
+#              straggler's marker (Ray, Slurm): the launcher avoids that node; elastic with MIN
+#              placeable without it -> RESIZING (a planned shrink), fewer -> stop with 143
+#              (ElasticPolicy.notice_elsewhere). A replaced straggler's attempt (its agreed save,
+#              143) is settled as a preemption and restarted; straggler_replaced says what moved.
 #              (The topology's running_ends decides the first two.)
 #   RESIZING   SIGTERM the group (the same agreed save as a preemption) -> STOPPING, which
 #              gives it grace_period to save and exit 143; settled as a membership change.
@@ -82,7 +84,7 @@ from typing import Any, Callable, TextIO
 
 from resilient_train.checkpoint import CheckpointStore, Manifest, RetryPolicy
 from resilient_train.errors import RestartNotPlacedError
-from resilient_train.job.config import JobConfig
+from resilient_train.job.config import STRAGGLER_PROVIDER, JobConfig
 from resilient_train.job.fingerprint import fingerprint_for_supervisor, guard_job
 from resilient_train.job.recipe import recipe_name
 from resilient_train.rundir import events
@@ -102,10 +104,11 @@ from resilient_train.supervisor.finish import RunEnd
 from resilient_train.supervisor.group import WorkerGroup
 from resilient_train.supervisor.hang import collect_hang
 from resilient_train.supervisor.launchers import Launcher, make_launcher
+from resilient_train.supervisor.launchers.api import read_notices
 from resilient_train.supervisor.outcome import OutcomeJudge
 from resilient_train.supervisor.ownership import claim_storage
 from resilient_train.supervisor.rescue import ask_for_rescue, choose_hang_rescuer, choose_rescuer, failed_ranks
-from resilient_train.supervisor.policy import ExitClass, RestartPolicy, RestartTracker
+from resilient_train.supervisor.policy import AttemptOutcome, ExitClass, RestartPolicy, RestartTracker
 from resilient_train.supervisor.starting import AttemptStarter
 from resilient_train.supervisor.signals import ProcessSignals, SignalInstaller, StopRequest
 from resilient_train.supervisor.state import RunState, RunStateMachine, WorkerState
@@ -187,6 +190,7 @@ class Supervisor:
                                        self.out, pump=lambda: self._tail.pump())
         self._end = RunEnd(job, self.run_dir, self.store, self.totals, self.topology, self.out,
                            pump=lambda: self._tail.pump(), clock=clock)
+        self._avoided: dict[int, list[str]] = {}  # attempt -> the nodes avoided for its notices (node_avoided)
         self._judge = OutcomeJudge(self.run_dir, self.totals, self.out, self.store.url, self.topology, self.group.completed)
 
     @property
@@ -383,6 +387,7 @@ class Supervisor:
             return None
         emit("node_avoided", attempt=attempt.number, nodes=avoided.nodes, providers=avoided.providers,
              placeable=avoided.placeable, action=avoided.action)
+        self._avoided.setdefault(attempt.number, []).extend(avoided.nodes)
         if avoided.stop_source is not None:
             self.stop.request(avoided.stop_source)
             emit("preemption_requested", source=avoided.stop_source)
@@ -433,6 +438,7 @@ class Supervisor:
         if outcome is None:
             self._to(RunState.SUCCEEDED)
             return
+        self._straggler_replaced(outcome)
         if self.stop.source is None and (doomed := self.launcher.host_doomed(self.run_dir.attempt(self.attempt))):
             self.stop.request(doomed)  # a preemption notice for this host (launchers/api.py host_doomed)
             emit("preemption_requested", source=doomed)
@@ -456,6 +462,20 @@ class Supervisor:
             self._to(RunState.FAILED, reason=decision.reason, carrying=fatal)
             return
         self._to(RunState.RESTARTING, reason=decision.reason, carrying=Restart(decision, resize))
+
+    def _straggler_replaced(self, outcome: AttemptOutcome) -> None:
+        """The attempt saved and stopped to replace a straggler (the chief's ``straggler`` marker,
+        runner/health/straggler_replace.py): ``straggler_replaced`` says what the restart moves, the
+        nodes the launcher avoids from now on (Ray, Slurm: ``_notice_elsewhere``) or, where it can
+        place a worker nowhere else (local), only a fresh process. Not when the run itself stops."""
+        if self.stop.source is not None or outcome.exit_class is not ExitClass.PREEMPTED:
+            return
+        nodes = self._avoided.get(self.attempt, [])
+        for rank, fields in sorted(read_notices(self.run_dir.attempt(self.attempt)).items()):
+            if fields.get("provider") == STRAGGLER_PROVIDER:
+                emit("straggler_replaced", attempt=self.attempt, rank=rank, host=fields.get("host"),
+                     global_step=outcome.global_step, moved="node_avoided" if nodes else "fresh_process",
+                     nodes=nodes, launcher=self.launcher.name)
 
     def _step_restarting(self, restart: Restart) -> None:
         """Announce the gang restart, wait the backoff -> STARTING the next attempt."""

@@ -163,10 +163,10 @@ def test_the_toml_catalogue_is_exactly_the_python_catalogue_it_replaced() -> Non
     loaded = {s.name: s for s in load_catalogue(CATALOGUE_DIR)}
     before = {RENAMED.get(s.name, s.name): s for s in BEFORE}
     assert len(before) == 20 and set(before) <= set(loaded)
-    assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6; issue 48 item 5)
+    assert sorted(set(loaded) - set(before)) == [  # added since (issue 32 item 6; issues 48 and 49)
         "bitflip-once", "loss-spike", "nan-batch", "nan-once", "rescue-chief-killed-between-saves",
         "rescue-hang-between-saves",
-        "rescue-rank-killed-between-saves", "slow-worker", "throttle-worker"]
+        "rescue-rank-killed-between-saves", "slow-worker", "throttle-worker", "throttle-worker-replace"]
     for name, scenario in before.items():
         renamed = Scenario(name, scenario.summary, scenario.faults, scenario.job, scenario.expect_restored, scenario.ci)
         assert loaded[name] == renamed, name  # every field: summary, faults (in order), job, expectations, ci
@@ -204,6 +204,10 @@ def test_a_few_scenarios_field_by_field() -> None:
                        stop_ms=50, run_ms=50),),
         (("recipe", "recipes/digits_cnn.py"), ("epochs", 1), ("steps_per_epoch", 1500), ("save_every_steps", 500),
          ("straggler_window", 6)))
+    replace = by_name("throttle-worker-replace", CATALOGUE_DIR)
+    assert (replace.faults, replace.job) == (throttle.faults, (
+        ("recipe", "recipes/digits_cnn.py"), ("epochs", 1), ("steps_per_epoch", 4000), ("save_every_steps", 1000),
+        ("straggler_window", 6), ("straggler_policy", "replace")))
     hang = by_name("rescue-hang-between-saves", CATALOGUE_DIR)
     assert (hang.faults, hang.job, hang.expect_restored) == (
         (WorkerFault("after_step", 17, rank=1, signal=HANG),),
@@ -251,7 +255,7 @@ def test_the_ci_scenarios_are_the_catalogues() -> None:
 def test_the_catalogue_is_a_plain_directory_of_toml_files_not_a_package() -> None:
     assert not (REPO / "chaos" / "__init__.py").exists() and not (CATALOGUE_DIR / "__init__.py").exists()
     assert [p.name for p in (REPO / "chaos").rglob("*.py")] == ["__main__.py"]  # `python -m chaos`, nothing else
-    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 29
+    assert sorted(p.suffix for p in CATALOGUE_DIR.iterdir()) == [".toml"] * 30
 
 
 def test_run_by_path_loads_the_same_scenario_as_run_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -290,7 +294,7 @@ def test_list_shows_the_catalogue_and_a_catalogue_of_ones_own(
     monkeypatch.delenv(CATALOGUE_ENV, raising=False)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (29 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (30 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert re.fullmatch(r"kill-chief-at-7 +\[ci\] the seeds' experiment: .*resumes from 7",
                         next(line for line in lines if line.startswith("kill-chief-at-7")))
@@ -309,7 +313,7 @@ def test_list_works_in_a_clean_clone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "resilient_train.chaos", "list"], cwd=elsewhere, capture_output=True,
                           text=True, env={"PYTHONPATH": str(clone), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (29 scenarios; run one by name or by its file's path)"
+    assert done.stdout.splitlines()[0] == f"# {clone / 'chaos' / 'scenarios'} (30 scenarios; run one by name or by its file's path)"
 
 
 def _at_the_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -323,7 +327,7 @@ def test_python_m_chaos_at_the_checkout_is_the_packages_command(tmp_path: Path) 
     listed = _at_the_checkout("chaos", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0] == f"# {CATALOGUE_DIR} (29 scenarios; run one by name or by its file's path)"
+    assert lines[0] == f"# {CATALOGUE_DIR} (30 scenarios; run one by name or by its file's path)"
     assert [line.split()[0] for line in lines[1:]] == catalogue_names(CATALOGUE_DIR)
     assert listed.stdout == _at_the_checkout("resilient_train.chaos", "list").stdout
     bad = tmp_path / "kill-once.toml"
@@ -389,7 +393,7 @@ def test_every_mistake_of_a_users_file_is_one_line_naming_file_key_value_and_wha
         f"{f}: summary: missing; expected a one-line description of the scenario (a string)",
         f"{f}: job.workres: unknown key; did you mean 'workers'? accepted: recipe, workers, epochs, steps_per_epoch, "
         "save_every_steps, hang_timeout, storage_timeout, startup_timeout, strategy, ps, snapshot_every, straggler_window, "
-        "loss_spike, keep",
+        "loss_spike, keep, straggler_policy",
         f"{f}: job.save_every_steps: received 0; expected an integer >= 1",
         f"{f}: expect.restored: received [7, '8']; expected an array of integers >= 0 (global steps)",
         f"{f}: faults[1].point: received 'after_comit'; expected one of after_step, before_commit, after_commit, "

@@ -15,6 +15,7 @@ kills by default, so they are RT_SLOW too.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -136,9 +137,54 @@ def test_a_poisoned_batch_spiking_the_loss_is_named_at_its_step_rolled_back_skip
     assert result.check.last_matching_step == 120 and result.check.first_divergent_step == 140
 
 
+@pytest.mark.slow  # tests/supervisor/test_supervisor_loop.py: a straggler's marker and 143 restart the group (fakes)
+def test_a_throttled_worker_is_replaced_by_an_agreed_save_and_a_fresh_process_losing_nothing(chaos_root: Path) -> None:
+    """throttle-worker-replace: the nemesis throttles rank 1's process (its pid: SIGSTOP/SIGCONT 50/50 ms);
+    with --straggler-policy replace the chief names it, finds its cost to the end above a restart's
+    (no restart in the run yet: the 10 s estimate), and asks for the stop; the group saves the step
+    that stop names, exits 143, and the local launcher restarts it with fresh processes, which the
+    throttle (it held the old pid) no longer touches. Zero lost steps, the digest of the run
+    never throttled."""
+    from resilient_train.chaos.invariants import load_events
+    from resilient_train.rundir.layout import RunDir
+
+    result = _run("throttle-worker-replace", SLOW_SPEC, chaos_root)
+    assert result.problems == () and result.check.violations == (), result.to_dict()
+    [fault] = result.faults
+    assert (fault["op"], fault["state"], fault["rank"], fault["attempt"]) == ("throttle_worker", "done", 1, 1)
+    records = load_events(RunDir(Path(result.run_dir)).events)
+
+    def named(event: str, **match) -> list[dict]:
+        return [r for r in records if r.get("event") == event and all(r.get(k) == v for k, v in match.items())]
+
+    [detected] = named("straggler_detected")
+    assert (detected["rank"], detected["attempt"], detected["evidence"], detected["action"]) == (1, 1, "stalled", "replace")
+    assert (detected["restart_cost_s"], detected["restart_cost_from"]) == (10.0, "estimate")
+    assert detected["gain_s"] == detected["time_lost_s"] > detected["restart_cost_s"]
+    assert detected["steps_left"] == 4000 - detected["global_step"]
+    [request] = named("preemption_requested", source="straggler:1")
+    assert (request["attempt"], request["rank"]) == (1, 0)  # the chief's stop request, voted in the next call
+    saved = request["global_step"]
+    assert detected["global_step"] < saved < 4000
+    assert [r["global_step"] for r in named("preempted", attempt=1, role="chief")] == [saved]
+    assert [r["global_step"] for r in named("checkpoint_committed", attempt=1)][-1] == saved
+    assert [(r["rank"], r["global_step"], r["moved"], r["nodes"], r["launcher"]) for r in named("straggler_replaced")] == [
+        (1, saved, "fresh_process", [], "local")]
+    exits = {(r["attempt"], r["rank"]): r.get("exit_code") for r in named("worker_exited")}
+    assert (exits[(1, 0)], exits[(1, 1)]) == (143, 143)
+    pids = {(r["attempt"], r["rank"]): r["pid"] for r in named("worker_started")}
+    assert fault["pid"] == pids[(1, 1)] != pids[(2, 1)]  # the throttle held attempt 1's rank-1 process
+    assert [r["global_step"] for r in named("restored", attempt=2)] == [saved]
+    assert named("straggler_detected", attempt=2) == []  # the fresh process runs at the others' pace
+    assert result.check.lost_steps == 0 and [r.ended_by for r in result.check.restart_records] == ["preemption"]
+    assert (result.check.digest_match, result.check.restarts, result.exit_codes) == (True, 1, (0,))
+    [entry] = json.loads((Path(result.run_dir) / "summary.json").read_text())["stragglers"]
+    assert (entry["action"], entry["moved"], entry["saved_step"]) == ("replace", "fresh_process", saved)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [s.name for s in CATALOGUE if s.name not in (*CI_NAMES, "throttle-worker",
-                                                                             *NUMERICAL_HEALTH)
+                                                                             *NUMERICAL_HEALTH, "throttle-worker-replace")
                                   and not s.parameter_server])
 def test_catalogue_scenario(name: str, chaos_root: Path) -> None:
     result = _run(name, SLOW_SPEC, chaos_root)

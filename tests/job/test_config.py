@@ -304,3 +304,25 @@ def test_straggler_flags_parse_a_fraction_or_off_and_seconds(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["r.py", "--straggler-threshold", "slow"])
     assert "argument --straggler-threshold: 'slow' is not a number or 'off'" in capsys.readouterr().err
+
+
+def test_the_straggler_policy_is_warn_or_replace_with_a_cooldown(capsys):
+    import argparse
+
+    from resilient_train.job.config import add_job_arguments, job_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("recipe")
+    add_job_arguments(parser)
+    default = job_from_args(parser.parse_args(["r.py"]))
+    assert (default.straggler_policy, default.straggler_cooldown) == ("warn", 600.0)
+    job = job_from_args(parser.parse_args(["r.py", "--straggler-policy", "replace", "--straggler-cooldown", "120"]))
+    assert (job.straggler_policy, job.straggler_cooldown) == ("replace", 120.0)
+    assert JobConfig.from_json(job.to_json()).straggler_policy == "replace"  # job.json carries it to the workers
+    with pytest.raises(ConfigError, match=r"Received straggler_cooldown=-1\.0; expected a finite number of seconds >= 0"):
+        job_from_args(parser.parse_args(["r.py", "--straggler-cooldown", "-1"]))
+    with pytest.raises(ConfigError, match=r"Received straggler_policy='kill'; expected one of warn, replace"):
+        JobConfig(recipe="r.py", straggler_policy="kill")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["r.py", "--straggler-policy", "kill"])
+    assert "argument --straggler-policy: invalid choice: 'kill'" in capsys.readouterr().err

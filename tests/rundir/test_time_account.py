@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_train.rundir.time_account import CATEGORIES, account_time, last_invocation
+from resilient_train.rundir.time_account import CATEGORIES, account_time, last_invocation, restart_costs
 
 
 def _ts(second: float) -> str:
@@ -207,3 +207,28 @@ def test_replayed_steps_without_a_step_rate_cost_the_attempts_own_average():
     account = account_time(events, wall_s=57.0)
     assert account.attempts[0].replayed_steps == 5
     assert account.attempts[0].seconds["replayed"] == pytest.approx(5 * 22 / 20, abs=1e-6)
+
+
+def test_a_restarts_measured_cost_is_its_standstill_and_the_next_attempts_start_up_not_a_rerun():
+    """The straggler policy's measured restart cost (runner/health/stragglers.py decide_replace)."""
+    assert restart_costs(account_time(_killed_then_completed())) == pytest.approx([2 + 6])  # 32 -> 34 -> 40 s
+    assert restart_costs(account_time(_stopped_and_rerun())) == []  # a stop, then a new invocation: no restart
+
+
+def test_a_restart_after_an_agreed_save_costs_its_stopping_too():
+    e = _Log()
+    sup, chief = {"role": "supervisor"}, {"rank": 0, "role": "chief"}
+    e.add(0, "run_started", workers=2, **sup)
+    e.add(0, "run_state", **{"from": "preparing", "to": "starting"}, attempt=1, **sup)
+    e.add(2, "first_step", global_step=1, attempt=1, **chief)
+    e.add(9, "preemption_requested", source="straggler:1", global_step=90, attempt=1, **chief)
+    e.add(10, "preempted", global_step=90, attempt=1, **chief)
+    e.add(10.5, "worker_exited", rank=1, attempt=1, exit_code=143, state="exited", **sup)
+    e.add(11, "run_state", **{"from": "stopping", "to": "restarting"}, attempt=1, **sup)
+    e.add(11, "run_state", **{"from": "restarting", "to": "starting"}, attempt=2, **sup)
+    e.add(12.5, "restored", global_step=90, attempt=2, **chief)
+    e.add(14, "first_step", global_step=91, attempt=2, **chief)
+    e.add(20, "training_completed", global_step=200, attempt=2, **chief)
+    account = account_time(e)
+    assert [a.ended for a in account.attempts] == ["stop", "completed"]
+    assert restart_costs(account) == pytest.approx([(11 - 9) + (14 - 11)])

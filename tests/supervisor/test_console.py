@@ -47,7 +47,7 @@ def documented_events():
 
 SHOWN = {
     "run_started", "run_finished", "job_changed", "worker_restarted", "fresh_start", "restored", "epoch_finished",
-    "training_stopped", "anomaly_detected", "straggler_detected", "rolled_back", "replay_verdict", "host_suspected", "batch_skipped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
+    "training_stopped", "anomaly_detected", "straggler_detected", "straggler_replaced", "rolled_back", "replay_verdict", "host_suspected", "batch_skipped", "input_mismatch", "world_size_changed", "preemption_requested", "preempted",
     "checkpoint_committed", "checkpoint_rejected", "checkpoint_failed", "storage_retry", "storage_claimed",
     "stale_writer_fenced", "gang_restart", "hang_detected", "model_exported", "model_export_failed",
     "ray_connected", "node_lost", "chaos_fault_injected", "script_output",
@@ -58,7 +58,7 @@ SHOWN = {
 
 def test_every_documented_event_has_a_decision_in_the_one_table():
     documented = documented_events()
-    assert len(documented) == 84  # 80 before sharded_save, checkpoint_share_uploaded/_replaced, restore_read (issue 50)
+    assert len(documented) == 85  # 80 before sharded_save, checkpoint_share_uploaded/_replaced, restore_read (issue 50); straggler_replaced (issue 49)
     assert documented - set(CONSOLE) == set()
     assert set(CONSOLE) - documented == {"worker_preempted", "cache_write_failed"}  # emitted, named in events.py
     assert {name for name, sentence in CONSOLE.items() if sentence is not None} == SHOWN
@@ -154,6 +154,34 @@ SENTENCES = [
      "(a CPU quota, a noisy neighbour?): about 1.7x slower per step (14.317 ms against 8.422 ms at their pace) for "
      "6 s, at global step 562; it costs the group 48.89 steps/s (69.85 instead of about 118.74), about 5.5 s to the "
      "end of the run; training goes on (warn)"),
+    ({"event": "straggler_detected", "rank": 1, "host": "127.0.0.1", "global_step": 700, "slower": 1.8,
+      "evidence": "stalled", "stalled": 0.46, "others_stalled": 0.03, "busy_ms_per_step": 11.0,
+      "others_ms_per_step": 6.1, "window_s": 6.0, "steps_per_s": 90.9, "steps_per_s_without": 163.9,
+      "steps_per_s_lost": 73.0, "steps_left": 3300, "time_lost_s": 16.2, "action": "replace",
+      "reason": "its cost to the end of the run (16.2 s) exceeds a restart's (10 s, estimated)", "gain_s": 16.2,
+      "restart_cost_s": 10.0, "restart_cost_from": "estimate"},
+     "rank 1 (127.0.0.1) is a straggler: its process could not run 46% of the time against 3% on the other workers "
+     "(a CPU quota, a noisy neighbour?): about 1.8x slower per step (11.0 ms against 6.1 ms at their pace) for 6 s, "
+     "at global step 700; it costs the group 73.0 steps/s (90.9 instead of about 163.9), about 16.2 s to the end of "
+     "the run; replacing it: its cost to the end of the run (16.2 s) exceeds a restart's (10 s, estimated): the "
+     "workers save at one agreed step, then the group restarts without that process (off its node where the "
+     "launcher can place it elsewhere)"),
+    ({"event": "straggler_detected", "rank": 1, "host": "h1", "global_step": 51, "slower": 2.86,
+      "busy_ms_per_step": 61.758, "others_ms_per_step": 21.626, "window_s": 20.0, "steps_per_s": 16.19,
+      "steps_per_s_without": 46.24, "steps_per_s_lost": 30.05, "steps_left": 249, "time_lost_s": 10.0, "action": "warn",
+      "reason": "rank 1 was replaced 42 s ago (--straggler-cooldown 600 s)"},
+     "rank 1 (h1) is a straggler: busy 2.86x as long per step as the other workers (61.758 ms against 21.626 ms) for "
+     "20 s, at global step 51; it costs the group 30.05 steps/s (16.19 instead of about 46.24), about 10 s to the end "
+     "of the run; training goes on (warn: rank 1 was replaced 42 s ago (--straggler-cooldown 600 s))"),
+    ({"event": "straggler_replaced", "attempt": 1, "rank": 1, "host": "127.0.0.1", "global_step": 712,
+      "moved": "fresh_process", "nodes": [], "launcher": "local"},
+     "rank 1 replaced after the agreed save of global step 712: it restarts with a fresh process on the same host "
+     "127.0.0.1: the local launcher cannot place it elsewhere, so whatever slowed the old process itself (a "
+     "stop/continue cycle, a quota on it) is gone, a slow host is not"),
+    ({"event": "straggler_replaced", "attempt": 1, "rank": 1, "host": "10.0.0.2", "global_step": 712,
+      "moved": "node_avoided", "nodes": ["abc123"], "launcher": "ray"},
+     "rank 1 replaced after the agreed save of global step 712: it restarts off node abc123, which the ray launcher "
+     "avoids from now on"),
     ({"event": "input_mismatch", "epoch": 1, "checkpoint": "s/ckpt-000000000040", "expected_sha256": "a" * 64,
       "found_sha256": "b" * 64, "strict": False},
      "epoch 2's input differs from the one recorded with s/ckpt-000000000040, so the resumed run will not match "
@@ -165,6 +193,8 @@ SENTENCES = [
      "the run got SIGINT: the workers save at one agreed step, then stop"),
     ({"event": "preemption_requested", "source": "worker:1"},
      "worker 1 got a stop signal: the workers save at one agreed step, then stop"),
+    ({"event": "preemption_requested", "source": "straggler:1", "global_step": 712},
+     "rank 1 is a straggler to replace (--straggler-policy replace): the workers save at one agreed step, then stop"),
     ({"event": "preemption_requested", "source": "launcher:slurm"},
      "the slurm launcher asked to stop: the workers save at one agreed step, then stop"),
     ({"event": "preempted", **AT}, "saved global step 60 (epoch 2, step 20) and stopped"),

@@ -102,7 +102,23 @@ def test_every_straggler_detected_is_listed_with_its_attempt():
     assert stragglers(records) == [{"attempt": 2, "rank": 1, "host": "h1", "global_step": 51, "slower": 2.86,
                                     "evidence": "host_time", "stalled": 0.04, "others_stalled": 0.03,
                                     "busy_ms_per_step": 61.8, "others_ms_per_step": 21.6, "steps_per_s": 16.19,
-                                    "steps_per_s_lost": 30.05, "time_lost_s": 10.0, "action": "warn"}]
+                                    "steps_per_s_lost": 30.05, "time_lost_s": 10.0, "action": "warn",
+                                    "reason": None, "gain_s": None, "restart_cost_s": None, "restart_cost_from": None,
+                                    "steps_left": 249, "moved": None, "nodes": None, "saved_step": None}]
+
+
+def test_a_replaced_straggler_is_listed_with_the_decision_and_what_the_restart_moved():
+    named = {"event": "straggler_detected", "attempt": 1, "rank": 1, "host": "127.0.0.1", "global_step": 600,
+             "slower": 1.8, "time_lost_s": 14.2, "action": "replace", "reason": "its cost ... exceeds a restart's",
+             "gain_s": 14.2, "restart_cost_s": 10.0, "restart_cost_from": "estimate", "steps_left": 2400}
+    replaced = {"event": "straggler_replaced", "attempt": 1, "rank": 1, "host": "127.0.0.1", "global_step": 612,
+                "moved": "fresh_process", "nodes": [], "launcher": "local"}
+    warned = dict(named, attempt=2, action="warn", reason="rank 1 was replaced 20 s ago (--straggler-cooldown 600 s)")
+    [first, second] = stragglers([named, replaced, warned])
+    assert (first["action"], first["gain_s"], first["restart_cost_s"], first["restart_cost_from"], first["steps_left"],
+            first["moved"], first["nodes"], first["saved_step"]) == (
+        "replace", 14.2, 10.0, "estimate", 2400, "fresh_process", [], 612)
+    assert (second["attempt"], second["action"], second["moved"], second["saved_step"]) == (2, "warn", None, None)
 
 
 def test_a_root_cause_record_is_the_summary_object_and_a_hangs_adds_its_details_after_attempt():

@@ -503,3 +503,28 @@ def test_a_group_that_never_starts_training_names_each_rank_and_its_address(tmp_
     assert line in out.getvalue()
     root = json.loads((tmp_path / "run" / "summary.json").read_text())["root_cause"]
     assert root["message"].endswith(line)
+
+
+def test_a_replaced_straggler_restarts_the_group_with_fresh_processes_and_says_what_moved(tmp_path):
+    """The chief's straggler marker (runner/health/straggler_replace.py) and the group's agreed save
+    (143): the local run is not stopped as for a notice (its host is not going), it restarts, and
+    straggler_replaced says the only thing the local launcher changes: fresh processes."""
+    def marker(code: int) -> None:
+        (tmp_path / "run" / "attempt-1" / "notice-1.json").write_text(json.dumps(
+            {"provider": "straggler", "kind": "replace", "host": "127.0.0.1", "rank": 1}))
+
+    scripts = [
+        {"exit_at": 1.0, "exit_code": EXIT_PREEMPTED, "commits": False, "on_exit": marker},
+        {"exit_at": 1.2, "exit_code": EXIT_PREEMPTED},
+        {"exit_at": 2.0}, {"exit_at": 2.0},
+    ]
+    supervisor, spawner, _, out = make(tmp_path, scripts, max_restarts=0)
+    assert supervisor.run() == EXIT_OK
+    assert [(e["attempt"], e["rank"], e["host"], e["moved"], e["nodes"], e["launcher"])
+            for e in events(tmp_path, "straggler_replaced")] == [(1, 1, "127.0.0.1", "fresh_process", [], "local")]
+    assert events(tmp_path, "preemption_requested") == []  # no stop of the run (a notice would: notice:<provider>)
+    assert [p.pid for p in spawner.processes] == [4000, 4001, 4002, 4003]  # new processes for attempt 2
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["preemptions"], summary["restarts"], summary["attempts"]) == (
+        "completed", 1, 0, 2)
+    assert "rank 1 replaced after the agreed save of global step" in out.getvalue()

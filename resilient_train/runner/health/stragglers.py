@@ -50,8 +50,17 @@ duty cycle (chaos ``throttle-worker``) 45-51 %, named 1.8-1.9x slower 20.1 s aft
 began with the default 20 s window (5 of 5 runs; 23-25 s in 10 runs while a second trace cut the
 window); 8 clean runs named nothing.
 
-Policy: ``warn`` (``straggler_detected``, a console line, a summary.json entry). Moving the
-group off the slow rank (``replace``) is issue 49's next slice.
+Policy (``--straggler-policy``): ``warn`` (the default: ``straggler_detected``, a console line, a
+summary.json entry) or ``replace``. :func:`decide_replace` is the decision, pure: replace when the
+time the rank costs to the end of the run (``time_lost_s``, the gain) exceeds a restart's cost
+(the median of this run's own restarts, measured from its events: rundir/time_account.py
+``restart_costs``; none yet: :data:`RESTART_COST_ESTIMATE_S`), and the rank was not acted on less
+than ``--straggler-cooldown`` ago. What it then does (an agreed save, a restart off the host) is
+runner/health/straggler_replace.py's. Start-up and epoch ends are outside the decision by
+construction: it is taken between training calls only, after a whole window that counts neither an
+attempt's first call nor a call that traced, and the stop it asks for rides the next training call's row, so the
+group never stops inside an epoch end's evaluation (a decision at an epoch's last call stops after
+the next epoch's first call).
 """
 
 from __future__ import annotations
@@ -60,11 +69,22 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["BUCKETS", "HOST_TIME", "STALLED", "Straggler", "StragglerDetector", "StragglerOptions", "slowness",
-           "stall_slowness"]
+from resilient_train.job.config import STRAGGLER_REPLACE, STRAGGLER_WARN
+
+__all__ = ["BUCKETS", "HOST_TIME", "RESTART_COST_ESTIMATE_S", "ReplaceDecision", "STALLED", "Straggler",
+           "StragglerDetector", "StragglerOptions", "decide_replace", "slowness", "stall_slowness"]
 
 BUCKETS = 3  # consecutive slow buckets that make a window
-WARN = "warn"
+WARN = STRAGGLER_WARN
+REPLACE = STRAGGLER_REPLACE
+# A restart's cost when the run has not measured one of its own yet (an agreed save, the workers'
+# exit, a new attempt's start-up, restore, trace and first call). Measured on the 2-core machine
+# (2026-11-27..29, load 4-9): a kill to the next first step took 2.3-2.9 s with warm standbys
+# (docs/checkpointing.md, "Fast recovery"), an agreed save about 0.5 s; 10 s leaves room for a cold
+# start without standbys and for launchers that place a group more slowly (Ray, Slurm).
+RESTART_COST_ESTIMATE_S = 10.0
+MEASURED = "measured"
+ESTIMATE = "estimate"
 HOST_TIME = "host_time"
 STALLED = "stalled"
 MAX_STALLED = 0.99  # a fraction of wall time stalled counted at most (a rank stopped for a whole bucket)
@@ -228,3 +248,46 @@ def stall_slowness(stalled: Sequence[float]) -> list[float]:
     the time, the others' median ``1 - f_others``, so it is ``(1 - f_others) / (1 - f)`` times slower."""
     clipped = [min(MAX_STALLED, f) for f in stalled]
     return [(1 - _others_median(clipped, rank)) / (1 - f) for rank, f in enumerate(clipped)]
+
+
+@dataclass(frozen=True)
+class ReplaceDecision:
+    """What ``--straggler-policy`` does about one named straggler: ``straggler_detected``'s decision
+    fields (docs/events.md)."""
+
+    action: str  # WARN: training goes on; REPLACE: an agreed save and a restart off the rank's host
+    reason: str  # why, in a clause the console shows
+    gain_s: float  # the rank's cost to the end of the run: what replacing it would win back
+    restart_cost_s: float
+    restart_cost_from: str  # MEASURED: the median of this run's restarts; ESTIMATE: RESTART_COST_ESTIMATE_S
+    steps_left: int
+
+    def fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide_replace(straggler: Straggler, *, policy: str, restart_costs: Sequence[float], cooldown_s: float,
+                   since_acted_s: float | None, busy_with: int | None = None) -> ReplaceDecision:
+    """The decision on ``straggler`` (pure). ``restart_costs``: this run's measured restarts, in
+    seconds (none: the estimate); ``since_acted_s``: seconds since this rank was last replaced in
+    this run (None: never); ``busy_with``: a rank this attempt already replaces (one at a time)."""
+    measured = [c for c in restart_costs if c >= 0]
+    cost = round(statistics.median(measured), 1) if measured else RESTART_COST_ESTIMATE_S
+    source = MEASURED if measured else ESTIMATE
+    gain = straggler.time_lost_s
+
+    def decided(action: str, reason: str) -> ReplaceDecision:
+        return ReplaceDecision(action=action, reason=reason, gain_s=gain, restart_cost_s=cost,
+                               restart_cost_from=source, steps_left=straggler.steps_left)
+
+    cost_text = f"{cost:g} s, {'measured in this run' if measured else 'estimated'}"
+    if policy != REPLACE:
+        return decided(WARN, f"--straggler-policy {policy}")
+    if busy_with is not None:
+        return decided(WARN, f"the group is already restarting to replace rank {busy_with}")
+    if since_acted_s is not None and since_acted_s < cooldown_s:
+        return decided(WARN, f"rank {straggler.rank} was replaced {since_acted_s:.0f} s ago "
+                             f"(--straggler-cooldown {cooldown_s:g} s)")
+    if not gain > cost:
+        return decided(WARN, f"its cost to the end of the run ({gain:g} s) does not exceed a restart's ({cost_text})")
+    return decided(REPLACE, f"its cost to the end of the run ({gain:g} s) exceeds a restart's ({cost_text})")

@@ -96,6 +96,7 @@ from resilient_train.runner.health.anomaly_policy import HealthGuard, HostSuspic
 from resilient_train.runner.health.spikes import LossSpikes
 from resilient_train.runner.health.injection import BitFlip, NanInjection, Slowdown
 from resilient_train.runner.health import stall_probe
+from resilient_train.runner.health.straggler_replace import StragglerReplacement
 from resilient_train.runner.health.stragglers import StragglerDetector, StragglerOptions
 from resilient_train.runner.training.epoch_end import Counters, EpochEnd, EpochStats
 from resilient_train.runner.training.collectives import Collectives
@@ -174,9 +175,17 @@ class Trainer:
         )
         # --max-transients-per-host: the chief's stop once a host is suspected (runner/health/).
         suspicion = HostSuspicion(attempt_dir if cluster.is_chief else None)
+        # --straggler-policy (runner/health/straggler_replace.py): the chief's decision on a named
+        # straggler; a replace is its stop request, as a suspected host's is.
+        replacement = StragglerReplacement(
+            job.straggler_policy, job.straggler_cooldown, attempt_dir=attempt_dir, events=RunDir(job.run_dir).events,
+            run_id=run_id) if cluster.is_chief and cluster.num_workers > 1 and job.straggler_threshold != STRAGGLER_OFF \
+            else None
+        self._replacement = replacement
         self._votes = StopVotes(cluster.rank, policy,
-                                stop_requested=lambda: stop_requested() or suspicion.stop_requested(),
-                                source=suspicion.source,
+                                stop_requested=lambda: stop_requested() or suspicion.stop_requested()
+                                or (replacement is not None and replacement.stop_requested()),
+                                source=lambda: suspicion.source() or (replacement.source() if replacement else None),
                                 save_requested=save_requested, saved=saved)
         # The memory tier (--snapshot-every, runner/state/tier.py): None when off.
         tier_off = MemoryTier.off_reason(job, cluster)
@@ -497,7 +506,7 @@ class Trainer:
                                    [address.rsplit(":", 1)[0] for address in self.cluster.addresses],
                                    self._votes.policy.clock)  # runner/health/stragglers.py
         progress = Progress(self.job.progress_every_s, self.job.steps_per_epoch, self.job.epochs,
-                            self._votes.policy.clock, stragglers)
+                            self._votes.policy.clock, stragglers, self._replacement)
         while not self._epoch_end.stopped_early and (epoch := int(self.epoch.numpy())) < self.job.epochs:
             start = min(int(self.step_in_epoch.numpy()), self.job.steps_per_epoch)  # a longer epoch's checkpoint
             if self._own_step is not None and start == 0:  # Keras' fit resets the trackers every epoch

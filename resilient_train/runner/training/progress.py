@@ -2,14 +2,17 @@
 benchmark's "training again" moment, with the start-up phases), then ``train_progress``
 at most every ``--progress-every-s`` (the console's percentage and ETA, and with several workers
 each rank's busy ms per step); ``straggler_detected`` when a rank stays slow
-(runner/health/stragglers.py)."""
+(runner/health/stragglers.py), with the chief's decision on it (``--straggler-policy``,
+runner/health/straggler_replace.py), which it then acts on: a ``replace`` asks for the stop that
+the next call's row carries."""
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 from resilient_train.rundir.events import emit
-from resilient_train.runner.health.stragglers import StragglerDetector
+from resilient_train.runner.health.straggler_replace import StragglerReplacement
+from resilient_train.runner.health.stragglers import REPLACE, StragglerDetector
 from resilient_train.runner.process import startup_phases
 
 __all__ = ["Progress"]
@@ -20,8 +23,11 @@ class Progress:
     (with ``epochs``, the planned total: the console's percentage and ETA, a fit script's too)."""
 
     def __init__(self, every_s: float, steps_per_epoch: int, epochs: int, clock: Callable[[], float],
-                 stragglers: StragglerDetector | None = None) -> None:
+                 stragglers: StragglerDetector | None = None, replacement: StragglerReplacement | None = None) -> None:
+        """``replacement``: the chief's straggler policy (None on the other workers: their events stay in
+        their logs, and the chief's decision is the group's)."""
         self.stragglers = stragglers
+        self.replacement = replacement
         self.every_s = every_s
         self.steps_per_epoch = steps_per_epoch
         self.epochs = epochs
@@ -43,7 +49,12 @@ class Progress:
             for straggler in self.stragglers.observed(
                     host_s, steps, global_step=global_step, traced=traced, stall_s=stall_s,
                     steps_left=max(0, self.epochs * self.steps_per_epoch - global_step)):
-                emit("straggler_detected", group=True, **straggler.fields())
+                replacement = self.replacement
+                decision = replacement.decide(straggler) if replacement is not None else None
+                emit("straggler_detected", group=True,
+                     **{**straggler.fields(), **(decision.fields() if decision is not None else {})})
+                if replacement is not None and decision is not None and decision.action == REPLACE:
+                    replacement.replace(straggler, decision)
         now = self.clock()
         if now - self.last < self.every_s:
             return

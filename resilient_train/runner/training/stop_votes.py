@@ -37,13 +37,16 @@ class StopVotes:
         # worker stops after the same call, saves it (flushed) and returns None (exit 143).
         self.agreed = False
 
-    def stop(self) -> float:
-        """This worker's vote in the call's stop column: 1.0 once it was asked to stop."""
+    def stop(self, ends: int) -> float:
+        """This worker's vote in the call's stop column: 1.0 once it was asked to stop. ``ends``: the
+        global step the call ends at: the group's agreed stop, and its save, when this is the first
+        vote (``preemption_requested``'s ``global_step``)."""
         if not self._stop_requested():
             return 0.0
         if not self.requested:
             self.requested = True
-            emit("preemption_requested", source=self._source() or f"worker:{self._rank}")  # else SIGTERM/SIGINT
+            emit("preemption_requested", source=self._source() or f"worker:{self._rank}",  # else SIGTERM/SIGINT
+                 global_step=ends)
         return 1.0
 
     def save(self) -> float:

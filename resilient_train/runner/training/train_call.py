@@ -76,8 +76,9 @@ class TrainCall:
     """The compiled training call of one Trainer, and what the host does around it.
 
     ``counters``: the checkpoint's ``(global_step, step_in_epoch)`` variables, advanced
-    in-graph. ``stop_vote()`` / ``save_vote()``: this worker's votes in the call's stop and
-    save columns, asked once per call. ``save_at(step)``: is ``step`` a step-count save
+    in-graph. ``stop_vote(ends)`` / ``save_vote()``: this worker's votes in the call's stop and
+    save columns, asked once per call (``ends``: the global step the call ends at, where the group
+    saves and stops when the stop is agreed). ``save_at(step)``: is ``step`` a step-count save
     point (a snapshot's comparison then rides the call that reaches it). ``indices``: the
     ``--record-indices`` log (None: not recording; every worker gathers, the chief's log writes).
     ``health``: acts on a call's first non-finite step (--on-anomaly, runner/health/) before
@@ -105,7 +106,7 @@ class TrainCall:
         steps_per_execution: int | str,
         tier: MemoryTier | None,
         is_chief: bool,
-        stop_vote: Callable[[], float],
+        stop_vote: Callable[[int], float],
         save_vote: Callable[[], float],
         marker: StepMarker,
         save_at: Callable[[int], bool],
@@ -295,7 +296,7 @@ class TrainCall:
                           step_s=self.sizer.step_seconds)
             if chief and tier is not None else (0.0, 0.0))
         flags = control_row.encode(control_row.Votes(
-            stop=self._stop_vote(), save=self._save_vote(),
+            stop=self._stop_vote(global_step + steps), save=self._save_vote(),
             next_call=self.sizer.proposal() if chief else 0.0, snapshot_every=snapshot_every,
             capture_every=capture_every))
         started, traces = time.perf_counter(), startup_phases.traces()

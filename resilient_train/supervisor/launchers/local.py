@@ -33,7 +33,7 @@ from resilient_train.rundir import events
 from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.tf_config import build_tf_config
-from resilient_train.job.config import JobConfig
+from resilient_train.job.config import STRAGGLER_PROVIDER, JobConfig
 from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec, read_notices
 from resilient_train.supervisor.forked_standbys import ForkServerSpawner, TemplateState
@@ -153,9 +153,12 @@ class LocalLauncher(Launcher):
             self.pool.maintain(refill=training)
 
     def host_doomed(self, attempt_dir: AttemptDir) -> str | None:
-        """Every worker runs on this host: one's notice means the supervisor's host is going too."""
+        """Every worker runs on this host: one's notice means the supervisor's host is going too. Not a
+        replaced straggler's marker (runner/health/straggler_replace.py): its host is slow, not going;
+        the restart starts a fresh process there, the one thing this launcher can change."""
         for fields in read_notices(attempt_dir).values():
-            return f"notice:{fields.get('provider') or 'unknown'}"
+            if fields.get("provider") != STRAGGLER_PROVIDER:
+                return f"notice:{fields.get('provider') or 'unknown'}"
         return None
 
     def close(self) -> None:

@@ -55,7 +55,7 @@ def _train(steps_per_call: int, *, stop: float = 0.0, save: float = 0.0) -> tupl
     global_step, step_in_epoch = counters["global_step"], counters["step_in_epoch"]
     call = TrainCall(strategy=strategy, model=model, optimizer=optimizer, recipe=recipe, own_step=None,
                      counters=(global_step, step_in_epoch), global_batch_size=_BATCH,
-                     steps_per_execution=steps_per_call, tier=None, is_chief=True, stop_vote=lambda: stop,
+                     steps_per_execution=steps_per_call, tier=None, is_chief=True, stop_vote=lambda ends: stop,
                      save_vote=lambda: save, save_at=lambda step: False, indices=None,
                      health=HealthGuard("rollback", emit=lambda *a, **k: None), settle=lambda: None,
                      position=lambda steps: (0, 0), nan_injection=NanInjection(()), bitflip=BitFlip(()),

@@ -33,3 +33,15 @@ def test_other_launchers_restart_by_default(tmp_path):
             return []
 
     assert Elsewhere().host_doomed(attempt_dir) is None
+
+
+def test_a_replaced_stragglers_marker_dooms_no_host_but_a_notice_beside_it_does(tmp_path):
+    """runner/health/straggler_replace.py's marker: the host is slow, not going; the local restart
+    starts a fresh process there."""
+    attempt_dir = RunDir(tmp_path).attempt(1)
+    attempt_dir.path.mkdir(parents=True)
+    launcher = LocalLauncher(JobConfig(recipe="recipes/linear_regression.py", run_dir=str(tmp_path)))
+    attempt_dir.notice(1).write_text(json.dumps({"provider": "straggler", "kind": "replace", "host": "127.0.0.1"}))
+    assert launcher.host_doomed(attempt_dir) is None
+    attempt_dir.notice(0).write_text(json.dumps({"provider": "gce", "kind": "preempted", "deadline": None}))
+    assert launcher.host_doomed(attempt_dir) == "notice:gce"
