@@ -481,8 +481,9 @@ def assert_csv_but_loss(path, expected):
     compared to float32 rounding: it is not reproducible on two workers even without a fault
     (2026-11-29, load 11-17: two uninterrupted runs of this script logged epoch 1's loss as
     5.392406940460205 and 5.392407417297363, one ulp apart, with the same weights digest and the
-    same reconstruction_loss and kl_loss; cause not found. The total is the tracker updated first
-    after apply_gradients)."""
+    same reconstruction_loss and kl_loss; in another pair epoch 0, before any fault, 5.568417549133301
+    against 5.568418025970459; cause not found. The total is the tracker updated first after
+    apply_gradients)."""
     ours, theirs = (list(csv.DictReader(io.StringIO(text))) for text in (path.read_text(), expected.decode()))
     assert [without_loss(row) for row in ours] == [without_loss(row) for row in theirs]
     assert all(math.isclose(float(a["loss"]), float(b["loss"]), rel_tol=REL) for a, b in zip(ours, theirs, strict=True))
