@@ -143,3 +143,23 @@ def test_two_workers_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterru
     assert rerun.summary["weights_sha256"] == reference.summary["weights_sha256"]
     assert (out_dir / "training_log.csv").read_bytes() == (ref_out / "training_log.csv").read_bytes()
     assert after_fit(out_dir) == after_fit(ref_out)
+
+
+@pytest.mark.slow  # summed states resumed: the two-head kill test above (AUC); class_weight and weighted_metrics' values: the one-worker test
+def test_one_head_class_weight_weighted_metrics_kill_chief_mid_epoch_end_as_the_uninterrupted_run(tmp_path):
+    """FIT_HEADS=1 (Precision, Recall(thresholds=0.7), weighted_metrics=["accuracy"], class_weight)
+    on two workers: killed after the commit of step 10 (epoch 1), it ends with the uninterrupted
+    run's digest, CSV bytes and History (the weighted accuracy's sums from the checkpoint)."""
+    env = {"FIT_HEADS": "1"}
+    reference = run_script(tmp_path / "ref/run", tmp_path / "ref/out", "--save-every-steps", "5", env=env)
+    assert reference.returncode == 0, reference.output
+    killed = run_script(tmp_path / "run", tmp_path / "out", "--save-every-steps", "5", env=env,
+                        faults=[{"point": "after_commit", "global_step": 10, "rank": 0}])
+    assert killed.returncode == 0, killed.output
+    assert killed.summary["restarts"] == 1
+    assert [(r["global_step"], r["input_reentry"]) for r in killed.named("restored")] == [(10, "indexed")]
+    assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    ref_rows = csv_rows(tmp_path / "ref/out")
+    assert sorted(ref_rows[0]) == sorted(["epoch", *ONE_HEAD_KEYS])
+    assert (tmp_path / "out/training_log.csv").read_bytes() == (tmp_path / "ref/out/training_log.csv").read_bytes()
+    assert after_fit(tmp_path / "out") == after_fit(tmp_path / "ref/out")

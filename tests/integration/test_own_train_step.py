@@ -15,9 +15,12 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
 * (slow) Two workers, the memory tier as a user gets it (every worker keeps a twin: the trackers are
   sync-on-read variables, and the subclass is copied from the arguments it was made with), the
   chief killed with -9 right after the commit of step 20 (mid-epoch 1): the run ends with the
-  uninterrupted run's weights digest, and every epoch's logs, the resumed epoch 1's included,
-  equal the uninterrupted run's to float32 rounding (the trackers restore as their sum over
-  replicas, each replica half: runner/keras_recipes/own_step.py).
+  uninterrupted run's weights digest, and every epoch's reconstruction_loss and kl_loss, the
+  resumed epoch 1's included, equal the uninterrupted run's exactly (a checkpoint holds a
+  tracker's sum over replicas and a restore gives each replica half; every step leaves each
+  replica that half too: runner/keras_recipes/own_step.py ``OwnStep.fold``); ``loss``, the total
+  tracker, to float32 rounding: it differs by one ulp between two uninterrupted 2-worker runs too
+  (cause open).
 * A model with its own ``train_step`` and ``test_step`` (tests/recipes/fit_own_test_step.py,
   keras.io's "providing your own evaluation step"), validated in ``fit`` and evaluated after it,
   on one worker: the trained weights are plain Keras' bit for bit, and every epoch's ``loss``,
@@ -31,10 +34,18 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
   (seen, cause not found: the batches and the logs are the same).
 * keras.io's GAN (tests/recipes/fit_gan.py: compile() overridden to take two optimizers, a
   seeded latent sampler) on 2 workers, the chief killed with -9 after the commit of step 15
-  (mid-epoch 1): it ends with the uninterrupted run's digest (both optimizers are built before
-  the restore and restored with the model: runner/keras_recipes/own_step.py). (slow) A SIGTERM
-  inside epoch 1 saves at an agreed step, exits 143, and the re-run ends with that digest and
-  the same d_loss/g_loss logs.
+  (mid-epoch 1): it ends with the uninterrupted run's digest and its d_loss/g_loss logs exactly
+  (both optimizers are built before the restore and restored with the model:
+  runner/keras_recipes/own_step.py), and ``verify --deep --all`` restores every kept checkpoint
+  into the script's model with nothing missing or unexpected. ``resilient-train export`` of the
+  uninterrupted run's newest and oldest kept checkpoints writes the GAN's weights
+  (``model.weights.h5``: no get_config, no call) with each commit's digest, and they load into
+  the script's GAN with it. (slow) A SIGTERM inside epoch 1 saves at an agreed step, exits 143,
+  and the re-run ends with that digest and the same d_loss/g_loss logs.
+* (slow) keras.io's ``vae.fit(x, batch_size=128)`` on 2 workers with a CSVLogger: a kill -9 of the
+  chief mid-epoch, and a SIGTERM and re-run, each end with the uninterrupted run's digest and its
+  CSV log byte for byte but for the total tracker's ``loss``, to float32 rounding (not
+  reproducible between two uninterrupted runs either: ``assert_csv_but_loss``).
 * (slow) tests/recipes/fit_own_test_step.py with a CSVLogger on 2 workers: a kill -9 of the chief
   mid-epoch, and a SIGTERM and re-run, each end with the uninterrupted run's digest and its CSV
   log byte for byte.
@@ -45,6 +56,7 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import signal
@@ -60,6 +72,10 @@ from tests.integration.harness import REPO, environment, run_job, run_job_until
 SCRIPT = str(REPO / "examples/keras_vae.py")
 STEPS_PER_EPOCH, EPOCHS = 14, 4
 REL = 1e-6  # float32 rounding of the total tracker (see the module docstring)
+
+
+def without_loss(logs):
+    return {k: v for k, v in logs.items() if k != "loss"}
 
 
 def epoch_logs(job):
@@ -173,9 +189,10 @@ def test_a_gan_with_two_optimizers_kill_chief_mid_epoch_ends_with_the_uninterrup
     [restored] = killed.named("restored")
     assert restored["global_step"] == 15  # mid-epoch 1 (10 steps an epoch)
     assert killed.summary["weights_sha256"] == gan_reference.summary["weights_sha256"]
-    # d_loss and g_loss, the trackers' results (no "loss" log); epoch 1 resumed mid-way.
+    # d_loss and g_loss, the trackers' results (no "loss" log); epoch 1 resumed mid-way, exactly:
+    # every step leaves the trackers in the state a restore gives (own_step.py OwnStep.fold).
     assert [sorted(m) for m in gan_metrics(killed)] == [["d_loss", "g_loss"]] * 2
-    assert all(close(a, b) for a, b in zip(gan_metrics(killed), gan_metrics(gan_reference), strict=True))
+    assert gan_metrics(killed) == gan_metrics(gan_reference)
     # verify --deep rebuilds the script's model (its two optimizers from its fit input, its
     # trackers) and restores every kept checkpoint into it: nothing missing or unexpected.
     deep_check_all(killed, tmp_path)
@@ -192,6 +209,46 @@ def deep_check_all(job, cwd):
     assert deep["checkpoints"] and all(c["consistent"] and c["unexpected"] == [] and c["missing"] == []
                                        for c in deep["checkpoints"])
     assert all(c["weights_sha256"]["restored"] == committed[c["global_step"]] for c in deep["checkpoints"])
+
+
+def test_export_of_a_gans_checkpoints_writes_its_weights_with_each_commits_digest(tmp_path, gan_reference):
+    # resilient-train export of the GAN run's newest and oldest kept checkpoints (no run of its
+    # own: the reference's): the script is run up to fit() (its two optimizers built from fit's
+    # input), each checkpoint's weights restored and checked against its manifest's digest. The
+    # GAN has no get_config() and no call(): its weights go to model.weights.h5, as the chief's
+    # own export at completion wrote them, and they load into the script's GAN with that digest.
+    from resilient_train.checkpoint import CheckpointStore
+    from resilient_train.runner.outputs.model_export import exported_weights_sha256
+
+    checkpoints = gan_reference.run_dir / "checkpoints"
+    committed = {info.global_step: info.manifest.weights_sha256 for info in CheckpointStore(str(checkpoints)).list()}
+    assert max(committed) == 20 and min(committed) < 20
+    for step in (None, min(committed)):
+        out = tmp_path / f"step{step or 20}"
+        proc = subprocess.run([sys.executable, "-m", "resilient_train", "export", str(checkpoints), "--recipe",
+                               str(GAN_SCRIPT), "--out", str(out), *(["--step", str(step)] if step else [])],
+                              cwd=tmp_path, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        record = json.loads((out / "export.json").read_text())
+        assert (record["global_step"], record["weights_sha256"]) == (step or 20, committed[step or 20])
+        assert record["files"] == {"weights": "model.weights.h5"}
+        assert record["skipped"]["keras"].startswith("GAN has no get_config(): add get_config() to GAN")
+        assert sorted(record["skipped"]) == ["keras", "saved_model"]
+    [exported] = gan_reference.named("model_exported")
+    assert (exported["files"], exported["weights_sha256"]) == ({"weights": "model.weights.h5"}, committed[20])
+    # What export.json says to do: rebuild GAN(...) in code (the script's lines before fit(), the
+    # default strategy), set built = True (it is never called) and load_weights: the commit's digest.
+    assert record["skipped"]["keras"].endswith("rebuild GAN(...) in code and set its built = True (it is never "
+                                               "called) and call load_weights('model.weights.h5')")
+    source = GAN_SCRIPT.read_text().split(GAN_FIT)[0]
+    namespace = {"__name__": "rebuilt_gan"}
+    exec(compile(source.replace("tf.distribute.MultiWorkerMirroredStrategy()", "tf.distribute.get_strategy()"),
+                 str(GAN_SCRIPT), "exec"), namespace)
+    gan = namespace["gan"]
+    gan.built = True
+    gan.load_weights(tmp_path / f"step{min(committed)}" / "model.weights.h5")
+    assert exported_weights_sha256(gan, tmp_path / f"step{min(committed)}") == committed[min(committed)]
 
 
 @pytest.mark.slow
@@ -215,7 +272,7 @@ def test_a_gan_sigterm_saves_exits_143_and_the_rerun_ends_with_the_uninterrupted
     assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
     assert rerun.summary["lost_steps"] == 0
     assert rerun.summary["weights_sha256"] == gan_reference.summary["weights_sha256"]
-    assert all(close(a, b) for a, b in zip(gan_metrics(rerun), gan_metrics(gan_reference), strict=True))
+    assert gan_metrics(rerun) == gan_metrics(gan_reference)
 
 
 @pytest.mark.slow  # the same own optimizers (own_step.build_own_optimizers) resume exactly in the script GAN's kill test; the recipe's layout: tests/commands/test_verify_deep.py
@@ -261,8 +318,11 @@ def test_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_logs(tmp_pa
     [restored] = killed.named("restored")
     assert restored["global_step"] >= 20 and restored["global_step"] % STEPS_PER_EPOCH != 0  # mid-epoch
     assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
-    # Epoch 1 was resumed mid-way: its logs hold the restored trackers' first steps.
+    # Epoch 1 was resumed mid-way: its logs hold the restored trackers' first steps. Exactly for
+    # reconstruction_loss and kl_loss; "loss" (the total tracker) to float32 rounding, as it is
+    # not reproducible on two workers even uninterrupted (assert_csv_but_loss below).
     assert [e["epoch"] for e in killed.named("epoch_finished")] == [0, 1, 2, 3]
+    assert [without_loss(e) for e in epoch_logs(killed)] == [without_loss(e) for e in epoch_logs(reference)]
     assert all(close(a, b) for a, b in zip(epoch_logs(killed), epoch_logs(reference), strict=True))
 
 
@@ -351,35 +411,79 @@ def test_own_train_and_test_step_sigterm_saves_and_the_rerun_ends_with_the_unint
     assert (tmp_path / "training_log.csv").read_bytes() == csv
 
 
-@pytest.mark.slow
-def test_fit_x_without_y_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_csv(tmp_path):
-    # keras.io's vae.fit(x, epochs=..., batch_size=...) on 2 workers; the default
-    # test_a_gan_with_two_optimizers_kill_chief_mid_epoch_... covers the own train_step's restore.
+# keras.io's vae.fit(x, epochs=..., batch_size=...) on 2 workers, with a CSVLogger: the
+# uninterrupted run, shared by the (slow) kill and SIGTERM cases.
+FIT_X = ("vae.fit(digits[:1792], epochs=2, batch_size=128, shuffle=True, "
+         "callbacks=[keras.callbacks.CSVLogger('training_log.csv'){extra}])")
+FIT_X_FLAGS = ("--save-every-steps", "10")
+
+
+def fit_x_script(directory, *, sleep=0.0):
     source = (REPO / "examples/keras_vae.py").read_text()
     fit = "vae.fit(dataset, epochs=4, steps_per_epoch=14)"
     assert fit in source
-    script = tmp_path / "keras_vae_x.py"
-    script.write_text(source.replace(fit, "vae.fit(digits[:1792], epochs=2, batch_size=128, shuffle=True, "
-                                          "callbacks=[keras.callbacks.CSVLogger('training_log.csv')])"))
-    flags = ("--save-every-steps", "10")
-    jobs = {}
-    for name, faults in (("reference", None), ("killed", [{"point": "after_commit", "global_step": 20, "rank": 0}])):
-        (tmp_path / name).mkdir()
-        jobs[name] = run_job(str(script), tmp_path / name / "run", *flags, cwd=tmp_path / name, tier_default=True,
-                             faults=faults)
-        assert jobs[name].returncode == 0, jobs[name].output
-    assert jobs["killed"].summary["restarts"] == 1
-    assert [r["global_step"] for r in jobs["killed"].named("restored")] == [20]  # mid-epoch 1 (14 steps an epoch)
-    assert jobs["killed"].summary["weights_sha256"] == jobs["reference"].summary["weights_sha256"]
-    # The trackers to float32 rounding (restored as their sum over replicas, half each: seen
-    # 5.373217582702637 against 5.373218059539795 in the resumed epoch; once the total tracker's
-    # epoch 0 one ulp apart too, cause not found): the VAE's kill test above compares so too.
-    assert csv_close(tmp_path / "killed/training_log.csv", tmp_path / "reference/training_log.csv")
+    # a batch-end sleep: the arithmetic is the same, a signal lands inside an epoch
+    extra = f", keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, l: __import__('time').sleep({sleep}))"
+    script = directory / "keras_vae_x.py"
+    script.write_text(source.replace(fit, FIT_X.format(extra=extra if sleep else "")))
+    return str(script)
 
 
-def csv_close(a, b):
-    rows = [list(csv.DictReader(path.open())) for path in (a, b)]
-    return len(rows[0]) == len(rows[1]) and all(
-        x.keys() == y.keys() and x["epoch"] == y["epoch"] and all(close({k: float(x[k])}, {k: float(y[k])})
-                                                                 for k in x if k != "epoch")
-        for x, y in zip(*rows))
+@pytest.fixture(scope="module")
+def fit_x_reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fit_x_reference")
+    job = run_job(fit_x_script(root), root / "run", *FIT_X_FLAGS, cwd=root, tier_default=True)
+    assert job.returncode == 0, job.output
+    assert job.summary["global_step"] == 2 * 14  # 1792 // 128 steps an epoch
+    return job, (root / "training_log.csv").read_bytes()
+
+
+@pytest.mark.slow
+def test_fit_x_without_y_kill_chief_mid_epoch_ends_with_the_uninterrupted_digest_and_csv(tmp_path, fit_x_reference):
+    # The default test_a_gan_with_two_optimizers_kill_chief_mid_epoch_... covers the own train_step's restore.
+    reference, csv_log = fit_x_reference
+    killed = run_job(fit_x_script(tmp_path), tmp_path / "run", *FIT_X_FLAGS, cwd=tmp_path, tier_default=True,
+                     faults=[{"point": "after_commit", "global_step": 20, "rank": 0}])
+    assert killed.returncode == 0, killed.output
+    assert killed.summary["restarts"] == 1
+    assert [r["global_step"] for r in killed.named("restored")] == [20]  # mid-epoch 1 (14 steps an epoch)
+    assert killed.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    # Every step leaves the trackers in the state a restore gives (own_step.py OwnStep.fold), so
+    # the resumed epoch's reconstruction_loss and kl_loss are the uninterrupted run's bit for bit
+    # (before: 5.373217582702637 against 5.373218059539795).
+    assert_csv_but_loss(tmp_path / "training_log.csv", csv_log)
+    assert [without_loss(e) for e in epoch_logs(killed)] == [without_loss(e) for e in epoch_logs(reference)]
+
+
+@pytest.mark.slow
+def test_fit_x_without_y_sigterm_saves_exits_143_and_the_rerun_ends_with_the_uninterrupted_digest_and_csv(
+        tmp_path, fit_x_reference):
+    # The kill test above covers the restore; this one the agreed save of a SIGTERM inside epoch 1.
+    reference, csv_log = fit_x_reference
+    script = fit_x_script(tmp_path, sleep=0.2)
+    flags = (*FIT_X_FLAGS, "--steps-per-execution", "1")
+    epoch_0_done = lambda events: any(e["event"] == "epoch_finished" and e["epoch"] == 0 for e in events)  # noqa: E731
+    preempted = run_job_until(script, tmp_path / "run", *flags, when=epoch_0_done, cwd=tmp_path, tier_default=True,
+                              action=lambda proc, events: proc.send_signal(signal.SIGTERM))
+    assert preempted.returncode == EXIT_PREEMPTED, preempted.output
+    [stop] = preempted.named("preempted")
+    assert 14 < stop["global_step"] < 28, stop  # inside epoch 1
+    rerun = run_job(script, tmp_path / "run", *flags, cwd=tmp_path, tier_default=True)
+    assert rerun.returncode == 0, rerun.output
+    assert [r["global_step"] for r in rerun.named("restored")] == [stop["global_step"]]
+    assert rerun.summary["lost_steps"] == 0
+    assert rerun.summary["weights_sha256"] == reference.summary["weights_sha256"]
+    assert_csv_but_loss(tmp_path / "training_log.csv", csv_log)
+
+
+def assert_csv_but_loss(path, expected):
+    """``path``'s CSV log is ``expected`` byte for byte but for "loss", the VAE's total tracker,
+    compared to float32 rounding: it is not reproducible on two workers even without a fault
+    (2026-11-29, load 11-17: two uninterrupted runs of this script logged epoch 1's loss as
+    5.392406940460205 and 5.392407417297363, one ulp apart, with the same weights digest and the
+    same reconstruction_loss and kl_loss; in another pair epoch 0, before any fault, 5.568417549133301
+    against 5.568418025970459; cause not found. The total is the tracker updated first after
+    apply_gradients)."""
+    ours, theirs = (list(csv.DictReader(io.StringIO(text))) for text in (path.read_text(), expected.decode()))
+    assert [without_loss(row) for row in ours] == [without_loss(row) for row in theirs]
+    assert all(math.isclose(float(a["loss"]), float(b["loss"]), rel_tol=REL) for a, b in zip(ours, theirs, strict=True))

@@ -20,11 +20,19 @@ What Keras does under a strategy, and so what is done here:
   (``get_metrics_result()``) when the last step's logs have exactly the names of
   ``model.metrics``, else the last step's logs (Keras' ``_get_metrics_result_or_logs``);
 * the trackers' variables are in every checkpoint (runner/state/ckpt_layout.py
-  ``metrics``), so a resumed epoch reports what an uninterrupted one would. They are
-  sync-on-read sums: a checkpoint holds the sum over replicas and a restore gives each
-  replica ``sum / replicas``, so with several replicas the resumed epoch's logs equal the
-  uninterrupted run's to float32 rounding (the weights, which the logs do not feed, are
-  bit-identical); with one replica, exactly.
+  ``metrics``), so a resumed epoch reports what an uninterrupted one would, to the bit.
+  They are sync-on-read sums: a checkpoint holds the sum over replicas and a restore gives
+  each replica ``sum / replicas``. Left alone, each replica's share would hold its own
+  running sum, and a resumed epoch would add its steps to an equal split instead: its
+  logs (and a CSVLogger's rows, an EarlyStopping on them) would differ from the
+  uninterrupted run's in float32 rounding, an epoch resumed mid-way included, so the
+  numbers would depend on where kills and hangs fell. So with several replicas every step
+  puts its trackers in the state a restore gives (:meth:`OwnStep.fold`): after the
+  model's ``train_step``, each replica's float32 sum-aggregated tracker variables ride the
+  step's one packed all-reduce (no collective of their own) and each replica keeps
+  :func:`equal_share` of the sum. A restore at any step then gives back exactly the
+  state the uninterrupted run had there. With one replica nothing is folded (plain Keras'
+  numbers, bit for bit).
 
 A model that also overrides ``test_step`` is evaluated with it (validation in ``fit``,
 ``evaluate`` after it: runner/outputs/evaluation.py hands such a model to
@@ -51,6 +59,7 @@ literal cases before workers start.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +71,8 @@ from resilient_train.job.recipe import Recipe
 from resilient_train.runner.keras_recipes.compiled import from_fit_script
 from resilient_train.runner.input.batches import with_autograph
 
-__all__ = ["has_own_step", "has_own_test_step", "own_optimizers", "build_own_optimizers", "build_twin_optimizers", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
+__all__ = ["has_own_step", "has_own_test_step", "own_optimizers", "build_own_optimizers", "build_twin_optimizers",
+           "equal_share", "from_own_step", "OwnStep", "OwnTestStep", "LastLogs"]
 
 _EXAMPLES = "__examples__"  # the held-out examples a test step saw, beside its logs
 
@@ -116,6 +126,32 @@ def build_own_optimizers(model: keras.Model, strategy: tf.distribute.Strategy, e
     tf.function(lambda data: strategy.run(step, args=(data,)), autograph=False).get_concrete_function(spec)
 
 
+def equal_share(total: tf.Tensor, replicas: int) -> tf.Tensor:
+    """Each replica's share of a sync-on-read SUM ``total`` (float32), as a restore gives it.
+
+    A restore assigns ``total / replicas`` (TensorFlow's ``get_on_read_restore_ops``), and a
+    save reads the sum of the replicas' shares back. For that round trip to be exact, the
+    sum of ``replicas`` equal shares must be exact in any order: with 1 or 2 replicas
+    ``total / replicas`` is (a halving is exact, and so is ``x + x``); with more, the share's
+    lowest ``ceil(log2(replicas))`` significand bits are cleared, so every partial sum
+    ``k * share`` (k <= replicas) fits float32's 24 bits, the sum is ``replicas * share``
+    exactly and ``sum / replicas`` is ``share`` again."""
+    share = tf.cast(total, tf.float32) / replicas
+    bits = 0 if replicas <= 2 else math.ceil(math.log2(replicas))
+    if not bits:
+        return share
+    cleared = tf.bitwise.bitwise_and(tf.bitcast(share, tf.int32), tf.constant(-(1 << bits), tf.int32))
+    return tf.bitcast(cleared, tf.float32)
+
+
+def _folded_variables(model: keras.Model) -> list[Any]:
+    """The tracker variables :meth:`OwnStep.fold` keeps in the restored state: float32
+    sum-aggregated ones (Keras' ``Metric.add_variable`` default: ``Mean``'s total and count,
+    ``MeanAbsoluteError``'s...). Others are left as Keras updates them."""
+    return [v for v in model.metrics_variables
+            if str(getattr(v, "aggregation", "")) == "sum" and str(v.dtype) == "float32"]
+
+
 def _refuse(recipe: Recipe, what: str) -> RecipeRefused:
     """One line in the user's terms (a fit script compiled a model; a recipe's build_model returned one)."""
     if from_fit_script(recipe):
@@ -158,6 +194,9 @@ class OwnStep:
         # AutoGraph converts it at its first trace, as Keras' tf.function of train_step does.
         self._train_step = with_autograph(model.train_step)
         self._results = tf.function(lambda: {m.name: m.result() for m in model.metrics}, autograph=False)
+        # With several replicas, the trackers are kept in the state a restore gives (fold)
+        self._folded = _folded_variables(model) if self.replicas > 1 else []
+        self.fold_width = sum(math.prod(v.shape) for v in self._folded)
 
     def build_own_optimizers(self, element_spec: Any) -> None:
         """Create the variables of the model's own optimizers before any restore
@@ -168,6 +207,28 @@ class OwnStep:
         """One replica's step: ``train_step(data)``; its logs divided by the replicas (their
         SUM in the packed all-reduce is Keras' MEAN over replicas)."""
         return _logs_of(self.recipe, "train_step", self._train_step(data), self.replicas)
+
+    def fold_columns(self) -> tf.Tensor:
+        """In the replica step, after ``train_step``: this replica's share of each folded tracker
+        variable, flattened (``fold_width`` columns; none with one replica), for the step's
+        packed all-reduce."""
+        if not self._folded:
+            return tf.zeros([0], tf.float32)
+        return tf.concat([tf.reshape(tf.convert_to_tensor(v.value), [-1]) for v in self._folded], axis=0)
+
+    def fold(self, summed: tf.Tensor) -> list[Any]:
+        """In the replica step, after the all-reduce: ``summed`` (the sums of
+        :meth:`fold_columns` over replicas) become each replica's :func:`equal_share`, the state a
+        restore of this step's checkpoint gives. Returns reads of the assigned variables, for
+        control dependencies (Keras' ``assign`` returns its argument, not the op; a read of the
+        same variable is ordered after the assignment by tf.function's automatic control
+        dependencies)."""
+        shares, offset = equal_share(summed, self.replicas), 0
+        for variable in self._folded:
+            size = math.prod(variable.shape)
+            variable.assign(tf.reshape(shares[offset:offset + size], variable.shape))
+            offset += size
+        return [tf.convert_to_tensor(variable.value) for variable in self._folded]
 
     def reset(self) -> None:
         """An epoch starts: the trackers start over (Keras' fit resets them every epoch)."""

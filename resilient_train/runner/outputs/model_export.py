@@ -20,8 +20,10 @@ back exactly the checkpoint's digest.
 A model Keras cannot write as ``model.keras`` (a subclass without ``get_config``, such as
 keras.io's ``VAE(encoder, decoder)``: Keras raises a bare ``NotImplementedError``) is exported
 as its weights, ``model.weights.h5`` (``save_weights`` needs no config; the user rebuilds the
-class in code and calls ``load_weights``), with the SavedModel if Keras can trace one; what was
-not written and why is ``skipped`` in export.json and in ``model_exported``.
+class in code and calls ``load_weights``, after setting ``built = True`` on a model that is never
+called, such as keras.io's VAE and GAN: Keras refuses to load into an unbuilt model), with the
+SavedModel if Keras can trace one; what was not written and why is ``skipped`` in export.json and
+in ``model_exported``.
 
 An export is written to a sibling temp directory and renamed into place, so ``DIR``
 holds a complete export or the previous one, never half of one.
@@ -91,13 +93,17 @@ def export_model(
                 files["keras"] = "model.keras"
             except NotImplementedError:  # Keras cannot write its config: the weights, and say what to add
                 (staging / "model.keras").unlink(missing_ok=True)
-                if not model.built and model.weights:  # a VAE is never called: its parts hold every weight
+                never_built = not model.built and bool(model.weights)
+                if never_built:  # a VAE or a GAN is never called: its parts hold every weight
                     model.built = True
                 model.save_weights(staging / WEIGHTS_FILE)
                 files["weights"] = WEIGHTS_FILE
                 name = type(model).__name__
+                # Keras' load_weights refuses a model that was never built, as such a rebuilt one is
+                load = (f"set its built = True (it is never called) and call load_weights('{WEIGHTS_FILE}')"
+                        if never_built else f"call load_weights('{WEIGHTS_FILE}')")
                 skipped["keras"] = (f"{name} has no get_config(): add get_config() to {name} for model.keras, or "
-                                    f"rebuild {name}(...) in code and call load_weights('{WEIGHTS_FILE}')")
+                                    f"rebuild {name}(...) in code and {load}")
         if "saved_model" in formats:
             try:
                 model.export(str(staging / "saved_model"), format="tf_saved_model", verbose=False)

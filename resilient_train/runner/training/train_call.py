@@ -5,12 +5,16 @@ result), so a call runs up to ``--steps-per-execution`` steps (call_size.py size
 time) and the host reads two small tensors per call: the packed all-reduce's rows, stacked,
 and the comparisons. Per step, besides the gradients' all-reduce, that one packed all-reduce carries
 
-    [loss, metric means..., metric state shares..., the control columns, the timing block]
+    [loss, metric means..., metric state shares..., the control columns, the timing block,
+     a model's own trackers]
 
 where the control columns are control_row.py's table (the stop and save votes, the chief's
 next call size and memory-tier intervals: the single definition of their layout), the timing
 block each rank's share of its host time before the call and of the time its process could not
-run (control_row.py: the straggler detector's input, runner/health/stragglers.py). The
+run (control_row.py: the straggler detector's input, runner/health/stragglers.py), and the
+trackers' tail, with a model's own train_step on several replicas: their sums, which each
+replica keeps as its equal share, the state a restore gives (own_step.py ``OwnStep.fold``;
+cut off the row before it leaves the step). The
 comparisons, the memory tier's fingerprint of the may-differ variables
 (runner/state/worker_agreement.py) and every replica's hash of its trainable weights
 (runner/health/replicas.py), are computed after the call's last step and summed by an
@@ -199,18 +203,23 @@ class TrainCall:
             # An indexed pipeline yields (batch, example indices): runner/input/indexed.py.
             batch, indices = element if indexed else (element, None)
             # A model's own train_step (runner/keras_recipes/own_step.py) or the runner's step.
+            folded = tf.zeros([0], tf.float32)  # a model's own trackers, after its step (own_step.py fold)
             if own_step is not None:  # its gradients are not visible: its logs are tested
                 values = own_step.step(batch)
                 shares, nonfinite = tf.zeros([0], tf.float32), health_detector.logs_nonfinite(values)
+                folded = own_step.fold_columns()
             else:
                 values, shares, nonfinite = runner_step(batch)
             state_columns = [] if states is None else states.columns()
             names[:] = control_row.layout(list(values) + state_columns, timing["workers"])  # fixed at trace time
             packed = tf.concat([tf.stack([tf.cast(v, tf.float32) for v in values.values()]), shares,
-                                control_row.in_replica(flags, nonfinite), control_row.in_replica_host(timing_s, **timing)],
-                               axis=0)
+                                control_row.in_replica(flags, nonfinite), control_row.in_replica_host(timing_s, **timing),
+                                folded], axis=0)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
+            if own_step is not None and own_step.fold_width:  # the trackers' sums ride the row's tail
+                with tf.control_dependencies(own_step.fold(reduced[-own_step.fold_width:])):
+                    reduced = tf.identity(reduced[:-own_step.fold_width])
             if not record:
                 return reduced
             # The indices every replica was fed, in replica (= rank) order: the global batch.

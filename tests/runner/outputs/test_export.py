@@ -96,3 +96,12 @@ def test_without_call_the_savedmodel_is_skipped_too_and_says_why(tmp_path):
     assert record["files"] == {"weights": "model.weights.h5"}
     assert sorted(record["skipped"]) == ["keras", "saved_model"]
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["export.json", "model.weights.h5"]
+    # Never called, never built: Keras' load_weights refuses such a model, so the line says what to do first.
+    assert record["skipped"]["keras"].endswith("rebuild NoCall(...) in code and set its built = True (it is never "
+                                               "called) and call load_weights('model.weights.h5')")
+    rebuilt = NoCall(small_model(2))
+    with pytest.raises(ValueError, match="not yet been built"):
+        rebuilt.load_weights(tmp_path / "m" / "model.weights.h5")
+    rebuilt.built = True
+    rebuilt.load_weights(tmp_path / "m" / "model.weights.h5")
+    assert exported_weights_sha256(rebuilt, tmp_path / "m") == weights_digest(model)
