@@ -34,8 +34,8 @@ a seeded sampling layer; 4 epochs of 14 steps at a global batch of 64.
   (seen, cause not found: the batches and the logs are the same).
 * keras.io's GAN (tests/recipes/fit_gan.py: compile() overridden to take two optimizers, a
   seeded latent sampler) on 2 workers, the chief killed with -9 after the commit of step 15
-  (mid-epoch 1): it ends with the uninterrupted run's digest and its d_loss/g_loss logs exactly
-  (both optimizers are built before the restore and restored with the model:
+  (mid-epoch 1): it ends with the uninterrupted run's digest and its d_loss/g_loss logs to float32
+  rounding (both optimizers are built before the restore and restored with the model:
   runner/keras_recipes/own_step.py), and ``verify --deep --all`` restores every kept checkpoint
   into the script's model with nothing missing or unexpected. ``resilient-train export`` of the
   uninterrupted run's newest and oldest kept checkpoints writes the GAN's weights
@@ -189,10 +189,13 @@ def test_a_gan_with_two_optimizers_kill_chief_mid_epoch_ends_with_the_uninterrup
     [restored] = killed.named("restored")
     assert restored["global_step"] == 15  # mid-epoch 1 (10 steps an epoch)
     assert killed.summary["weights_sha256"] == gan_reference.summary["weights_sha256"]
-    # d_loss and g_loss, the trackers' results (no "loss" log); epoch 1 resumed mid-way, exactly:
-    # every step leaves the trackers in the state a restore gives (own_step.py OwnStep.fold).
+    # d_loss and g_loss, the trackers' results (no "loss" log); epoch 1 resumed mid-way: every
+    # step leaves the trackers in the state a restore gives (own_step.py OwnStep.fold). Compared
+    # to float32 rounding, not bit for bit: the VAE's total tracker differs by one ulp between two
+    # uninterrupted 2-worker runs (cause open, module docstring), and a tracker updated after an
+    # optimizer's apply, as these are, may too; the digest above is exact.
     assert [sorted(m) for m in gan_metrics(killed)] == [["d_loss", "g_loss"]] * 2
-    assert gan_metrics(killed) == gan_metrics(gan_reference)
+    assert all(close(a, b) for a, b in zip(gan_metrics(killed), gan_metrics(gan_reference), strict=True))
     # verify --deep rebuilds the script's model (its two optimizers from its fit input, its
     # trackers) and restores every kept checkpoint into it: nothing missing or unexpected.
     deep_check_all(killed, tmp_path)
