@@ -36,6 +36,7 @@ from typing import Any
 __all__ = ["NetnsPlan", "Namespaces"]
 
 _TAG = re.compile(r"[a-z][a-z0-9]{1,8}")
+_STORE_CLASS_SENT = re.compile(r"class htb 1:10 .*?\n\s*Sent (\d+) bytes", re.S)
 
 
 @dataclass(frozen=True)
@@ -204,17 +205,17 @@ class Namespaces:
 
     def stats(self) -> dict[str, Any]:
         """Bytes and packets each worker's store class (1:10) passed, each way, by rank: proof
-        the cap shaped the store's traffic (``tc -s -j class show``)."""
+        the cap shaped the store's traffic (``tc -s class show``; its ``-j`` prints no JSON for
+        HTB classes in the iproute2 here, so the text's "Sent N bytes")."""
         result: dict[str, Any] = {}
         for rank in range(self.plan.workers):
             host_end, ns_end = self.plan.veth(rank)
             row = {}
-            for direction, argv in (("to_worker", ["tc", "-s", "-j", "class", "show", "dev", host_end]),
-                                    ("from_worker", ["tc", "-n", self.plan.netns(rank), "-s", "-j", "class", "show",
+            for direction, argv in (("to_worker", ["tc", "-s", "class", "show", "dev", host_end]),
+                                    ("from_worker", ["tc", "-n", self.plan.netns(rank), "-s", "class", "show",
                                                      "dev", ns_end])):
                 done = subprocess.run(argv, capture_output=True, text=True)
-                classes = json.loads(done.stdout or "[]") if done.returncode == 0 else []
-                store = [c for c in classes if c.get("handle") == "1:10"]
-                row[direction] = store[0].get("stats", {}).get("bytes") if store else None
+                sent = _STORE_CLASS_SENT.search(done.stdout) if done.returncode == 0 else None
+                row[direction] = int(sent[1]) if sent else None
             result[str(rank)] = row
         return result
