@@ -20,8 +20,9 @@ worker uploads its share, the chief commits) side by side, one TensorFlow job at
 ``recipes/wide_mlp.py`` with a wider net (``--set width=... features=...``):
 
 * ``save2``: 2 workers, a >= 1 GB state (width 6144, features 4352: 1.09 GB of weights and
-  Adam slots); ``save4``: 4 workers, >= 400 MB (width 4096, features 2304: 428 MB). One
-  save at step 2 (4 steps, a save every 2; the final save at step 4 is not measured). From
+  Adam slots); ``save4``: 4 workers, >= 400 MB (width 4096, features 2304: 428 MB). The
+  save at step 2 is measured (save2 stops there; save4 trains on to a save at step 4, the
+  reference digest of restore4). From
   the chief's ``checkpoint_committed``: ``commit_s`` (uploads, the wait for every share, the
   manifest) and ``persist_s`` (from the persist's start: the local write, then the commit);
   each worker's share (its data file's bytes against 1/N of the data) from the manifest; and
