@@ -337,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     with _terminated_is_exit(), tempfile.TemporaryDirectory(prefix="rt-capped-weed-") as weed_dir:
         # The server's ports first (the plan's filter names the S3 port), then the bridge it binds to.
-        server = SeaweedS3(Path(weed_dir) / "weed", ip=draft.host)
+        # Every phase leaves its checkpoints: ~8 GB in all, past the test server's 32 volumes of
+        # 256 MB (the first invocation's notice phase failed on that: "internal error" uploads).
+        server = SeaweedS3(Path(weed_dir) / "weed", ip=draft.host, volume_max=128)
         plan = dataclasses.replace(draft, store_port=server.s3)
         with Namespaces(plan) as namespaces, server:
             bench = Bench(server, namespaces, smoke=args.smoke)
