@@ -58,6 +58,9 @@ SLOW = {
                          "reference; tests/chaos/test_ci_scenarios.py's replace test is RT_SLOW too",
     "clean_runs": "one 2-worker run of 2 x 50 steps; the detectors' real-process tests are the default suite's",
     "preformed_group": "290 s (load 84-118): four 2-worker TF groups (reference, training, standby, a standby losing a member)",
+    "sharded_save_capped": "needs root (ip netns, tc); eight 2- and 4-worker runs in network namespaces; "
+                           "tests/integration/test_sharded_save.py's default test covers the sharded save and read-once "
+                           "restore, tests/test_benchmarks_netns.py the namespace plan",
 }
 
 
@@ -218,7 +221,22 @@ def _preformed_group(data: dict[str, Any]) -> None:
     assert data["standby_member_killed"]["rank0_exit_code_after_go"] == 1
 
 
+def _sharded_save_capped(data: dict[str, Any]) -> None:
+    assert [(r["phase"], r.get("sharded_save", r.get("read_once"))) for r in data["runs"]] == [
+        ("save2", "off"), ("save2", "on"), ("save4", "off"), ("save4", "on"),
+        ("restore4", "off"), ("restore4", "on"), ("notice4", "off"), ("notice4", "on")]
+    saves = [r for r in data["runs"] if r["phase"] in ("save2", "save4")]
+    assert [[e["sharded"] for e in r["sharded_event"]] for r in saves] == [[False], [True], [False], [True]]
+    assert [len(r["data_file_bytes"]) for r in saves] == [1, 2, 1, 4]
+    # the cap's own account: each sharded writer's upload passed its store class
+    assert all(row["from_worker"] > 0 for row in saves[3]["tc_store_bytes"].values())
+    assert data["summary"]["restore4"]["on"]["read_ratio"] <= 1.1 < data["summary"]["restore4"]["off"]["read_ratio"]
+    assert data["summary"]["restore4"]["digests_equal"] is True
+    assert [data["summary"]["notice4"][m]["returncode"] for m in ("off", "on")] == [143, 143]
+
+
 OUTCOMES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "sharded_save_capped": _sharded_save_capped,
     "preformed_group": _preformed_group,
     "health_check": _health_check,
     "epochs": _epochs,

@@ -39,6 +39,9 @@ def test_each_worker_uploads_its_share_and_a_killed_worker_resumes_exactly(tmp_p
     assert [g["root_cause_rank"] for g in job.named("gang_restart")] == [1]
     committed = [e for e in job.named("checkpoint_committed") if e["attempt"] == 1]
     assert committed[-1]["global_step"] in (10, 12)  # 12 unless the kill beat its shares' commit (10: an epoch end)
+    # persist_s spans the local write and the commit that commit_s times (benchmarks/sharded_save_capped.py)
+    assert all(e["persist_s"] >= e["commit_s"] for e in job.named("checkpoint_committed"))
+    assert all(e["persist_s"] >= e["upload_s"] for e in job.named("checkpoint_share_uploaded"))
     assert [r["global_step"] for r in job.named("restored")] == [committed[-1]["global_step"]]
     # Read once: each rank read the index, the small files and its own share from the store, and
     # got the other share from its peer; the checkpoint's bytes were read about once, not twice.

@@ -57,7 +57,8 @@ class Request:
 
 
 class MetadataServer:
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, host: str = "127.0.0.1") -> None:
+        """``host``: the address to listen on (a bridge's, for workers in network namespaces)."""
         if provider not in ("gce", "aws", "azure"):
             raise ValueError(f"Received provider={provider!r}; expected gce, aws or azure")
         self.provider = provider
@@ -91,7 +92,8 @@ class MetadataServer:
             def do_POST(self) -> None:
                 server._serve(self, "POST")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = host
+        self.httpd = ThreadingHTTPServer((host, 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="metadata-server", daemon=True)
@@ -110,7 +112,7 @@ class MetadataServer:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def environ(self) -> dict[str, str]:
         """The endpoint override a worker reads for this provider."""

@@ -55,14 +55,18 @@ class SeaweedS3(ServerProcess):
     name = "weed"
 
     def __init__(self, work_dir: Path, *, bucket: str = BUCKET, startup_timeout_s: float = 60.0,
-                 access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> None:
+                 access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY, ip: str = "127.0.0.1",
+                 volume_max: int = 32) -> None:
         """``access_key``/``secret_key``: the one identity the gateway accepts (anonymous requests
-        are refused), so a test can use credentials unique enough to grep for."""
+        are refused), so a test can use credentials unique enough to grep for. ``ip``: the
+        address every part binds to and the endpoint names (a bridge's, for clients in other
+        network namespaces: benchmarks/sharded_save_capped.py). ``volume_max``: volumes of 256 MB
+        the server may create (its capacity; past it an upload fails with an internal error)."""
         super().__init__(work_dir, bucket=bucket, startup_timeout_s=startup_timeout_s, log_name="weed.log")
-        self.access_key, self.secret_key = access_key, secret_key
+        self.access_key, self.secret_key, self.ip, self.volume_max = access_key, secret_key, ip, volume_max
         (self.master, self.master_grpc, self.volume, self.volume_grpc, self.filer,
          self.filer_grpc, self.s3, self.s3_grpc) = free_ports(8)
-        self.endpoint_url = f"http://127.0.0.1:{self.s3}"
+        self.endpoint_url = f"http://{ip}:{self.s3}"
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -82,7 +86,7 @@ class SeaweedS3(ServerProcess):
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }]}))
         args = [
-            weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            weed, "server", f"-dir={data}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
             f"-master.port={self.master}", f"-master.port.grpc={self.master_grpc}",
             f"-volume.port={self.volume}", f"-volume.port.grpc={self.volume_grpc}",
             "-filer", f"-filer.port={self.filer}", f"-filer.port.grpc={self.filer_grpc}",
@@ -90,7 +94,7 @@ class SeaweedS3(ServerProcess):
             "-s3", f"-s3.port={self.s3}", f"-s3.port.grpc={self.s3_grpc}",
             f"-s3.localSocket={self.work_dir / 's3.sock'}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
-            "-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=256", "-volume.max=32",
+            "-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=256", f"-volume.max={self.volume_max}",
             "-volume.preStopSeconds=0", "-master.telemetry=false",
         ]
         # weed puts its gRPC unix sockets in the temp dir: keep them in work_dir, not /tmp

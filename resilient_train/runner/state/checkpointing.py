@@ -166,12 +166,15 @@ def commit_checkpoint(
     shares: tuple[str, ...] = (),
     before_manifest: Callable[[], dict[str, FileEntry]] | None = None,
     share_copies: dict[str, Path] | None = None,
+    persist_started: float | None = None,
 ) -> Manifest:
     """Upload ``local_dir`` and write the manifest (the commit), then apply retention.
 
     Shared by the sync and async paths so both commit exactly the same way. The fault
     points ``before_commit`` / ``after_commit`` fire in whichever thread commits.
     ``shares`` / ``before_manifest`` / ``share_copies``: a sharded save's chief (runner/state/sharded_save.py).
+    ``persist_started``: ``time.perf_counter()`` when a background persist began (its local
+    write), for the event's ``persist_s``.
     """
     step = request.global_step
     faults.hit("before_commit", step)
@@ -202,6 +205,7 @@ def commit_checkpoint(
         path=f"{store.url}/{CheckpointStore.dir_name(step)}",
         size=manifest.total_size,
         commit_s=round(time.perf_counter() - started, 4),
+        **({"persist_s": round(time.perf_counter() - persist_started, 4)} if persist_started is not None else {}),
         **({"blocked_ms": request.blocked_ms} if request.blocked_ms is not None else {}),
         **({"writers": len({*manifest.extra[SHARDED_EXTRA_KEY]["writers"].values()})}
            if SHARDED_EXTRA_KEY in manifest.extra else {}),
@@ -552,6 +556,7 @@ def persist_twin(
     ``finite_only`` (--on-anomaly stop): a twin holding a non-finite value is never committed
     (runner/health/anomaly_policy.py; the step's own check stops the run before such a save, this is
     the second guard)."""
+    persist_started = time.perf_counter()
     if finite_only:
         check_finite_state(twin.named_values(), global_step=request.global_step)
     local_dir = Path(staging_root) / CheckpointStore.dir_name(request.global_step)
@@ -563,6 +568,7 @@ def persist_twin(
         return commit_checkpoint(
             store, local_dir, request, run_id=run_id, world_size=world_size,
             weights_sha256=digest(twin.digest_view), faults=faults, keep=keep, emit=emit, known=known,
+            persist_started=persist_started,
         )
     finally:
         shutil.rmtree(local_dir, ignore_errors=True)

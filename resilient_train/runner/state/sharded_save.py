@@ -173,7 +173,7 @@ def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, 
     data file and its share record (returns None), the chief uploads the rest, waits for
     every share with the bytes it holds itself, and commits (returns the manifest).
     """
-    step = request.global_step
+    step, persist_started = request.global_step, time.perf_counter()
     if context.finite_only and context.rank == 0:
         check_finite_state(twin.named_values(), global_step=step)
     local_dir = Path(context.staging_root) / CheckpointStore.dir_name(step)
@@ -190,7 +190,8 @@ def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, 
             entries = context.store.upload_share({mine.name: mine}, global_step=step, rank=context.rank,
                                                  on_uploaded=lambda name: context.faults.hit("mid_upload", step))
             emit("checkpoint_share_uploaded", global_step=step, shard=context.rank, file=mine.name,
-                 size=entries[mine.name].size, upload_s=round(time.perf_counter() - started, 4))
+                 size=entries[mine.name].size, upload_s=round(time.perf_counter() - started, 4),
+                 persist_s=round(time.perf_counter() - persist_started, 4))
             return None
         # The other shares' copies move out of the directory the chief uploads (their owners
         # upload them) and are hashed beside the chief's own upload: the manifest takes these
@@ -212,7 +213,7 @@ def persist_share(writer: ShardedWriter, twin: TwinState, request: SaveRequest, 
                 context.store, local_dir, sharded_request, run_id=context.run_id, world_size=context.world_size,
                 weights_sha256=context.digest(twin.digest_view), faults=context.faults, keep=context.keep,
                 emit=emit, known=known, shares=tuple(sorted(copies)), before_manifest=await_shares,
-                share_copies=copies,
+                share_copies=copies, persist_started=persist_started,
             )
     finally:
         for done in (local_dir, aside):

@@ -18,6 +18,10 @@ so a run imports TensorFlow once: the first attempt waits for the template's imp
 its workers from it (N cold imports beside the template's took a 20-step digits run 19.9 s
 against 14.8 s without standbys, 2026-11-29, quiet), and a restart whose pool is not refilled
 yet forks what is missing (10-50 ms each) instead of importing cold.
+
+``RT_LOCAL_WORKER_NETNS`` (cluster/worker_netns.py) puts each rank in a network namespace of
+its own, at that namespace's address, so that one host can stand in for several, each with
+its own link (benchmarks/sharded_save_capped.py); standbys are off then.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from resilient_train.rundir import events
 from resilient_train.rundir.layout import AttemptDir, RunDir
 from resilient_train.cluster.ports import free_ports
 from resilient_train.cluster.tf_config import build_tf_config
+from resilient_train.cluster.worker_netns import WorkerNetns, worker_netns_from, wrap_argv
 from resilient_train.job.config import STRAGGLER_PROVIDER, JobConfig
 from resilient_train.supervisor._process import die_with_parent_hook
 from resilient_train.supervisor.launchers.api import Launcher, WorkerHandle, WorkerSpec, read_notices
@@ -88,8 +93,12 @@ class LocalLauncher(Launcher):
         python: str = sys.executable,
         replenish_delay_s: float = 10.0,
         host: str = "127.0.0.1",
+        netns: tuple[WorkerNetns, ...] | None = None,
     ) -> None:
+        """``netns``: each rank's network namespace (cluster/worker_netns.py); None: from
+        ``RT_LOCAL_WORKER_NETNS`` in this process's environment (unset: none)."""
         self.job = job
+        self.netns = worker_netns_from(os.environ) if netns is None else netns
         self.spawner = spawner or PopenSpawner()
         self.standby_spawner = standby_spawner
         self.python = python
@@ -105,7 +114,12 @@ class LocalLauncher(Launcher):
 
     def start(self, specs: list[WorkerSpec]) -> list[WorkerHandle]:
         self._fork_standbys()
-        addresses = [f"{self.host}:{port}" for port in free_ports(len(specs))]
+        ports = free_ports(len(specs))
+        if self.netns:  # each rank at its namespace's host (a port is free there: a fresh namespace)
+            wrap_argv([], self.netns, len(specs) - 1)  # ConfigError: fewer namespaces than ranks
+            addresses = [self.netns[rank].address(port) for rank, port in enumerate(ports)]
+        else:
+            addresses = [f"{self.host}:{port}" for port in ports]
         handles: list[WorkerHandle] = []
         for spec in specs:
             env = {**os.environ, **spec.env, "TF_CONFIG": json.dumps(build_tf_config(addresses, spec.rank))}
@@ -121,7 +135,8 @@ class LocalLauncher(Launcher):
                 self._standby_pids.add(standby.pid)
                 process = standby
             else:
-                process = self.spawner([self.python, "-m", entry_points.WORKER, *worker_argv], env, spec.log_path)
+                argv = wrap_argv([self.python, "-m", entry_points.WORKER, *worker_argv], self.netns, spec.rank)
+                process = self.spawner(argv, env, spec.log_path)
             self._addresses[process.pid] = addresses[spec.rank]
             handles.append(process)
         return handles
@@ -179,6 +194,9 @@ class LocalLauncher(Launcher):
             return None
         if self.job.gpus_per_worker:  # CUDA_VISIBLE_DEVICES is per rank; see runner/process/warm_standby.py
             events.emit("standby_disabled", reason="--gpus-per-worker: standbys cannot take a per-rank CUDA_VISIBLE_DEVICES")
+            return None
+        if self.netns:  # a standby is forked in the supervisor's namespace, not in its rank's
+            events.emit("standby_disabled", reason="RT_LOCAL_WORKER_NETNS: each worker starts in its own network namespace")
             return None
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
