@@ -68,13 +68,6 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def _storage_flags(target: Any) -> list[str]:
-    flags = ["--storage", target.url_prefix]
-    for key, value in target.storage_options.items():
-        pairs = value.items() if isinstance(value, dict) else [(None, value)]
-        flags += [f"--storage-option={key}{'' if k is None else '.' + k}={v}" for k, v in pairs]
-    return flags
-
 
 def run_once(read_once: str, *, smoke: bool, storage: list[str], timeout_s: float = 900.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rt-read-once-") as tmp:
@@ -139,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             from tests.support.s3server import SeaweedS3
 
             server = stack.enter_context(SeaweedS3(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "weed"))
-            storage = _storage_flags(server.target("read-once-bench"))
+            storage = server.target("read-once-bench").cli_flags()
 
         def run(mode: str, repeat: int) -> dict[str, Any]:
             where = [*storage[:1], f"{storage[1]}-{mode}-{repeat}", *storage[2:]] if storage else []

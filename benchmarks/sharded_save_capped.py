@@ -91,13 +91,6 @@ def _ts(event: dict[str, Any]) -> float:
     return dt.datetime.fromisoformat(event["ts"]).timestamp()
 
 
-def _storage_flags(target: Any) -> list[str]:
-    flags = ["--storage", target.url_prefix]
-    for key, value in target.storage_options.items():
-        pairs = value.items() if isinstance(value, dict) else [(None, value)]
-        flags += [f"--storage-option={key}{'' if k is None else '.' + k}={v}" for k, v in pairs]
-    return flags
-
 
 def _tc_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return {rank: {way: (after[rank][way] - before[rank][way]
@@ -129,7 +122,7 @@ class Bench:
                 env.update(notice.environ())
             argv = [sys.executable, "-m", "resilient_train", "run", RECIPE, "--run-dir", str(run_dir),
                     "--workers", str(workers), "--set", f"width={width}", "--set", f"features={features}",
-                    *FLAGS, *flags, *_storage_flags(target)]
+                    *FLAGS, *flags, *target.cli_flags()]
             uptime_before, tc_before, started = _uptime(), self.namespaces.stats(), time.monotonic()
             print(f"[{dt.datetime.now(dt.timezone.utc):%H:%M:%S}] {phase} {mode}: {workers} workers, "
                   f"width {width}, features {features} ({uptime_before})", flush=True)

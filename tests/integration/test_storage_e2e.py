@@ -16,13 +16,7 @@ from tests.integration.harness import REPO, run_job
 
 
 def storage_flags(target):
-    flags = ["--storage", target.url_prefix]
-    for key, value in target.storage_options.items():
-        if isinstance(value, dict):
-            flags += [f"--storage-option={key}.{k}={v}" for k, v in value.items()]
-        else:
-            flags += [f"--storage-option={key}={value}"]
-    return flags
+    return target.cli_flags()
 
 
 @pytest.mark.s3

@@ -28,6 +28,15 @@ class StorageTarget:
     endpoint_url: str
     bucket: str
 
+    def cli_flags(self) -> list[str]:
+        """``--storage`` and one ``--storage-option`` per option (a dict's entries as ``key.sub``),
+        as a user would type them for ``resilient-train run``."""
+        flags = ["--storage", self.url_prefix]
+        for key, value in self.storage_options.items():
+            pairs = value.items() if isinstance(value, dict) else [(None, value)]
+            flags += [f"--storage-option={key}{'' if k is None else '.' + k}={v}" for k, v in pairs]
+        return flags
+
 
 class ServerProcess:
     """One server process whose output goes to ``log_path``; a subclass gives ``scheme``,
